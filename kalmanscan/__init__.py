@@ -1,0 +1,32 @@
+"""kalmanscan: parallel diagonal Kalman filtering with honest uncertainty, and the KLA layer.
+
+    import kalmanscan as ks
+    post = ks.filter(y, theta=0.1, sigma=1.0, obs_var=0.5)   # y: (..., T, C), NaN = missing
+    post.mean, post.var, post.loglik
+
+Submodules loaded on first use: ``ks.ou`` (OU discretisation), ``ks.mobius`` (the scan algebra),
+and the toolkit and layer modules listed in ``__all__``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from . import mobius, ou
+from .filtering import filter
+from .posterior import Posterior
+
+__version__ = "0.1.0"
+
+_LAZY = ("smooth", "fit", "forecast", "diagnostics", "plot", "xr", "nn", "datasets", "distributed")
+
+__all__ = ["filter", "Posterior", "ou", "mobius", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        module = importlib.import_module(f".{name}", __name__)
+        value = getattr(module, name, module) if name in ("smooth", "fit", "forecast") else module
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kalmanscan' has no attribute {name!r}")

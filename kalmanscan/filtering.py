@@ -1,0 +1,100 @@
+"""``ks.filter``: the public entry point of the diagonal information-form Kalman filter."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import torch
+
+from .inputs import Problem, prepare
+from .posterior import Posterior
+
+__all__ = ["filter", "register_backend", "resolve_backend"]
+
+_BACKENDS = {
+    "reference": ("kalmanscan.reference", "filter_reference"),
+    "torch": ("kalmanscan.parallel", "filter_torch"),
+}
+
+
+def register_backend(name: str, module: str, function: str) -> None:
+    """Make ``backend=name`` call ``module.function(problem) -> dict`` (imported lazily)."""
+    _BACKENDS[name] = (module, function)
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The backend ``"auto"`` stands for on ``device``: triton on CUDA when available, else torch."""
+    if backend != "auto":
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(_BACKENDS) + ['auto']}, got {backend!r}")
+        return backend
+    if device.type == "cuda" and "triton" in _BACKENDS:
+        return "triton"
+    return "torch"
+
+
+def run_backend(p: Problem, backend: str) -> dict:
+    """Run the named backend on a validated problem; results as tensors of the compute dtype."""
+    name = resolve_backend(backend, p.y.device)
+    module, function = _BACKENDS[name]
+    out = getattr(importlib.import_module(module), function)(p)
+    return {k: _as_tensor(v, p) for k, v in out.items()}
+
+
+def _as_tensor(v, p):
+    if isinstance(v, np.ndarray):
+        return torch.as_tensor(v, device=p.y.device).to(p.dtype)
+    return v
+
+
+def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
+           init_mean=None, init_var=None, backend="auto") -> Posterior:
+    """Filter ``y`` of shape ``(..., T, C)`` with an OU prior per channel; returns a :class:`Posterior`.
+
+    Model per channel ``c`` (independent channels): ``x_t - mean = decay_t (x_{t-1} - mean) +
+    N(0, noise_t)`` with ``(decay, noise)`` the exact OU discretisation of ``(theta, sigma)`` over
+    the step ``dt_t`` (:func:`kalmanscan.ou.discretize`), and ``y_t = h x_t + N(0, obs_var)``.
+    ``N(init_mean, init_var)`` is the belief at the first observation time, before ``y_0``.
+
+    Args:
+        y: observations ``(..., T, C)``; NaN marks a missing value (predict, no update, zero
+            log-likelihood). NumPy in gives NumPy out; a torch tensor gives tensors on its device,
+            differentiable with respect to ``y`` and every parameter.
+        theta: mean-reversion rate ``>= 0`` (0 is the random walk).
+        sigma: diffusion scale ``>= 0``.
+        obs_var: observation noise variance ``> 0``.
+        mean: OU mean level (the filter works on the centred state ``x - mean``).
+        h: observation gain.
+        dt: step between consecutive observations ``> 0``; ignored when ``times`` is given.
+        times: observation times ``(T,)`` or ``(..., T, 1)``, strictly increasing.
+        init_mean: prior mean ``(..., C)``; default ``mean``.
+        init_var: prior variance ``(..., C)``; default the stationary ``sigma^2 / (2 theta)``,
+            required when ``theta = 0``.
+        backend: ``"auto"`` (triton on CUDA when available, else torch), ``"torch"``,
+            ``"triton"`` or ``"reference"`` (sequential float64 covariance form, CPU).
+
+    Parameters are static (scalars or ``(C,)``, or ``(..., 1, C)`` with batch dimensions) or per
+    step (``(..., T, C)``); a per-step value at index ``t`` governs the transition into step ``t``
+    and the observation at ``t`` (index 0 has no transition).
+
+    Raises:
+        ValueError: naming the argument, for bad values or shapes (see :mod:`kalmanscan.inputs`).
+    """
+    p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
+                init_mean=init_mean, init_var=init_var, backend=backend)
+    return make_posterior(p, run_backend(p, backend))
+
+
+def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None) -> Posterior:
+    """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind."""
+    shape = p.shape
+    conv = {k: p.output(torch.broadcast_to(v, shape)) for k, v in out.items()}
+    params = {k: p.output(torch.broadcast_to(getattr(p, k), shape))
+              for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
+    for k in ("decay", "noise", "missing"):
+        params[k] = conv.pop(k)
+    params["init_mean"] = p.output(p.init_mean.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
+    params["init_var"] = p.output(p.init_var.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
+    logliks = conv.pop("logliks")
+    return Posterior(logliks=logliks, loglik=logliks.sum(-2), params=params, filtered=filtered, **conv)

@@ -1,0 +1,186 @@
+"""Validation, broadcasting and conversion of the filter's inputs (shared by every backend).
+
+Shapes. ``y`` is ``(..., T, C)``. A parameter with ``ndim <= 1`` (a scalar or ``(C,)``) is static;
+one with ``ndim >= 2`` is aligned with ``y`` as ``(..., T, C)`` (per step) or ``(..., 1, C)``
+(static with batch dimensions). ``times`` is ``(T,)`` or broadcasts to ``(..., T, 1)``.
+``init_mean`` and ``init_var`` are ``(..., C)``. Everything broadcasts to one shape ``(..., T, C)``
+whose ``T`` is ``y``'s.
+
+Dtypes. Torch in: computed in ``y``'s floating dtype (half precision computes in float32 and
+returns the input dtype). NumPy in: computed in float64 (float32 stays float32), returned as NumPy.
+Nothing the caller passed is modified: the tensors made here are new or read-only views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import ou
+
+__all__ = ["Problem", "prepare", "BACKEND_NAMES"]
+
+BACKEND_NAMES = ("auto", "reference", "torch", "triton")
+_PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
+
+
+@dataclass
+class Problem:
+    """Validated inputs as torch tensors of the compute dtype, broadcastable to ``shape``."""
+
+    y: torch.Tensor
+    theta: torch.Tensor
+    sigma: torch.Tensor
+    obs_var: torch.Tensor
+    mean: torch.Tensor
+    h: torch.Tensor
+    dt: torch.Tensor
+    init_mean: torch.Tensor
+    init_var: torch.Tensor
+    shape: tuple
+    numpy_out: bool
+    out_dtype: object
+
+    @property
+    def dtype(self):
+        return self.y.dtype
+
+    def decay_noise(self):
+        """OU ``(decay, noise)`` per step, broadcastable to ``shape`` (index 0 unused)."""
+        return ou.discretize(self.theta, self.sigma, self.dt)
+
+    def output(self, x):
+        """Cast a result tensor back to the caller's array kind and dtype."""
+        if self.numpy_out:
+            return x.detach().cpu().numpy().astype(self.out_dtype, copy=False)
+        return x if x.dtype == self.out_dtype else x.to(self.out_dtype)
+
+
+def _compute_dtype(y):
+    if isinstance(y, torch.Tensor):
+        if y.dtype in (torch.float16, torch.bfloat16):
+            return torch.float32, y.dtype
+        if y.dtype.is_floating_point:
+            return y.dtype, y.dtype
+        return torch.float64, torch.float64
+    arr = np.asarray(y)
+    if arr.dtype == np.float32:
+        return torch.float32, np.float32
+    if arr.dtype == np.float16:
+        return torch.float32, np.float16
+    return torch.float64, np.float64
+
+
+def _to_tensor(name, x, dtype, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype)
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    return torch.as_tensor(arr.astype(np.float64), dtype=dtype, device=device)
+
+
+def _check(name, x, cond, what):
+    """Raise ``ValueError`` naming ``name`` unless ``cond`` holds everywhere (NaN fails)."""
+    with torch.no_grad():
+        ok = bool(torch.all(cond(x.detach())))
+    if not ok:
+        raise ValueError(f"{name} must be {what}")
+
+
+def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
+            init_mean=None, init_var=None, backend="auto") -> Problem:
+    """Validate and broadcast the filter's inputs; see the module docstring for the rules."""
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
+    dtype, out_dtype = _compute_dtype(y)
+    device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
+    numpy_out = not isinstance(y, torch.Tensor)
+    y_t = _to_tensor("y", y, dtype, device)
+    if y_t.ndim < 2:
+        raise ValueError(f"y must have shape (..., T, C) with T >= 1 and C >= 1, got {tuple(y_t.shape)}")
+    if y_t.shape[-2] < 1 or y_t.shape[-1] < 1:
+        raise ValueError(f"y must have T >= 1 and C >= 1, got shape {tuple(y_t.shape)}")
+    _check("y", y_t, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
+
+    vals = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
+    params = {}
+    for name in _PARAMS:
+        if vals[name] is None:
+            raise ValueError(f"{name} is required")
+        params[name] = _as_2d(_to_tensor(name, vals[name], dtype, device))
+    if times is not None:
+        params["dt"] = _dt_from_times(times, y_t.shape[-2], dtype, device)
+
+    _check("theta", params["theta"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
+    _check("sigma", params["sigma"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
+    _check("obs_var", params["obs_var"], lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
+    _check("mean", params["mean"], torch.isfinite, "finite")
+    _check("h", params["h"], torch.isfinite, "finite")
+    _check("dt", params["dt"], lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
+
+    shape = tuple(y_t.shape)
+    for name, p in params.items():
+        shape = _broadcast(name, shape, tuple(p.shape), y_t.shape[-2])
+
+    theta0 = params["theta"][..., :1, :]
+    sigma0 = params["sigma"][..., :1, :]
+    if init_var is None:
+        if bool(torch.any(theta0.detach() == 0)):
+            raise ValueError("init_var is required when theta = 0 (the random walk has no stationary law)")
+        init_v = ou.stationary_var(theta0, sigma0)
+    else:
+        init_v = _init_param("init_var", init_var, dtype, device)
+        _check("init_var", init_v, lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
+    if init_mean is None:
+        init_m = params["mean"][..., :1, :]
+    else:
+        init_m = _init_param("init_mean", init_mean, dtype, device)
+        _check("init_mean", init_m, torch.isfinite, "finite")
+    for name, p in (("init_mean", init_m), ("init_var", init_v)):
+        try:
+            batch = torch.broadcast_shapes(shape[:-2] + (1, shape[-1]), tuple(p.shape))
+        except RuntimeError:
+            raise ValueError(f"{name} of shape {tuple(p.shape)} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
+        shape = batch[:-2] + shape[-2:-1] + batch[-1:]
+    return Problem(y=y_t, init_mean=init_m, init_var=init_v, shape=shape,
+                   numpy_out=numpy_out, out_dtype=out_dtype, **params)
+
+
+def _as_2d(p):
+    """Scalars become (1, 1) and (C,) becomes (1, C): static parameters get a unit time axis."""
+    return p.reshape(1, 1) if p.ndim == 0 else (p.unsqueeze(-2) if p.ndim == 1 else p)
+
+
+def _init_param(name, x, dtype, device):
+    p = _to_tensor(name, x, dtype, device)
+    return p.reshape(1, 1) if p.ndim == 0 else p.unsqueeze(-2)
+
+
+def _broadcast(name, shape, pshape, T):
+    try:
+        out = torch.broadcast_shapes(shape, pshape)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} of shape {pshape} does not broadcast with shape {shape} "
+            "(static parameters are scalars or (C,); per-step ones are (..., T, C))") from None
+    if out[-2] != T:
+        raise ValueError(f"{name} of shape {pshape} has a time axis of length {pshape[-2]}, but y has T = {T}")
+    return out
+
+
+def _dt_from_times(times, T, dtype, device):
+    if isinstance(times, np.ndarray) and times.dtype.kind in "mM":
+        raise ValueError("times must be numeric; convert datetime64 with kalmanscan.xr or to float units")
+    tt = _to_tensor("times", times, torch.float64, device)
+    if tt.ndim == 1:
+        tt = tt.unsqueeze(-1)
+    if tt.ndim < 2 or tt.shape[-1] != 1 or tt.shape[-2] != T:
+        raise ValueError(f"times must have shape (T,) or (..., T, 1) with T = {T}, got {tuple(tt.shape)}")
+    _check("times", tt, torch.isfinite, "finite")
+    diff = tt[..., 1:, :] - tt[..., :-1, :]
+    _check("times", diff, lambda v: v > 0, "strictly increasing")
+    dt = torch.cat([torch.ones_like(tt[..., :1, :]), diff], -2)
+    return dt.to(dtype)

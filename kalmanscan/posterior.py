@@ -1,0 +1,96 @@
+"""The result object of :func:`kalmanscan.filter` and :func:`kalmanscan.smooth`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Posterior"]
+
+
+@dataclass
+class Posterior:
+    """Moments of a diagonal Kalman filter (or smoother) run over ``y`` of shape ``(..., T, C)``.
+
+    Every array has the broadcast shape ``(..., T, C)`` of ``y`` and the parameters, except
+    ``loglik`` (``(..., C)``: the sum of ``logliks`` over time). Arrays are NumPy when ``y`` was
+    NumPy and torch tensors (on ``y``'s device, differentiable) when it was a tensor.
+
+    - ``mean, var, precision``: the filtered belief ``p(x_t | y_1..y_t)`` (smoothed,
+      ``p(x_t | y_1..y_T)``, for :func:`kalmanscan.smooth`);
+    - ``pred_mean, pred_var, pred_precision``: the one-step prediction ``p(x_t | y_1..y_{t-1})``
+      (at ``t = 0`` the initial belief);
+    - ``pred_obs_mean, pred_obs_var``: the one-step predictive law of ``y_t``;
+    - ``logliks``: ``log p(y_t | y_1..y_{t-1})``, 0 where ``y_t`` is missing; ``loglik`` its sum;
+    - ``filtered``: for a smoother, the filter's posterior it was computed from (else ``None``);
+    - ``params``: the broadcast model inputs (``theta, sigma, obs_var, mean, h, dt, decay, noise``,
+      and ``missing``: 1.0 where ``y_t`` was NaN, else 0.0)
+      as arrays of the same kind, for forecasting and diagnostics.
+    """
+
+    mean: Any
+    var: Any
+    precision: Any
+    pred_mean: Any
+    pred_var: Any
+    pred_precision: Any
+    pred_obs_mean: Any
+    pred_obs_var: Any
+    logliks: Any
+    loglik: Any
+    params: dict = field(default_factory=dict, repr=False)
+    filtered: "Posterior | None" = field(default=None, repr=False)
+
+    @property
+    def std(self):
+        """Standard deviation of the (filtered or smoothed) belief."""
+        return self.var**0.5
+
+    def gates(self):
+        """``(forget, write)`` gate traces of the filter, each of shape ``(..., T, C)``.
+
+        ``forget_t = a_t / (a_t^2 + q_t lam_{t-1})`` scales the previous information mean;
+        ``write_t = h_t^2 r_t / lam_t`` (the Kalman gain over ``h``) is how much of ``y_t`` is
+        written into the state (0 where ``y_t`` is missing). At ``t = 0`` there is no transition
+        and ``forget_0 = 1``.
+        """
+        post = self.filtered if self.filtered is not None else self
+        p = post.params
+        cat = _concat(post.precision)
+        lam_prev = cat([post.pred_precision[..., :1, :], post.precision[..., :-1, :]])
+        a, q = p["decay"], p["noise"]
+        forget = a / (a * a + q * lam_prev)
+        forget = cat([forget[..., :1, :] * 0 + 1, forget[..., 1:, :]])
+        write = p["h"] ** 2 / p["obs_var"] / post.precision * (1 - p["missing"])
+        return forget, write
+
+    def to_numpy(self) -> "Posterior":
+        """A copy with every array converted to NumPy (detached, on the host)."""
+        conv = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "params":
+                v = {k: _to_numpy(x) for k, x in v.items()}
+            elif f.name == "filtered":
+                v = None if v is None else v.to_numpy()
+            else:
+                v = _to_numpy(v)
+            conv[f.name] = v
+        return Posterior(**conv)
+
+
+def _to_numpy(x):
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _concat(x):
+    """Concatenation along time for NumPy arrays or torch tensors."""
+    if hasattr(x, "detach"):
+        import torch
+
+        return lambda xs: torch.cat(xs, -2)
+    return lambda xs: np.concatenate(xs, -2)
