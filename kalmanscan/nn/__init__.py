@@ -1,0 +1,28 @@
+"""Kalman Linear Attention (KLA): the sequence-mixing scan, the layer, and a small sequence model.
+
+    ks.nn.kla_scan(v, lam_v, k, q, decay, noise) -> (y, y_var)
+    ks.nn.KLA(d_model, d_state=16, expand=2, ...)
+    ks.nn.SequenceModel(vocab_size, d_model, n_layers, mixer="kla", ...)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "kla_scan": ".scan",
+    "KLA": ".layer",
+    "SequenceModel": ".model",
+    "MIXERS": ".mixers",
+    "register_mixer": ".mixers",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kalmanscan.nn' has no attribute {name!r}")
