@@ -1,0 +1,171 @@
+"""The KLA scan: a grid of independent scalar information-form Kalman filters per token.
+
+    y, y_var = kla_scan(v, lam_v, k, q, decay, noise)
+
+Shapes: ``v``, ``lam_v`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, S)``; ``decay``, ``noise`` ``(M, S)``;
+the state ``(lam, eta)`` ``(B, M, S)``; ``y``, ``y_var`` ``(B, L, M)``. Per token and filter
+``(m, s)`` (DESIGN.md section 3), starting from ``lam = 1, eta = 0`` unless ``initial_state`` is given:
+
+    phi = lam_v[m] k[s]^2,   rho = 1 / (decay^2 + noise lam)
+    lam <- rho lam + phi,    eta <- rho decay eta + lam_v[m] v[m] k[s]
+    y[m] = sum_s q[s] eta / lam,    y_var[m] = sum_s q[s]^2 / lam
+
+This is the filter of DESIGN.md section 2 with ``a = decay``, ``q = noise``, ``phi = lam_v k^2`` and
+``b = lam_v v k``, so the ``"torch"`` backend reuses :mod:`kalmanscan.mobius` and
+:func:`kalmanscan.scan.associative_scan`: a Möbius scan for ``lam``, then an affine scan for ``eta``.
+It materialises ``(B, L, M, S)`` tensors (memory ``O(B L M S)``) and is the differentiable oracle of
+the fused ``"triton"`` backend (:mod:`kalmanscan.nn.kla_triton`), which keeps the state in registers.
+
+Dtypes: half-precision inputs compute in float32 and return their dtype; the torch backend computes
+in float64 when any input is float64; the triton backend always computes in float32. The returned
+state is in the compute dtype (keep it in float32 or better when decoding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import mobius
+from ..scan import associative_scan
+
+__all__ = ["kla_scan", "kla_scan_sequential", "KLA_BACKENDS"]
+
+KLA_BACKENDS = ("auto", "torch", "triton")
+
+
+def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, return_state=False, backend="auto"):
+    """Run the KLA filters over the sequence (see the module docstring for shapes and numerics).
+
+    Returns ``(y, y_var)``, or ``(y, y_var, (lam, eta))`` with the final state when
+    ``return_state`` is true. ``initial_state`` is a pair ``(lam, eta)`` of ``(B, M, S)`` tensors
+    with ``lam > 0``. ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton for CUDA
+    tensors, torch otherwise). Raises ``ValueError`` naming the offending argument.
+    """
+    lam0, eta0 = _validate(v, lam_v, k, q, decay, noise, initial_state, backend)
+    if backend == "auto":
+        backend = "triton" if v.is_cuda else "torch"
+    if backend == "triton":
+        from .kla_triton import kla_scan_triton
+
+        y, y_var, lam, eta = kla_scan_triton(v, lam_v, k, q, decay, noise, lam0, eta0)
+    else:
+        y, y_var, lam, eta = kla_scan_torch(v, lam_v, k, q, decay, noise, lam0, eta0)
+    y, y_var = y.to(v.dtype), y_var.to(v.dtype)
+    return (y, y_var, (lam, eta)) if return_state else (y, y_var)
+
+
+def compute_dtype(*tensors):
+    """float64 if any tensor is float64, else float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def kla_scan_torch(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
+    """Time-parallel KLA scan in torch ops; returns ``(y, y_var, lam, eta)`` in the compute dtype.
+
+    ``lam0``/``eta0`` are ``(B, M, S)`` or ``None`` (then 1 and 0). Differentiable by autograd.
+    """
+    dtype = compute_dtype(v, lam_v, k, q, decay, noise)
+    v, lam_v, k, q, decay, noise = (x.to(dtype) for x in (v, lam_v, k, q, decay, noise))
+    B, L, M = v.shape
+    S = k.shape[-1]
+    if lam0 is None:
+        lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device)
+    if eta0 is None:
+        eta0 = torch.zeros(B, M, S, dtype=dtype, device=v.device)
+    lam0, eta0 = lam0.to(dtype).unsqueeze(1), eta0.to(dtype).unsqueeze(1)
+    shape = (B, L, M, S)
+    kk = k.unsqueeze(-2)
+    phi = lam_v.unsqueeze(-1) * kk * kk
+    b = (lam_v * v).unsqueeze(-1) * kk
+    a = decay.expand(shape)
+    n = noise.expand(shape)
+    P = associative_scan(mobius.compose, mobius.leaf(a, n, phi), dim=1)
+    lam = mobius.readout(P, lam0)
+    lam_prev = torch.cat([lam0, lam[:, :-1]], 1)
+    f = mobius.forget_gate(a, n, lam_prev)
+    F, Bsum = associative_scan(mobius.affine_compose, (f, b), dim=1)
+    eta = F * eta0 + Bsum
+    qq = q.unsqueeze(-2)
+    inv = 1.0 / lam
+    y = (qq * eta * inv).sum(-1)
+    y_var = (qq * qq * inv).sum(-1)
+    return y, y_var, lam[:, -1], eta[:, -1]
+
+
+def kla_scan_sequential(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
+    """The plain token-by-token recursion in float64: the independent oracle for both backends.
+
+    Same shapes as :func:`kla_scan`; returns ``(y, y_var, lam, eta)`` as float64 tensors.
+    Differentiable by autograd (O(L) graph; meant for small test shapes).
+    """
+    v, lam_v, k, q, decay, noise = (x.double() for x in (v, lam_v, k, q, decay, noise))
+    B, L, M = v.shape
+    S = k.shape[-1]
+    lam = torch.ones(B, M, S, dtype=torch.float64, device=v.device) if lam0 is None else lam0.double()
+    eta = torch.zeros(B, M, S, dtype=torch.float64, device=v.device) if eta0 is None else eta0.double()
+    ys, y_vars = [], []
+    for t in range(L):
+        kt = k[:, t, None, :]
+        phi = lam_v[:, t, :, None] * kt * kt
+        rho = 1.0 / (decay * decay + noise * lam)
+        lam = rho * lam + phi
+        eta = rho * decay * eta + (lam_v[:, t] * v[:, t])[:, :, None] * kt
+        qt = q[:, t, None, :]
+        ys.append((qt * eta / lam).sum(-1))
+        y_vars.append((qt * qt / lam).sum(-1))
+    return torch.stack(ys, 1), torch.stack(y_vars, 1), lam, eta
+
+
+def _validate(v, lam_v, k, q, decay, noise, initial_state, backend):
+    """Check shapes, dtypes, devices and value ranges; return ``(lam0, eta0)`` (or ``None``s)."""
+    if backend not in KLA_BACKENDS:
+        raise ValueError(f"backend must be one of {KLA_BACKENDS}, got {backend!r}")
+    named = dict(v=v, lam_v=lam_v, k=k, q=q, decay=decay, noise=noise)
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating-point torch tensor")
+        if x.device != v.device:
+            raise ValueError(f"{name} is on {x.device}, v is on {v.device}")
+    if v.ndim != 3:
+        raise ValueError(f"v must have shape (B, L, M), got {tuple(v.shape)}")
+    B, L, M = v.shape
+    if lam_v.shape != v.shape:
+        raise ValueError(f"lam_v must have v's shape {tuple(v.shape)}, got {tuple(lam_v.shape)}")
+    if k.ndim != 3 or k.shape[:2] != (B, L):
+        raise ValueError(f"k must have shape (B, L, S) = ({B}, {L}, S), got {tuple(k.shape)}")
+    S = k.shape[2]
+    if q.shape != k.shape:
+        raise ValueError(f"q must have k's shape {tuple(k.shape)}, got {tuple(q.shape)}")
+    for name in ("decay", "noise"):
+        if named[name].shape != (M, S):
+            raise ValueError(f"{name} must have shape (M, S) = ({M}, {S}), got {tuple(named[name].shape)}")
+    if backend == "triton" and not v.is_cuda and not _interpreting():
+        raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1)")
+    lam0 = eta0 = None
+    if initial_state is not None:
+        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
+            raise ValueError("initial_state must be a pair (lam, eta) of (B, M, S) tensors")
+        lam0, eta0 = initial_state
+        for name, x in (("initial_state lam", lam0), ("initial_state eta", eta0)):
+            if not isinstance(x, torch.Tensor) or x.shape != (B, M, S) or x.device != v.device:
+                raise ValueError(f"{name} must be a ({B}, {M}, {S}) tensor on {v.device}")
+    checks = [
+        ("lam_v", lambda: (lam_v > 0).all() & torch.isfinite(lam_v).all(), "positive and finite"),
+        ("decay", lambda: ((decay > 0) & (decay <= 1)).all(), "in (0, 1]"),
+        ("noise", lambda: ((noise >= 0) & torch.isfinite(noise)).all(), "finite and >= 0"),
+    ]
+    if lam0 is not None:
+        checks.append(("initial_state lam", lambda: ((lam0 > 0) & torch.isfinite(lam0)).all(),
+                       "positive and finite"))
+    with torch.no_grad():
+        oks = torch.stack([fn() for _, fn, _ in checks]).tolist()
+    for (name, _, what), ok in zip(checks, oks):
+        if not ok:
+            raise ValueError(f"{name} must be {what}")
+    return lam0, eta0
+
+
+def _interpreting():
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
