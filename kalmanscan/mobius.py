@@ -57,7 +57,8 @@ def compose(earlier, later):
     C = lC * eA + lD * eC
     D = lC * eB + lD * eD
     _, e = torch.frexp((A + D).detach())
-    shift = 1 - e
+    # A floating-point exponent: ldexp's backward computes 2**shift, which is 0 in integer math.
+    shift = (1 - e).to(A.dtype)
     return tuple(torch.ldexp(x, shift) for x in (A, B, C, D))
 
 
