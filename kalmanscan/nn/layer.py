@@ -1,0 +1,247 @@
+"""The Kalman Linear Attention block (Shaj et al., arXiv 2602.10743, Figure 7), DESIGN.md section 3.
+
+    x (B, L, D) -> in_proj -> z, gate (B, L, M)            M = expand * D
+    z -> causal depthwise conv1d (width d_conv) -> SiLU
+    z -> v, log obs-variance (B, L, M);  k, q (B, L, S), L2-normalised per token
+    OU parameters theta, sigma, dt (M, S) -> decay, noise      (kalmanscan.ou.discretize)
+    (v, lam_v, k, q, decay, noise) -> kla_scan -> y, y_var (B, L, M)
+    (y + D_skip * z) * SiLU(gate) -> out_proj -> (B, L, D)
+
+Recurrent decoding carries :class:`KLAState` ``(conv, lam, eta)``: the last ``d_conv - 1`` pre-conv
+inputs ``(B, M, d_conv - 1)`` and the filter precision and information mean ``(B, M, S)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ou
+from .scan import kla_scan
+
+__all__ = ["KLA", "KLAState", "l2_normalize", "causal_conv", "scan_dtype"]
+
+_OBS_VAR_FLOOR = 1e-4
+_VARIANTS = ("plain", "mamba")
+
+
+class KLAState(NamedTuple):
+    """Recurrent state of one :class:`KLA` layer.
+
+    ``conv`` (B, M, d_conv - 1): the last pre-conv inputs; ``lam``, ``eta`` (B, M, S): the filter
+    precision and information mean (float32, or float64 for a float64 layer).
+    """
+
+    conv: torch.Tensor
+    lam: torch.Tensor
+    eta: torch.Tensor
+
+
+def l2_normalize(x, eps: float = 1e-12):
+    """``x / max(||x||, eps)`` over the last dimension."""
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
+
+
+def scan_dtype(x):
+    """float64 stays float64; every lower precision (bf16, fp16, fp32) is filtered in float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def causal_conv(z, window, conv: nn.Conv1d):
+    """Depthwise causal conv of ``z`` (B, L, M) continuing the pre-conv ``window`` (B, M, K - 1).
+
+    Returns the conv output (B, L, M), before its activation, and the new window (the last
+    ``K - 1`` inputs, the window itself included when ``L < K - 1``).
+    """
+    padded = torch.cat([window.to(z.dtype), z.transpose(1, 2)], -1)
+    out = F.conv1d(padded, conv.weight, conv.bias, groups=conv.groups)
+    return out.transpose(1, 2), padded[..., padded.shape[-1] - window.shape[-1]:]
+
+
+class KLA(nn.Module):
+    """Kalman Linear Attention: a grid of ``M x S`` independent scalar Kalman filters per layer.
+
+    Args:
+        d_model: model width D.
+        d_state: S, state (key/query) dimension per channel.
+        expand: M = expand * D channels (an integer result is required).
+        variant: ``"plain"`` (full-width projections of z to v and to the log obs-variance) or
+            ``"mamba"`` (v = z, and the log obs-variance through a rank ``var_rank`` bottleneck,
+            default ``ceil(D / 8)`` as in the paper's code).
+        discretization: ``"ou"`` (exact OU step) or ``"zoh"`` (the zero-order-hold ablation).
+        d_conv: width of the causal depthwise conv.
+        dt_min, dt_max: range of the log-uniform initial step.
+        sigma_init: initial OU diffusion scale.
+        skip_init: initial value of the per-channel skip ``D_skip``.
+        backend: forwarded to :func:`kalmanscan.nn.kla_scan` (``"auto"``, ``"torch"``, ``"triton"``).
+
+    OU parameters (each (M, S), stored as logs so they stay positive):
+
+    * ``dt = exp(log_dt)``, log-uniform in ``[dt_min, dt_max] = [1e-3, 1e-1]`` at init, per (m, s):
+      the paper's code and Mamba use this range (the paper stores it through a softplus; the log
+      gives the same initial values and keeps dt positive without a floor).
+    * ``theta = exp(log_theta)``, S4D-real initialisation ``theta[m, s] = s + 1`` (Mamba's ``A``):
+      the paper's code starts every rate at 1 (``a = -exp(0)``), which is our ``s = 0`` row; spreading
+      the rates over ``1..S`` gives each channel a range of memory lengths from the first step,
+      ``decay = exp(-theta dt)`` from about 0.2 to 0.999, at no cost in parameters.
+    * ``sigma = exp(log_sigma)``, ``sigma_init = 0.1``: ``sigma^2 = 0.01`` is the paper's initial
+      continuous process noise (its ``process_noise_scale``, reported best of those tried).
+
+    ``decay, noise = ou.discretize(theta, sigma, dt, discretization)`` (the toolkit's own code).
+
+    Numerics: projections run in the input dtype (bf16 under autocast); the scan and the OU
+    parameters run in float32 (float64 for a float64 layer). ``lam_v = 1 / (softplus(.) + 1e-4)``
+    is at most 1e4.
+    """
+
+    def __init__(self, d_model: int, d_state: int = 16, expand: float = 2, variant: str = "plain",
+                 discretization: str = "ou", d_conv: int = 4, *, var_rank: int | None = None,
+                 dt_min: float = 1e-3, dt_max: float = 1e-1, sigma_init: float = 0.1,
+                 skip_init: float = -1.0, backend: str = "auto", device=None, dtype=None):
+        super().__init__()
+        for name, value in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        d_inner = expand * d_model
+        if not float(d_inner).is_integer() or d_inner < 1:
+            raise ValueError(f"expand * d_model must be a positive integer, got expand={expand!r}")
+        if variant not in _VARIANTS:
+            raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
+        if discretization not in ("ou", "zoh"):
+            raise ValueError(f"discretization must be 'ou' or 'zoh', got {discretization!r}")
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f"dt_min, dt_max must satisfy 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+        if not sigma_init > 0:
+            raise ValueError(f"sigma_init must be positive, got {sigma_init!r}")
+        if var_rank is not None and (variant != "mamba" or var_rank < 1):
+            raise ValueError(f"var_rank applies to variant='mamba' and must be >= 1, got {var_rank!r}")
+        factory = dict(device=device, dtype=dtype)
+        M, S = int(d_inner), d_state
+        self.d_model, self.d_inner, self.d_state, self.d_conv = d_model, M, S, d_conv
+        self.variant, self.discretization, self.backend = variant, discretization, backend
+
+        self.in_proj = nn.Linear(d_model, 2 * M, bias=False, **factory)
+        self.conv = nn.Conv1d(M, M, d_conv, groups=M, bias=True, **factory)
+        if variant == "plain":
+            self.var_rank = M
+            self.sensor_proj = nn.Linear(M, 2 * M + 2 * S, bias=False, **factory)
+            self.var_expand = None
+        else:
+            self.var_rank = var_rank or math.ceil(d_model / 8)
+            self.sensor_proj = nn.Linear(M, self.var_rank + 2 * S, bias=False, **factory)
+            self.var_expand = nn.Linear(self.var_rank, M, bias=False, **factory)
+        self.out_proj = nn.Linear(M, d_model, bias=False, **factory)
+
+        log_dt = torch.empty(M, S, **factory).uniform_(math.log(dt_min), math.log(dt_max))
+        rates = torch.arange(1, S + 1, device=device, dtype=dtype or torch.get_default_dtype())
+        log_theta = torch.log(rates).expand(M, S).clone()
+        self.log_dt = nn.Parameter(log_dt)
+        self.log_theta = nn.Parameter(log_theta)
+        self.log_sigma = nn.Parameter(torch.full((M, S), math.log(sigma_init), **factory))
+        self.skip = nn.Parameter(torch.full((M,), float(skip_init), **factory))
+        for p in (self.log_dt, self.log_theta, self.log_sigma, self.skip):
+            p._no_weight_decay = True
+
+    def ou_params(self):
+        """``(theta, sigma, dt)``, each (M, S), in float32 (float64 for a float64 layer)."""
+        dtype = scan_dtype(self.log_dt)
+        return tuple(torch.exp(p.to(dtype)) for p in (self.log_theta, self.log_sigma, self.log_dt))
+
+    def discretized(self):
+        """``(decay, noise)``, each (M, S): the OU prior over one token step."""
+        return ou.discretize(*self.ou_params(), method=self.discretization)
+
+    def init_state(self, batch: int, device=None) -> KLAState:
+        """The state before the first token: zero conv window, ``lam = 1``, ``eta = 0``."""
+        device = self.log_dt.device if device is None else device
+        dtype = scan_dtype(self.log_dt)
+        conv = torch.zeros(batch, self.d_inner, self.d_conv - 1, device=device,
+                           dtype=self.in_proj.weight.dtype)
+        lam = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
+        return KLAState(conv, lam, torch.zeros_like(lam))
+
+    def _sensors(self, z):
+        """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype."""
+        M, S, r = self.d_inner, self.d_state, self.var_rank
+        if self.variant == "plain":
+            v, log_var, k, q = self.sensor_proj(z).split([M, M, S, S], -1)
+        else:
+            log_var, k, q = self.sensor_proj(z).split([r, S, S], -1)
+            v, log_var = z, self.var_expand(log_var)
+        dtype = scan_dtype(z)
+        lam_v = 1.0 / (F.softplus(log_var.to(dtype)) + _OBS_VAR_FLOOR)
+        k, q = l2_normalize(k.to(dtype)), l2_normalize(q.to(dtype))
+        return v.to(dtype), lam_v, k, q
+
+    def _check(self, x, ndim, name):
+        if x.ndim != ndim or x.shape[-1] != self.d_model:
+            want = "(B, L, D)" if ndim == 3 else "(B, D)"
+            raise ValueError(f"{name} must have shape {want} with D = {self.d_model}, "
+                             f"got {tuple(x.shape)}")
+
+    def _output(self, y, y_var, z, gate, return_variance):
+        """``(y + D_skip z) SiLU(gate)``, out_proj; the variance through squared gate and weights."""
+        g = F.silu(gate)
+        out = self.out_proj((y.to(z.dtype) + self.skip.to(z.dtype) * z) * g)
+        if not return_variance:
+            return (out,)
+        g32 = g.to(y_var.dtype)
+        out_var = F.linear(y_var * g32 * g32, self.out_proj.weight.to(y_var.dtype).square())
+        return out, out_var
+
+    def forward(self, x, state: KLAState | None = None, return_variance: bool = False):
+        """Run the block over a whole sequence (or a chunk of one, continuing ``state``).
+
+        x: (B, L, D). Returns ``y`` (B, L, D); ``(y, y_var)`` with ``return_variance``; and, when a
+        ``state`` is given, the new state appended: ``(y, state)`` or ``(y, y_var, state)``.
+
+        ``y_var`` (B, L, D, float32) is the paper's propagated output variance and is an
+        approximation: it treats the scan outputs of different channels as independent given the
+        inputs, the gate and skip as deterministic, and maps ``y_var * SiLU(gate)^2`` through the
+        squared output weights; it ignores the projections' own uncertainty.
+        """
+        self._check(x, 3, "x")
+        z, gate = self.in_proj(x).chunk(2, -1)
+        window = state.conv if state is not None else z.new_zeros(
+            z.shape[0], self.d_inner, self.d_conv - 1)
+        z, window = causal_conv(z, window, self.conv)
+        z = F.silu(z)
+        v, lam_v, k, q = self._sensors(z)
+        decay, noise = self.discretized()
+        initial = None if state is None else (state.lam, state.eta)
+        with torch.autocast(x.device.type, enabled=False):
+            y, y_var, (lam, eta) = kla_scan(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
+                                            initial_state=initial, return_state=True,
+                                            backend=self.backend)
+        out = self._output(y, y_var, z, gate, return_variance)
+        if state is not None:
+            out = out + (KLAState(window, lam, eta),)
+        return out if len(out) > 1 else out[0]
+
+    def step(self, x_t, state: KLAState, return_variance: bool = False):
+        """Advance by one token in O(M S) work: x_t (B, D) -> ``(y_t, state)`` (or ``(y_t, y_var_t,
+        state)``), y_t (B, D).
+
+        The same predict-then-update as the scan for one token:
+        ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``,
+        ``eta <- rho decay eta + lam_v v k``, ``y = sum_s q eta / lam``, ``y_var = sum_s q^2 / lam``.
+        """
+        self._check(x_t, 2, "x_t")
+        z, gate = self.in_proj(x_t).chunk(2, -1)
+        z, window = causal_conv(z[:, None], state.conv, self.conv)
+        z = F.silu(z[:, 0])
+        v, lam_v, k, q = self._sensors(z)
+        decay, noise = self.discretized()
+        with torch.autocast(x_t.device.type, enabled=False):
+            lam, eta = state.lam.to(v.dtype), state.eta.to(v.dtype)
+            rho = 1.0 / (decay * decay + noise * lam)
+            lam = rho * lam + lam_v[..., None] * (k * k)[:, None, :]
+            eta = rho * decay * eta + (lam_v * v)[..., None] * k[:, None, :]
+            y = (q[:, None, :] * eta / lam).sum(-1)
+            y_var = (q * q)[:, None, :].div(lam).sum(-1)
+        out = self._output(y, y_var, z, gate, return_variance)
+        return out + (KLAState(window, lam, eta),)

@@ -1,0 +1,161 @@
+"""A small pre-norm sequence model around any registered mixer (DESIGN.md section 3).
+
+    tokens (B, L) -> embedding -> N x [x + mixer(RMSNorm x);  x + SwiGLU(RMSNorm x)]
+                  -> RMSNorm -> head -> logits (B, L, vocab_size)
+
+The mixer of each layer comes from :data:`kalmanscan.nn.mixers.MIXERS` by name (``"kla"``,
+``"attention"``, ``"gla"``, ``"mamba"``, or any registered one); a list of names builds a hybrid.
+Every mixer follows one protocol: ``forward(x, state=None)`` returns ``y`` (and the new state when
+one is given), ``step(x_t, state) -> (y_t, state)``, ``init_state(batch, device=None)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["SequenceModel", "RMSNorm", "SwiGLU"]
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, computed in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x):
+        x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * self.weight.to(out.dtype)).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """``W_out (SiLU(W_gate x) * W_up x)`` with hidden width ``int(2 mlp_ratio d / 3)`` (the
+    parameter count of a plain MLP of ratio ``mlp_ratio``)."""
+
+    def __init__(self, d_model: int, mlp_ratio: float = 4.0, device=None, dtype=None):
+        super().__init__()
+        hidden = int(2 * mlp_ratio * d_model / 3)
+        if hidden < 1:
+            raise ValueError(f"mlp_ratio must give a positive hidden width, got {mlp_ratio!r}")
+        self.w_in = nn.Linear(d_model, 2 * hidden, bias=False, device=device, dtype=dtype)
+        self.w_out = nn.Linear(hidden, d_model, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x):
+        gate, up = self.w_in(x).chunk(2, -1)
+        return self.w_out(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """``x + mixer(RMSNorm x)``, then ``x + SwiGLU(RMSNorm x)``."""
+
+    def __init__(self, mixer: nn.Module, d_model: int, mlp_ratio: float, device=None, dtype=None):
+        super().__init__()
+        self.mixer_norm = RMSNorm(d_model, device=device, dtype=dtype)
+        self.mixer = mixer
+        self.mlp_norm = RMSNorm(d_model, device=device, dtype=dtype)
+        self.mlp = SwiGLU(d_model, mlp_ratio, device=device, dtype=dtype)
+
+    def forward(self, x, state=None):
+        if state is None:
+            x = x + self.mixer(self.mixer_norm(x))
+        else:
+            y, state = self.mixer(self.mixer_norm(x), state=state)
+            x = x + y
+        return x + self.mlp(self.mlp_norm(x)), state
+
+    def step(self, x_t, state):
+        y, state = self.mixer.step(self.mixer_norm(x_t), state)
+        x_t = x_t + y
+        return x_t + self.mlp(self.mlp_norm(x_t)), state
+
+
+def _accepted(constructor, kwargs: dict) -> dict:
+    """The entries of ``kwargs`` that ``constructor`` takes as keyword arguments."""
+    params = inspect.signature(constructor).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(kwargs)
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+class SequenceModel(nn.Module):
+    """Embedding, ``n_layers`` pre-norm blocks of [mixer, SwiGLU], final RMSNorm, linear head.
+
+    Args:
+        vocab_size, d_model, n_layers: sizes.
+        mixer: a registered mixer name for every layer, or a list of ``n_layers`` names (a hybrid,
+            e.g. ``["attention"] * (n - 1) + ["kla"]``).
+        d_state, expand: passed to the mixers that take them (``kla``, ``mamba``).
+        mlp_ratio: SwiGLU width ratio.
+        **mixer_kwargs: each passed to every mixer whose constructor takes it (e.g. ``n_heads``
+            for attention and gla, ``variant`` or ``backend`` for kla); one that no mixer in the
+            model takes is a ``ValueError``.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, n_layers: int, mixer="kla", d_state: int = 16,
+                 expand: float = 2, mlp_ratio: float = 4.0, **mixer_kwargs):
+        super().__init__()
+        from .mixers import MIXERS
+
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        names = [mixer] * n_layers if isinstance(mixer, str) else list(mixer)
+        if len(names) != n_layers:
+            raise ValueError(f"mixer must be a name or a list of n_layers={n_layers} names, "
+                             f"got {len(names)} names")
+        unknown = sorted({str(n) for n in names} - set(MIXERS))
+        if unknown:
+            raise ValueError(f"mixer: unknown name(s) {unknown}; registered: {sorted(MIXERS)}")
+        factory = {k: mixer_kwargs.pop(k) for k in ("device", "dtype") if k in mixer_kwargs}
+        shared = dict(d_state=d_state, expand=expand, **mixer_kwargs)
+        used = set()
+        mixers = []
+        for name in names:
+            kwargs = _accepted(MIXERS[name], shared)
+            used.update(kwargs)
+            mixers.append(MIXERS[name](d_model, **kwargs, **factory))
+        unused = sorted(set(mixer_kwargs) - used)
+        if unused:
+            raise ValueError(f"mixer_kwargs {unused} are taken by none of the mixers {sorted(set(names))}")
+
+        self.mixer_names = names
+        self.embedding = nn.Embedding(vocab_size, d_model, **factory)
+        self.blocks = nn.ModuleList(Block(m, d_model, mlp_ratio, **factory) for m in mixers)
+        self.norm = RMSNorm(d_model, **factory)
+        self.head = nn.Linear(d_model, vocab_size, bias=False, **factory)
+
+    def init_state(self, batch: int, device=None) -> list:
+        """One recurrent state per layer, for decoding from the start of a sequence."""
+        return [b.mixer.init_state(batch, device=device) for b in self.blocks]
+
+    def forward(self, tokens, state: list | None = None):
+        """tokens (B, L) int -> logits (B, L, vocab_size); with ``state`` (from :meth:`init_state`
+        or a previous call) continues the sequence and returns ``(logits, state)``: chunked prefill.
+        """
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape (B, L), got {tuple(tokens.shape)}")
+        x = self.embedding(tokens)
+        new_state = None if state is None else []
+        for i, block in enumerate(self.blocks):
+            x, s = block(x, None if state is None else state[i])
+            if state is not None:
+                new_state.append(s)
+        logits = self.head(self.norm(x))
+        return logits if state is None else (logits, new_state)
+
+    def step(self, token, state: list):
+        """One decoding step: token (B,) int -> ``(logits (B, vocab_size), state)``."""
+        if token.ndim != 1:
+            raise ValueError(f"token must have shape (B,), got {tuple(token.shape)}")
+        x = self.embedding(token)
+        new_state = []
+        for block, s in zip(self.blocks, state):
+            x, s = block.step(x, s)
+            new_state.append(s)
+        return self.head(self.norm(x)), new_state
