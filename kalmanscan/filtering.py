@@ -96,5 +96,21 @@ def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None) -> 
         params[k] = conv.pop(k)
     params["init_mean"] = p.output(p.init_mean.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
     params["init_var"] = p.output(p.init_var.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
+    params["times"] = _times(p)
     logliks = conv.pop("logliks")
     return Posterior(logliks=logliks, loglik=logliks.sum(-2), params=params, filtered=filtered, **conv)
+
+
+def _times(p: Problem):
+    """Observation times broadcast to ``p.shape`` in float64 (from 0 by ``dt`` when not given).
+
+    Kept in float64 whatever the compute dtype, so absolute times (e.g. epoch seconds) survive
+    for forecasting to given future times.
+    """
+    if p.times is not None:
+        t = p.times
+    else:
+        dt = torch.broadcast_to(p.dt, p.shape).detach().to(torch.float64)
+        t = torch.cumsum(torch.cat([torch.zeros_like(dt[..., :1, :]), dt[..., 1:, :]], -2), -2)
+    t = torch.broadcast_to(t, p.shape)
+    return t.detach().cpu().numpy() if p.numpy_out else t

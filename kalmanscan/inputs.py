@@ -42,6 +42,7 @@ class Problem:
     shape: tuple
     numpy_out: bool
     out_dtype: object
+    times: torch.Tensor | None = None
 
     @property
     def dtype(self):
@@ -111,8 +112,9 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         if vals[name] is None:
             raise ValueError(f"{name} is required")
         params[name] = _as_2d(_to_tensor(name, vals[name], dtype, device))
+    times_t = None
     if times is not None:
-        params["dt"] = _dt_from_times(times, y_t.shape[-2], dtype, device)
+        params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, device)
 
     _check("theta", params["theta"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
     _check("sigma", params["sigma"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
@@ -146,7 +148,7 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
             raise ValueError(f"{name} of shape {tuple(p.shape)} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
         shape = batch[:-2] + shape[-2:-1] + batch[-1:]
     return Problem(y=y_t, init_mean=init_m, init_var=init_v, shape=shape,
-                   numpy_out=numpy_out, out_dtype=out_dtype, **params)
+                   numpy_out=numpy_out, out_dtype=out_dtype, times=times_t, **params)
 
 
 def _as_2d(p):
@@ -183,4 +185,4 @@ def _dt_from_times(times, T, dtype, device):
     diff = tt[..., 1:, :] - tt[..., :-1, :]
     _check("times", diff, lambda v: v > 0, "strictly increasing")
     dt = torch.cat([torch.ones_like(tt[..., :1, :]), diff], -2)
-    return dt.to(dtype)
+    return dt.to(dtype), tt

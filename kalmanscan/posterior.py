@@ -26,7 +26,8 @@ class Posterior:
     - ``logliks``: ``log p(y_t | y_1..y_{t-1})``, 0 where ``y_t`` is missing; ``loglik`` its sum;
     - ``filtered``: for a smoother, the filter's posterior it was computed from (else ``None``);
     - ``params``: the broadcast model inputs (``theta, sigma, obs_var, mean, h, dt, decay, noise``,
-      and ``missing``: 1.0 where ``y_t`` was NaN, else 0.0)
+      and ``missing``: 1.0 where ``y_t`` was NaN, else 0.0; ``times``: the observation times in
+      float64, from 0 in steps of ``dt`` when no ``times`` were given)
       as arrays of the same kind, for forecasting and diagnostics.
     """
 
