@@ -1,0 +1,137 @@
+"""The ``"triton"`` backend of :func:`kalmanscan.nn.kla_scan`: launch wrappers and autograd.
+
+Forward (:mod:`kernels.kla_fwd`): one program per ``(batch, BLOCK_M channels)``, the
+``[BLOCK_M, S]`` state grid in registers, time walked sequentially in chunks of ``CHUNK`` tokens;
+under autograd it saves only the state at each chunk start (``2 B M S ceil(L / CHUNK)`` floats).
+Backward (:mod:`kernels.kla_bwd`): chunks in reverse, each recomputed from its checkpoint, then the
+scalar-adjoint reverse recursion; exact gradients for ``v, lam_v, k, q, decay, noise`` and the
+initial state. ``k``/``q`` gradients are reduced over M through per-program partials
+(``B L ceil(M / BLOCK_M) S`` floats each) summed afterwards: deterministic, no atomics.
+
+Arithmetic is float32 whatever the input dtype; ``y``/``y_var`` come back in ``v``'s dtype, the
+final state ``(lam, eta)`` in float32, gradients in each input's dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernels.kla_bwd import kla_bwd_kernel
+from kernels.kla_fwd import kla_fwd_kernel
+
+__all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
+
+
+@dataclass(frozen=True)
+class KLAConfig:
+    """Launch shape: channels per program, tokens per checkpoint chunk, warps per program."""
+
+    block_m: int = 8
+    chunk: int = 64
+    num_warps: int = 1
+    bwd_block_m: int = 8
+    bwd_num_warps: int = 1
+
+
+DEFAULT_CONFIG = KLAConfig()
+
+
+def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=None):
+    """Fused KLA scan; returns ``(y, y_var, lam, eta)`` (shapes as :func:`kalmanscan.nn.kla_scan`).
+
+    Differentiable with respect to every tensor argument. ``config`` (a :class:`KLAConfig`)
+    overrides the launch shape; results do not depend on it beyond float32 rounding.
+    """
+    config = config or DEFAULT_CONFIG
+    tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
+    save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+    return _KLAScan.apply(*tensors, config, save)
+
+
+def _grid_args(B, M, S, block_m):
+    n_mblocks = triton.cdiv(M, block_m)
+    return (B, n_mblocks), n_mblocks, triton.next_power_of_2(S)
+
+
+class _KLAScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v, lam_v, k, q, decay, noise, lam0, eta0, config, save):
+        v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
+        decay32 = decay.detach().to(torch.float32).contiguous()
+        noise32 = noise.detach().to(torch.float32).contiguous()
+        B, L, M = v.shape
+        S = k.shape[-1]
+        has_init = lam0 is not None
+        state0 = [x.detach().to(torch.float32).contiguous() if has_init else decay32
+                  for x in (lam0, eta0)]
+        dev = v.device
+        chunk = config.chunk
+        n_chunks = max(triton.cdiv(L, chunk), 1)
+        y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
+        y_var = torch.empty_like(y)
+        lam = torch.empty(B, M, S, dtype=torch.float32, device=dev)
+        eta = torch.empty_like(lam)
+        ckpt = [torch.empty((B, n_chunks, M, S) if save else (1,), dtype=torch.float32, device=dev)
+                for _ in range(2)]
+        grid, _, block_s = _grid_args(B, M, S, config.block_m)
+        kla_fwd_kernel[grid](
+            v, lam_v, k, q, decay32, noise32, state0[0], state0[1],
+            y, y_var, lam, eta, ckpt[0], ckpt[1],
+            L, M, S, n_chunks,
+            CHUNK=chunk, BLOCK_M=config.block_m, BLOCK_S=block_s,
+            HAS_INIT=has_init, SAVE=save, num_warps=_warps(config.num_warps),
+        )
+        if save:
+            ctx.save_for_backward(v, lam_v, k, q, decay32, noise32, ckpt[0], ckpt[1])
+            ctx.meta = (config, n_chunks, decay.dtype, noise.dtype,
+                        *(None if x is None else x.dtype for x in (lam0, eta0)))
+        return y, y_var, lam, eta
+
+    @staticmethod
+    def backward(ctx, gy, gy_var, glam, geta):
+        v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta = ctx.saved_tensors
+        config, n_chunks, decay_dtype, noise_dtype, lam0_dtype, eta0_dtype = ctx.meta
+        B, L, M = v.shape
+        S = k.shape[-1]
+        dev = v.device
+        gy, gy_var = gy.contiguous(), gy_var.contiguous()
+        glam = glam.to(torch.float32).contiguous()
+        geta = geta.to(torch.float32).contiguous()
+        grid, n_mblocks, block_s = _grid_args(B, M, S, config.bwd_block_m)
+        chunk = config.chunk
+        f32 = dict(dtype=torch.float32, device=dev)
+        scratch = [torch.empty(B * n_mblocks * chunk * config.bwd_block_m * block_s, **f32)
+                   for _ in range(2)]
+        gv = torch.empty(B, L, M, **f32)
+        glam_v = torch.empty(B, L, M, **f32)
+        gk_part = torch.empty(B, L, n_mblocks, S, **f32)
+        gq_part = torch.empty(B, L, n_mblocks, S, **f32)
+        gdecay_part = torch.empty(B, M, S, **f32)
+        gnoise_part = torch.empty(B, M, S, **f32)
+        glam0 = torch.empty(B, M, S, **f32)
+        geta0 = torch.empty(B, M, S, **f32)
+        kla_bwd_kernel[grid](
+            v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
+            gy, gy_var, glam, geta, scratch[0], scratch[1],
+            gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
+            L, M, S, n_chunks, n_mblocks,
+            CHUNK=chunk, BLOCK_M=config.bwd_block_m, BLOCK_S=block_s,
+            num_warps=_warps(config.bwd_num_warps),
+        )
+        grads = (
+            gv.to(v.dtype), glam_v.to(lam_v.dtype),
+            gk_part.sum(2).to(k.dtype), gq_part.sum(2).to(q.dtype),
+            gdecay_part.sum(0).to(decay_dtype), gnoise_part.sum(0).to(noise_dtype),
+            None if lam0_dtype is None else glam0.to(lam0_dtype),
+            None if eta0_dtype is None else geta0.to(eta0_dtype),
+        )
+        return grads + (None, None)
+
+
+def _warps(n):
+    """A single warp under the interpreter (it ignores launch shapes)."""
+    return 1 if os.environ.get("TRITON_INTERPRET", "0") == "1" else n

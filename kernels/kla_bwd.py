@@ -1,0 +1,118 @@
+"""Fused backward of the KLA scan: chunks in reverse, each recomputed from its checkpoint.
+
+Same programs as the forward (``(batch b, block of BLOCK_M channels)``, state grid in registers).
+For each chunk, last first: reload the chunk's starting state from ``ckpt_lam/ckpt_eta``, recompute
+the chunk forward writing the state before every step to the program's private ``scratch``
+(``CHUNK x BLOCK_M x BLOCK_S`` per program, L2-resident), then walk the chunk backwards with the
+scalar adjoints ``gl = dLoss/d lam_t``, ``ge = dLoss/d eta_t`` of every filter:
+
+    from the outputs:  ge += gy q / lam_t,   gl -= (gy q eta_t + gy_var q^2) / lam_t^2
+    through the step:  d = decay^2 + noise lam_{t-1},  rho = 1/d
+        g_rho = ge decay eta_{t-1} + gl lam_{t-1},   g_d = -g_rho rho^2
+        decay += ge rho eta_{t-1} + 2 decay g_d,     noise += g_d lam_{t-1}
+        lam_v[m] += sum_s gl k^2 + ge v k,   v[m] += lam_v sum_s ge k
+        k[s] += sum_m lam_v (2 k gl + v ge),  q[s] += sum_m (gy eta_t + 2 gy_var q) / lam_t
+        ge <- ge rho decay,   gl <- gl rho + g_d noise
+
+The adjoint recursions are the exact transposes of the forward's scalar recursions (never of the
+normalised 2x2 products), all divisions are by ``d >= decay^2 > 0`` and ``lam_t > 0``. Sums over s
+are done in registers; sums over m of the ``k``/``q`` gradients become one partial per program,
+``gk_part/gq_part[b, t, pid_m, s]``, summed by the caller (deterministic, no atomics). ``decay`` and
+``noise`` gradients accumulate over time in registers and are written per batch row
+(``gdecay_part/gnoise_part[b, m, s]``), summed over b by the caller. The adjoints left after
+``t = 0`` are the gradients of the initial state.
+"""
+
+import triton
+import triton.language as tl
+
+from .kla_fwd import kla_step
+
+
+@triton.jit
+def kla_bwd_kernel(
+    v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, ckpt_lam_ptr, ckpt_eta_ptr,
+    gy_ptr, gy_var_ptr, glam_ptr, geta_ptr, scratch_lam_ptr, scratch_eta_ptr,
+    gv_ptr, glam_v_ptr, gk_part_ptr, gq_part_ptr, gdecay_part_ptr, gnoise_part_ptr,
+    glam0_ptr, geta0_ptr,
+    L, M, S, n_chunks, n_mblocks,
+    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_m = offs_m < M
+    mask_s = offs_s < S
+    mask = mask_m[:, None] & mask_s[None, :]
+    ms = offs_m[:, None] * S + offs_s[None, :]
+    grid_ms = tl.arange(0, BLOCK_M)[:, None] * BLOCK_S + offs_s[None, :]
+
+    decay = tl.load(decay_ptr + ms, mask=mask, other=1.0)
+    noise = tl.load(noise_ptr + ms, mask=mask, other=0.0)
+    a2 = decay * decay
+    state = pid_b * M * S + ms
+    gl = tl.load(glam_ptr + state, mask=mask, other=0.0)
+    ge = tl.load(geta_ptr + state, mask=mask, other=0.0)
+    gdecay = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
+    gnoise = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
+
+    row_m = pid_b * L * M + offs_m
+    row_s = pid_b * L * S + offs_s
+    scratch = (pid_b * n_mblocks + pid_m) * CHUNK * BLOCK_M * BLOCK_S + grid_ms
+    part = (pid_b * L * n_mblocks + pid_m) * S + offs_s
+    for cc in range(n_chunks):
+        c = n_chunks - 1 - cc
+        ck = (pid_b * n_chunks + c) * M * S + ms
+        lam = tl.load(ckpt_lam_ptr + ck, mask=mask, other=1.0)
+        eta = tl.load(ckpt_eta_ptr + ck, mask=mask, other=0.0)
+        t0 = c * CHUNK
+        t1 = tl.minimum(t0 + CHUNK, L)
+        for t in range(t0, t1):
+            slot = scratch + (t - t0) * BLOCK_M * BLOCK_S
+            tl.store(scratch_lam_ptr + slot, lam)
+            tl.store(scratch_eta_ptr + slot, eta)
+            lv = tl.load(lam_v_ptr + row_m + t * M, mask=mask_m, other=1.0).to(tl.float32)
+            vv = tl.load(v_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+            kt = tl.load(k_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
+            lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lv * vv, kt)
+        for i in range(t1 - t0):
+            t = t1 - 1 - i
+            slot = scratch + (t - t0) * BLOCK_M * BLOCK_S
+            lam_p = tl.load(scratch_lam_ptr + slot)
+            eta_p = tl.load(scratch_eta_ptr + slot)
+            lv = tl.load(lam_v_ptr + row_m + t * M, mask=mask_m, other=1.0).to(tl.float32)
+            vv = tl.load(v_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+            kt = tl.load(k_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
+            qt = tl.load(q_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
+            gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+            gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+
+            inv = 1.0 / lam
+            gyq = gy[:, None] * qt[None, :]
+            gyvq2 = gyv[:, None] * (qt * qt)[None, :]
+            ge += gyq * inv
+            gl -= (gyq * eta + gyvq2) * (inv * inv)
+            gq = tl.sum((gy[:, None] * eta + 2.0 * gyv[:, None] * qt[None, :]) * inv, axis=0)
+
+            rho = 1.0 / (a2 + noise * lam_p)
+            g_d = -(ge * decay * eta_p + gl * lam_p) * (rho * rho)
+            gdecay += ge * rho * eta_p + 2.0 * decay * g_d
+            gnoise += g_d * lam_p
+            kk = kt[None, :]
+            glv = tl.sum(gl * kk * kk + ge * vv[:, None] * kk, axis=1)
+            gv = tl.sum(ge * kk, axis=1) * lv
+            gk = tl.sum(lv[:, None] * (2.0 * kk * gl + vv[:, None] * ge), axis=0)
+            tl.store(glam_v_ptr + row_m + t * M, glv, mask=mask_m)
+            tl.store(gv_ptr + row_m + t * M, gv, mask=mask_m)
+            tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s)
+            tl.store(gq_part_ptr + part + t * n_mblocks * S, gq, mask=mask_s)
+
+            ge = ge * (rho * decay)
+            gl = gl * rho + g_d * noise
+            lam = lam_p
+            eta = eta_p
+    tl.store(glam0_ptr + state, gl, mask=mask)
+    tl.store(geta0_ptr + state, ge, mask=mask)
+    tl.store(gdecay_part_ptr + state, gdecay, mask=mask)
+    tl.store(gnoise_part_ptr + state, gnoise, mask=mask)
