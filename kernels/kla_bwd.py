@@ -26,7 +26,7 @@ are done in registers; sums over m of the ``k``/``q`` gradients become one parti
 import triton
 import triton.language as tl
 
-from .kla_fwd import kla_step
+from .kla_fwd import kla_step, kla_tile
 
 
 @triton.jit
@@ -40,16 +40,9 @@ def kla_bwd_kernel(
 ):
     pid_b = tl.program_id(0)
     pid_m = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_m = offs_m < M
-    mask_s = offs_s < S
-    mask = mask_m[:, None] & mask_s[None, :]
-    ms = offs_m[:, None] * S + offs_s[None, :]
+    offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise = kla_tile(
+        pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M, BLOCK_S)
     grid_ms = tl.arange(0, BLOCK_M)[:, None] * BLOCK_S + offs_s[None, :]
-
-    decay = tl.load(decay_ptr + ms, mask=mask, other=1.0)
-    noise = tl.load(noise_ptr + ms, mask=mask, other=0.0)
     a2 = decay * decay
     state = pid_b * M * S + ms
     gl = tl.load(glam_ptr + state, mask=mask, other=0.0)

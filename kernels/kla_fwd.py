@@ -30,6 +30,23 @@ def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
 
 
 @triton.jit
+def kla_tile(pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Channel/state offsets and masks of program block ``pid_m``, and its ``decay``/``noise``.
+
+    Padding lanes get ``decay = 1, noise = 0`` (an identity predict step).
+    """
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_m = offs_m < M
+    mask_s = offs_s < S
+    mask = mask_m[:, None] & mask_s[None, :]
+    ms = offs_m[:, None] * S + offs_s[None, :]
+    decay = tl.load(decay_ptr + ms, mask=mask, other=1.0)
+    noise = tl.load(noise_ptr + ms, mask=mask, other=0.0)
+    return offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise
+
+
+@triton.jit
 def kla_fwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, lam0_ptr, eta0_ptr,
     y_ptr, y_var_ptr, lam_out_ptr, eta_out_ptr, ckpt_lam_ptr, ckpt_eta_ptr,
@@ -39,15 +56,8 @@ def kla_fwd_kernel(
 ):
     pid_b = tl.program_id(0)
     pid_m = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_m = offs_m < M
-    mask_s = offs_s < S
-    mask = mask_m[:, None] & mask_s[None, :]
-    ms = offs_m[:, None] * S + offs_s[None, :]
-
-    decay = tl.load(decay_ptr + ms, mask=mask, other=1.0)
-    noise = tl.load(noise_ptr + ms, mask=mask, other=0.0)
+    offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise = kla_tile(
+        pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M, BLOCK_S)
     a2 = decay * decay
     state = pid_b * M * S + ms
     if HAS_INIT:
