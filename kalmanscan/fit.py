@@ -1,0 +1,396 @@
+"""``ks.fit``: maximum-likelihood estimation of the model's parameters by autograd through the filter.
+
+The objective is the exact Gaussian log-likelihood of :func:`kalmanscan.filter` (missing values and
+irregular times included), maximised over unconstrained coordinates: ``log`` of each positive
+parameter (``theta, sigma, obs_var, init_var``) relative to its initial guess, and ``(value -
+guess) / scale`` for ``mean`` and ``init_mean`` (``scale`` the data's standard deviation), so every
+coordinate starts at 0 and is of order 1. The minimised objective is the sum over independent
+series of ``-loglik / n_obs`` (per observation), so tolerances do not depend on ``T`` or on the
+number of channels.
+
+Standard errors come from the observed information: the Hessian of ``-loglik`` with respect to the
+natural parameters at the optimum, by double backward through the torch backend. Independent
+series (channels when ``shared=False``, batch elements always) have a block-diagonal Hessian, so
+``P`` Hessian-vector products with all-ones directions recover every ``P x P`` block at once
+(``P`` the number of estimated names); a block that is not positive definite (an optimum on the
+boundary, such as ``theta -> 0``) gets NaN standard errors.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .filtering import filter as _filter
+
+__all__ = ["fit", "FitResult", "ESTIMABLE"]
+
+ESTIMABLE = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
+_POSITIVE = ("theta", "sigma", "obs_var", "init_var")
+_MODEL = ("theta", "sigma", "obs_var", "mean")
+
+
+@dataclass
+class FitResult:
+    """Maximum-likelihood fit of :func:`kalmanscan.filter`'s model (returned by :func:`fit`).
+
+    For ``y`` of shape ``(..., T, C)`` with ``B = y.shape[:-2]`` and ``Cp = C`` (per channel) or
+    ``1`` (``shared=True``):
+
+    - ``params``: ``theta, sigma, obs_var, mean`` (and ``init_mean, init_var`` when given or
+      estimated). Estimated model parameters have shape ``(Cp,)`` (or ``B + (1, Cp)`` with batch
+      dimensions), estimated ``init_*`` have ``B + (Cp,)``: the static shapes ``ks.filter`` takes.
+      Fixed ones are as given. NumPy when ``y`` was NumPy, detached tensors when it was a tensor.
+    - ``loglik``: the log-likelihood at the optimum per series, ``B + (C,)``.
+    - ``converged``, ``n_iter``, ``message``: what the optimiser did.
+    - ``names``: the estimated names, in the order of ``cov``'s axes.
+    - ``stderr``: standard error per estimated name (same shape as its ``params`` entry), the square
+      root of the diagonal of ``cov``; NaN where the Hessian block is not positive definite.
+    - ``cov``: ``B + (Cp, P, P)``, the inverse Hessian of ``-loglik`` in the natural parameters.
+    - ``n_obs``: observed (non-NaN) values per series, ``B + (C,)``.
+    """
+
+    params: dict
+    loglik: Any
+    converged: bool
+    n_iter: int
+    message: str
+    stderr: dict
+    cov: Any
+    names: tuple
+    n_obs: Any
+    method: str = "lbfgs"
+    settings: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def filter_kwargs(self) -> dict:
+        """Every keyword :func:`kalmanscan.filter` needs to run the fitted model."""
+        return {**self.params, **self.settings}
+
+    def filter(self, y, **overrides):
+        """:func:`kalmanscan.filter` of ``y`` under the fitted model (keywords override)."""
+        return _filter(y, **{**self.filter_kwargs, **overrides})
+
+    def smooth(self, y, **overrides):
+        """:func:`kalmanscan.smooth` of ``y`` under the fitted model (keywords override)."""
+        from .smooth import smooth
+
+        return smooth(y, **{**self.filter_kwargs, **overrides})
+
+    def __repr__(self) -> str:
+        ll = _np(self.loglik)
+        n = _np(self.n_obs)
+        status = "converged" if self.converged else "NOT converged"
+        lines = [f"FitResult ({_METHOD_NAMES[self.method]}, {status} after {self.n_iter} iterations: {self.message})",
+                 f"log-likelihood {ll.sum():.6g} over {int(n.sum())} observations in {n.size} series",
+                 f"{'series':<10}{'param':<11}{'estimate':>14}{'std.err':>12}"]
+        est = {k: _np(self.params[k]) for k in self.names}
+        se = {k: _np(v) for k, v in self.stderr.items()}
+        flat = {k: v.reshape(-1) for k, v in est.items()}
+        flat_se = {k: v.reshape(-1) for k, v in se.items()}
+        blocks = next(iter(flat.values())).size if flat else 0
+        shape = _block_shape(est)
+        for b in range(min(blocks, _REPR_BLOCKS)):
+            label = "all" if blocks == 1 else str(np.unravel_index(b, shape) if len(shape) > 1 else b)
+            for i, k in enumerate(self.names):
+                lines.append(f"{label if i == 0 else '':<10}{k:<11}{flat[k][b]:>14.6g}{flat_se[k][b]:>12.4g}")
+        if blocks > _REPR_BLOCKS:
+            lines.append(f"... and {blocks - _REPR_BLOCKS} more series")
+        return "\n".join(lines)
+
+
+_REPR_BLOCKS = 8
+_METHOD_NAMES = {"lbfgs": "L-BFGS", "adam": "Adam"}
+
+
+def fit(y, *, theta=None, sigma=None, obs_var=None, mean=0.0, h=1.0, dt=1.0, times=None,
+        init_mean=None, init_var=None, estimate=("theta", "sigma", "obs_var"), shared=False,
+        method="lbfgs", max_iter=None, tol=1e-6, progress=None, backend="auto") -> FitResult:
+    """Maximum-likelihood estimates of the filter's parameters for ``y`` of shape ``(..., T, C)``.
+
+    Args:
+        y: observations ``(..., T, C)``; NaN = missing. NumPy in gives NumPy params; a tensor gives
+            detached tensors of its dtype on its device.
+        theta, sigma, obs_var, mean, init_mean, init_var: for a name in ``estimate``, the initial
+            guess (``None``: a guess from the data; scalars or ``(C,)``, or ``B + (1, C)``, for the
+            model parameters, ``B + (C,)`` for ``init_*``); for any other name, the fixed value
+            passed to :func:`kalmanscan.filter` as is (static or per step). Positive names that are
+            estimated need a guess ``> 0``. ``mean=None`` with ``"mean"`` estimated starts from the
+            data's mean.
+        h, dt, times, backend: as :func:`kalmanscan.filter` (fixed). Irregular ``times`` and NaN
+            gaps enter the likelihood exactly.
+        estimate: names to estimate, a subset of ``("theta", "sigma", "obs_var", "mean",
+            "init_mean", "init_var")``. E.g. the local level model: ``theta=0.0, init_var=1e6,
+            estimate=("sigma", "obs_var")``.
+        shared: one set of parameters for all channels (per batch element) instead of one per
+            channel.
+        method: ``"lbfgs"`` (strong Wolfe line search; the default, for a full-batch likelihood)
+            or ``"adam"`` (learning rate 0.05 in the unconstrained coordinates).
+        max_iter: iteration limit; default 200 for L-BFGS, 2000 for Adam.
+        tol: converged when every gradient component of the per-observation objective (in the
+            unconstrained coordinates) is at most ``tol``, or when an L-BFGS iteration no longer
+            changes the objective beyond rounding.
+        progress: show a tqdm bar; ``None`` shows it when stderr is a terminal and the fit is long.
+
+    Returns:
+        :class:`FitResult` (parameters, log-likelihood, convergence, standard errors, covariance).
+
+    Raises:
+        ValueError: naming the argument, for an unknown name in ``estimate``, a bad ``method``, a
+            missing fixed value, an estimated guess that is not positive or not static, or any
+            input :func:`kalmanscan.filter` rejects.
+    """
+    estimate = _check_estimate(estimate)
+    if method not in _METHOD_NAMES:
+        raise ValueError(f"method must be 'lbfgs' or 'adam', got {method!r}")
+    if backend == "reference":
+        raise ValueError("backend='reference' is not differentiable; use 'torch', 'triton' or 'auto'")
+    if max_iter is None:
+        max_iter = 200 if method == "lbfgs" else 2000
+    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    if not (tol > 0):
+        raise ValueError(f"tol must be > 0, got {tol!r}")
+
+    numpy_in = not isinstance(y, torch.Tensor)
+    y_t = _as_y(y)
+    if y_t.ndim < 2:
+        raise ValueError(f"y must have shape (..., T, C), got {tuple(y_t.shape)}")
+    batch, C = tuple(y_t.shape[:-2]), y_t.shape[-1]
+    Cp = 1 if shared else C
+    values = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, init_mean=init_mean, init_var=init_var)
+    for k in _MODEL:
+        if k not in estimate and values[k] is None:
+            raise ValueError(f"{k} is required when it is not estimated")
+    guess = _guesses(y_t, values, estimate, batch, Cp, h, dt, times)
+    scale = _data_scale(y_t, batch, Cp)
+    fixed = {k: v for k, v in values.items() if k not in estimate and v is not None}
+    settings = dict(h=h, dt=dt, times=times, backend=backend)
+
+    def natural(u):
+        out = {}
+        for k in estimate:
+            out[k] = guess[k] * torch.exp(u[k]) if k in _POSITIVE else guess[k] + scale * u[k]
+        return out
+
+    def loglik(nat, which_backend):
+        kw = {**fixed, **{k: (v.unsqueeze(-2) if k in _MODEL else v) for k, v in nat.items()}}
+        post = _filter(y_t, **kw, h=h, dt=dt, times=times, backend=which_backend)
+        if tuple(post.loglik.shape[:-1]) != batch:
+            raise ValueError(f"fixed parameters must not add batch dimensions to y's {batch}")
+        return post
+
+    observed = (~torch.isnan(y_t)).to(y_t.dtype).sum(-2)
+    n_group = observed.sum(-1, keepdim=True) if shared else observed
+    weight = 1.0 / torch.clamp(n_group, min=1.0)
+
+    def objective(u):
+        ll = loglik(natural(u), backend).loglik
+        if shared:
+            ll = ll.sum(-1, keepdim=True)
+        return -(ll * weight).sum()
+
+    u = {k: torch.zeros(batch + (Cp,), dtype=y_t.dtype, device=y_t.device, requires_grad=True) for k in estimate}
+    if progress is None:
+        progress = sys.stderr.isatty() and y_t.numel() * max_iter >= 5e6
+    run = _lbfgs if method == "lbfgs" else _adam
+    converged, n_iter, message = run(objective, u, max_iter, tol, progress)
+
+    with torch.no_grad():
+        nat = {k: v.detach() for k, v in natural(u).items()}
+        post = loglik(nat, backend)
+    cov = _covariance(lambda n: loglik(n, "torch"), nat, estimate)
+    se = torch.sqrt(torch.diagonal(cov, dim1=-2, dim2=-1))
+
+    def out(x, name):
+        x = x.detach()
+        if name in _MODEL and batch:
+            x = x.unsqueeze(-2)
+        return x.cpu().numpy() if numpy_in else x
+
+    params = {k: v for k, v in values.items() if v is not None and k not in estimate}
+    params.update({k: out(nat[k], k) for k in estimate})
+    params = {k: params[k] for k in ESTIMABLE if k in params}
+    stderr = {k: out(se[..., i], k) for i, k in enumerate(estimate)}
+    conv = (lambda x: x.detach().cpu().numpy()) if numpy_in else (lambda x: x.detach())
+    return FitResult(params=params, loglik=conv(post.loglik), converged=converged, n_iter=n_iter,
+                     message=message, stderr=stderr, cov=conv(cov), names=estimate,
+                     n_obs=conv(observed), method=method, settings=settings)
+
+
+def _check_estimate(estimate):
+    if isinstance(estimate, str):
+        estimate = (estimate,)
+    estimate = tuple(estimate)
+    bad = [k for k in estimate if k not in ESTIMABLE]
+    if bad or len(set(estimate)) != len(estimate):
+        raise ValueError(f"estimate must be distinct names from {ESTIMABLE}, got {estimate}")
+    if not estimate:
+        raise ValueError("estimate must name at least one parameter")
+    return estimate
+
+
+def _as_y(y):
+    if isinstance(y, torch.Tensor):
+        return y.detach().to(y.dtype if y.dtype in (torch.float32, torch.float64) else torch.float64)
+    arr = np.asarray(y)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"y must be numeric, got dtype {arr.dtype}")
+    return torch.as_tensor(arr.astype(np.float64))
+
+
+def _pool(x, batch, Cp):
+    """Reduce a ``B + (C,)`` statistic to ``B + (Cp,)`` by a NaN-aware mean over channels."""
+    x = torch.broadcast_to(x, batch + (x.shape[-1],))
+    return torch.nanmean(x, -1, keepdim=True) if Cp == 1 else x
+
+
+def _data_scale(y, batch, Cp):
+    """The data's standard deviation per series (1 where it is undefined or zero)."""
+    var = _nanvar(y)
+    var = torch.where(torch.isfinite(var) & (var > 0), var, torch.ones_like(var))
+    return torch.sqrt(_pool(var, batch, Cp))
+
+
+def _nanvar(x, dim=-2):
+    m = torch.nanmean(x, dim, keepdim=True)
+    return torch.nanmean((x - m) ** 2, dim)
+
+
+def _guesses(y, values, estimate, batch, Cp, h, dt, times):
+    """Initial values ``B + (Cp,)`` for the estimated names (given ones checked and broadcast)."""
+    like = dict(dtype=y.dtype, device=y.device)
+    var = _nanvar(y)
+    var = torch.where(torch.isfinite(var) & (var > 0), var, torch.ones_like(var))
+    dvar = _nanvar(y[..., 1:, :] - y[..., :-1, :]) if y.shape[-2] > 1 else var
+    dvar = torch.where(torch.isfinite(dvar) & (dvar > 0), dvar, var)
+    step = _typical_step(dt, times)
+    h_bar = float(np.mean(np.abs(_np(h)))) or 1.0
+    level = torch.nanmean(y, -2) / h_bar
+    level = torch.where(torch.isfinite(level), level, torch.zeros_like(level))
+    defaults = dict(theta=torch.full_like(var, 0.1 / step), sigma=torch.sqrt(dvar / (2 * step)) / h_bar,
+                    obs_var=dvar / 4, mean=level, init_mean=level, init_var=var / h_bar**2)
+    out = {}
+    for k in estimate:
+        v = values[k]
+        if v is None:
+            out[k] = _pool(defaults[k], batch, Cp)
+            continue
+        t = torch.as_tensor(v.detach() if isinstance(v, torch.Tensor) else np.asarray(v, dtype=np.float64), **like)
+        if k in _MODEL and t.ndim >= 2:
+            if t.shape[-2] != 1:
+                raise ValueError(f"{k}: an estimated parameter must be static (scalar, (C,) or (..., 1, C)), got shape {tuple(t.shape)}")
+            t = t.squeeze(-2)
+        try:
+            t = torch.broadcast_to(t, batch + (Cp,)).clone()
+        except RuntimeError:
+            raise ValueError(f"{k}: initial guess of shape {tuple(t.shape)} does not broadcast to {batch + (Cp,)}"
+                             + (" (shared=True takes one value per batch element)" if Cp == 1 else "")) from None
+        ok = torch.isfinite(t) & (t > 0) if k in _POSITIVE else torch.isfinite(t)
+        if not bool(ok.all()):
+            raise ValueError(f"{k}: the initial guess must be finite" + (" and > 0 (its logarithm is optimised)" if k in _POSITIVE else ""))
+        out[k] = t
+    return out
+
+
+def _typical_step(dt, times):
+    if times is not None:
+        steps = np.diff(_np(times).astype(np.float64), axis=-2 if _np(times).ndim >= 2 else -1)
+        return float(np.median(steps)) if steps.size else 1.0
+    d = _np(dt).astype(np.float64)
+    return float(np.median(d)) if d.size else 1.0
+
+
+def _np(x):
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _block_shape(est):
+    shape = next(iter(est.values())).shape if est else ()
+    return tuple(s for s in shape if s != 1) or (1,)
+
+
+def _lbfgs(objective, u, max_iter, tol, progress):
+    """L-BFGS one iteration per ``step`` so convergence is checked (and shown) every iteration."""
+    from tqdm.auto import tqdm
+
+    params = list(u.values())
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=1, max_eval=25, history_size=20,
+                            tolerance_grad=tol, tolerance_change=0.0, line_search_fn="strong_wolfe")
+    evals = []
+
+    def closure():
+        opt.zero_grad()
+        loss = objective(u)
+        loss.backward()
+        gmax = max(float(p.grad.abs().max()) for p in params)
+        evals.append((float(loss.detach()), gmax))
+        return loss
+
+    ftol = 10 * torch.finfo(params[0].dtype).eps
+    prev, stalled = math.inf, 0
+    with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
+        for it in range(max_iter + 1):
+            evals.clear()
+            opt.step(closure) if it < max_iter else closure()
+            f, gmax = evals[0]
+            bar.set_postfix(objective=f"{f:.6g}", grad=f"{gmax:.2e}", refresh=False)
+            if not math.isfinite(f) or not math.isfinite(gmax):
+                return False, it, "the objective or its gradient became non-finite"
+            if gmax <= tol:
+                return True, it, f"gradient below tol ({gmax:.2e})"
+            stalled = stalled + 1 if prev - f <= ftol * max(1.0, abs(f)) else 0
+            if stalled >= 3:
+                return True, it, f"objective stationary to rounding (max gradient {gmax:.2e})"
+            if it == max_iter:
+                break
+            prev = f
+            bar.update(1)
+    return False, max_iter, f"reached max_iter = {max_iter} (max gradient {gmax:.2e})"
+
+
+def _adam(objective, u, max_iter, tol, progress):
+    from tqdm.auto import tqdm
+
+    params = list(u.values())
+    opt = torch.optim.Adam(params, lr=0.05)
+    with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
+        for it in range(max_iter + 1):
+            opt.zero_grad()
+            loss = objective(u)
+            loss.backward()
+            f = float(loss)
+            gmax = max(float(p.grad.abs().max()) for p in params)
+            bar.set_postfix(objective=f"{f:.6g}", grad=f"{gmax:.2e}", refresh=False)
+            if not math.isfinite(f) or not math.isfinite(gmax):
+                return False, it, "the objective or its gradient became non-finite"
+            if gmax <= tol:
+                return True, it, f"gradient below tol ({gmax:.2e})"
+            if it == max_iter:
+                break
+            opt.step()
+            bar.update(1)
+    return False, max_iter, f"reached max_iter = {max_iter} (max gradient {gmax:.2e})"
+
+
+def _covariance(loglik, nat, names):
+    """Inverse Hessian of ``-loglik`` per independent series: ``B + (Cp, P, P)``, NaN if not PD."""
+    leaves = [nat[k].detach().clone().requires_grad_(True) for k in names]
+    with torch.enable_grad():
+        total = -loglik(dict(zip(names, leaves))).loglik.sum()
+        grads = torch.autograd.grad(total, leaves, create_graph=True)
+        rows = []
+        for g in grads:
+            cols = torch.autograd.grad(g.sum(), leaves, retain_graph=True, allow_unused=True)
+            rows.append(torch.stack([torch.zeros_like(leaves[0]) if c is None else c for c in cols], -1))
+    H = torch.stack(rows, -2).detach()
+    H = 0.5 * (H + H.transpose(-1, -2))
+    L, info = torch.linalg.cholesky_ex(H)
+    cov = torch.cholesky_inverse(L)
+    bad = (info != 0)[..., None, None]
+    return torch.where(bad, torch.full_like(cov, math.nan), cov)
