@@ -1,0 +1,193 @@
+"""kla_scan: the torch and triton backends against the float64 sequential recursion.
+
+The triton kernels run through the interpreter on CPU (``TRITON_INTERPRET=1``, set in conftest),
+with launch shapes small enough that every test crosses several chunks and several channel blocks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import max_rel_error
+
+from kalmanscan.nn import kla_scan
+from kalmanscan.nn.kla_triton import KLAConfig, kla_scan_triton
+from kalmanscan.nn.scan import kla_scan_sequential
+
+TOL = 2e-5
+SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=2)
+
+
+def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64):
+    """Random non-degenerate inputs (unit-norm k and q, decay in (0.6, 1), noise in (0.05, 1))."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    xs = [
+        randn(B, L, M),
+        0.1 + 2.0 * rand(B, L, M),
+        torch.nn.functional.normalize(randn(B, L, S), dim=-1),
+        torch.nn.functional.normalize(randn(B, L, S), dim=-1),
+        0.6 + 0.4 * rand(M, S),
+        0.05 + 0.95 * rand(M, S),
+    ]
+    if with_state:
+        xs += [0.5 + rand(B, M, S), randn(B, M, S)]
+    return [x.to(dtype) for x in xs]
+
+
+def run_triton(xs, config=SMALL):
+    lam0, eta0 = (xs[6], xs[7]) if len(xs) > 6 else (None, None)
+    return kla_scan_triton(*xs[:6], lam0, eta0, config=config)
+
+
+def run_torch(xs):
+    y, y_var, (lam, eta) = kla_scan(*xs[:6], initial_state=tuple(xs[6:]) or None,
+                                    return_state=True, backend="torch")
+    return y, y_var, lam, eta
+
+
+def outputs_and_grads(fn, xs, seed=1):
+    """Outputs of ``fn`` and the gradients of a random linear functional of all four of them."""
+    xs = [x.detach().clone().requires_grad_() for x in xs]
+    outs = fn(xs)
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum() for o in outs)
+    loss.backward()
+    return [o.detach() for o in outs], [x.grad for x in xs]
+
+
+def assert_matches(actual, ref, what):
+    for i, (a, r) in enumerate(zip(actual, ref)):
+        err = max_rel_error(a, r)
+        assert err < TOL, f"{what}[{i}]: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("L", [1, 2, 63])
+def test_torch_backend_matches_sequential(L):
+    xs = make_inputs(2, L, 5, 3, seed=L, with_state=True)
+    ref = kla_scan_sequential(*xs)
+    out = run_torch(xs)
+    for a, r in zip(out, ref):
+        assert max_rel_error(a, r) < 1e-12
+
+
+def test_torch_backend_float32_and_default_state():
+    xs = make_inputs(2, 40, 3, 4, seed=3)
+    ref = kla_scan_sequential(*xs)
+    y, y_var = kla_scan(*(x.float() for x in xs), backend="torch")
+    assert y.dtype == torch.float32
+    assert_matches((y, y_var), ref[:2], "float32 torch")
+
+
+def test_torch_backend_gradcheck():
+    xs = [x.requires_grad_() for x in make_inputs(1, 9, 2, 3, seed=4, with_state=True)]
+
+    def fn(*a):
+        y, y_var, (lam, eta) = kla_scan(*a[:6], initial_state=(a[6], a[7]), return_state=True,
+                                        backend="torch")
+        return y, y_var, lam, eta
+
+    assert torch.autograd.gradcheck(fn, xs)
+
+
+@pytest.mark.parametrize("L, with_state", [(1, False), (63, True), (24, False)])
+def test_triton_matches_sequential_values_and_grads(L, with_state):
+    xs = make_inputs(2, L, 5, 3, seed=10 + L, with_state=with_state)
+    ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
+    xs32 = [x.float() for x in xs]
+    out, grads = outputs_and_grads(lambda a: run_triton(a), xs32)
+    assert_matches(out, ref_out, "outputs")
+    assert_matches(grads, ref_grads, "grads")
+    t_out, t_grads = outputs_and_grads(run_torch, xs32)
+    assert_matches(out, t_out, "triton vs torch outputs")
+    assert_matches(grads, t_grads, "triton vs torch grads")
+
+
+def test_triton_default_config_and_power_of_two_state():
+    xs = make_inputs(1, 70, 9, 4, seed=7)
+    ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
+    out, grads = outputs_and_grads(lambda a: run_triton(a, KLAConfig()), [x.float() for x in xs])
+    assert_matches(out, ref_out, "outputs")
+    assert_matches(grads, ref_grads, "grads")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_split_and_carry(backend):
+    xs = make_inputs(2, 29, 5, 3, seed=21)
+    xs = [x.float() for x in xs]
+    full = kla_scan(*xs, return_state=True, backend=backend)
+    cut = 13
+    head = [x[:, :cut] for x in xs[:4]] + xs[4:]
+    tail = [x[:, cut:] for x in xs[:4]] + xs[4:]
+    y1, v1, state = kla_scan(*head, return_state=True, backend=backend)
+    y2, v2, (lam, eta) = kla_scan(*tail, initial_state=state, return_state=True, backend=backend)
+    assert_matches((torch.cat([y1, y2], 1), torch.cat([v1, v2], 1), lam, eta),
+                   (full[0], full[1], *full[2]), "split and carry")
+
+
+def _nan_empty(original):
+    def empty(*args, **kwargs):
+        x = original(*args, **kwargs)
+        return x.fill_(float("nan")) if x.dtype.is_floating_point else x
+
+    return empty
+
+
+def test_triton_writes_every_output_and_gradient(monkeypatch):
+    monkeypatch.setattr(torch, "empty", _nan_empty(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", _nan_empty(torch.empty_like))
+    xs = make_inputs(2, 19, 6, 3, seed=5, with_state=True)
+    ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
+    out, grads = outputs_and_grads(lambda a: run_triton(a), [x.float() for x in xs])
+    assert_matches(out, ref_out, "outputs")
+    assert_matches(grads, ref_grads, "grads")
+
+
+def test_triton_without_grad_and_half_inputs():
+    xs = make_inputs(2, 17, 5, 3, seed=6)
+    ref = kla_scan_sequential(*xs)
+    with torch.no_grad():
+        y, y_var = kla_scan(*(x.float() for x in xs), backend="triton")
+    assert_matches((y, y_var), ref[:2], "no-grad outputs")
+    xb = [x.to(torch.bfloat16) for x in xs[:4]] + [x.float() for x in xs[4:]]
+    ref_b = kla_scan_sequential(*xb)
+    for backend in ("torch", "triton"):
+        yb, y_varb = kla_scan(*xb, backend=backend)
+        assert yb.dtype == torch.bfloat16 and y_varb.dtype == torch.bfloat16
+        assert max_rel_error(yb, ref_b[0]) < 1e-2
+        assert max_rel_error(y_varb, ref_b[1]) < 1e-2
+
+
+def test_auto_backend_on_cpu_is_torch():
+    xs = [x.float() for x in make_inputs(1, 5, 2, 2, seed=8)]
+    for a, b in zip(kla_scan(*xs), kla_scan(*xs, backend="torch")):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("index, bad, name", [
+    (1, lambda x: -x, "lam_v"),
+    (4, lambda x: x + 1.0, "decay"),
+    (4, lambda x: 0.0 * x, "decay"),
+    (5, lambda x: -x, "noise"),
+    (0, lambda x: x[:, :, :-1], "lam_v"),
+    (3, lambda x: x[:, :-1], "q"),
+    (2, lambda x: x[..., :-1], "q"),
+    (5, lambda x: x[:-1], "noise"),
+    (0, lambda x: x[0], "v"),
+])
+def test_bad_inputs_raise(index, bad, name):
+    xs = [x.float() for x in make_inputs(1, 5, 3, 2, seed=9)]
+    xs[index] = bad(xs[index])
+    with pytest.raises(ValueError, match=name):
+        kla_scan(*xs)
+
+
+def test_bad_backend_and_state_raise():
+    xs = [x.float() for x in make_inputs(1, 5, 3, 2, seed=9)]
+    with pytest.raises(ValueError, match="backend"):
+        kla_scan(*xs, backend="cuda")
+    with pytest.raises(ValueError, match="initial_state"):
+        kla_scan(*xs, initial_state=(torch.ones(1, 3, 2),))
+    with pytest.raises(ValueError, match="initial_state lam"):
+        kla_scan(*xs, initial_state=(-torch.ones(1, 3, 2), torch.zeros(1, 3, 2)))
