@@ -1,0 +1,310 @@
+"""The one training entry point for every task and mixer.
+
+    python -m benchmarks.train --task a5 --mixer kla --layers 2 --len 64 --d-model 128 \
+        --steps 5000 --lr 1e-3 --seed 0 --out benchmarks/results/a5_kla.json
+
+Model: :class:`kalmanscan.nn.SequenceModel` (``--mixer`` one name, or a comma list per layer);
+``--mixer-opt key=value`` passes a keyword to the mixers that take it (e.g.
+``discretization=zoh``); ``--noise-zero`` fixes the KLA process noise at 0 (sigma = 0, frozen):
+the gated-linear-attention limit of KLA. The compression task wraps the model in the MAD
+autoencoder head.
+
+Training: AdamW (weight decay on matrices only; never on biases, norms, embeddings' 1-D params
+or the log-parameterised SSM/OU rates), linear warm-up then cosine decay to zero, bf16 autocast on
+CUDA (the KLA scan itself runs in float32), gradient clipping at 1. Validation every
+``--eval-every`` steps on the task's disjoint test split; training stops early once validation
+token accuracy reaches the task's threshold, after ``--time-limit`` seconds, or on a non-finite
+loss. ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the best.
+
+Output: one JSON with the config, seed, commit, device, and per learning rate the best
+validation token accuracy with the sequence, mean per-sequence and macro accuracies at that
+evaluation, the steps run, why training stopped and a history of (step, loss, accuracy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .tasks import IGNORE, TASKS, Scores, make_task, test_set, train_batches
+from .tasks.mad import AutoencoderModel
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train", description=__doc__.split("\n")[0])
+    p.add_argument("--task", required=True, choices=TASKS)
+    p.add_argument("--len", type=int, default=None, help="sequence length (task default if omitted)")
+    p.add_argument("--kv-pairs", type=int, default=None, help="MQAR key-value pairs")
+    p.add_argument("--vocab", type=int, default=None, help="MQAR / MAD vocabulary size")
+    p.add_argument("--mixer", default="kla", help="mixer name, or comma list of one per layer")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--d-state", type=int, default=16)
+    p.add_argument("--expand", type=float, default=2)
+    p.add_argument("--mixer-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword for the mixers that take it (value parsed as a Python literal)")
+    p.add_argument("--noise-zero", action="store_true", help="KLA with process noise fixed at 0")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lrs", default=None, help="comma list: a learning-rate sweep (overrides --lr)")
+    p.add_argument("--wd", type=float, default=0.1, help="AdamW weight decay (matrices only)")
+    p.add_argument("--warmup", type=float, default=0.1, help="warm-up: fraction of steps, or steps if >= 1")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-size", type=int, default=None, help="validation rows (task default if omitted)")
+    p.add_argument("--train-size", type=int, default=None,
+                   help="fixed training pool (MAD: its baseline size if omitted; others: fresh batches)")
+    p.add_argument("--threshold", type=float, default=None, help="early-stop accuracy (task default)")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds per learning rate")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-amp", action="store_true", help="train in float32 on CUDA too")
+    p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<name>.json)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    for name in ("layers", "d_model", "d_state", "steps", "batch", "eval_every"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    return args
+
+
+def mixer_options(pairs) -> dict:
+    """``["key=value", ...]`` -> dict, values as Python literals where they parse, else strings."""
+    opts = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--mixer-opt must be KEY=VALUE, got {pair!r}")
+        try:
+            opts[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            opts[key] = value
+    return opts
+
+
+def task_from_args(args):
+    options = {}
+    if args.kv_pairs is not None:
+        options["num_kv_pairs"] = args.kv_pairs
+    if args.vocab is not None:
+        options["vocab_size"] = args.vocab
+    if args.eval_size is not None:
+        options["num_test"] = args.eval_size
+    task = make_task(args.task, args.len, **options)
+    if args.train_size is not None:
+        task = dataclasses.replace(task, num_train=args.train_size)
+    return task
+
+
+def zero_kla_noise(model: torch.nn.Module) -> int:
+    """Fix the process noise of every KLA layer at 0 (``sigma = 0``, not trained); returns the count.
+
+    ``noise = sigma^2 dt phi(2 theta dt)`` is then exactly 0, whatever ``theta`` and ``dt``.
+    """
+    from kalmanscan.nn import KLA
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, KLA):
+            with torch.no_grad():
+                module.log_sigma.fill_(-math.inf)
+            module.log_sigma.requires_grad_(False)
+            count += 1
+    return count
+
+
+def build_model(task, args) -> torch.nn.Module:
+    """The model of ``args`` for ``task`` (an autoencoder around it for ``head == "autoencoder"``)."""
+    from kalmanscan.nn import SequenceModel
+
+    mixer = args.mixer.split(",") if "," in args.mixer else args.mixer
+    expand = int(args.expand) if float(args.expand).is_integer() else args.expand
+    model = SequenceModel(task.vocab_size, args.d_model, args.layers, mixer=mixer,
+                          d_state=args.d_state, expand=expand, **mixer_options(args.mixer_opt))
+    if args.noise_zero and zero_kla_noise(model) == 0:
+        raise ValueError("--noise-zero needs at least one kla layer")
+    if task.head == "autoencoder":
+        model = AutoencoderModel(model, task.seq_len, task.vocab_size)
+    return model
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float):
+    """Decay only trainable matrices; skip 1-D parameters, ``log_*`` rates and flagged ones."""
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        skip = p.ndim < 2 or getattr(p, "_no_weight_decay", False) or name.rsplit(".", 1)[-1].startswith("log_")
+        (plain if skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+
+
+def lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``steps``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(steps - warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def autocast(device: torch.device, enabled: bool):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda")
+
+
+@torch.no_grad()
+def evaluate(model, x_test, y_test, batch: int, device, amp: bool, num_classes: int) -> dict:
+    """Accuracies (see :class:`benchmarks.tasks.Scores`) of argmax predictions on the test set."""
+    model.eval()
+    scores = Scores(num_classes)
+    for start in range(0, x_test.shape[0], batch):
+        x = torch.from_numpy(x_test[start : start + batch]).to(device)
+        y = torch.from_numpy(y_test[start : start + batch]).to(device)
+        with autocast(device, amp):
+            logits = model(x)
+        scores.update(logits.argmax(-1), y)
+    model.train()
+    return scores.result()
+
+
+def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
+    """Train one model at learning rate ``lr``; returns the run's record (see the module doc)."""
+    torch.manual_seed(args.seed)
+    model = build_model(task, args).to(device)
+    opt = torch.optim.AdamW(param_groups(model, args.wd), lr=lr, betas=(0.9, 0.98))
+    warmup = int(args.warmup) if args.warmup >= 1 else int(args.warmup * args.steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args.steps, max(warmup, 1)))
+    threshold = task.threshold if args.threshold is None else args.threshold
+    amp = not args.no_amp
+    batches = train_batches(task, args.seed, args.batch)
+    best = {"token_acc": -1.0}
+    history, stop, step, loss_val = [], "steps", 0, float("nan")
+    start = time.perf_counter()
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.steps, desc=f"{task.name} {args.mixer} lr={lr:g}", leave=False)
+    for step in range(1, args.steps + 1):
+        x_np, y_np = next(batches)
+        x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
+        with autocast(device, amp):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        if not torch.isfinite(loss):
+            stop = "nonfinite"
+            break
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if bar is not None:
+            bar.update(1)
+        out_of_time = args.time_limit is not None and time.perf_counter() - start > args.time_limit
+        if step % args.eval_every == 0 or step == args.steps or out_of_time:
+            loss_val = loss.item()
+            metrics = evaluate(model, *test_data, args.batch, device, amp, task.vocab_size)
+            history.append([step, round(loss_val, 5), round(metrics["token_acc"], 5)])
+            if metrics["token_acc"] > best["token_acc"]:
+                best = {**metrics, "step": step}
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss_val:.3f}", acc=f"{metrics['token_acc']:.3f}")
+            if metrics["token_acc"] >= threshold:
+                stop = "threshold"
+                break
+            if out_of_time:
+                stop = "time"
+                break
+    if bar is not None:
+        bar.close()
+    return {
+        "lr": lr,
+        "best": best if best["token_acc"] >= 0 else None,
+        "solved": best["token_acc"] >= threshold,
+        "steps_run": step,
+        "stopped": stop,
+        "final_loss": loss_val,
+        "wall_s": round(time.perf_counter() - start, 2),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "history": history,
+    }
+
+
+def commit() -> str:
+    """``git rev-parse --short HEAD`` of this checkout, with ``+dirty`` when it has local changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def run_label(args) -> str:
+    mixer = args.mixer.replace(",", "-") + ("-noise0" if args.noise_zero else "")
+    extra = "".join(f"_{o.replace('=', '-')}" for o in args.mixer_opt)
+    length = f"_L{args.len}" if args.len else ""
+    return f"{args.task}{length}_{mixer}{extra}_n{args.layers}_d{args.d_model}_s{args.seed}"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto"
+                          else args.device)
+    task = task_from_args(args)
+    lrs = [float(v) for v in args.lrs.split(",")] if args.lrs else [args.lr]
+    test_data = test_set(task, args.seed)
+    runs = [train_one(task, args, lr, device, test_data) for lr in lrs]
+    scored = [r for r in runs if r["best"] is not None]
+    best = max(scored, key=lambda r: r["best"]["token_acc"]) if scored else None
+    result = {
+        "label": run_label(args),
+        "task": task.name,
+        "seq_len": task.seq_len,
+        "vocab_size": task.vocab_size,
+        "mixer": args.mixer,
+        "noise_zero": args.noise_zero,
+        "mixer_opts": mixer_options(args.mixer_opt),
+        "layers": args.layers,
+        "d_model": args.d_model,
+        "seed": args.seed,
+        "threshold": task.threshold if args.threshold is None else args.threshold,
+        "config": vars(args),
+        "commit": commit(),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "best_lr": best["lr"] if best else None,
+        "best_token_acc": best["best"]["token_acc"] if best else None,
+        "best_seq_acc": best["best"]["seq_acc"] if best else None,
+        "solved": any(r["solved"] for r in runs),
+        "runs": runs,
+    }
+    out = args.out or os.path.join("benchmarks", "results", result["label"] + ".json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(result, fh, indent=1, default=float)
+    acc = result["best_token_acc"]
+    print(f"{result['label']}: best token acc {acc if acc is None else round(acc, 4)} "
+          f"(lr {result['best_lr']}), solved={result['solved']} -> {out}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()
