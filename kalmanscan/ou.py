@@ -100,7 +100,9 @@ def continuous(decay, noise, dt=1.0):
     """Inverse of :func:`discretize`: ``(decay, noise, dt) -> (theta, sigma)``.
 
     ``decay`` in ``(0, 1]``, ``noise >= 0``; ``theta = -log(decay) / dt`` and
-    ``sigma = sqrt(noise / (dt * phi(2 theta dt)))``, exact to rounding including ``decay = 1``.
+    ``sigma = sqrt(noise / (dt * phi(2 theta dt)))``, including ``decay = 1``. Near ``decay = 1``
+    the decay itself holds ``theta dt`` only to float64 rounding, so ``theta`` comes back to about
+    ``eps / dt`` absolute (a few ulps relative elsewhere); ``sigma`` to a few ulps.
     """
     ns = _ns(decay, noise, dt)
     like = next((v for v in (decay, noise, dt) if isinstance(v, torch.Tensor)), None)

@@ -1,0 +1,60 @@
+"""Shared test utilities: random filter problems and relative-error comparisons."""
+
+from __future__ import annotations
+
+import numpy as np
+
+POSITIVE = ("var", "precision", "pred_var", "pred_precision", "pred_obs_var")
+SIGNED = ("mean", "pred_mean", "pred_obs_mean", "logliks", "loglik")
+FIELDS = POSITIVE + SIGNED
+
+
+def to_np(x):
+    return x.detach().cpu().double().numpy() if hasattr(x, "detach") else np.asarray(x, dtype=float)
+
+
+def rel_error(actual, ref):
+    """Elementwise relative error for positive fields; max-norm relative error for signed ones."""
+    a, r = to_np(actual), to_np(ref)
+    assert a.shape == r.shape, (a.shape, r.shape)
+    assert np.all(np.isfinite(a)), "non-finite values in the result"
+    return float(np.max(np.abs(a - r) / np.maximum(np.abs(r), 1e-300)))
+
+
+def max_rel_error(actual, ref):
+    a, r = to_np(actual), to_np(ref)
+    assert a.shape == r.shape, (a.shape, r.shape)
+    assert np.all(np.isfinite(a)), "non-finite values in the result"
+    scale = max(np.max(np.abs(r)), 1e-300)
+    return float(np.max(np.abs(a - r)) / scale)
+
+
+def posterior_error(post, ref, fields=FIELDS):
+    """Worst relative error over the posterior fields (see :func:`rel_error`)."""
+    errs = {}
+    for k in fields:
+        fn = rel_error if k in POSITIVE else max_rel_error
+        errs[k] = fn(getattr(post, k), getattr(ref, k))
+    return max(errs.values()), errs
+
+
+def random_problem(rng, T, C=3, batch=(2,), per_step=False, missing=0.1, times=False, offset=0.0):
+    """A random, non-degenerate filter problem: ``(y, kwargs)`` with NumPy float64 arrays."""
+    shape = batch + (T, C)
+    pshape = shape if per_step else (C,)
+    kw = dict(
+        theta=rng.uniform(0.01, 2.0, pshape),
+        sigma=rng.uniform(0.1, 2.0, pshape),
+        obs_var=rng.uniform(0.05, 3.0, pshape),
+        mean=offset + rng.normal(size=pshape),
+        h=rng.uniform(0.5, 2.0, pshape) * rng.choice([-1, 1], pshape),
+        init_mean=offset + rng.normal(size=batch + (C,)),
+        init_var=rng.uniform(0.1, 5.0, batch + (C,)),
+    )
+    if times:
+        kw["times"] = np.cumsum(rng.uniform(0.05, 3.0, T)) + rng.normal()
+    else:
+        kw["dt"] = rng.uniform(0.1, 2.0)
+    y = offset + rng.normal(size=shape) * 2.0
+    y[rng.random(shape) < missing] = np.nan
+    return y, kw

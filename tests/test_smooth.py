@@ -1,0 +1,40 @@
+"""ks.smooth: the reverse-scan RTS smoother against the sequential float64 smoother."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import max_rel_error, random_problem, rel_error
+
+import kalmanscan as ks
+
+
+@pytest.mark.parametrize("T", [1, 2, 63, 1000])
+@pytest.mark.parametrize("per_step, times", [(False, False), (True, True)])
+def test_torch_smoother_equals_reference(T, per_step, times):
+    rng = np.random.default_rng(T + 7 * per_step)
+    y, kw = random_problem(rng, T, per_step=per_step, times=times)
+    ref = ks.smooth(y, backend="reference", **kw)
+    out = ks.smooth(y, backend="torch", **kw)
+    assert max_rel_error(out.mean, ref.mean) < 1e-10
+    assert rel_error(out.var, ref.var) < 1e-10
+    assert rel_error(out.precision, ref.precision) < 1e-10
+    assert max_rel_error(out.filtered.mean, ref.filtered.mean) < 1e-10
+    np.testing.assert_array_equal(out.logliks, out.filtered.logliks)
+
+
+def test_smoothing_only_reduces_variance_and_ends_at_the_filter():
+    rng = np.random.default_rng(3)
+    y, kw = random_problem(rng, 200)
+    post = ks.smooth(y, backend="torch", **kw)
+    assert np.all(post.var <= post.filtered.var * (1 + 1e-12))
+    np.testing.assert_allclose(post.mean[..., -1, :], post.filtered.mean[..., -1, :], rtol=1e-14)
+
+
+def test_smoother_float32_and_torch_out():
+    rng = np.random.default_rng(4)
+    y, kw = random_problem(rng, 300, times=True)
+    ref = ks.smooth(y, backend="reference", **kw)
+    out = ks.smooth(torch.tensor(y, dtype=torch.float32), backend="torch", **kw)
+    assert out.mean.dtype == torch.float32 and out.filtered.mean.dtype == torch.float32
+    assert max_rel_error(out.mean, ref.mean) < 4e-6
+    assert rel_error(out.var, ref.var) < 4e-6
