@@ -1,0 +1,317 @@
+"""Calibration diagnostics: is the filter's uncertainty honest? (``ks.diagnostics``)
+
+Every function takes a :class:`~kalmanscan.Posterior` (NumPy or torch; tensors are detached and
+moved to the host) and arrays broadcasting to its ``(..., T, C)`` shape, and returns NumPy float64.
+NaN in ``y`` or ``truth`` gives NaN in the elementwise scores and is left out of every average.
+Distributions and tests are those of ``scipy.stats``.
+
+Scores against observations use the one-step predictive law ``y_t | y_1..y_{t-1} ~ N(m_t, S_t)``
+(``post.pred_obs_mean``, ``post.pred_obs_var``); scores against the true state use the posterior
+``N(mu_t, P_t)`` (``post.mean``, ``post.var``: filtered or smoothed). Under the model:
+
+- ``nis = (y - m)^2 / S`` is chi-square(1) and independent over time (innovations are white);
+- ``nees = (x - mu)^2 / P`` is chi-square(1) at each step, but correlated over time;
+- ``pit = Phi((y - m) / sqrt(S))`` is uniform on (0, 1), independent over time;
+- a central ``level`` interval covers ``y`` (or ``x``) with probability ``level``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["nees", "nis", "pit", "crps", "log_score", "coverage", "predictive_coverage",
+           "report", "CalibrationReport", "LEVELS"]
+
+LEVELS = (0.5, 0.8, 0.9, 0.95)
+
+
+def _numpy_post(post):
+    return post.to_numpy() if hasattr(post.mean, "detach") else post
+
+
+def _aligned(name, x, shape):
+    arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    try:
+        return np.broadcast_to(arr.astype(np.float64), shape)
+    except ValueError:
+        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to the posterior's {shape}") from None
+
+
+def _predictive(post, y):
+    post = _numpy_post(post)
+    m = np.asarray(post.pred_obs_mean, np.float64)
+    s2 = np.asarray(post.pred_obs_var, np.float64)
+    return _aligned("y", y, m.shape), m, s2
+
+
+def _state(post, truth):
+    post = _numpy_post(post)
+    mu = np.asarray(post.mean, np.float64)
+    var = np.asarray(post.var, np.float64)
+    return _aligned("truth", truth, mu.shape), mu, var
+
+
+def nees(post, truth):
+    """Normalised estimation error squared ``(truth - mean)^2 / var``, shape ``(..., T, C)``."""
+    x, mu, var = _state(post, truth)
+    return (x - mu) ** 2 / var
+
+
+def nis(post, y):
+    """Normalised innovation squared ``(y - pred_obs_mean)^2 / pred_obs_var``; NaN where missing."""
+    y, m, s2 = _predictive(post, y)
+    return (y - m) ** 2 / s2
+
+
+def pit(post, y):
+    """Probability integral transform ``Phi((y - m) / sqrt(S))`` of ``y`` under its one-step predictive."""
+    y, m, s2 = _predictive(post, y)
+    return stats.norm.cdf(y, loc=m, scale=np.sqrt(s2))
+
+
+def crps(post, y):
+    """Continuous ranked probability score of the Gaussian one-step predictive (lower is better).
+
+    Closed form with ``z = (y - m) / s``: ``s (z (2 Phi(z) - 1) + 2 phi(z) - 1 / sqrt(pi))``, in
+    the units of ``y``.
+    """
+    y, m, s2 = _predictive(post, y)
+    s = np.sqrt(s2)
+    z = (y - m) / s
+    return s * (z * (2 * stats.norm.cdf(z) - 1) + 2 * stats.norm.pdf(z) - 1 / math.sqrt(math.pi))
+
+
+def log_score(post, y):
+    """Negative log predictive density ``-log N(y; m, S)`` (lower is better); NaN where missing.
+
+    Where ``y`` is observed it equals ``-post.logliks``.
+    """
+    y, m, s2 = _predictive(post, y)
+    return -stats.norm.logpdf(y, loc=m, scale=np.sqrt(s2))
+
+
+def _inside(mean, var, x, level, axis):
+    levels = np.asarray(level, dtype=np.float64)
+    if np.any(~(levels > 0) | ~(levels < 1)):
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    z = stats.norm.ppf(0.5 + levels / 2).reshape(levels.shape + (1,) * mean.ndim)
+    inside = np.abs(x - mean) <= z * np.sqrt(var)
+    frac = np.where(np.isnan(x), np.nan, inside.astype(np.float64))
+    return np.nanmean(frac, axis=None if axis is None else _shift(axis, mean.ndim, levels.ndim))
+
+
+def _shift(axis, ndim, extra):
+    axes = (axis,) if np.isscalar(axis) else tuple(axis)
+    out = tuple((a % ndim) + extra for a in axes)
+    return out if extra or len(out) > 1 else out[0]
+
+
+def coverage(post, truth, level=0.9, *, axis=None):
+    """Fraction of ``truth`` inside the central ``level`` credible interval ``mean ± z sqrt(var)``.
+
+    ``level`` is a number or a sequence (its shape leads the result). ``axis=None`` averages over
+    everything (a float per level); ``axis=-2`` gives the fraction per series over time.
+    """
+    x, mu, var = _state(post, truth)
+    out = _inside(mu, var, x, level, axis)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def predictive_coverage(post, y, level=0.9, *, axis=None):
+    """Fraction of observed ``y`` inside the central ``level`` interval of its one-step predictive."""
+    y, m, s2 = _predictive(post, y)
+    out = _inside(m, s2, y, level, axis)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+@dataclass
+class CalibrationReport:
+    """Summary of the calibration checks of :func:`report` (see its docstring for the tests).
+
+    Bands are central intervals at the per-check level ``alpha / n_checks`` (Bonferroni), so the
+    verdict's false-alarm rate on data from the model is at most ``alpha``.
+    """
+
+    calibrated: bool
+    reasons: list
+    alpha: float
+    n_checks: int
+    n_obs: int
+    n_missing: int
+    mean_nis: float
+    nis_band: tuple
+    nis_pvalue: float
+    pit_ks: float
+    pit_pvalue: float
+    pit_mean: float
+    pit_var: float
+    coverage: dict
+    coverage_bands: dict
+    mean_crps: float
+    mean_log_score: float
+    mean_nees: float | None = None
+    nees_band: tuple | None = None
+    nees_pvalue: float | None = None
+    nees_dof: float | None = None
+    state_coverage: dict | None = field(default=None)
+
+    def __repr__(self) -> str:
+        verdict = "calibrated" if self.calibrated else "NOT calibrated"
+        lines = [f"CalibrationReport: {verdict} (alpha = {self.alpha:g} over {self.n_checks} checks)",
+                 f"  {'observations':<24}{self.n_obs} ({self.n_missing} missing)"]
+
+        def row(name, value, band, ok):
+            lo, hi = band
+            lines.append(f"  {name:<24}{value:<10.4g}band [{lo:.4g}, {hi:.4g}]  {'ok' if ok else 'FAIL'}")
+
+        row("mean NIS", self.mean_nis, self.nis_band, _inside_band(self.mean_nis, self.nis_band))
+        pit_ok = self.pit_pvalue >= self.alpha / self.n_checks
+        lines.append(f"  {'PIT uniformity (KS)':<24}D={self.pit_ks:<8.3g}p={self.pit_pvalue:.3g}"
+                     f"{'':>9}{'ok' if pit_ok else 'FAIL'}")
+        for lvl, c in self.coverage.items():
+            row(f"coverage of y at {lvl:g}", c, self.coverage_bands[lvl], _inside_band(c, self.coverage_bands[lvl]))
+        if self.mean_nees is not None:
+            row(f"mean NEES (dof {self.nees_dof:.0f})", self.mean_nees, self.nees_band,
+                _inside_band(self.mean_nees, self.nees_band))
+            cov = ", ".join(f"{lvl:g}: {c:.3f}" for lvl, c in self.state_coverage.items())
+            lines.append(f"  {'coverage of the state':<24}{cov}")
+        lines.append(f"  {'mean CRPS':<24}{self.mean_crps:.4g}")
+        lines.append(f"  {'mean log score':<24}{self.mean_log_score:.4g}")
+        if self.reasons:
+            lines.append("Reasons:")
+            lines += [f"  - {r}" for r in self.reasons]
+        return "\n".join(lines)
+
+
+def _inside_band(value, band):
+    return band[0] <= value <= band[1]
+
+
+def _chi2_check(mean, dof, a):
+    """A mean of ``dof`` chi-square(1) terms against ``chi2(dof) / dof``: ``(band, two-sided p)``."""
+    band = tuple(float(v) / dof for v in stats.chi2.ppf([a / 2, 1 - a / 2], dof))
+    total = mean * dof
+    p = float(min(1.0, 2 * min(stats.chi2.cdf(total, dof), stats.chi2.sf(total, dof))))
+    return band, p
+
+
+def _effective_dof(err):
+    """Effective count of ``err^2`` terms for standardised errors ``err`` ``(..., T, C)``.
+
+    Posterior errors are correlated over time. For an AR(1) error with lag-1 correlation ``rho``,
+    ``corr(err_t^2, err_s^2) = rho^(2|t-s|)``, so the mean of ``n`` squares has the variance of
+    ``n (1 - rho^2) / (1 + rho^2)`` independent ones. ``rho`` is estimated from consecutive pairs
+    (uncentred: the errors have mean 0 under the model) and clipped to ``rho^2 <= 0.99``.
+    """
+    a, b = err[..., 1:, :], err[..., :-1, :]
+    ok = np.isfinite(a) & np.isfinite(b)
+    den = np.sqrt(np.sum(np.where(ok, a * a, 0)) * np.sum(np.where(ok, b * b, 0)))
+    rho = float(np.sum(np.where(ok, a * b, 0)) / den) if den > 0 else 0.0
+    r2 = min(rho * rho, 0.99)
+    return np.isfinite(err).sum() * (1 - r2) / (1 + r2)
+
+
+def report(post, y, truth=None, *, levels=LEVELS, alpha=0.05) -> CalibrationReport:
+    """Check the calibration of a filter (or smoother) run over ``y``; returns a :class:`CalibrationReport`.
+
+    Checks, each at level ``alpha / n_checks``:
+
+    - mean NIS against ``chi2(n) / n`` (``n`` observed values; innovations are independent);
+    - uniformity of the PIT values (``scipy.stats.kstest`` against U(0, 1));
+    - coverage of ``y`` by each central predictive interval in ``levels`` (binomial test);
+    - with ``truth`` (the latent state, ``(..., T, C)``): mean NEES against ``chi2(d) / d`` with
+      ``d`` the effective count of :func:`_effective_dof` (errors are correlated in time).
+
+    ``calibrated`` is true when every check passes; ``reasons`` says which failed and which way:
+    under-dispersed (over-confident: variances too small) or over-dispersed (under-confident), or
+    biased. The report also gives the mean CRPS and log score, and the state coverage.
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    levels = tuple(float(v) for v in np.atleast_1d(levels))
+    if any(not 0 < v < 1 for v in levels):
+        raise ValueError(f"levels must be in (0, 1), got {levels}")
+    post = _numpy_post(post)
+    y_a, _, _ = _predictive(post, y)
+    seen = ~np.isnan(y_a)
+    n = int(seen.sum())
+    if n < 2:
+        raise ValueError(f"y must have at least 2 observed values, got {n}")
+    n_checks = 2 + len(levels) + (truth is not None)
+    a = alpha / n_checks
+    reasons = []
+
+    mean_nis = float(np.mean(nis(post, y)[seen]))
+    nis_band, nis_p = _chi2_check(mean_nis, n, a)
+    if mean_nis > nis_band[1]:
+        reasons.append(f"mean NIS {mean_nis:.3g} is above its band [{nis_band[0]:.3g}, {nis_band[1]:.3g}]: "
+                       "innovations are larger than the predictive variance says; under-dispersed "
+                       "(over-confident: obs_var or sigma too small)")
+    elif mean_nis < nis_band[0]:
+        reasons.append(f"mean NIS {mean_nis:.3g} is below its band [{nis_band[0]:.3g}, {nis_band[1]:.3g}]: "
+                       "innovations are smaller than the predictive variance says; over-dispersed "
+                       "(under-confident: obs_var or sigma too large)")
+
+    u = pit(post, y)[seen]
+    ks = stats.kstest(u, "uniform")
+    pit_mean, pit_var = float(u.mean()), float(u.var())
+    if ks.pvalue < a:
+        reasons.append(f"PIT is not uniform (KS D = {ks.statistic:.3g}, p = {ks.pvalue:.2g}): " + _pit_shape(pit_mean, pit_var, n))
+
+    cov, bands = {}, {}
+    for lvl in levels:
+        c = predictive_coverage(post, y, lvl)
+        lo, hi = stats.binom.interval(1 - a, n, lvl)
+        cov[lvl], bands[lvl] = c, (lo / n, hi / n)
+        p = stats.binomtest(int(round(c * n)), n, lvl).pvalue
+        if p < a:
+            way = "too narrow: under-dispersed" if c < lvl else "too wide: over-dispersed"
+            reasons.append(f"{lvl:.0%} predictive intervals cover {c:.1%} of y (binomial p = {p:.2g}): {way}")
+
+    extra = {}
+    if truth is not None:
+        x, mu, var = _state(post, truth)
+        err = (x - mu) / np.sqrt(var)
+        e2 = err[np.isfinite(err)] ** 2
+        if e2.size < 2:
+            raise ValueError("truth must have at least 2 finite values")
+        dof = float(_effective_dof(err))
+        mean_nees = float(e2.mean())
+        band, p = _chi2_check(mean_nees, dof, a)
+        extra = dict(mean_nees=mean_nees, nees_band=band, nees_pvalue=p, nees_dof=dof,
+                     state_coverage={lvl: coverage(post, truth, lvl) for lvl in levels})
+        if mean_nees > band[1]:
+            reasons.append(f"mean NEES {mean_nees:.3g} is above its band [{band[0]:.3g}, {band[1]:.3g}]: "
+                           "the state is further from the truth than its variance says; over-confident")
+        elif mean_nees < band[0]:
+            reasons.append(f"mean NEES {mean_nees:.3g} is below its band [{band[0]:.3g}, {band[1]:.3g}]: "
+                           "the state variance is larger than its errors; under-confident")
+
+    return CalibrationReport(
+        calibrated=not reasons, reasons=reasons, alpha=alpha, n_checks=n_checks, n_obs=n,
+        n_missing=int(y_a.size - n), mean_nis=mean_nis, nis_band=nis_band, nis_pvalue=nis_p,
+        pit_ks=float(ks.statistic), pit_pvalue=float(ks.pvalue), pit_mean=pit_mean, pit_var=pit_var,
+        coverage=cov, coverage_bands=bands, mean_crps=float(np.nanmean(crps(post, y))),
+        mean_log_score=float(np.nanmean(log_score(post, y))), **extra)
+
+
+def _pit_shape(mean, var, n):
+    """Describe a non-uniform PIT by its mean (bias) and variance (dispersion) z-scores."""
+    z_mean = (mean - 0.5) / math.sqrt(1 / 12 / n)
+    z_var = (var - 1 / 12) / math.sqrt(1 / 180 / n)
+    parts = []
+    if abs(z_var) >= 3 or abs(z_var) >= abs(z_mean):
+        parts.append(f"variance {var:.3f} vs 1/12 = 0.083: " + (
+            "U-shaped histogram, under-dispersed (over-confident)" if z_var > 0 else
+            "hump-shaped histogram, over-dispersed (under-confident)"))
+    if abs(z_mean) >= 3 or abs(z_mean) > abs(z_var):
+        parts.append(f"mean {mean:.3f} vs 0.5: observations fall " + (
+            "above the predictive mean more often: forecasts biased low" if z_mean > 0 else
+            "below the predictive mean more often: forecasts biased high"))
+    return "; ".join(parts)
