@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import torch
+
+# The device the torch backend is tested on: set KALMANSCAN_TEST_DEVICE=cuda on a GPU machine.
+DEVICE = torch.device(os.environ.get("KALMANSCAN_TEST_DEVICE", "cpu"))
 
 POSITIVE = ("var", "precision", "pred_var", "pred_precision", "pred_obs_var")
 SIGNED = ("mean", "pred_mean", "pred_obs_mean", "logliks", "loglik")
@@ -58,3 +64,8 @@ def random_problem(rng, T, C=3, batch=(2,), per_step=False, missing=0.1, times=F
     y = offset + rng.normal(size=shape) * 2.0
     y[rng.random(shape) < missing] = np.nan
     return y, kw
+
+
+def on_device(y, dtype=torch.float64):
+    """``y`` as a tensor on the test device."""
+    return torch.tensor(y, dtype=dtype, device=DEVICE)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import posterior_error, random_problem
+from helpers import on_device, posterior_error, random_problem
 
 import kalmanscan as ks
 
@@ -19,7 +19,8 @@ def test_torch_equals_reference_float64(T, per_step, times):
     rng = np.random.default_rng(1000 * T + 10 * per_step + times)
     y, kw = random_problem(rng, T, per_step=per_step, times=times)
     ref = ks.filter(y, backend="reference", **kw)
-    out = ks.filter(y, backend="torch", **kw)
+    out = ks.filter(on_device(y), backend="torch", **kw)
+    assert out.mean.device.type == on_device(y).device.type
     err, errs = posterior_error(out, ref)
     assert err < 1e-10, errs
 
@@ -79,7 +80,7 @@ def test_float32_within_measured_bound():
     for T in (1, 63, 1000):
         y, kw = random_problem(rng, T, per_step=True, times=True)
         ref = ks.filter(y, backend="reference", **kw)
-        out = ks.filter(torch.tensor(y, dtype=torch.float32), backend="torch", **kw)
+        out = ks.filter(on_device(y, torch.float32), backend="torch", **kw)
         assert out.mean.dtype == torch.float32
         worst = max(worst, posterior_error(out, ref)[0])
     assert worst < FLOAT32_BOUND

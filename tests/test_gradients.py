@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from helpers import random_problem
+from helpers import DEVICE, random_problem
 
 import kalmanscan as ks
 
@@ -17,8 +17,8 @@ def _loss(post):
 def _check(per_step, times, T=9):
     rng = np.random.default_rng(20 + per_step + 2 * times)
     y, kw = random_problem(rng, T, C=2, batch=(2,), per_step=per_step, times=times, missing=0.15)
-    leaves = {k: torch.tensor(kw[k], requires_grad=True) for k in NAMES}
-    y_t = torch.tensor(y, requires_grad=True)
+    leaves = {k: torch.tensor(kw[k], device=DEVICE, requires_grad=True) for k in NAMES}
+    y_t = torch.tensor(y, device=DEVICE, requires_grad=True)
     rest = {k: v for k, v in kw.items() if k not in NAMES}
 
     def f(y_t, *params):
