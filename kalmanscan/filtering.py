@@ -15,6 +15,7 @@ __all__ = ["filter", "register_backend", "resolve_backend"]
 _BACKENDS = {
     "reference": ("kalmanscan.reference", "filter_reference"),
     "torch": ("kalmanscan.parallel", "filter_torch"),
+    "triton": ("kalmanscan.fused", "filter_triton"),
 }
 
 

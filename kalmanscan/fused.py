@@ -1,0 +1,234 @@
+"""The ``"triton"`` backend of :func:`kalmanscan.filter`: launch wrappers and autograd.
+
+Forward (:mod:`kernels.filter_fwd`): every (stretch of time, channel) lane walks its stretch
+sequentially, building each step's decay, noise and observation terms in registers from ``y`` and
+the parameters (static or per step, read through their strides: no leaf tensor is written). Long
+series are split into ``NS`` stretches across programs through the merged homogeneous form
+(aggregate, carry, apply); :func:`plan` picks ``NS`` from the shape. Backward
+(:mod:`kernels.filter_bwd`): the same lanes walk backwards with the scalar adjoints, reading the
+forward's filtered mean and precision back as the per-step state; gradients for ``y``, ``theta``,
+``sigma``, ``dt``, ``obs_var``, ``mean``, ``h`` and the initial state. Static parameters get
+per-lane sums inside the kernel; the last step from ``(decay, noise, phi, info)`` adjoints to the
+user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
+``phi = h^2 / obs_var``, ``info = (h / obs_var)(y - h mean)``, taken by torch autograd on
+``(..., 1 or T, C)`` tensors.
+
+Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
+:mod:`kalmanscan.inputs`), or float64 for float64 inputs. Runs on CUDA tensors, or on the CPU under
+``TRITON_INTERPRET=1`` (the tests). Index arithmetic is 32-bit: ``B T C < 2^31``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+
+from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
+from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel
+
+from . import ou
+from .inputs import Problem
+from .parallel import finish
+
+__all__ = ["filter_triton", "filter_forward", "plan"]
+
+TARGET_LANES = 1 << 18      # enough (stretch, channel) lanes to fill an H100 with one-warp programs
+MIN_STRETCH = 64            # shortest stretch worth an aggregate pass
+MAX_STRETCHES = 16384       # bound on the carry scan's length
+BLOCK = 128                 # lanes per program (one warp, 4 lanes per thread)
+NUM_WARPS = 1
+CARRY_CHUNK = 1024
+_TRANS = ("theta", "sigma", "dt")
+_OBS = ("obs_var", "mean", "h")
+_ORDER = ("y",) + _TRANS + _OBS
+
+
+def plan(B: int, T: int, C: int, stretch: int | None = None) -> tuple[int, int]:
+    """``(NS, L)``: number of stretches and steps per stretch for a ``(B, T, C)`` problem.
+
+    By default enough stretches for about ``TARGET_LANES`` lanes, each at least ``MIN_STRETCH``
+    steps long, at most ``MAX_STRETCHES`` of them; ``stretch`` forces ``L`` (the tests use it to
+    cross many stretch boundaries on small problems).
+    """
+    if stretch is None:
+        ns = max(1, min(triton.cdiv(TARGET_LANES, B * C), T // MIN_STRETCH, MAX_STRETCHES))
+        stretch = triton.cdiv(T, ns)
+    stretch = max(1, min(int(stretch), T))
+    return triton.cdiv(T, stretch), stretch
+
+
+def _flat(x, shape):
+    """``x`` (``(..., 1 or T, C or 1)``) broadcast to ``shape`` and viewed as ``(B, T, C)``."""
+    B = math.prod(shape[:-2])
+    return torch.broadcast_to(x, shape).reshape(B, shape[-2], shape[-1])
+
+
+def _kernel_args(views):
+    """Pointer and ``(batch, time, channel)`` strides of each input, in kernel order."""
+    args = []
+    for name in _ORDER:
+        x = views[name]
+        args += [x, *x.stride()]
+    return args
+
+
+def _steps(views, names):
+    """Whether any of ``names`` varies along time (its time stride is non-zero)."""
+    return any(views[n].stride(1) != 0 and views[n].shape[1] > 1 for n in names)
+
+
+def _check_device(y):
+    if y.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); "
+                         f"y is on {y.device}")
+
+
+def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), stretch=None):
+    """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``.
+
+    ``views`` maps ``y, theta, sigma, dt, obs_var, mean, h`` to ``(B, T, C)`` tensors (broadcast
+    views are fine); ``init`` is ``(B, 2, C)``: initial precision and information mean ``lam0,
+    eta0 = lam0 (init_mean - mean_0)``. Only the named outputs are written.
+    """
+    y = views["y"]
+    B, T, C = y.shape
+    ns, L = plan(B, T, C, stretch)
+    dtype, dev = y.dtype, y.device
+    args = _kernel_args(views)
+    flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
+    block = min(BLOCK, triton.next_power_of_2(ns * C))
+    grid = (triton.cdiv(ns * C, block), B)
+    start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
+    start[:, :, 0, :] = init
+    if ns > 1:
+        agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
+        filter_agg_kernel[grid](*args, agg, T, C, ns, L, **flags, BLOCK=block, num_warps=NUM_WARPS)
+        filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
+                                      num_warps=4)
+    dummy = torch.empty(1, dtype=dtype, device=dev)
+    out = {k: torch.empty(B, T, C, dtype=dtype, device=dev) for k in outputs}
+    filter_fwd_kernel[grid](
+        *args, start, *(out.get(k, dummy) for k in ("mu", "lam", "pred_mu", "pred_var")), T, C, ns, L,
+        **flags, WRITE_MU="mu" in out, WRITE_LAM="lam" in out,
+        WRITE_PRED="pred_mu" in out or "pred_var" in out, BLOCK=block, num_warps=NUM_WARPS)
+    return out
+
+
+def filter_backward(views, init, mu, lam, cot, stretch=None):
+    """Launch the backward; returns ``grad_y``, the observation and transition adjoints, init's.
+
+    ``cot`` is ``(4, B, T, C)``: cotangents of ``(mu, lam, pred_mu, pred_var)``. The observation
+    adjoints ``(d phi, d info, d info * yc)`` come as ``(3, B, T, C)`` when any of ``obs_var,
+    mean, h`` is per step, else ``(3, B, 1, C)`` summed over time; likewise the transition adjoints
+    ``(d decay, d noise)`` (zero at step 0).
+    """
+    y = views["y"]
+    B, T, C = y.shape
+    ns, L = plan(B, T, C, stretch)
+    dtype, dev = y.dtype, y.device
+    args = _kernel_args(views)
+    trans_step, obs_step = _steps(views, _TRANS), _steps(views, _OBS)
+    flags = dict(TRANS_STEP=trans_step, OBS_STEP=obs_step)
+    block = min(BLOCK, triton.next_power_of_2(ns * C))
+    grid = (triton.cdiv(ns * C, block), B)
+    top = torch.zeros(B, 2, ns, C, dtype=dtype, device=dev)
+    if ns > 1:
+        agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
+        filter_bwd_agg_kernel[grid](*args, mu, lam, init, cot, agg, B, T, C, ns, L, **flags,
+                                    BLOCK=block, num_warps=NUM_WARPS)
+        filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
+                                          num_warps=4)
+    grad_y = torch.empty(B, T, C, dtype=dtype, device=dev)
+    obs_grad = torch.empty((3, B, T, C) if obs_step else (1,), dtype=dtype, device=dev)
+    trans_grad = torch.empty((2, B, T, C) if trans_step else (1,), dtype=dtype, device=dev)
+    sums = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
+    grad_init = torch.empty(B, 2, C, dtype=dtype, device=dev)
+    filter_bwd_kernel[grid](*args, mu, lam, init, cot, top, grad_y, obs_grad, trans_grad, sums, grad_init,
+                            B, T, C, ns, L, **flags, BLOCK=block, num_warps=NUM_WARPS)
+    totals = sums.sum(2, keepdim=True).transpose(0, 1)
+    obs_grad = obs_grad if obs_step else totals[:3]
+    trans_grad = trans_grad if trans_step else totals[3:]
+    return grad_y, obs_grad, trans_grad, grad_init
+
+
+class _FusedFilter(torch.autograd.Function):
+    """``(y, theta, sigma, dt, obs_var, mean, h, init) -> (mu, lam, pred_mu, pred_var)``, centred."""
+
+    @staticmethod
+    def forward(ctx, y, theta, sigma, dt, obs_var, mean, h, init, shape, stretch):
+        inputs = (y, theta, sigma, dt, obs_var, mean, h)
+        views = {k: _flat(x.detach(), shape) for k, x in zip(_ORDER, inputs)}
+        init = init.detach().contiguous()
+        out = filter_forward(views, init, stretch=stretch)
+        ctx.shape, ctx.stretch = shape, stretch
+        ctx.save_for_backward(*inputs, init, out["mu"], out["lam"])
+        return out["mu"], out["lam"], out["pred_mu"], out["pred_var"]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        *inputs, init, mu, lam = ctx.saved_tensors
+        shape = ctx.shape
+        views = {k: _flat(x, shape) for k, x in zip(_ORDER, inputs)}
+        cot = torch.stack([torch.zeros_like(mu) if g is None else g for g in grads]).contiguous()
+        grad_y, obs_grad, trans_grad, grad_init = filter_backward(views, init, mu, lam, cot, ctx.stretch)
+        y, theta, sigma, dt, obs_var, mean, h = inputs
+        param_grads = _chain(shape, dict(theta=theta, sigma=sigma, dt=dt, obs_var=obs_var, mean=mean, h=h),
+                             obs_grad, trans_grad, ctx.needs_input_grad[1:7])
+        gy = grad_y.reshape(shape).sum_to_size(y.shape) if ctx.needs_input_grad[0] else None
+        return (gy, *param_grads, grad_init, None, None)
+
+
+def _chain(shape, params, obs_grad, trans_grad, needed):
+    """Gradients of the user's parameters from the kernel's per-step or summed adjoints.
+
+    ``obs_grad = (d phi, d info, d info * yc)`` and ``trans_grad = (d decay, d noise)`` are
+    ``(B, 1 or T, C)`` stacks; the parameters enter through ``phi = h^2 / obs_var``,
+    ``info = (h / obs_var)(y - h mean)`` (with ``y - h mean`` as ``yc + h0 mean0 - h mean`` around
+    the current values, so no ``y`` is needed here) and :func:`kalmanscan.ou.discretize`.
+    """
+    names = ("theta", "sigma", "dt", "obs_var", "mean", "h")
+    if not any(needed):
+        return (None,) * 6
+    with torch.enable_grad():
+        leaves = {k: params[k].detach().requires_grad_() for k in names}
+        x = {k: _flat_time(leaves[k], shape) for k in names}
+        decay, noise = ou.discretize(x["theta"], x["sigma"], x["dt"])
+        g_phi, g_info, g_info_yc = obs_grad
+        h, obs_var, mean = x["h"], x["obs_var"], x["mean"]
+        hr = h / obs_var
+        shift = (h * mean).detach() - h * mean
+        total = (trans_grad[0] * decay).sum() + (trans_grad[1] * noise).sum()
+        total = total + (g_phi * hr * h).sum() + (hr * (g_info_yc + shift * g_info)).sum()
+        wanted = [leaves[k] for k, n in zip(names, needed) if n]
+        got = iter(torch.autograd.grad(total, wanted, allow_unused=True))
+    return tuple(next(got) if n else None for n in needed)
+
+
+def _flat_time(x, shape):
+    """``x`` (``(..., 1 or T, C or 1)``) broadcast over batch and channels: ``(B, 1 or T, C)``."""
+    B = math.prod(shape[:-2])
+    full = shape[:-2] + (x.shape[-2], shape[-1])
+    return torch.broadcast_to(x, full).reshape(B, x.shape[-2], shape[-1])
+
+
+def filter_triton(p: Problem, stretch: int | None = None) -> dict:
+    """Filter the validated problem ``p`` with the fused kernels; same contract as ``filter_torch``.
+
+    Differentiable with respect to ``y``, every parameter and the initial belief. ``stretch``
+    overrides the number of steps per stretch (see :func:`plan`).
+    """
+    _check_device(p.y)
+    shape = p.shape
+    B, C = math.prod(shape[:-2]), shape[-1]
+    bshape = shape[:-2] + (1, C)
+    lam0 = (1.0 / p.init_var).expand(bshape).reshape(B, C)
+    mu0 = (p.init_mean - p.mean[..., :1, :]).expand(bshape).reshape(B, C)
+    init = torch.stack([lam0, lam0 * mu0], 1)
+    mu_c, lam, pred_mu_c, pred_var = _FusedFilter.apply(
+        p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h, init, shape, stretch)
+    missing = torch.isnan(p.y)
+    decay, noise = p.decay_noise()
+    return finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)

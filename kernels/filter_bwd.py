@@ -1,0 +1,248 @@
+"""Exact backward of the fused filter: reverse adjoint walks over the forward's saved states.
+
+The forward writes the filtered centred mean ``mu_t`` and precision ``lam_t`` of every step (its
+outputs); the backward reads them back as the state before and after each step (``eta = mu lam``;
+before step 0, the initial ``(lam0, eta0)``) and recomputes everything else of the step —
+``decay, noise`` from ``theta, sigma, dt``, ``phi, info`` from ``y, obs_var, mean, h``. Nothing
+else per step is stored. With cotangents ``g_mu, g_lam, g_pm, g_pv`` of the four outputs, the
+adjoints ``(gl, ge)`` of ``(lam_{t-1}, eta_{t-1})`` follow from those of ``(lam_t, eta_t)`` by the
+transpose of the scalar recursion (DESIGN.md §2; never through the normalised 2x2 products):
+
+    L = gl + g_lam - g_mu mu / lam,     E = ge + g_mu / lam          (totals at step t)
+    rho = 1 / (decay^2 + noise lam_p)
+    gl' = alpha L + beta E + gamma,     ge' = delta E + eps
+    alpha = (decay rho)^2,  beta = -(decay rho)(noise lam_p rho) mu_p,  delta = decay rho,
+    gamma = -decay (g_pm mu_p + g_pv decay / lam_p) / lam_p,  eps = g_pm decay / lam_p
+
+and the step's inputs get ``d phi = L``, ``d info = E`` (0 when ``y`` is missing),
+``d decay = -2 (decay rho)(lam_p rho) L + mu_p (lam_p rho)(noise lam_p - decay^2) rho E
++ g_pm mu_p + 2 decay g_pv / lam_p`` and ``d noise = -(lam_p rho)^2 (L + decay mu_p E) + g_pv``
+(none at step 0, which has no transition). Every factor ``decay rho``, ``noise lam_p rho`` and
+``lam_p rho`` is bounded (by ``1/decay``, 1 and ``1/noise``), so nothing cancels or overflows
+that the exact derivative does not.
+
+The map ``(gl, ge) -> (gl', ge')`` is affine with an upper-triangular matrix: five numbers
+``(g11, g12, g22, v1, v2)``. Time splits across programs as in the forward: per-stretch maps
+(:func:`filter_bwd_agg_kernel`), a reverse scan of them over stretches
+(:func:`filter_bwd_carry_kernel`) giving the adjoints entering each stretch from above, then the
+walk that writes the gradients (:func:`filter_bwd_kernel`).
+"""
+
+import triton
+import triton.language as tl
+
+from .filter_steps import lane_coords, static_inputs, step_inputs
+
+
+@triton.jit
+def _compose5(a11, a12, a22, av1, av2, b11, b12, b22, bv1, bv2):
+    """Affine maps ``x -> G x + v`` (G upper-triangular 2x2): ``b`` after ``a``."""
+    return (b11 * a11, b11 * a12 + b12 * a22, b22 * a22,
+            b11 * av1 + b12 * av2 + bv1, b22 * av2 + bv2)
+
+
+@triton.jit
+def _saved_states(t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0):
+    """``(lam_t, mu_t, lam_{t-1}, mu_{t-1})`` from the forward's outputs (initial state at t=0)."""
+    o = b * T * C + t * C + c
+    lam = tl.load(lam_ptr + o, mask=valid, other=1.0)
+    mu = tl.load(mu_ptr + o, mask=valid, other=0.0)
+    prev = valid & (t > 0)
+    lam_p = tl.where(prev, tl.load(lam_ptr + o - C, mask=prev, other=1.0), lam0)
+    mu_p = tl.where(prev, tl.load(mu_ptr + o - C, mask=prev, other=0.0), mu0)
+    return lam, mu, lam_p, mu_p
+
+
+@triton.jit
+def _adjoint_terms(lam, mu, lam_p, mu_p, g_mu, g_lam, g_pm, g_pv, decay, noise):
+    """``(c_l, c_e, alpha, beta, gamma, delta, eps, rho)`` of one step (module docstring)."""
+    inv_lam = 1.0 / lam
+    inv_lam_p = 1.0 / lam_p
+    rho = 1.0 / (decay * decay + noise * lam_p)
+    delta = decay * rho
+    beta = -delta * (noise * lam_p * rho) * mu_p
+    gamma = -decay * (g_pm * mu_p + g_pv * decay * inv_lam_p) * inv_lam_p
+    eps = g_pm * decay * inv_lam_p
+    return (g_lam - g_mu * mu * inv_lam, g_mu * inv_lam, delta * delta, beta, gamma, delta, eps, rho)
+
+
+@triton.jit
+def _cotangents(g_ptr, o, valid, TC):
+    """The four cotangents ``(g_mu, g_lam, g_pm, g_pv)`` stacked as ``g[k, b, t, c]``."""
+    return (tl.load(g_ptr + o, mask=valid, other=0.0), tl.load(g_ptr + TC + o, mask=valid, other=0.0),
+            tl.load(g_ptr + 2 * TC + o, mask=valid, other=0.0),
+            tl.load(g_ptr + 3 * TC + o, mask=valid, other=0.0))
+
+
+@triton.jit
+def filter_bwd_agg_kernel(
+    y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+    h_ptr, sh_b, sh_t, sh_c,
+    mu_ptr, lam_ptr, init_ptr, g_ptr, agg_ptr, B, T, C, NS, L,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Each lane's reverse map over its stretch (5 numbers) into ``agg[b, k, s, c]``."""
+    b = tl.program_id(1)
+    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
+    t0 = s * L
+    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
+        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+        h_ptr, sh_b, sh_t, sh_c)
+    lam0 = tl.load(init_ptr + b * 2 * C + c, mask=lane_ok, other=1.0)
+    mu0 = tl.load(init_ptr + b * 2 * C + C + c, mask=lane_ok, other=0.0) / lam0
+    one = tl.full((BLOCK,), 1.0, decay_s.dtype)
+    zero = tl.zeros((BLOCK,), decay_s.dtype)
+    g11, g12, g22, v1, v2 = one, zero, one, zero, zero
+    for k in range(0, L):
+        t = t0 + L - 1 - k
+        valid = lane_ok & (t < T)
+        decay, noise, observed, yc, hr, phi, info = step_inputs(
+            t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        lam, mu, lam_p, mu_p = _saved_states(t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0)
+        g_mu, g_lam, g_pm, g_pv = _cotangents(g_ptr, b * T * C + t * C + c, valid, B * T * C)
+        c_l, c_e, alpha, beta, gamma, delta, eps, rho = _adjoint_terms(
+            lam, mu, lam_p, mu_p, g_mu, g_lam, g_pm, g_pv, decay, noise)
+        n11, n12, n22, n1, n2 = _compose5(
+            g11, g12, g22, v1, v2,
+            alpha, beta, delta, alpha * c_l + beta * c_e + gamma, delta * c_e + eps)
+        g11 = tl.where(valid, n11, g11)
+        g12 = tl.where(valid, n12, g12)
+        g22 = tl.where(valid, n22, g22)
+        v1 = tl.where(valid, n1, v1)
+        v2 = tl.where(valid, n2, v2)
+    base = agg_ptr + b * 5 * NS * C + g
+    stride = NS * C
+    tl.store(base, g11, mask=lane_ok)
+    tl.store(base + stride, g12, mask=lane_ok)
+    tl.store(base + 2 * stride, g22, mask=lane_ok)
+    tl.store(base + 3 * stride, v1, mask=lane_ok)
+    tl.store(base + 4 * stride, v2, mask=lane_ok)
+
+
+@triton.jit
+def filter_bwd_carry_kernel(agg_ptr, top_ptr, C, NS, CH: tl.constexpr):
+    """Adjoints entering each stretch from above, ``top[b, 0/1, s, c]`` (zero for the last one).
+
+    One program per ``(b, c)``; stretches last to first in chunks of ``CH``, each an inclusive
+    ``tl.associative_scan`` of :func:`_compose5` (padding is the identity map). ``top`` must hold
+    zeros in slot ``NS - 1``.
+    """
+    pid = tl.program_id(0)
+    b = pid // C
+    c = pid % C
+    tbase = top_ptr + b * 2 * NS * C + c
+    abase = agg_ptr + b * 5 * NS * C + c
+    stride = NS * C
+    idx = tl.arange(0, CH)
+    gl = tl.load(tbase + (NS - 1) * C)
+    ge = tl.load(tbase + NS * C + (NS - 1) * C)
+    for k0 in range(0, NS - 1, CH):
+        r = k0 + idx
+        m = r < NS - 1
+        s = NS - 1 - r
+        o = abase + s * C
+        g11 = tl.load(o, mask=m, other=1.0)
+        g12 = tl.load(o + stride, mask=m, other=0.0)
+        g22 = tl.load(o + 2 * stride, mask=m, other=1.0)
+        v1 = tl.load(o + 3 * stride, mask=m, other=0.0)
+        v2 = tl.load(o + 4 * stride, mask=m, other=0.0)
+        g11, g12, g22, v1, v2 = tl.associative_scan((g11, g12, g22, v1, v2), 0, _compose5)
+        gl_s = g11 * gl + g12 * ge + v1
+        ge_s = g22 * ge + v2
+        tl.store(tbase + (s - 1) * C, gl_s, mask=m)
+        tl.store(tbase + NS * C + (s - 1) * C, ge_s, mask=m)
+        last = idx == CH - 1
+        gl = tl.sum(tl.where(last, gl_s, 0.0), axis=0)
+        ge = tl.sum(tl.where(last, ge_s, 0.0), axis=0)
+
+
+@triton.jit
+def filter_bwd_kernel(
+    y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+    h_ptr, sh_b, sh_t, sh_c,
+    mu_ptr, lam_ptr, init_ptr, g_ptr, top_ptr,
+    grad_y_ptr, obs_grad_ptr, trans_grad_ptr, sums_ptr, grad_init_ptr,
+    B, T, C, NS, L,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Walk each stretch backwards from its ``top`` adjoints and write the gradients.
+
+    ``grad_y[b, t, c] = E hr`` (0 when missing). Observation adjoints ``(d phi, d info,
+    d info * yc)`` go per step to ``obs_grad[k, b, t, c]`` when ``OBS_STEP``, else summed over the
+    stretch to ``sums[b, k, s, c]`` (k = 0, 1, 2); transition adjoints ``(d decay, d noise)`` per
+    step to ``trans_grad[k, b, t, c]`` when ``TRANS_STEP``, else to ``sums[b, 3 + k, s, c]``.
+    Lanes of stretch 0 write the initial state's adjoints ``grad_init[b, 0/1, c]``.
+    """
+    b = tl.program_id(1)
+    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
+    t0 = s * L
+    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
+        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+        h_ptr, sh_b, sh_t, sh_c)
+    lam0 = tl.load(init_ptr + b * 2 * C + c, mask=lane_ok, other=1.0)
+    mu0 = tl.load(init_ptr + b * 2 * C + C + c, mask=lane_ok, other=0.0) / lam0
+    tbase = top_ptr + b * 2 * NS * C + g
+    gl = tl.load(tbase, mask=lane_ok, other=0.0)
+    ge = tl.load(tbase + NS * C, mask=lane_ok, other=0.0)
+    zero = tl.zeros((BLOCK,), decay_s.dtype)
+    s_phi, s_info, s_info_yc, s_decay, s_noise = zero, zero, zero, zero, zero
+    TC = B * T * C
+    for k in range(0, L):
+        t = t0 + L - 1 - k
+        valid = lane_ok & (t < T)
+        decay, noise, observed, yc, hr, phi, info = step_inputs(
+            t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        lam, mu, lam_p, mu_p = _saved_states(t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0)
+        o = b * T * C + t * C + c
+        g_mu, g_lam, g_pm, g_pv = _cotangents(g_ptr, o, valid, TC)
+        c_l, c_e, alpha, beta, gamma, delta, eps, rho = _adjoint_terms(
+            lam, mu, lam_p, mu_p, g_mu, g_lam, g_pm, g_pv, decay, noise)
+        tot_l = gl + c_l
+        tot_e = ge + c_e
+        d_phi = tl.where(observed, tot_l, 0.0)
+        d_info = tl.where(observed, tot_e, 0.0)
+        tl.store(grad_y_ptr + o, d_info * hr, mask=valid)
+        lr = lam_p * rho
+        moving = t > 0
+        d_decay = tl.where(moving, -2.0 * delta * lr * tot_l
+                           + mu_p * lr * (noise * lam_p - decay * decay) * rho * tot_e
+                           + g_pm * mu_p + 2.0 * decay * g_pv / lam_p, 0.0)
+        d_noise = tl.where(moving, g_pv - lr * lr * (tot_l + decay * mu_p * tot_e), 0.0)
+        if OBS_STEP:
+            tl.store(obs_grad_ptr + o, d_phi, mask=valid)
+            tl.store(obs_grad_ptr + TC + o, d_info, mask=valid)
+            tl.store(obs_grad_ptr + 2 * TC + o, d_info * yc, mask=valid)
+        else:
+            s_phi += tl.where(valid, d_phi, 0.0)
+            s_info += tl.where(valid, d_info, 0.0)
+            s_info_yc += tl.where(valid, d_info * yc, 0.0)
+        if TRANS_STEP:
+            tl.store(trans_grad_ptr + o, d_decay, mask=valid)
+            tl.store(trans_grad_ptr + TC + o, d_noise, mask=valid)
+        else:
+            s_decay += tl.where(valid, d_decay, 0.0)
+            s_noise += tl.where(valid, d_noise, 0.0)
+        gl = tl.where(valid, alpha * tot_l + beta * tot_e + gamma, gl)
+        ge = tl.where(valid, delta * tot_e + eps, ge)
+    sbase = sums_ptr + b * 5 * NS * C + g
+    stride = NS * C
+    if not OBS_STEP:
+        tl.store(sbase, s_phi, mask=lane_ok)
+        tl.store(sbase + stride, s_info, mask=lane_ok)
+        tl.store(sbase + 2 * stride, s_info_yc, mask=lane_ok)
+    if not TRANS_STEP:
+        tl.store(sbase + 3 * stride, s_decay, mask=lane_ok)
+        tl.store(sbase + 4 * stride, s_noise, mask=lane_ok)
+    first = lane_ok & (s == 0)
+    tl.store(grad_init_ptr + b * 2 * C + c, gl, mask=first)
+    tl.store(grad_init_ptr + b * 2 * C + C + c, ge, mask=first)

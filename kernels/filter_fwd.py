@@ -1,0 +1,180 @@
+"""Fused forward of the information-form filter: aggregate, carry and apply kernels.
+
+Lanes and stretches are described in :mod:`kernels.filter_steps`. With one stretch (many
+channels) only :func:`filter_fwd_kernel` runs, from the initial state. With ``NS > 1`` stretches,
+time is split across programs by the merged homogeneous form of KERNEL_NOTES.md: with
+``lam = u / w0`` and ``eta = w / w0`` one step is the linear map
+
+    [u, w0, w] <- [[A, B, 0], [C, D, 0], [info C, info D, decay]] [u, w0, w]
+
+(``A, B, C, D = 1 + noise phi, decay^2 phi, noise, decay^2``: the Möbius entries of DESIGN.md
+§2). Products of such maps stay lower block-triangular: seven numbers
+``(p11, p12, p21, p22, e1, e2, f)``. They do not depend on the state, so
+
+1. :func:`filter_agg_kernel` walks every stretch and writes its product ``agg[b, k, s, c]``;
+2. :func:`filter_carry_kernel` scans the products over stretches (``tl.associative_scan``, never
+   ``tl.reduce``: the combine is not commutative) and writes each stretch's starting state
+   ``start[b, 0/1, s, c] = (lam, eta)``;
+3. :func:`filter_fwd_kernel` walks every stretch again from its starting state with the plain
+   recursion :func:`kernels.filter_steps.info_step` and writes the outputs.
+
+Numerics of the products: the 2x2 block has entries ``>= 0`` and a positive trace (it is a
+product of Möbius leaves), and every product is divided by its 2x2 trace, so that block keeps
+trace 1 and nothing over- or underflows; ``e1, e2, f`` are divided by the same positive number, so
+the projective read-out ``lam = (p11 lam0 + p12) / w0``, ``eta = (e1 lam0 + e2 + f eta0) / w0``
+with ``w0 = p21 lam0 + p22 > 0`` is unchanged. ``f`` (a product of decays over traces >= 1) may
+underflow to 0: the initial ``eta0``'s share is then below the float range, as it is exactly.
+"""
+
+import triton
+import triton.language as tl
+
+from .filter_steps import info_step, lane_coords, static_inputs, step_inputs
+
+
+@triton.jit
+def _compose7(p11, p12, p21, p22, e1, e2, f, q11, q12, q21, q22, g1, g2, h):
+    """``later @ earlier`` for lower block-triangular 3x3 maps (earlier ``p``, later ``q``), trace 1."""
+    n11 = q11 * p11 + q12 * p21
+    n12 = q11 * p12 + q12 * p22
+    n21 = q21 * p11 + q22 * p21
+    n22 = q21 * p12 + q22 * p22
+    m1 = g1 * p11 + g2 * p21 + h * e1
+    m2 = g1 * p12 + g2 * p22 + h * e2
+    inv = 1.0 / (n11 + n22)
+    return n11 * inv, n12 * inv, n21 * inv, n22 * inv, m1 * inv, m2 * inv, h * f * inv
+
+
+@triton.jit
+def filter_agg_kernel(
+    y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+    h_ptr, sh_b, sh_t, sh_c,
+    agg_ptr, T, C, NS, L,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``."""
+    b = tl.program_id(1)
+    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
+    t0 = s * L
+    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
+        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+        h_ptr, sh_b, sh_t, sh_c)
+    one = tl.full((BLOCK,), 1.0, decay_s.dtype)
+    zero = tl.zeros((BLOCK,), decay_s.dtype)
+    p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
+    for i in range(0, L):
+        t = t0 + i
+        valid = lane_ok & (t < T)
+        decay, noise, observed, yc, hr, phi, info = step_inputs(
+            t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        a2 = decay * decay
+        n11, n12, n21, n22, m1, m2, nf = _compose7(
+            p11, p12, p21, p22, e1, e2, f,
+            1.0 + noise * phi, a2 * phi, noise, a2, info * noise, info * a2, decay)
+        p11 = tl.where(valid, n11, p11)
+        p12 = tl.where(valid, n12, p12)
+        p21 = tl.where(valid, n21, p21)
+        p22 = tl.where(valid, n22, p22)
+        e1 = tl.where(valid, m1, e1)
+        e2 = tl.where(valid, m2, e2)
+        f = tl.where(valid, nf, f)
+    base = agg_ptr + b * 7 * NS * C + g
+    stride = NS * C
+    tl.store(base, p11, mask=lane_ok)
+    tl.store(base + stride, p12, mask=lane_ok)
+    tl.store(base + 2 * stride, p21, mask=lane_ok)
+    tl.store(base + 3 * stride, p22, mask=lane_ok)
+    tl.store(base + 4 * stride, e1, mask=lane_ok)
+    tl.store(base + 5 * stride, e2, mask=lane_ok)
+    tl.store(base + 6 * stride, f, mask=lane_ok)
+
+
+@triton.jit
+def filter_carry_kernel(agg_ptr, start_ptr, C, NS, CH: tl.constexpr):
+    """Starting states of stretches ``1..NS-1`` from slot 0 (the initial state) and the products.
+
+    One program per ``(b, c)``; stretches in chunks of ``CH`` with an inclusive
+    ``tl.associative_scan`` of :func:`_compose7` (padding is the identity map).
+    """
+    pid = tl.program_id(0)
+    b = pid // C
+    c = pid % C
+    sbase = start_ptr + b * 2 * NS * C + c
+    lam = tl.load(sbase)
+    eta = tl.load(sbase + NS * C)
+    abase = agg_ptr + b * 7 * NS * C + c
+    stride = NS * C
+    idx = tl.arange(0, CH)
+    for k0 in range(0, NS - 1, CH):
+        s = k0 + idx
+        m = s < NS - 1
+        o = abase + s * C
+        p11 = tl.load(o, mask=m, other=1.0)
+        p12 = tl.load(o + stride, mask=m, other=0.0)
+        p21 = tl.load(o + 2 * stride, mask=m, other=0.0)
+        p22 = tl.load(o + 3 * stride, mask=m, other=1.0)
+        e1 = tl.load(o + 4 * stride, mask=m, other=0.0)
+        e2 = tl.load(o + 5 * stride, mask=m, other=0.0)
+        f = tl.load(o + 6 * stride, mask=m, other=1.0)
+        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(
+            (p11, p12, p21, p22, e1, e2, f), 0, _compose7)
+        w0 = p21 * lam + p22
+        lam_s = (p11 * lam + p12) / w0
+        eta_s = (e1 * lam + e2 + f * eta) / w0
+        tl.store(sbase + (s + 1) * C, lam_s, mask=m)
+        tl.store(sbase + NS * C + (s + 1) * C, eta_s, mask=m)
+        last = idx == CH - 1
+        lam = tl.sum(tl.where(last, lam_s, 0.0), axis=0)
+        eta = tl.sum(tl.where(last, eta_s, 0.0), axis=0)
+
+
+@triton.jit
+def filter_fwd_kernel(
+    y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+    h_ptr, sh_b, sh_t, sh_c,
+    start_ptr, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, T, C, NS, L,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+    WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Walk each lane's stretch from ``start`` and write the centred outputs ``(B, T, C)``.
+
+    ``mu = eta / lam`` (filtered centred mean), ``lam`` (filtered precision),
+    ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise`` (the prediction
+    before step ``t``; at ``t = 0`` the initial belief). Each output is written only if its flag
+    is on.
+    """
+    b = tl.program_id(1)
+    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
+    t0 = s * L
+    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
+        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+        h_ptr, sh_b, sh_t, sh_c)
+    sbase = start_ptr + b * 2 * NS * C + g
+    lam = tl.load(sbase, mask=lane_ok, other=1.0)
+    eta = tl.load(sbase + NS * C, mask=lane_ok, other=0.0)
+    out = b * T * C + c
+    for i in range(0, L):
+        t = t0 + i
+        valid = lane_ok & (t < T)
+        decay, noise, observed, yc, hr, phi, info = step_inputs(
+            t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        o = out + t * C
+        if WRITE_PRED:
+            tl.store(pred_mu_ptr + o, decay * eta / lam, mask=valid)
+            tl.store(pred_var_ptr + o, decay * decay / lam + noise, mask=valid)
+        lam, eta = info_step(lam, eta, decay, noise, phi, info)
+        if WRITE_MU:
+            tl.store(mu_ptr + o, eta / lam, mask=valid)
+        if WRITE_LAM:
+            tl.store(lam_ptr + o, lam, mask=valid)

@@ -1,0 +1,132 @@
+"""Per-step building blocks shared by the filter's forward and backward kernels (``@triton.jit``).
+
+Layout shared by every filter kernel. A problem is ``(B, T, C)``; time is cut into ``NS`` stretches
+of ``L`` steps. A *lane* is one (stretch ``s``, channel ``c``) pair, numbered ``g = s C + c``
+within a batch row, so consecutive lanes are consecutive channels (coalesced loads when ``C`` is
+large) and, when ``C`` is small, consecutive stretches. Each lane walks its stretch sequentially in
+time: no cross-thread scan inside a stretch. A parameter is read through its own
+``(batch, time, channel)`` strides, so static parameters (time stride 0) and per-step ones share
+the kernels; static ones are loaded once per lane when the ``*_STEP`` constexpr flags are off.
+
+Arithmetic is in the dtype of the pointers (float32 in production, float64 in the gradient tests).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def lane_coords(C, NS, BLOCK: tl.constexpr):
+    """Lanes of this program: ``(g, lane_ok, s, c)`` for the block ``program_id(0)``."""
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lane_ok = g < NS * C
+    return g, lane_ok, g // C, g % C
+
+
+@triton.jit
+def load_param(ptr, b, t, c, sb, st, sc, mask, other):
+    """``ptr[b, t, c]`` through the strides ``(sb, st, sc)`` (``other`` where ``mask`` is off)."""
+    return tl.load(ptr + b * sb + t * st + c * sc, mask=mask, other=other)
+
+
+@triton.jit
+def ou_phi(x):
+    """``-expm1(-x) / x`` for ``x >= 0`` (1 at 0), written as Kahan's ``(1 - u) / (-log u)``.
+
+    With ``u = exp(-x)`` rounded, ``(1 - u) / (-log u)`` is accurate to a few ulps for every
+    ``x``: the rounding error of ``u`` cancels between numerator and denominator, and ``1 - u`` is
+    exact for ``u`` in ``[1/2, 1]``. ``u == 1`` (``x`` below half an ulp) gives 1; above ``x = 50``
+    ``exp(-x)`` is negligible and the value is ``1 / x``.
+    """
+    u = tl.exp(-x)
+    one = u == 1.0
+    big = x > 50.0
+    safe = tl.where(one | big, 0.5, u)
+    kahan = (1.0 - safe) / (-tl.log(safe))
+    return tl.where(one, 1.0, tl.where(big, 1.0 / tl.where(big, x, 1.0), kahan))
+
+
+@triton.jit
+def ou_transition(theta, sigma, dt):
+    """Exact OU discretisation ``decay = exp(-theta dt)``, ``noise = sigma^2 dt phi(2 theta dt)``."""
+    x = theta * dt
+    return tl.exp(-x), sigma * sigma * dt * ou_phi(2.0 * x)
+
+
+@triton.jit
+def observation(y, obs_var, mean, h):
+    """``(observed, yc, hr, phi, info)`` of one observation; NaN ``y`` is missing.
+
+    ``yc = y - h mean`` (centred data, 0 when missing), ``hr = h / obs_var``,
+    ``phi = h^2 / obs_var`` and ``info = hr yc`` (both 0 when missing).
+    """
+    observed = y == y
+    yc = tl.where(observed, y - h * mean, 0.0)
+    hr = h / obs_var
+    return observed, yc, hr, tl.where(observed, hr * h, 0.0), hr * yc
+
+
+@triton.jit
+def step_inputs(t, valid, b, c,
+                y_ptr, sy_b, sy_t, sy_c,
+                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+                dt_ptr, sdt_b, sdt_t, sdt_c,
+                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+                h_ptr, sh_b, sh_t, sh_c,
+                decay_s, noise_s, obs_var_s, mean_s, h_s,
+                TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
+    """Everything step ``t`` needs: ``(decay, noise, observed, yc, hr, phi, info)``.
+
+    ``*_s`` are the lane's static values (used when the matching ``*_STEP`` flag is off). Step 0
+    has no transition: ``decay = 1``, ``noise = 0`` there.
+    """
+    if TRANS_STEP:
+        decay, noise = ou_transition(
+            load_param(theta_ptr, b, t, c, sth_b, sth_t, sth_c, valid, 0.0),
+            load_param(sigma_ptr, b, t, c, ssg_b, ssg_t, ssg_c, valid, 0.0),
+            load_param(dt_ptr, b, t, c, sdt_b, sdt_t, sdt_c, valid, 1.0))
+    else:
+        decay = decay_s
+        noise = noise_s
+    first = t == 0
+    decay = tl.where(first, 1.0, decay)
+    noise = tl.where(first, 0.0, noise)
+    if OBS_STEP:
+        obs_var = load_param(obs_var_ptr, b, t, c, sov_b, sov_t, sov_c, valid, 1.0)
+        mean = load_param(mean_ptr, b, t, c, smn_b, smn_t, smn_c, valid, 0.0)
+        h = load_param(h_ptr, b, t, c, sh_b, sh_t, sh_c, valid, 0.0)
+    else:
+        obs_var = obs_var_s
+        mean = mean_s
+        h = h_s
+    y = load_param(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid, float("nan"))
+    observed, yc, hr, phi, info = observation(y, obs_var, mean, h)
+    return decay, noise, observed, yc, hr, phi, info
+
+
+@triton.jit
+def static_inputs(t0, lane_ok, b, c,
+                  theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+                  dt_ptr, sdt_b, sdt_t, sdt_c,
+                  obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+                  h_ptr, sh_b, sh_t, sh_c):
+    """A lane's parameters at its first step ``t0``: its values for the whole stretch when static."""
+    decay, noise = ou_transition(
+        load_param(theta_ptr, b, t0, c, sth_b, sth_t, sth_c, lane_ok, 0.0),
+        load_param(sigma_ptr, b, t0, c, ssg_b, ssg_t, ssg_c, lane_ok, 0.0),
+        load_param(dt_ptr, b, t0, c, sdt_b, sdt_t, sdt_c, lane_ok, 1.0))
+    obs_var = load_param(obs_var_ptr, b, t0, c, sov_b, sov_t, sov_c, lane_ok, 1.0)
+    mean = load_param(mean_ptr, b, t0, c, smn_b, smn_t, smn_c, lane_ok, 0.0)
+    h = load_param(h_ptr, b, t0, c, sh_b, sh_t, sh_c, lane_ok, 0.0)
+    return decay, noise, obs_var, mean, h
+
+
+@triton.jit
+def info_step(lam, eta, decay, noise, phi, info):
+    """One predict-then-update step of the information filter on ``(lam, eta)`` (DESIGN.md §2).
+
+    ``rho = 1 / (decay^2 + noise lam) > 0``; ``lam' = rho lam + phi``,
+    ``eta' = decay rho eta + info``. Every term of ``lam'`` is non-negative.
+    """
+    rho = 1.0 / (decay * decay + noise * lam)
+    return rho * lam + phi, decay * rho * eta + info
