@@ -36,7 +36,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .tasks import IGNORE, TASKS, Scores, make_task, test_set, train_batches
+from .tasks import IGNORE, TASKS, Scores, make_task, validation_set, train_batches
 from .tasks.mad import AutoencoderModel
 
 
@@ -270,7 +270,7 @@ def main(argv=None) -> dict:
                           else args.device)
     task = task_from_args(args)
     lrs = [float(v) for v in args.lrs.split(",")] if args.lrs else [args.lr]
-    test_data = test_set(task, args.seed)
+    test_data = validation_set(task, args.seed)
     runs = [train_one(task, args, lr, device, test_data) for lr in lrs]
     scored = [r for r in runs if r["best"] is not None]
     best = max(scored, key=lambda r: r["best"]["token_acc"]) if scored else None

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from .base import IGNORE, Scores, Task, draw, split_of, split_rng, test_set, train_batches
+from .base import IGNORE, Scores, Task, draw, split_of, split_rng, validation_set, train_batches
 from .groups import GROUPS, group_task
 from .mad import MAD_BASELINES, mad_task
 from .mqar import mqar_task
@@ -39,5 +39,5 @@ def make_task(name: str, seq_len: int | None = None, **options) -> Task:
 
 __all__ = [
     "IGNORE", "MAD_BASELINES", "Scores", "TASKS", "Task", "draw", "make_task", "split_of",
-    "split_rng", "test_set", "train_batches",
+    "split_rng", "validation_set", "train_batches",
 ]

@@ -105,7 +105,7 @@ def draw(task: Task, rng: np.random.Generator, n: int, split: str, train: bool |
     raise ValueError(f"task {task.name!r} has too few distinct sequences to fill the {split} split")
 
 
-def test_set(task: Task, seed: int, n: int | None = None):
+def validation_set(task: Task, seed: int, n: int | None = None):
     """The validation set: ``n`` (default ``task.num_test``) rows of the test split, by seed."""
     return draw(task, split_rng(seed, "test"), n or task.num_test, "test", train=False)
 

@@ -1,0 +1,207 @@
+"""The evaluation protocols as lists of training runs, launched as parallel processes on one GPU.
+
+    python -m benchmarks.protocols a5 --lengths 16 32 --depths 1 2 --steps 3000 \
+        --time-limit 150 --parallel 12 --out-dir benchmarks/results/a5
+    python -m benchmarks.protocols mqar|mad|ou ... [--dry-run]
+
+Each protocol function returns :class:`Run` specs (a label and the ``benchmarks.train``
+arguments); :func:`launch` runs them ``parallel`` at a time (small models leave a GPU mostly idle,
+so several processes share it), one log per run, and returns the JSON results. ``--dry-run``
+prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
+
+* ``a5``: A5 at lengths {16, 32, 64, 128}, depths 1-4, width 128; solved = best validation token
+  accuracy > 90%; plus Z60 at depth 1 (the control) at the longest length.
+* ``mqar``: T in {512, 2048}, vocabulary 8192, kv pairs {64, 128}, d_model {64, 128}, 2 layers.
+* ``mad``: the six MAD tasks at their baseline settings, d_model 128, 2 x [mixer, SwiGLU],
+  learning rates {1e-4, 5e-4, 1e-3}.
+* ``ou``: KLA with the OU vs the zero-order-hold discretisation at depths 2, 4, 8 on one task.
+
+Every mixer gets the same budget and the same learning rates (``MIXER_SPECS``; ``kla_noise0`` is
+KLA with the process noise fixed at 0, its gated-linear-attention limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+MIXER_SPECS = {
+    "kla": ["--mixer", "kla"],
+    "kla_noise0": ["--mixer", "kla", "--noise-zero"],
+    "kla_zoh": ["--mixer", "kla", "--mixer-opt", "discretization=zoh"],
+    "attention": ["--mixer", "attention"],
+    "gla": ["--mixer", "gla"],
+    "mamba": ["--mixer", "mamba"],
+}
+BASELINE_MIXERS = ("kla", "kla_noise0", "attention", "gla", "mamba")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: ``label`` (unique within a protocol) and its ``benchmarks.train`` argv."""
+
+    label: str
+    argv: list
+
+    def command(self, out_dir: str) -> list:
+        out = os.path.join(out_dir, self.label + ".json")
+        return [sys.executable, "-m", "benchmarks.train", *self.argv, "--out", out, "--no-progress"]
+
+
+def _common(steps, lrs, seed, time_limit, batch):
+    argv = ["--steps", str(steps), "--seed", str(seed), "--batch", str(batch)]
+    argv += ["--lrs", ",".join(f"{lr:g}" for lr in lrs)]
+    if time_limit is not None:
+        argv += ["--time-limit", str(time_limit)]
+    return argv
+
+
+def _spec(mixer: str) -> list:
+    if mixer not in MIXER_SPECS:
+        raise ValueError(f"mixer must be one of {sorted(MIXER_SPECS)}, got {mixer!r}")
+    return MIXER_SPECS[mixer]
+
+
+def a5_min_depth(lengths=(16, 32, 64, 128), depths=(1, 2, 3, 4), mixers=BASELINE_MIXERS,
+                 width=128, steps=20000, lrs=(1e-3,), seed=0, time_limit=None, batch=128,
+                 control="z60") -> list:
+    """A5 at every (length, depth, mixer), plus ``control`` at depth 1 and the longest length."""
+    common = _common(steps, lrs, seed, time_limit, batch)
+    runs = []
+    for mixer, length, depth in [(m, n, d) for m in mixers for n in lengths for d in depths]:
+        argv = ["--task", "a5", "--len", str(length), "--layers", str(depth),
+                "--d-model", str(width), *_spec(mixer), *common]
+        runs.append(Run(f"a5_L{length}_n{depth}_{mixer}_s{seed}", argv))
+    if control:
+        length = max(lengths)
+        for mixer in mixers:
+            argv = ["--task", control, "--len", str(length), "--layers", "1",
+                    "--d-model", str(width), *_spec(mixer), *common]
+            runs.append(Run(f"{control}_L{length}_n1_{mixer}_s{seed}", argv))
+    return runs
+
+
+def mqar_protocol(lengths=(512, 2048), kv_pairs=(64, 128), widths=(64, 128),
+                  mixers=BASELINE_MIXERS, vocab=8192, layers=2, steps=20000, lrs=(1e-3,), seed=0,
+                  time_limit=None, batch=64) -> list:
+    """MQAR accuracy against state size: every (T, kv pairs, d_model, mixer), ``layers`` deep."""
+    common = _common(steps, lrs, seed, time_limit, batch)
+    runs = []
+    for mixer, T, kv, d in [(m, t, k, d) for m in mixers for t in lengths for k in kv_pairs
+                            for d in widths]:
+        argv = ["--task", "mqar", "--len", str(T), "--kv-pairs", str(kv), "--vocab", str(vocab),
+                "--layers", str(layers), "--d-model", str(d), *_spec(mixer), *common]
+        runs.append(Run(f"mqar_T{T}_kv{kv}_d{d}_{mixer}_s{seed}", argv))
+    return runs
+
+
+MAD_TASKS = ("in_context_recall", "noisy_recall", "fuzzy_recall", "selective_copying",
+             "compression", "memorization")
+
+
+def mad_protocol(tasks=MAD_TASKS, mixers=BASELINE_MIXERS, width=128, layers=2, steps=20000,
+                 lrs=(1e-4, 5e-4, 1e-3), seed=0, time_limit=None, batch=128) -> list:
+    """Each MAD task at its baseline setting per mixer, with the learning-rate sweep ``lrs``."""
+    common = _common(steps, lrs, seed, time_limit, batch)
+    return [Run(f"mad_{task}_{mixer}_s{seed}",
+                ["--task", task, "--layers", str(layers), "--d-model", str(width), *_spec(mixer),
+                 *common])
+            for mixer in mixers for task in tasks]
+
+
+def ou_ablation(depths=(2, 4, 8), task="a5", length=64, width=128, steps=20000, lrs=(1e-3,),
+                seed=0, time_limit=None, batch=128) -> list:
+    """KLA with the OU vs the zero-order-hold discretisation at each depth, on one task."""
+    common = _common(steps, lrs, seed, time_limit, batch)
+    return [Run(f"ou_{task}_L{length}_n{depth}_{mixer}_s{seed}",
+                ["--task", task, "--len", str(length), "--layers", str(depth),
+                 "--d-model", str(width), *_spec(mixer), *common])
+            for mixer in ("kla", "kla_zoh") for depth in depths]
+
+
+def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
+           poll_s: float = 0.5) -> list:
+    """Run ``runs`` as ``python -m benchmarks.train`` processes, ``parallel`` at a time.
+
+    Each writes ``<out_dir>/<label>.json`` and ``<out_dir>/<label>.log``. Returns one dict per run:
+    the JSON result, or ``{"label", "returncode", "log"}`` for a run that wrote none.
+    """
+    if parallel < 1:
+        raise ValueError(f"parallel must be positive, got {parallel}")
+    os.makedirs(out_dir, exist_ok=True)
+    pending, active, results = list(runs), [], {}
+    full_env = {**os.environ, **(env or {})}
+    while pending or active:
+        while pending and len(active) < parallel:
+            run = pending.pop(0)
+            log = open(os.path.join(out_dir, run.label + ".log"), "w")
+            proc = subprocess.Popen(run.command(out_dir), stdout=log, stderr=subprocess.STDOUT,
+                                    env=full_env)
+            active.append((run, proc, log))
+        time.sleep(poll_s)
+        for item in [a for a in active if a[1].poll() is not None]:
+            run, proc, log = item
+            log.close()
+            active.remove(item)
+            path = os.path.join(out_dir, run.label + ".json")
+            if proc.returncode == 0 and os.path.exists(path):
+                with open(path) as fh:
+                    results[run.label] = json.load(fh)
+            else:
+                results[run.label] = {"label": run.label, "returncode": proc.returncode,
+                                      "log": log.name}
+            print(f"[{len(results)}/{len(runs)}] {run.label}: "
+                  f"{results[run.label].get('best_token_acc', 'failed')}", file=sys.stderr)
+    return [results[r.label] for r in runs]
+
+
+PROTOCOLS = {"a5": a5_min_depth, "mqar": mqar_protocol, "mad": mad_protocol, "ou": ou_ablation}
+
+
+def main(argv=None) -> list:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.protocols", description=__doc__.split("\n")[0])
+    p.add_argument("protocol", choices=sorted(PROTOCOLS))
+    p.add_argument("--mixers", nargs="+", default=None, choices=sorted(MIXER_SPECS))
+    p.add_argument("--lengths", nargs="+", type=int, default=None)
+    p.add_argument("--depths", nargs="+", type=int, default=None)
+    p.add_argument("--kv-pairs", nargs="+", type=int, default=None)
+    p.add_argument("--widths", nargs="+", type=int, default=None)
+    p.add_argument("--tasks", nargs="+", default=None)
+    p.add_argument("--lrs", nargs="+", type=float, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=None, help="seconds per learning rate per run")
+    p.add_argument("--no-control", action="store_true", help="a5: leave out the Z60 control")
+    p.add_argument("--parallel", type=int, default=8)
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args(argv)
+    names = {"mixers": a.mixers, "lengths": a.lengths, "depths": a.depths, "kv_pairs": a.kv_pairs,
+             "widths": a.widths, "tasks": a.tasks, "lrs": a.lrs, "steps": a.steps, "batch": a.batch,
+             "time_limit": a.time_limit, "seed": a.seed}
+    if a.protocol == "a5" and a.no_control:
+        names["control"] = None
+    fn = PROTOCOLS[a.protocol]
+    accepted = fn.__code__.co_varnames[: fn.__code__.co_argcount]
+    given = {k: v for k, v in names.items() if v is not None}
+    unknown = sorted(k for k in given if k not in accepted and k != "control")
+    if unknown:
+        raise ValueError(f"protocol {a.protocol!r} takes no option(s) {unknown}")
+    runs = fn(**given)
+    out_dir = a.out_dir or os.path.join("benchmarks", "results", a.protocol)
+    if a.dry_run:
+        for run in runs:
+            print(shlex.join(run.command(out_dir)))
+        return []
+    return launch(runs, out_dir, a.parallel)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Invariants of the benchmark task generators, the metrics, and a CPU smoke run of the harness."""
+
+import json
+from itertools import product
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import protocols, train
+from benchmarks.tasks import IGNORE, Scores, draw, make_task, split_of, split_rng, validation_set, train_batches
+from benchmarks.tasks.groups import (
+    GROUPS, group_table, permutation_elements, permutation_table, running_product,
+)
+from benchmarks.tasks.mad import MAD_BASELINES, mad_task
+
+ORDERS = {"a5": 60, "s5": 120, "a4xz5": 60, "z60": 60}
+
+
+def small(name, **kw):
+    """A task at a cheap size: short groups/MQAR, MAD with a small training pool."""
+    if name in GROUPS:
+        return make_task(name, seq_len=12, num_test=64)
+    if name == "mqar":
+        return make_task("mqar", seq_len=64, num_kv_pairs=8, vocab_size=64, num_test=64)
+    return mad_task(name, num_train=64, num_test=64, **kw)
+
+
+ALL = [*GROUPS, "mqar", *MAD_BASELINES]
+
+
+# ---------------------------------------------------------------- groups
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_group_table_is_a_group(group):
+    t = group_table(group)
+    g = ORDERS[group]
+    assert t.shape == (g, g)
+    assert t.min() >= 0 and t.max() < g                                   # closure
+    assert (t[0] == np.arange(g)).all() and (t[:, 0] == np.arange(g)).all()  # 0 is the identity
+    for row in (t, t.T):                                                    # Latin square: inverses
+        assert all(len(set(r)) == g for r in row)
+    a, b, c = np.meshgrid(np.arange(g), np.arange(g), np.arange(g), indexing="ij")
+    assert (t[t[a, b], c] == t[a, t[b, c]]).all()                          # associativity
+
+
+def test_group_structure():
+    center = lambda t: [x for x in range(len(t)) if (t[x] == t[:, x]).all()]  # noqa: E731
+    assert center(group_table("a5")) == [0]            # A5: trivial centre, non-abelian
+    assert len(center(group_table("a4xz5"))) == 5      # A4 x Z5: centre Z5, so not A5
+    assert len(center(group_table("z60"))) == 60       # abelian
+    assert len(center(group_table("s5"))) == 1
+    parity = lambda p: sum(p[i] > p[j] for i in range(5) for j in range(i + 1, 5)) % 2  # noqa: E731
+    assert all(parity(p) == 0 for p in permutation_elements(5, even_only=True))
+    with pytest.raises(ValueError, match="closed"):
+        permutation_table(permutation_elements(5, even_only=False)[:7])
+
+
+@pytest.mark.parametrize("group", ["a5", "s5"])
+def test_running_product_composes_permutations(group):
+    elements = permutation_elements(5, even_only=group == "a5")
+    x, y = make_task(group, seq_len=9).generate(np.random.default_rng(3), 16, True)
+    assert (running_product(group_table(group), x) == y).all()
+    for row_x, row_y in zip(x, y):
+        acc = np.arange(5)
+        for tok, want in zip(row_x, row_y):
+            acc = acc[elements[tok]]                     # (P * g)(i) = P[g[i]]
+            assert (acc == elements[want]).all()
+
+
+def test_a4xz5_and_z60_products():
+    x, y = make_task("z60", seq_len=20).generate(np.random.default_rng(0), 8, True)
+    assert (y == np.cumsum(x, 1) % 60).all()
+    x, y = make_task("a4xz5", seq_len=20).generate(np.random.default_rng(0), 8, True)
+    assert (y % 5 == np.cumsum(x % 5, 1) % 5).all()      # the Z5 component adds up
+
+
+# ---------------------------------------------------------------- MQAR
+
+
+def test_mqar_labels_keys_values():
+    task = make_task("mqar", seq_len=128, num_kv_pairs=16, vocab_size=256)
+    x, y = task.generate(np.random.default_rng(1), 64, False)
+    P, V = 16, 256
+    keys, values = x[:, 0 : 2 * P : 2], x[:, 1 : 2 * P : 2]
+    assert ((keys >= 1) & (keys < V // 2)).all() and ((values >= V // 2) & (values < V)).all()
+    assert all(len(set(r)) == P for r in keys) and all(len(set(r)) == P for r in values)
+    labelled = y != IGNORE
+    assert (labelled.sum(1) == P).all()
+    assert not labelled[:, : 2 * P].any()                          # only after the context
+    rows, cols = np.nonzero(labelled)
+    assert ((cols - 2 * P) % 2 == 0).all()                         # even offsets
+    for r in range(x.shape[0]):
+        pos = np.nonzero(labelled[r])[0]
+        asked = dict(zip(keys[r], values[r]))
+        assert sorted(x[r, pos]) == sorted(keys[r])                # every key asked once
+        assert all(y[r, p] == asked[x[r, p]] for p in pos)         # label = the key's value
+
+
+def test_mqar_power_law_puts_queries_early():
+    task = make_task("mqar", seq_len=512, num_kv_pairs=8, vocab_size=512)
+    x, y = task.generate(np.random.default_rng(2), 256, False)
+    slots = (np.nonzero(y != IGNORE)[1] - 16) // 2
+    assert np.mean(slots < 62) > 0.5 + 0.05                         # denser than uniform early
+    with pytest.raises(ValueError, match="num_kv_pairs"):
+        make_task("mqar", seq_len=60, num_kv_pairs=16)
+
+
+# ---------------------------------------------------------------- MAD
+
+
+@pytest.mark.parametrize("name", ["in_context_recall", "noisy_recall"])
+def test_recall_labels_repeat_the_stored_value(name):
+    task = small(name)
+    cfg = MAD_BASELINES[name]
+    ns = cfg["vocab_size"] - cfg.get("noise_vocab_size", 0)
+    rng = np.random.default_rng(4)
+    x, y = task.generate(rng, 32, False)
+    xt, yt = task.generate(np.random.default_rng(4), 32, True)
+    assert x.shape == (32, cfg["seq_len"] - 1) and (xt == x).all()
+    assert (yt[:, :-1] == x[:, 1:]).all()                         # training: next token everywhere
+    for row_x, row_y in zip(x, y):
+        tokens = list(row_x) + [row_y[-1]]
+        seen = {}
+        for i in range(0, len(tokens) - 1, 2):
+            k, v = tokens[i], tokens[i + 1]
+            if k >= ns:                                            # a noise pair: never scored
+                assert v >= ns and row_y[i] == IGNORE
+                continue
+            assert k < ns // 2 <= v < ns                           # disjoint key/value halves
+            assert row_y[i] == (seen[k] if k in seen else IGNORE)
+            assert seen.setdefault(k, v) == v                      # one value per key
+        assert row_y[-1] != IGNORE                                 # the final probe is scored
+
+
+def test_fuzzy_recall_scores_values_of_repeated_keys():
+    task = small("fuzzy_recall")
+    x, y = task.generate(np.random.default_rng(5), 16, False)
+    pad = 15
+    assert x.shape == (16, 128)
+    scored = y[y != IGNORE]
+    assert ((scored >= 7) & (scored < pad)).all()
+    assert (y[:, -1] != IGNORE).all()
+    xt, yt = task.generate(np.random.default_rng(5), 16, True)
+    assert (yt[:, :-1] == xt[:, 1:]).all()
+    assert (x[:, 0] == pad).mean() > 0                             # left padding happens
+
+
+def test_selective_copying_targets_the_scattered_tokens():
+    task = small("selective_copying")
+    x, y = task.generate(np.random.default_rng(6), 16, False)
+    blank, copy, k = 14, 15, 16
+    for row_x, row_y in zip(x, y):
+        start = int(np.nonzero(row_x == copy)[0][0])
+        assert start == 256 - k - 1
+        kept = row_x[:start][row_x[:start] != blank]
+        assert (row_y[start + 1 :] == kept).all() and (row_y[: start + 1] == IGNORE).all()
+        assert (row_x[start + 1 :] == blank).all()
+
+
+def test_compression_and_memorization():
+    task = small("compression")
+    assert task.head == "autoencoder"
+    x, y = task.generate(np.random.default_rng(7), 8, False)
+    assert (x[:, -1] == 15).all() and (x[:, :-1] < 15).all() and (x == y).all()
+    mem = small("memorization")
+    values = mem.value_map()
+    assert len(set(values)) == len(values) == 127 and values.min() >= 127 and values.max() < 255
+    assert (mad_task("memorization", kv_seed=12345).value_map() == values).all()
+    x, y = mem.generate(np.random.default_rng(8), 8, False)
+    assert (x[:, 1::2] == 255).all() and (y[:, 0::2] == IGNORE).all()
+    assert (y[:, 1::2] == values[x[:, 0::2]]).all()
+
+
+# ---------------------------------------------------------------- splits and seeds
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_splits_disjoint_and_deterministic(name):
+    task = small(name)
+    xs, ys = validation_set(task, seed=0)
+    xs2, ys2 = validation_set(task, seed=0)
+    assert (xs == xs2).all() and (ys == ys2).all()                 # determinism by seed
+    assert not (validation_set(task, seed=1)[0] == xs).all()
+    xb, _ = next(train_batches(task, 0, 16))
+    assert (split_of(xs) == 1).all() and (split_of(xb) == 0).all()
+    assert not {r.tobytes() for r in xs} & {r.tobytes() for r in xb}
+    assert xs.shape == (64, task.seq_len) and xs.min() >= 0 and xs.max() < task.vocab_size
+    targets = ys[ys != IGNORE]
+    assert targets.min() >= 0 and targets.max() < task.vocab_size
+
+
+def test_disjoint_on_a_small_space():
+    task = make_task("z60", seq_len=3)                             # 216000 sequences in all
+    xs, _ = draw(task, split_rng(0, "test"), 20000, "test")
+    xt, _ = draw(task, split_rng(0, "train"), 20000, "train")
+    assert not {r.tobytes() for r in xs} & {r.tobytes() for r in xt}
+    with pytest.raises(ValueError, match="split"):
+        split_rng(0, "valid")
+
+
+def test_fixed_pool_serves_epochs():
+    task = small("memorization")                                   # num_train = 64
+    batches = train_batches(task, 0, 32)
+    first = np.concatenate([next(batches)[0] for _ in range(2)])
+    second = np.concatenate([next(batches)[0] for _ in range(2)])
+    key = lambda a: sorted(r.tobytes() for r in a)                 # noqa: E731
+    assert key(first) == key(second) and len(set(key(first))) == 64
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_scores():
+    pred = torch.tensor([[1, 2, 3, 0], [1, 1, 1, 1], [5, 5, 5, 5]])
+    targ = torch.tensor([[1, 2, 0, IGNORE], [1, IGNORE, IGNORE, IGNORE], [IGNORE] * 4])
+    s = Scores(6)
+    s.update(pred, targ)
+    r = s.result()
+    assert r["token_acc"] == pytest.approx(3 / 4)
+    assert r["seq_acc"] == pytest.approx(1 / 2)                    # row 3 has nothing scored
+    assert r["mean_seq_acc"] == pytest.approx((2 / 3 + 1) / 2)
+    assert r["macro_acc"] == pytest.approx((1 + 1 + 0) / 3)        # classes 0, 1, 2
+
+
+# ---------------------------------------------------------------- harness
+
+
+def test_train_smoke_cpu(tmp_path):
+    out = tmp_path / "r.json"
+    res = train.main(["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1",
+                      "--d-model", "16", "--d-state", "4", "--steps", "3", "--batch", "4",
+                      "--eval-every", "2", "--eval-size", "8", "--lrs", "1e-3,3e-3",
+                      "--device", "cpu", "--no-progress", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["label"] == res["label"] and saved["device"] == "cpu" and saved["commit"]
+    assert [r["lr"] for r in saved["runs"]] == [1e-3, 3e-3]
+    assert all(r["steps_run"] == 3 and r["stopped"] == "steps" for r in saved["runs"])
+    assert 0 <= saved["best_token_acc"] <= 1 and saved["config"]["seed"] == 0
+
+
+def test_autoencoder_and_noise_zero_models():
+    args = train.parse_args(["--task", "compression", "--mixer", "kla", "--layers", "1",
+                             "--d-model", "16", "--d-state", "4", "--noise-zero"])
+    task = small("compression")
+    model = train.build_model(task, args)
+    logits = model(torch.from_numpy(task.generate(np.random.default_rng(0), 2, False)[0]))
+    assert logits.shape == (2, 32, 16)
+    kla = model.encoder.blocks[0].mixer
+    assert not kla.log_sigma.requires_grad and (kla.discretized()[1] == 0).all()
+    groups = train.param_groups(model, 0.1)
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert id(kla.log_dt) not in decayed and id(kla.in_proj.weight) in decayed
+    with pytest.raises(ValueError, match="noise-zero"):
+        train.build_model(task, train.parse_args(["--task", "compression", "--mixer", "attention",
+                                                  "--layers", "1", "--d-model", "16", "--noise-zero"]))
+
+
+def test_protocol_commands():
+    runs = protocols.a5_min_depth(lengths=(16, 32), depths=(1, 2), mixers=("kla", "gla"), steps=10)
+    assert len(runs) == 2 * 2 * 2 + 2                              # plus Z60 at depth 1 per mixer
+    labels = {r.label for r in runs}
+    assert len(labels) == len(runs)
+    args = train.parse_args(runs[0].argv)
+    assert args.task in ("a5", "z60") and args.steps == 10
+    for spec in protocols.MIXER_SPECS:
+        train.parse_args(["--task", "a5", *protocols.MIXER_SPECS[spec]])
+    assert len(protocols.ou_ablation(depths=(2, 4, 8))) == 6
+    assert len(protocols.mqar_protocol(mixers=("kla",))) == 2 * 2 * 2
+    assert len(protocols.mad_protocol(mixers=("kla",))) == 6
+
+
+def test_launch_runs_in_parallel_and_reports_failures(tmp_path):
+    tiny = ["--len", "6", "--layers", "1", "--d-model", "16", "--steps", "2", "--batch", "4",
+            "--eval-size", "8", "--device", "cpu", "--mixer", "attention"]
+    runs = [protocols.Run("ok", ["--task", "z60", *tiny]),
+            protocols.Run("bad", ["--task", "z60", *tiny, "--steps", "0"])]
+    results = protocols.launch(runs, str(tmp_path), parallel=2, poll_s=0.1)
+    assert results[0]["label"] == "z60_L6_attention_n1_d16_s0" and results[0]["runs"][0]["steps_run"] == 2
+    assert results[1]["returncode"] != 0 and (tmp_path / "bad.log").exists()
