@@ -27,10 +27,11 @@ def _demo(args) -> int:
     import kalmanscan as ks
 
     nile = ks.datasets.load_nile()
-    t0 = time.perf_counter()
-    post = ks.filter(nile.y, theta=0.0, sigma=np.sqrt(NILE_LEVEL_VAR), obs_var=NILE_OBS_VAR,
-                     init_mean=nile.y[0], init_var=1e7, backend=args.backend)
-    elapsed = time.perf_counter() - t0
+    for _ in range(2):  # the first call pays one-off start-up costs; time the second
+        t0 = time.perf_counter()
+        post = ks.filter(nile.y, theta=0.0, sigma=np.sqrt(NILE_LEVEL_VAR), obs_var=NILE_OBS_VAR,
+                         init_mean=nile.y[0], init_var=1e7, backend=args.backend)
+        elapsed = time.perf_counter() - t0
     sd = np.sqrt(post.var[-1, 0])
     print("kalmanscan demo")
     print("===============")
