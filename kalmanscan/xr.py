@@ -1,0 +1,455 @@
+"""xarray front end: filter, smooth and fit labelled arrays, in memory or chunk by chunk with dask.
+
+    import kalmanscan as ks
+    ds = ks.xr.filter(da, dim="time", theta=0.1, sigma=1.0, obs_var=0.5)   # or da.kalman.filter(...)
+    ds.mean, ds.lower, ds.upper, ds.loglik
+
+Layout. ``da`` has the time dimension ``dim`` and any other dimensions; every position along the
+other dimensions is an independent channel. Internally the other dimensions are flattened into the
+channel axis ``C`` of :func:`kalmanscan.filter` (``y`` of shape ``(T, C)``) and restored on output,
+so results keep the input's dimension order, coordinates and attrs.
+
+Time. A ``datetime64`` (or ``timedelta64``) coordinate along ``dim`` gives irregular steps
+``times = (t - t_0) / time_unit``, with ``time_unit`` required (``"1D"``, ``"6h"``, ``"s"``, a
+``numpy.timedelta64`` or ``datetime.timedelta``); the rates ``theta`` and ``sigma^2`` are then per
+``time_unit``. A numeric coordinate is used as ``times`` as it is (already in model units). Without
+a coordinate, or when ``dt=`` is passed explicitly, the steps are regular (``dt``, default 1).
+``ds.attrs["time_unit"]`` records which unit was used.
+
+Parameters (``theta, sigma, obs_var, mean, h, init_mean, init_var``) are scalars or DataArrays
+aligned on the non-time dimensions (aligned exactly: mismatched labels raise); a parameter DataArray
+that has ``dim`` is per step (``init_mean`` and ``init_var`` never are). Other keywords
+(``backend``) pass through to :func:`kalmanscan.filter`.
+
+Dask. A dask-backed ``da`` is processed with ``xarray.apply_ufunc(dask="parallelized")``, chunk by
+chunk over the non-time dimensions: nothing is loaded, the result is dask-backed, and the same call
+runs on a ``dask.distributed`` cluster. Time must be one chunk per block; a ``da`` chunked along
+``dim`` is rechunked to a single time chunk (memory per task: one non-time chunk times ``T``).
+
+Importing this module registers the ``.kalman`` accessor on ``xarray.DataArray``; it imports only
+NumPy and xarray at module level.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from statistics import NormalDist
+
+import numpy as np
+import xarray as xr
+
+__all__ = ["filter", "smooth", "fit", "params", "to_numpy", "to_dataset", "KalmanAccessor", "times_from_coord",
+           "parse_time_unit"]
+
+_FIELD = "kalmanscan_field"
+_PARAM_NAMES = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
+_STATIC_ONLY = ("init_mean", "init_var")
+_FILTER_FIELDS = ("mean", "var", "pred_mean", "pred_var", "pred_obs_mean", "pred_obs_var", "logliks")
+_SMOOTH_FIELDS = _FILTER_FIELDS + ("filtered_mean", "filtered_var")
+_DESCRIPTIONS = {
+    "mean": "posterior mean of the state",
+    "var": "posterior variance of the state",
+    "precision": "posterior precision (1 / var)",
+    "lower": "lower end of the central credible interval of the state",
+    "upper": "upper end of the central credible interval of the state",
+    "pred_mean": "one-step predicted mean of the state",
+    "pred_var": "one-step predicted variance of the state",
+    "pred_obs_mean": "one-step predictive mean of the observation",
+    "pred_obs_var": "one-step predictive variance of the observation",
+    "logliks": "log p(y_t | y_<t); 0 where y_t is missing",
+    "loglik": "log-likelihood: sum of logliks over time",
+    "filtered_mean": "filtered mean of the state (before smoothing)",
+    "filtered_var": "filtered variance of the state (before smoothing)",
+}
+
+
+def parse_time_unit(time_unit) -> np.timedelta64:
+    """``time_unit`` (``"1D"``, ``"s"``, ``"15min"``, ``numpy.timedelta64``, ``datetime.timedelta``)
+    as a positive ``numpy.timedelta64`` in nanoseconds."""
+    import pandas as pd
+
+    try:
+        if isinstance(time_unit, str):
+            text = time_unit.strip()
+            unit = pd.Timedelta(text if text[:1].isdigit() else "1" + text)
+        elif isinstance(time_unit, (np.timedelta64, datetime.timedelta, pd.Timedelta)):
+            unit = pd.Timedelta(time_unit)
+        else:
+            raise TypeError
+    except (TypeError, ValueError):
+        raise ValueError(f"time_unit must be a duration like '1D', 's' or numpy.timedelta64, got {time_unit!r}") from None
+    if unit <= pd.Timedelta(0):
+        raise ValueError(f"time_unit must be a positive duration, got {time_unit!r}")
+    return unit.to_timedelta64().astype("timedelta64[ns]")
+
+
+def times_from_coord(values, time_unit=None, name="time") -> tuple[np.ndarray, str]:
+    """Model times ``(T,)`` float64 from coordinate ``values``, and the unit's label.
+
+    ``datetime64``/``timedelta64`` values become ``(t - t_0) / time_unit`` (``time_unit`` required);
+    numeric values are returned as float64 (``time_unit`` must be ``None``). Raises ``ValueError``
+    naming ``name`` unless the times are finite and strictly increasing.
+    """
+    values = np.asarray(values)
+    if values.dtype.kind in "mM":
+        if time_unit is None:
+            raise ValueError(f"time_unit is required for the {values.dtype} coordinate {name!r} "
+                             "(for example time_unit='1D' or 's'; theta and sigma are then per that unit)")
+        if np.isnat(values).any():
+            raise ValueError(f"coordinate {name!r} contains NaT (missing times)")
+        unit = parse_time_unit(time_unit)
+        times = (values - values[:1]).astype("timedelta64[ns]") / unit
+        label = time_unit if isinstance(time_unit, str) else str(np.timedelta64(unit, "ns"))
+    elif values.dtype.kind in "biuf":
+        if time_unit is not None:
+            raise ValueError(f"time_unit applies to datetime64 coordinates; coordinate {name!r} is numeric "
+                             "and is used as times in model units as it is")
+        times = values.astype(np.float64)
+        label = "coordinate units"
+    else:
+        raise ValueError(f"coordinate {name!r} must be numeric or datetime64, got dtype {values.dtype}")
+    times = np.asarray(times, dtype=np.float64)
+    if not np.isfinite(times).all():
+        raise ValueError(f"coordinate {name!r} must be finite")
+    bad = np.flatnonzero(np.diff(times) <= 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"coordinate {name!r} must be strictly increasing; position {i + 1} "
+                         f"({values[i + 1]}) does not come after position {i} ({values[i]})")
+    return times, label
+
+
+def _public(name):
+    """The public function ``kalmanscan.<name>``, looked up on the package (never the submodule of
+    the same name, which a plain ``from .smooth import smooth`` would bind on the package first)."""
+    import kalmanscan
+
+    return getattr(kalmanscan, name)
+
+
+def _check_dataarray(da, dim):
+    if not isinstance(da, xr.DataArray):
+        raise ValueError(f"da must be an xarray.DataArray, got {type(da).__name__}")
+    if dim not in da.dims:
+        raise ValueError(f"dim {dim!r} is not a dimension of da (dims {da.dims})")
+    if da.dtype.kind not in "biuf":
+        raise ValueError(f"da must be numeric, got dtype {da.dtype}")
+
+
+def _time_steps(da, dim, time_unit, kwargs):
+    """``(times or None, unit label)`` from the coordinate along ``dim`` (see module docstring)."""
+    if "times" in kwargs:
+        raise ValueError(f"times: ks.xr takes the times from the coordinate {dim!r}; assign it instead "
+                         f"(da.assign_coords({dim}=...))")
+    if "dt" in kwargs or dim not in da.coords:
+        if time_unit is not None:
+            raise ValueError("time_unit applies to a datetime64 coordinate; with regular steps dt it has no meaning")
+        return None, "steps of dt"
+    return times_from_coord(da[dim].values, time_unit, dim)
+
+
+def _split_params(da, dim, kwargs):
+    """Split keyword arguments into DataArray parameters (with a per-step flag) and plain ones."""
+    arrays, static = {}, {}
+    for name, value in kwargs.items():
+        if isinstance(value, xr.DataArray):
+            if name not in _PARAM_NAMES:
+                raise ValueError(f"{name} cannot be a DataArray (only {', '.join(_PARAM_NAMES)} can)")
+            if name in _STATIC_ONLY and dim in value.dims:
+                raise ValueError(f"{name} must not have the time dimension {dim!r} (it is the belief at the first time)")
+            if dim in value.dims and value.sizes[dim] != da.sizes[dim]:
+                raise ValueError(f"{name} has {value.sizes[dim]} steps along {dim!r}, da has {da.sizes[dim]}")
+            arrays[name] = value
+        elif name in _PARAM_NAMES and np.ndim(value) != 0:
+            raise ValueError(f"{name} must be a scalar or an xarray.DataArray aligned on da's dims, "
+                             f"got an array of shape {np.shape(value)}")
+        else:
+            static[name] = value
+    return arrays, static
+
+
+def _one_time_chunk(x, dim):
+    if isinstance(x, xr.DataArray) and x.chunks is not None and dim in x.dims and len(x.chunksizes[dim]) > 1:
+        return x.chunk({dim: -1})
+    return x
+
+
+def _as_float(da):
+    return da if da.dtype.kind == "f" else da.astype(np.float64)
+
+
+def _flatten(y, arrays, per_step):
+    """Broadcast batch dimensions and flatten them into channels: ``y (..., T) -> (T, n)``."""
+    T = y.shape[-1]
+    batch = np.broadcast_shapes(y.shape[:-1], *(a.shape[:-1] if s else a.shape for a, s in zip(arrays, per_step)))
+    n = math.prod(batch)
+    flat_y = np.broadcast_to(y, batch + (T,)).reshape(n, T).T
+    flat = [np.broadcast_to(a, batch + (T,)).reshape(n, T).T if s else np.broadcast_to(a, batch).reshape(n)
+            for a, s in zip(arrays, per_step)]
+    return flat_y, flat, batch
+
+
+def _post_fields(post, fields, batch):
+    """Stack the named posterior arrays ``(T, n)`` into ``batch + (T, len(fields))``."""
+    T, n = post.mean.shape
+    out = np.empty(batch + (T, len(fields)), dtype=post.mean.dtype)
+    for i, f in enumerate(fields):
+        value = getattr(post.filtered, f[len("filtered_"):]) if f.startswith("filtered_") else getattr(post, f)
+        out[..., i] = np.broadcast_to(value, (T, n)).T.reshape(batch + (T,))
+    return out
+
+
+def _moments_block(y, *arrays, names, per_step, op, fields, times, static):
+    """Run ``op`` (filter or smooth) on one block; ``y (..., T)`` -> ``(..., T, len(fields))``."""
+    flat_y, flat, batch = _flatten(y, arrays, per_step)
+    T, n = flat_y.shape
+    if n == 0 or T == 0:
+        return np.empty(batch + (T, len(fields)), dtype=y.dtype)
+    post = op(np.ascontiguousarray(flat_y), times=times, **dict(zip(names, flat)), **static)
+    return _post_fields(post, fields, batch)
+
+
+def _z(level):
+    if not (isinstance(level, (int, float)) and 0 < level < 1):
+        raise ValueError(f"level must be a probability in (0, 1), got {level!r}")
+    return NormalDist().inv_cdf(0.5 + level / 2)
+
+
+def _apply(da, dim, arrays, block, nfields, core_of, dtype):
+    """``apply_ufunc`` over ``da`` and the DataArray parameters; output ``(..., *core_of)``."""
+    names = list(arrays)
+    inputs = [_one_time_chunk(da, dim)] + [_one_time_chunk(arrays[k], dim) for k in names]
+    core = [[dim]] + [[dim] if dim in arrays[k].dims else [] for k in names]
+    return xr.apply_ufunc(
+        block, *inputs,
+        input_core_dims=core,
+        output_core_dims=[core_of],
+        kwargs=dict(names=names, per_step=[bool(c) for c in core[1:]]),
+        dask="parallelized",
+        output_dtypes=[dtype],
+        dask_gufunc_kwargs={"output_sizes": {_FIELD: nfields}},
+        keep_attrs=False,
+    )
+
+
+def _order(x, da):
+    extra = [d for d in x.dims if d not in da.dims]
+    return x.transpose(*extra, *[d for d in da.dims if d in x.dims])
+
+
+def _moments(op_name, da, dim, time_unit, level, kwargs):
+    _check_dataarray(da, dim)
+    z = _z(level)
+    times, unit_label = _time_steps(da, dim, time_unit, kwargs)
+    arrays, static = _split_params(da, dim, kwargs)
+    op = _public(op_name)
+    fields = _FILTER_FIELDS if op_name == "filter" else _SMOOTH_FIELDS
+
+    def kalman_block(y, *blocks, names, per_step):
+        return _moments_block(y, *blocks, names=names, per_step=per_step, op=op, fields=fields,
+                              times=times, static=static)
+
+    da = _as_float(da)
+    stacked = _apply(da, dim, arrays, kalman_block, len(fields), [dim, _FIELD], da.dtype)
+    return _moments_dataset(stacked, fields, da, dim, op_name, unit_label, level, z)
+
+
+def _moments_dataset(stacked, fields, da, dim, op_name, unit_label, level, z):
+    """The output Dataset from the stacked fields ``(..., dim, field)`` (derived bands added)."""
+    data = {f: _order(stacked.isel({_FIELD: i}), da) for i, f in enumerate(fields)}
+    std = np.sqrt(data["var"])
+    data["precision"] = 1.0 / data["var"]
+    data["lower"] = data["mean"] - z * std
+    data["upper"] = data["mean"] + z * std
+    data["loglik"] = data["logliks"].sum(dim)
+    order = ["mean", "var", "precision", "lower", "upper", "loglik", "logliks", "pred_mean", "pred_var",
+             "pred_obs_mean", "pred_obs_var", *[f for f in fields if f.startswith("filtered_")]]
+    ds = xr.Dataset({k: data[k] for k in order})
+    _describe(ds, da)
+    ds.attrs = {**da.attrs, "kalmanscan": op_name, "time_unit": unit_label, "level": float(level),
+                "z": float(z)}
+    return ds
+
+
+def _describe(ds, da):
+    units = da.attrs.get("units")
+    for name, var in ds.data_vars.items():
+        var.attrs = {"long_name": _DESCRIPTIONS.get(name, name)}
+        if units is not None and name in ("mean", "lower", "upper", "pred_mean", "pred_obs_mean", "filtered_mean",
+                                          "init_mean"):
+            var.attrs["units"] = units
+        elif units is not None and name in ("var", "pred_var", "pred_obs_var", "filtered_var", "obs_var", "init_var"):
+            var.attrs["units"] = f"({units})^2"
+    for name, coord in da.coords.items():
+        if name in ds.coords:
+            ds.coords[name].attrs = dict(coord.attrs)
+
+
+def to_numpy(da, dim="time", *, time_unit=None):
+    """``(y, times)`` for the NumPy API: ``y`` of shape ``(T, C)`` (the non-time dimensions of ``da``
+    flattened in order into ``C`` channels, float) and ``times`` ``(T,)`` float64 from the coordinate
+    along ``dim`` (``None`` without one); the inverse of :func:`to_dataset`. Loads dask data."""
+    _check_dataarray(da, dim)
+    times, _ = _time_steps(da, dim, time_unit, {})
+    other = [d for d in da.dims if d != dim]
+    y = _as_float(da).transpose(*other, dim).values
+    return y.reshape(-1, y.shape[-1]).T.copy(), times
+
+
+def to_dataset(post, da, dim="time", *, time_unit=None, level=0.95) -> xr.Dataset:
+    """The Dataset :func:`filter` (or :func:`smooth`) returns, from a NumPy :class:`~kalmanscan.Posterior`
+    computed on ``to_numpy(da, dim)``: its ``(T, C)`` arrays are unflattened onto ``da``'s dims."""
+    _check_dataarray(da, dim)
+    z = _z(level)
+    _, unit_label = _time_steps(da, dim, time_unit, {})
+    post = post.to_numpy()
+    other = [d for d in da.dims if d != dim]
+    batch = tuple(da.sizes[d] for d in other)
+    if post.mean.shape != (da.sizes[dim], math.prod(batch)):
+        raise ValueError(f"post has shape {post.mean.shape}, expected (T, C) = {(da.sizes[dim], math.prod(batch))} "
+                         f"from da flattened by to_numpy")
+    smoothed = post.filtered is not None
+    fields = _SMOOTH_FIELDS if smoothed else _FILTER_FIELDS
+    template = da.transpose(*other, dim)
+    stacked = xr.DataArray(_post_fields(post, fields, batch), dims=(*other, dim, _FIELD), coords=template.coords)
+    return _moments_dataset(stacked, fields, da, dim, "smooth" if smoothed else "filter", unit_label, level, z)
+
+
+def filter(da, dim="time", *, time_unit=None, level=0.95, **filter_kwargs) -> xr.Dataset:
+    """Filter every non-time position of ``da`` along ``dim``; returns an ``xarray.Dataset``.
+
+    Args:
+        da: DataArray with dimension ``dim`` and any others (each other position is a channel);
+            NaN marks a missing value. Dask-backed arrays give dask-backed results.
+        dim: the time dimension.
+        time_unit: the unit of a datetime64 coordinate along ``dim`` (required for one, see the
+            module docstring); must be ``None`` otherwise.
+        level: probability of the central credible band ``lower, upper = mean -+ z sqrt(var)``.
+        **filter_kwargs: ``theta, sigma, obs_var`` (required), ``mean, h, init_mean, init_var``
+            (scalars or DataArrays), ``dt``, ``backend``, as :func:`kalmanscan.filter`.
+
+    Returns:
+        Dataset with ``mean, var, precision, lower, upper, logliks, pred_mean, pred_var,
+        pred_obs_mean, pred_obs_var`` shaped like ``da`` (dimension order kept), ``loglik`` (the
+        sum over time: ``da``'s dims without ``dim``), ``da``'s coordinates, and ``da``'s attrs
+        plus ``time_unit``, ``level`` and ``z``.
+    """
+    return _moments("filter", da, dim, time_unit, level, filter_kwargs)
+
+
+def smooth(da, dim="time", *, time_unit=None, level=0.95, **filter_kwargs) -> xr.Dataset:
+    """As :func:`filter` with smoothed ``mean, var, precision, lower, upper``
+    (:func:`kalmanscan.smooth`), plus the filter's ``filtered_mean`` and ``filtered_var``."""
+    return _moments("smooth", da, dim, time_unit, level, filter_kwargs)
+
+
+_FIT_DESCRIPTIONS = {
+    "theta": "mean-reversion rate (per time unit)",
+    "sigma": "diffusion scale (per square root of the time unit)",
+    "obs_var": "observation noise variance",
+    "mean": "mean level of the OU prior",
+    "init_mean": "mean of the belief at the first time",
+    "init_var": "variance of the belief at the first time",
+    "loglik": "log-likelihood at the optimum",
+    "n_obs": "number of observed (non-NaN) values",
+    "converged": "whether the optimiser converged",
+    "n_iter": "optimiser iterations",
+}
+_FIT_NAMES = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
+
+
+def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
+    """Maximum-likelihood parameters for every non-time position of ``da`` (:func:`kalmanscan.fit`).
+
+    Args:
+        da: DataArray with dimension ``dim`` and any others; NaN marks a missing value.
+        dim, time_unit: as :func:`filter` (the fitted ``theta`` and ``sigma`` are per ``time_unit``;
+            filter with the same ``time_unit``).
+        **fit_kwargs: as :func:`kalmanscan.fit`: initial guesses or fixed values (scalars or
+            DataArrays aligned on the non-time dims; fixed ones may be per step), ``estimate``,
+            ``shared``, ``method``, ``max_iter``, ``tol``, ``progress``, ``dt``, ``h``, ``backend``.
+
+    Returns:
+        Dataset over ``da``'s non-time dims with the parameters (estimated and fixed static ones:
+        ``theta, sigma, obs_var, mean`` and ``init_*`` when given or estimated), ``<name>_stderr``
+        for each estimated name, ``loglik``, ``n_obs``, ``converged``, ``n_iter``; attrs ``da``'s
+        plus ``time_unit``, ``estimate``, ``shared``, ``method``. ``ks.xr.params(result)`` gives the
+        keywords to filter with. With ``shared=True`` the parameters (and their standard errors,
+        ``converged``, ``n_iter``) are scalars.
+
+    Dask: with ``shared=False`` each chunk of the non-time dims is fitted on its own (channels are
+    independent, so the estimates agree with one joint fit to the optimiser's tolerance) and the
+    result is dask-backed; ``converged`` and ``n_iter`` then describe each channel's chunk.
+    ``shared=True`` needs every channel in one fit, so the non-time dims are rechunked to one chunk.
+    """
+    _check_dataarray(da, dim)
+    times, unit_label = _time_steps(da, dim, time_unit, fit_kwargs)
+    arrays, static = _split_params(da, dim, fit_kwargs)
+    estimate = static.get("estimate", ("theta", "sigma", "obs_var"))
+    estimate = (estimate,) if isinstance(estimate, str) else tuple(estimate)
+    shared = bool(static.get("shared", False))
+    given = {k for k in _FIT_NAMES if (k in arrays and dim not in arrays[k].dims) or static.get(k) is not None}
+    out_names = [k for k in _FIT_NAMES if k in estimate or k in given or (k == "mean" and "mean" not in fit_kwargs)]
+    fields = out_names + [f"{k}_stderr" for k in estimate] + ["loglik", "n_obs", "converged", "n_iter"]
+    ks_fit = _public("fit")
+
+    def kalman_fit_block(y, *blocks, names, per_step):
+        flat_y, flat, batch = _flatten(y, blocks, per_step)
+        out = np.full(batch + (len(fields),), np.nan)
+        if flat_y.size == 0:
+            return out
+        res = ks_fit(np.ascontiguousarray(flat_y), times=times, **dict(zip(names, flat)), **static)
+        cols = ([res.params[k] for k in out_names] + [res.stderr[k] for k in estimate]
+                + [res.loglik, res.n_obs, float(res.converged), float(res.n_iter)])
+        for i, col in enumerate(cols):
+            out[..., i] = np.broadcast_to(np.asarray(col, dtype=np.float64), (flat_y.shape[1],)).reshape(batch)
+        return out
+
+    da = _as_float(da)
+    if shared and da.chunks is not None:
+        da = da.chunk({d: -1 for d in da.dims})
+    stacked = _apply(da, dim, arrays, kalman_fit_block, len(fields), [_FIELD], np.float64)
+    data = {f: _order(stacked.isel({_FIELD: i}), da) for i, f in enumerate(fields)}
+    for k, dtype in (("n_obs", np.int64), ("converged", bool), ("n_iter", np.int64)):
+        data[k] = data[k].astype(dtype)
+    if shared:
+        for k in fields:
+            if k not in ("loglik", "n_obs"):
+                data[k] = data[k].isel({d: 0 for d in data[k].dims}).reset_coords(drop=True)
+    ds = xr.Dataset(data)
+    _describe(ds, da)
+    for name, var in ds.data_vars.items():
+        base = name[:-len("_stderr")] if name.endswith("_stderr") else name
+        var.attrs["long_name"] = _FIT_DESCRIPTIONS[base] + (" (standard error)" if base != name else "")
+    ds.attrs = {**da.attrs, "kalmanscan": "fit", "time_unit": unit_label, "estimate": ",".join(estimate),
+                "shared": int(shared), "method": str(static.get("method", "lbfgs"))}
+    return ds
+
+
+def params(fit_result: xr.Dataset) -> dict:
+    """The model parameters in a :func:`fit` result, as keywords for :func:`filter` and :func:`smooth`."""
+    if not isinstance(fit_result, xr.Dataset) or fit_result.attrs.get("kalmanscan") != "fit":
+        raise ValueError("fit_result must be the Dataset returned by kalmanscan.xr.fit")
+    return {k: fit_result[k] for k in _FIT_NAMES if k in fit_result.data_vars}
+
+
+@xr.register_dataarray_accessor("kalman")
+class KalmanAccessor:
+    """``da.kalman.filter(...)``, ``da.kalman.smooth(...)``, ``da.kalman.fit(...)``: the functions of
+    :mod:`kalmanscan.xr` with ``da`` as their first argument."""
+
+    def __init__(self, da: xr.DataArray):
+        self._da = da
+
+    def filter(self, dim="time", **kwargs) -> xr.Dataset:
+        """:func:`kalmanscan.xr.filter` of this DataArray."""
+        return filter(self._da, dim, **kwargs)
+
+    def smooth(self, dim="time", **kwargs) -> xr.Dataset:
+        """:func:`kalmanscan.xr.smooth` of this DataArray."""
+        return smooth(self._da, dim, **kwargs)
+
+    def fit(self, dim="time", **kwargs) -> xr.Dataset:
+        """:func:`kalmanscan.xr.fit` of this DataArray."""
+        return fit(self._da, dim, **kwargs)
