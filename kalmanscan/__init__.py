@@ -14,19 +14,23 @@ import importlib
 
 from . import mobius, ou
 from .filtering import filter
+from .fit import fit
+from .forecast import forecast
 from .posterior import Posterior
+from .smooth import smooth
 
 __version__ = "0.1.0"
 
-_LAZY = ("smooth", "fit", "forecast", "diagnostics", "plot", "xr", "nn", "datasets", "distributed")
+# Functions named like their modules are imported eagerly: importing a submodule binds it on the
+# package, so a lazily bound ``ks.fit`` would become the module after ``import kalmanscan.fit``.
+_LAZY = ("diagnostics", "plot", "xr", "nn", "datasets", "distributed")
 
-__all__ = ["filter", "Posterior", "ou", "mobius", *_LAZY]
+__all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "ou", "mobius", *_LAZY]
 
 
 def __getattr__(name):
     if name in _LAZY:
         module = importlib.import_module(f".{name}", __name__)
-        value = getattr(module, name, module) if name in ("smooth", "fit", "forecast") else module
-        globals()[name] = value
-        return value
+        globals()[name] = module
+        return module
     raise AttributeError(f"module 'kalmanscan' has no attribute {name!r}")

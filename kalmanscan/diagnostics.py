@@ -103,13 +103,8 @@ def _inside(mean, var, x, level, axis):
     z = stats.norm.ppf(0.5 + levels / 2).reshape(levels.shape + (1,) * mean.ndim)
     inside = np.abs(x - mean) <= z * np.sqrt(var)
     frac = np.where(np.isnan(x), np.nan, inside.astype(np.float64))
-    return np.nanmean(frac, axis=None if axis is None else _shift(axis, mean.ndim, levels.ndim))
-
-
-def _shift(axis, ndim, extra):
-    axes = (axis,) if np.isscalar(axis) else tuple(axis)
-    out = tuple((a % ndim) + extra for a in axes)
-    return out if extra or len(out) > 1 else out[0]
+    axes = range(mean.ndim) if axis is None else ((axis,) if np.isscalar(axis) else axis)
+    return np.nanmean(frac, axis=tuple((a % mean.ndim) + levels.ndim for a in axes))
 
 
 def coverage(post, truth, level=0.9, *, axis=None):

@@ -316,42 +316,38 @@ def _block_shape(est):
 
 
 def _lbfgs(objective, u, max_iter, tol, progress):
-    """L-BFGS one iteration per ``step`` so convergence is checked (and shown) every iteration."""
+    """One run of torch's L-BFGS (strong Wolfe), then one evaluation to report the final gradient."""
     from tqdm.auto import tqdm
 
     params = list(u.values())
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=1, max_eval=25, history_size=20,
-                            tolerance_grad=tol, tolerance_change=0.0, line_search_fn="strong_wolfe")
-    evals = []
+    ftol = 10 * torch.finfo(params[0].dtype).eps
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, max_eval=25 * max_iter, history_size=20,
+                            tolerance_grad=tol, tolerance_change=ftol, line_search_fn="strong_wolfe")
+    state = opt.state[params[0]]
+    last = {}
 
     def closure():
         opt.zero_grad()
         loss = objective(u)
         loss.backward()
-        gmax = max(float(p.grad.abs().max()) for p in params)
-        evals.append((float(loss.detach()), gmax))
+        last["f"] = float(loss.detach())
+        last["g"] = max(float(p.grad.abs().max()) for p in params)
+        bar.n = min(state.get("n_iter", 0), max_iter)
+        bar.set_postfix(objective=f"{last['f']:.6g}", grad=f"{last['g']:.2e}")
         return loss
 
-    ftol = 10 * torch.finfo(params[0].dtype).eps
-    prev, stalled = math.inf, 0
     with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
-        for it in range(max_iter + 1):
-            evals.clear()
-            opt.step(closure) if it < max_iter else closure()
-            f, gmax = evals[0]
-            bar.set_postfix(objective=f"{f:.6g}", grad=f"{gmax:.2e}", refresh=False)
-            if not math.isfinite(f) or not math.isfinite(gmax):
-                return False, it, "the objective or its gradient became non-finite"
-            if gmax <= tol:
-                return True, it, f"gradient below tol ({gmax:.2e})"
-            stalled = stalled + 1 if prev - f <= ftol * max(1.0, abs(f)) else 0
-            if stalled >= 3:
-                return True, it, f"objective stationary to rounding (max gradient {gmax:.2e})"
-            if it == max_iter:
-                break
-            prev = f
-            bar.update(1)
-    return False, max_iter, f"reached max_iter = {max_iter} (max gradient {gmax:.2e})"
+        opt.step(closure)
+        closure()
+    n_iter = int(state.get("n_iter", 0))
+    f, gmax = last["f"], last["g"]
+    if not math.isfinite(f) or not math.isfinite(gmax):
+        return False, n_iter, "the objective or its gradient became non-finite"
+    if gmax <= tol:
+        return True, n_iter, f"gradient below tol ({gmax:.2e})"
+    if n_iter < max_iter:
+        return True, n_iter, f"objective stationary to rounding (max gradient {gmax:.2e})"
+    return False, n_iter, f"reached max_iter = {max_iter} (max gradient {gmax:.2e})"
 
 
 def _adam(objective, u, max_iter, tol, progress):
@@ -364,7 +360,7 @@ def _adam(objective, u, max_iter, tol, progress):
             opt.zero_grad()
             loss = objective(u)
             loss.backward()
-            f = float(loss)
+            f = float(loss.detach())
             gmax = max(float(p.grad.abs().max()) for p in params)
             bar.set_postfix(objective=f"{f:.6g}", grad=f"{gmax:.2e}", refresh=False)
             if not math.isfinite(f) or not math.isfinite(gmax):

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from . import ou
 
@@ -62,6 +61,8 @@ class Forecast:
             raise ValueError(f"level must be in (0, 1), got {level!r}")
         if of not in ("obs", "state"):
             raise ValueError(f"of must be 'obs' or 'state', got {of!r}")
+        from scipy import stats
+
         z = float(stats.norm.ppf(0.5 + level / 2))
         m, s = (self.obs_mean, self.obs_std) if of == "obs" else (self.mean, self.std)
         return m - z * s, m + z * s
