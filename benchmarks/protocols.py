@@ -49,9 +49,9 @@ class Run:
     label: str
     argv: list
 
-    def command(self, out_dir: str) -> list:
+    def command(self, out_dir: str, python: str = sys.executable) -> list:
         out = os.path.join(out_dir, self.label + ".json")
-        return [sys.executable, "-m", "benchmarks.train", *self.argv, "--out", out, "--no-progress"]
+        return [python, "-m", "benchmarks.train", *self.argv, "--out", out, "--no-progress"]
 
 
 def _common(steps, lrs, seed, time_limit, batch):
@@ -126,8 +126,8 @@ def ou_ablation(depths=(2, 4, 8), task="a5", length=64, width=128, steps=20000, 
 
 
 def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
-           poll_s: float = 0.5) -> list:
-    """Run ``runs`` as ``python -m benchmarks.train`` processes, ``parallel`` at a time.
+           poll_s: float = 0.5, python: str = sys.executable) -> list:
+    """Run ``runs`` as ``<python> -m benchmarks.train`` processes, ``parallel`` at a time.
 
     Each writes ``<out_dir>/<label>.json`` and ``<out_dir>/<label>.log``. Returns one dict per run:
     the JSON result, or ``{"label", "returncode", "log"}`` for a run that wrote none.
@@ -141,7 +141,7 @@ def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
         while pending and len(active) < parallel:
             run = pending.pop(0)
             log = open(os.path.join(out_dir, run.label + ".log"), "w")
-            proc = subprocess.Popen(run.command(out_dir), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(run.command(out_dir, python), stdout=log, stderr=subprocess.STDOUT,
                                     env=full_env)
             active.append((run, proc, log))
         time.sleep(poll_s)

@@ -9,9 +9,10 @@ Model: :class:`kalmanscan.nn.SequenceModel` (``--mixer`` one name, or a comma li
 the gated-linear-attention limit of KLA. The compression task wraps the model in the MAD
 autoencoder head.
 
-Training: AdamW (weight decay on matrices only; never on biases, norms, embeddings' 1-D params
-or the log-parameterised SSM/OU rates), linear warm-up then cosine decay to zero, bf16 autocast on
-CUDA (the KLA scan itself runs in float32), gradient clipping at 1. Validation every
+Training: AdamW (weight decay on matrices only; never on 1-D parameters or the log-parameterised
+SSM/OU rates), linear warm-up then cosine decay to zero over ``--steps`` or ``--time-limit``,
+whichever comes first (see :func:`schedule_progress`), bf16 autocast on CUDA (the KLA scan itself
+runs in float32), gradient clipping at 1. Validation every
 ``--eval-every`` steps on the task's disjoint test split; training stops early once validation
 token accuracy reaches the task's threshold, after ``--time-limit`` seconds, or on a non-finite
 loss. ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the best.
@@ -59,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lrs", default=None, help="comma list: a learning-rate sweep (overrides --lr)")
     p.add_argument("--wd", type=float, default=0.1, help="AdamW weight decay (matrices only)")
-    p.add_argument("--warmup", type=float, default=0.1, help="warm-up: fraction of steps, or steps if >= 1")
+    p.add_argument("--warmup", type=float, default=0.1, help="warm-up fraction of the schedule, in [0, 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-size", type=int, default=None, help="validation rows (task default if omitted)")
@@ -75,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("layers", "d_model", "d_state", "steps", "batch", "eval_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not 0.0 <= args.warmup < 1.0:
+        raise ValueError(f"--warmup must lie in [0, 1), got {args.warmup}")
     return args
 
 
@@ -149,12 +152,20 @@ def param_groups(model: torch.nn.Module, weight_decay: float):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
-def lr_factor(step: int, steps: int, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``steps``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(steps - warmup, 1)
-    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+def lr_factor(progress: float, warmup: float) -> float:
+    """Linear warm-up over the first ``warmup`` fraction of ``progress`` in [0, 1], then cosine
+    decay to 0 at ``progress = 1``."""
+    progress = min(max(progress, 0.0), 1.0)
+    if progress < warmup:
+        return progress / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * (progress - warmup) / (1.0 - warmup)))
+
+
+def schedule_progress(step: int, steps: int, elapsed: float, time_limit: float | None) -> float:
+    """How far the schedule has run: the larger of the step fraction and the time fraction, so a
+    run capped by ``--time-limit`` still warms up and decays fully within its time."""
+    by_time = elapsed / time_limit if time_limit else 0.0
+    return max(step / steps, by_time)
 
 
 def autocast(device: torch.device, enabled: bool):
@@ -181,8 +192,6 @@ def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
     torch.manual_seed(args.seed)
     model = build_model(task, args).to(device)
     opt = torch.optim.AdamW(param_groups(model, args.wd), lr=lr, betas=(0.9, 0.98))
-    warmup = int(args.warmup) if args.warmup >= 1 else int(args.warmup * args.steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args.steps, max(warmup, 1)))
     threshold = task.threshold if args.threshold is None else args.threshold
     amp = not args.no_amp
     batches = train_batches(task, args.seed, args.batch)
@@ -206,8 +215,10 @@ def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        progress = schedule_progress(step, args.steps, time.perf_counter() - start, args.time_limit)
+        for group in opt.param_groups:
+            group["lr"] = lr * lr_factor(progress, args.warmup)
         opt.step()
-        sched.step()
         if bar is not None:
             bar.update(1)
         out_of_time = args.time_limit is not None and time.perf_counter() - start > args.time_limit

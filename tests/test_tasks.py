@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import protocols, train
+from benchmarks import plots, protocols, train
 from benchmarks.tasks import IGNORE, Scores, draw, make_task, split_of, split_rng, validation_set, train_batches
 from benchmarks.tasks.groups import (
     GROUPS, group_table, permutation_elements, permutation_table, running_product,
@@ -227,19 +227,6 @@ def test_scores():
 # ---------------------------------------------------------------- harness
 
 
-def test_train_smoke_cpu(tmp_path):
-    out = tmp_path / "r.json"
-    res = train.main(["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1",
-                      "--d-model", "16", "--d-state", "4", "--steps", "3", "--batch", "4",
-                      "--eval-every", "2", "--eval-size", "8", "--lrs", "1e-3,3e-3",
-                      "--device", "cpu", "--no-progress", "--out", str(out)])
-    saved = json.loads(out.read_text())
-    assert saved["label"] == res["label"] and saved["device"] == "cpu" and saved["commit"]
-    assert [r["lr"] for r in saved["runs"]] == [1e-3, 3e-3]
-    assert all(r["steps_run"] == 3 and r["stopped"] == "steps" for r in saved["runs"])
-    assert 0 <= saved["best_token_acc"] <= 1 and saved["config"]["seed"] == 0
-
-
 def test_autoencoder_and_noise_zero_models():
     args = train.parse_args(["--task", "compression", "--mixer", "kla", "--layers", "1",
                              "--d-model", "16", "--d-state", "4", "--noise-zero"])
@@ -271,11 +258,47 @@ def test_protocol_commands():
     assert len(protocols.mad_protocol(mixers=("kla",))) == 6
 
 
-def test_launch_runs_in_parallel_and_reports_failures(tmp_path):
-    tiny = ["--len", "6", "--layers", "1", "--d-model", "16", "--steps", "2", "--batch", "4",
-            "--eval-size", "8", "--device", "cpu", "--mixer", "attention"]
-    runs = [protocols.Run("ok", ["--task", "z60", *tiny]),
-            protocols.Run("bad", ["--task", "z60", *tiny, "--steps", "0"])]
-    results = protocols.launch(runs, str(tmp_path), parallel=2, poll_s=0.1)
-    assert results[0]["label"] == "z60_L6_attention_n1_d16_s0" and results[0]["runs"][0]["steps_run"] == 2
-    assert results[1]["returncode"] != 0 and (tmp_path / "bad.log").exists()
+def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
+    """End to end: a 3-step KLA run with a two-rate sweep, launched as a process, writes its JSON."""
+    argv = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
+            "--d-state", "4", "--steps", "3", "--batch", "4", "--eval-every", "2",
+            "--eval-size", "8", "--lrs", "1e-3,3e-3", "--device", "cpu"]
+    (saved,) = protocols.launch([protocols.Run("ok", argv)], str(tmp_path), poll_s=0.1)
+    assert saved["label"] == "a5_L8_kla_n1_d16_s0" and saved["device"] == "cpu" and saved["commit"]
+    assert json.loads((tmp_path / "ok.json").read_text())["best_lr"] == saved["best_lr"]
+    assert [r["lr"] for r in saved["runs"]] == [1e-3, 3e-3]
+    assert all(r["steps_run"] == 3 and r["stopped"] == "steps" for r in saved["runs"])
+    assert 0 <= saved["best_token_acc"] <= 1 and saved["config"]["seed"] == 0
+    bad = protocols.launch([protocols.Run("bad", argv)] * 2, str(tmp_path / "b"), parallel=2,
+                           poll_s=0.1, python="false")               # an interpreter that fails
+    assert all(r["returncode"] != 0 for r in bad) and (tmp_path / "b" / "bad.log").exists()
+
+
+def test_schedule():
+    assert train.lr_factor(0.0, 0.1) == 0.0 and train.lr_factor(0.1, 0.1) == pytest.approx(1.0)
+    assert train.lr_factor(0.05, 0.1) == pytest.approx(0.5) and train.lr_factor(1.0, 0.1) == pytest.approx(0.0)
+    assert train.schedule_progress(10, 100, 30.0, 60.0) == pytest.approx(0.5)   # time dominates
+    assert train.schedule_progress(10, 100, 30.0, None) == pytest.approx(0.1)
+
+
+def _fake(mixer, depth, length, acc, noise_zero=False):
+    run = {"lr": 1e-3, "steps_run": 100, "stopped": "threshold" if acc > 0.9 else "time"}
+    return {"task": "a5", "mixer": mixer, "noise_zero": noise_zero, "mixer_opts": {}, "layers": depth,
+            "seq_len": length, "solved": acc > 0.9, "best_token_acc": acc, "best_lr": 1e-3,
+            "runs": [run]}
+
+
+def test_min_depth_table_and_plot(tmp_path):
+    results = [_fake("kla", 1, 16, 0.95), _fake("kla", 2, 16, 0.97), _fake("kla", 1, 32, 0.5),
+               _fake("kla", 2, 32, 0.93), _fake("gla", 1, 16, 0.4), _fake("gla", 2, 16, 0.6),
+               _fake("kla", 1, 16, 0.1, noise_zero=True)]
+    table = plots.min_depths(results)
+    assert table == {"kla": {16: 1, 32: 2}, "gla": {16: None}, "kla_noise0": {16: None}}
+    md = plots.accuracy_markdown(results)
+    assert "| kla | 1 | 95.0 ✓ [100] | 50.0 [100] |" in md
+    assert "| gla | > 2 |" in plots.min_depth_markdown(results)
+    for i, r in enumerate(results):
+        (tmp_path / f"{i}.json").write_text(json.dumps(r))
+    png = tmp_path / "a5.png"
+    text = plots.main(["a5", str(tmp_path), "--png", str(png)])
+    assert png.stat().st_size > 1000 and "kla_noise0" in text
