@@ -7,8 +7,10 @@ of filters ``(lam, eta)`` in registers and walks time sequentially. Per token it
     rho = 1 / (decay^2 + noise lam),   lam <- rho lam + lam_v k^2,   eta <- rho decay eta + lam_v v k
     y = sum_s q eta / lam,   y_var = sum_s q^2 / lam      (reduced over s inside the program)
 
-Time is walked in chunks of ``CHUNK`` tokens; with ``SAVE`` the state at the start of every chunk is
-written to ``ckpt_lam/ckpt_eta[b, chunk, m, s]`` for the backward (memory ``B M S L / CHUNK``).
+With ``SAVE`` the state at the start of every chunk of ``CHUNK`` tokens is written to
+``ckpt_lam/ckpt_eta[b, chunk, m, s]`` for the backward (memory ``B M S L / CHUNK``). The loop is
+bound by load latency, not arithmetic, unless loads run ahead: with ``PREFETCH`` the token inputs are
+loaded 4 steps ahead into a ring of registers (a hand-written software pipeline).
 Float32 arithmetic whatever the input dtype. Every term of the precision update is positive
 (``lam > 0`` stays ``> 0``: ``rho lam = lam / (decay^2 + noise lam) > 0``), so nothing cancels in
 ``lam`` and the divisions are by positive numbers. With ``noise > 0``, ``lam <= 1/noise + max phi``
@@ -27,6 +29,18 @@ def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
     lam = rho * lam + lv[:, None] * (kt * kt)[None, :]
     eta = (rho * decay) * eta + lvv[:, None] * kt[None, :]
     return lam, eta
+
+
+@triton.jit
+def kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, L, M, S, mask_m, mask_s):
+    """Float32 ``(lam_v, lam_v v)`` at channels ``row_m`` and ``(k, q)`` of token ``t`` (0 past L)."""
+    in_m = mask_m & ((t + tl.zeros_like(row_m)) < L)
+    in_s = mask_s & ((t + tl.zeros_like(row_s)) < L)
+    lv = tl.load(lam_v_ptr + row_m + t * M, mask=in_m, other=1.0).to(tl.float32)
+    vv = tl.load(v_ptr + row_m + t * M, mask=in_m, other=0.0).to(tl.float32)
+    kt = tl.load(k_ptr + row_s + t * S, mask=in_s, other=0.0).to(tl.float32)
+    qt = tl.load(q_ptr + row_s + t * S, mask=in_s, other=0.0).to(tl.float32)
+    return lv, lv * vv, kt, qt
 
 
 @triton.jit
@@ -52,7 +66,7 @@ def kla_fwd_kernel(
     y_ptr, y_var_ptr, lam_out_ptr, eta_out_ptr, ckpt_lam_ptr, ckpt_eta_ptr,
     L, M, S, n_chunks,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_INIT: tl.constexpr, SAVE: tl.constexpr,
+    HAS_INIT: tl.constexpr, SAVE: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -69,24 +83,36 @@ def kla_fwd_kernel(
 
     row_m = pid_b * L * M + offs_m
     row_s = pid_b * L * S + offs_s
-    for c in range(n_chunks):
+    lv0, lvv0, k0, q0 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, 0, L, M, S,
+                                  mask_m, mask_s)
+    lv1, lvv1, k1, q1 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, 1, L, M, S,
+                                  mask_m, mask_s)
+    lv2, lvv2, k2, q2 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, 2, L, M, S,
+                                  mask_m, mask_s)
+    lv3, lvv3, k3, q3 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, 3, L, M, S,
+                                  mask_m, mask_s)
+    for t in tl.range(0, L, num_stages=STAGES):
         if SAVE:
-            ck = (pid_b * n_chunks + c) * M * S + ms
-            tl.store(ckpt_lam_ptr + ck, lam, mask=mask)
-            tl.store(ckpt_eta_ptr + ck, eta, mask=mask)
-        t0 = c * CHUNK
-        t1 = tl.minimum(t0 + CHUNK, L)
-        for t in range(t0, t1):
-            lv = tl.load(lam_v_ptr + row_m + t * M, mask=mask_m, other=1.0).to(tl.float32)
-            vv = tl.load(v_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
-            kt = tl.load(k_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
-            qt = tl.load(q_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
-            lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lv * vv, kt)
-            inv = 1.0 / lam
-            qi = qt[None, :] * inv
-            y = tl.sum(qi * eta, axis=1)
-            y_var = tl.sum(qi * qt[None, :], axis=1)
-            tl.store(y_ptr + row_m + t * M, y.to(y_ptr.dtype.element_ty), mask=mask_m)
-            tl.store(y_var_ptr + row_m + t * M, y_var.to(y_var_ptr.dtype.element_ty), mask=mask_m)
+            if t % CHUNK == 0:
+                ck = (pid_b * n_chunks + t // CHUNK) * M * S + ms
+                tl.store(ckpt_lam_ptr + ck, lam, mask=mask)
+                tl.store(ckpt_eta_ptr + ck, eta, mask=mask)
+        if PREFETCH:
+            lv, lvv, kt, qt = lv0, lvv0, k0, q0
+            lv0, lvv0, k0, q0 = lv1, lvv1, k1, q1
+            lv1, lvv1, k1, q1 = lv2, lvv2, k2, q2
+            lv2, lvv2, k2, q2 = lv3, lvv3, k3, q3
+            lv3, lvv3, k3, q3 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t + 4, L, M, S,
+                                          mask_m, mask_s)
+        else:
+            lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, L, M, S,
+                                        mask_m, mask_s)
+        lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt)
+        inv = 1.0 / lam
+        qi = qt[None, :] * inv
+        y = tl.sum(qi * eta, axis=1)
+        y_var = tl.sum(qi * qt[None, :], axis=1)
+        tl.store(y_ptr + row_m + t * M, y.to(y_ptr.dtype.element_ty), mask=mask_m)
+        tl.store(y_var_ptr + row_m + t * M, y_var.to(y_var_ptr.dtype.element_ty), mask=mask_m)
     tl.store(lam_out_ptr + state, lam, mask=mask)
     tl.store(eta_out_ptr + state, eta, mask=mask)

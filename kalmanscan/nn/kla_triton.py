@@ -28,13 +28,18 @@ __all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
 
 @dataclass(frozen=True)
 class KLAConfig:
-    """Launch shape: channels per program, tokens per checkpoint chunk, warps per program."""
+    """Launch shape: channels per program, tokens per checkpoint chunk, warps per program, and the
+    software-pipelining depth of the time loops (``num_stages``), for the forward and the backward;
+    ``prefetch`` loads each token's inputs 4 steps ahead (a register ring in the kernels)."""
 
     block_m: int = 8
     chunk: int = 64
     num_warps: int = 1
     bwd_block_m: int = 8
     bwd_num_warps: int = 1
+    stages: int = 1
+    bwd_stages: int = 1
+    prefetch: bool = True
 
 
 DEFAULT_CONFIG = KLAConfig()
@@ -47,6 +52,13 @@ def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=N
     overrides the launch shape; results do not depend on it beyond float32 rounding.
     """
     config = config or DEFAULT_CONFIG
+    B, L, M = v.shape
+    S = triton.next_power_of_2(k.shape[-1])
+    n_mblocks = triton.cdiv(M, config.bwd_block_m)
+    largest = max(B * L * M, B * L * n_mblocks * S, B * (triton.cdiv(L, config.chunk) + 1) * M * S,
+                  B * n_mblocks * config.chunk * config.bwd_block_m * S)
+    if largest >= 2**31:
+        raise ValueError(f"v of shape {tuple(v.shape)} is too large for the kernels' int32 offsets")
     tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
     return _KLAScan.apply(*tensors, config, save)
@@ -83,7 +95,8 @@ class _KLAScan(torch.autograd.Function):
             y, y_var, lam, eta, ckpt[0], ckpt[1],
             L, M, S, n_chunks,
             CHUNK=chunk, BLOCK_M=config.block_m, BLOCK_S=block_s,
-            HAS_INIT=has_init, SAVE=save, num_warps=_warps(config.num_warps),
+            HAS_INIT=has_init, SAVE=save, STAGES=config.stages, PREFETCH=config.prefetch,
+            num_warps=_warps(config.num_warps),
         )
         if save:
             ctx.save_for_backward(v, lam_v, k, q, decay32, noise32, ckpt[0], ckpt[1])
@@ -119,7 +132,8 @@ class _KLAScan(torch.autograd.Function):
             gy, gy_var, glam, geta, scratch[0], scratch[1],
             gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
             L, M, S, n_chunks, n_mblocks,
-            CHUNK=chunk, BLOCK_M=config.bwd_block_m, BLOCK_S=block_s,
+            CHUNK=chunk, BLOCK_M=config.bwd_block_m, BLOCK_S=block_s, STAGES=config.bwd_stages,
+            PREFETCH=config.prefetch,
             num_warps=_warps(config.bwd_num_warps),
         )
         grads = (
