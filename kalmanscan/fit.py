@@ -129,12 +129,12 @@ def fit(y, *, theta=None, sigma=None, obs_var=None, mean=0.0, h=1.0, dt=1.0, tim
             estimate=("sigma", "obs_var")``.
         shared: one set of parameters for all channels (per batch element) instead of one per
             channel.
-        method: ``"lbfgs"`` (strong Wolfe line search; the default, for a full-batch likelihood)
-            or ``"adam"`` (learning rate 0.05 in the unconstrained coordinates).
+        method: ``"lbfgs"`` (scipy's L-BFGS-B with torch gradients; the default) or ``"adam"``
+            (learning rate 0.05 in the unconstrained coordinates).
         max_iter: iteration limit; default 200 for L-BFGS, 2000 for Adam.
         tol: converged when every gradient component of the per-observation objective (in the
-            unconstrained coordinates) is at most ``tol``, or when an L-BFGS iteration no longer
-            changes the objective beyond rounding.
+            unconstrained coordinates) is at most ``tol``, or (L-BFGS) when an iteration no longer
+            reduces the objective beyond float64 rounding.
         progress: show a tqdm bar; ``None`` shows it when stderr is a terminal and the fit is long.
 
     Returns:
@@ -316,48 +316,56 @@ def _block_shape(est):
 
 
 def _lbfgs(objective, u, max_iter, tol, progress):
-    """One run of torch's L-BFGS (strong Wolfe), then one evaluation to report the final gradient."""
+    """``scipy.optimize.minimize(method="L-BFGS-B")`` on the flattened coordinates, torch gradients.
+
+    Stops when the largest gradient component is at most ``tol`` or when an iteration reduces the
+    objective by less than rounding (``ftol`` of 10 float64 ulps, relative).
+    """
+    from scipy.optimize import minimize
     from tqdm.auto import tqdm
 
     params = list(u.values())
-    ftol = 10 * torch.finfo(params[0].dtype).eps
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, max_eval=25 * max_iter, history_size=20,
-                            tolerance_grad=tol, tolerance_change=ftol, line_search_fn="strong_wolfe")
-    state = opt.state[params[0]]
-    last = {}
+    sizes = [p.numel() for p in params]
 
-    def closure():
-        opt.zero_grad()
+    def fun(x):
+        with torch.no_grad():
+            for p, chunk in zip(params, np.split(x, np.cumsum(sizes)[:-1])):
+                p.copy_(torch.as_tensor(chunk, dtype=p.dtype).reshape(p.shape))
+        for p in params:
+            p.grad = None
         loss = objective(u)
         loss.backward()
-        last["f"] = float(loss.detach())
-        last["g"] = max(float(p.grad.abs().max()) for p in params)
-        bar.n = min(state.get("n_iter", 0), max_iter)
-        bar.set_postfix(objective=f"{last['f']:.6g}", grad=f"{last['g']:.2e}")
-        return loss
+        grad = torch.cat([p.grad.reshape(-1) for p in params]).detach().cpu().double().numpy()
+        f = float(loss.detach())
+        return (f, grad) if math.isfinite(f) and np.all(np.isfinite(grad)) else (math.inf, np.zeros_like(grad))
 
+    x0 = np.zeros(sum(sizes))
     with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
-        opt.step(closure)
-        closure()
-    n_iter = int(state.get("n_iter", 0))
-    f, gmax = last["f"], last["g"]
-    if not math.isfinite(f) or not math.isfinite(gmax):
-        return False, n_iter, "the objective or its gradient became non-finite"
-    if gmax <= tol:
-        return True, n_iter, f"gradient below tol ({gmax:.2e})"
-    if n_iter < max_iter:
-        return True, n_iter, f"objective stationary to rounding (max gradient {gmax:.2e})"
-    return False, n_iter, f"reached max_iter = {max_iter} (max gradient {gmax:.2e})"
+        def callback(intermediate_result):
+            bar.update(1)
+            bar.set_postfix(objective=f"{intermediate_result.fun:.6g}", refresh=False)
+
+        res = minimize(fun, x0, jac=True, method="L-BFGS-B", callback=callback,
+                       options=dict(maxiter=max_iter, gtol=tol, ftol=10 * np.finfo(np.float64).eps, maxcor=20))
+    f, grad = fun(res.x)
+    gmax = float(np.max(np.abs(grad))) if grad.size else 0.0
+    if not math.isfinite(f):
+        return False, int(res.nit), "the objective or its gradient became non-finite"
+    message = res.message if isinstance(res.message, str) else res.message.decode()
+    return bool(res.success), int(res.nit), f"{message.lower()} (max gradient {gmax:.2e})"
 
 
-def _adam(objective, u, max_iter, tol, progress):
+def _adam(objective, u, max_iter, tol, progress, lr=0.05, betas=(0.9, 0.999), eps=1e-8):
+    """Adam (Kingma and Ba) with bias correction, written out to keep ``torch.optim`` unneeded."""
     from tqdm.auto import tqdm
 
     params = list(u.values())
-    opt = torch.optim.Adam(params, lr=0.05)
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
     with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
         for it in range(max_iter + 1):
-            opt.zero_grad()
+            for p in params:
+                p.grad = None
             loss = objective(u)
             loss.backward()
             f = float(loss.detach())
@@ -369,7 +377,12 @@ def _adam(objective, u, max_iter, tol, progress):
                 return True, it, f"gradient below tol ({gmax:.2e})"
             if it == max_iter:
                 break
-            opt.step()
+            with torch.no_grad():
+                for p, mi, vi in zip(params, m, v):
+                    mi.mul_(betas[0]).add_(p.grad, alpha=1 - betas[0])
+                    vi.mul_(betas[1]).addcmul_(p.grad, p.grad, value=1 - betas[1])
+                    step = lr * (mi / (1 - betas[0] ** (it + 1))) / ((vi / (1 - betas[1] ** (it + 1))).sqrt() + eps)
+                    p.sub_(step)
             bar.update(1)
     return False, max_iter, f"reached max_iter = {max_iter} (max gradient {gmax:.2e})"
 
