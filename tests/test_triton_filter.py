@@ -1,0 +1,194 @@
+"""The triton backend (kernels under TRITON_INTERPRET=1 on the CPU) against the float64 reference.
+
+The kernels compute in the problem's dtype, so float64 inputs are checked to float64 rounding and
+by gradcheck; float32 inputs against the float64 reference within a measured bound. ``stretches``
+shrinks the stretch length so that small problems cross many stretch boundaries (aggregate, carry
+and apply kernels, forward and backward); without it a small problem runs as one stretch.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import posterior_error, random_problem
+
+import kalmanscan as ks
+from kalmanscan import fused
+from kalmanscan.filtering import make_posterior
+from kalmanscan.inputs import prepare
+
+NAMES = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
+# Worst float32 error of the triton kernels (interpreter) over the random problems of
+# test_float32_within_measured_bound was 3.8e-7 (relative, on pred_precision at T = 301); the bound
+# keeps a factor of ~10 and is the torch backend's float32 bound (tests/test_filter.py).
+FLOAT32_BOUND = 4e-6
+
+
+@pytest.fixture
+def stretches(monkeypatch):
+    """Stretches of 4 steps: a problem of length T runs as ceil(T / 4) stretches."""
+    monkeypatch.setattr(fused, "MIN_STRETCH", 4)
+    monkeypatch.setattr(fused, "TARGET_LANES", 1 << 30)
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every buffer the wrappers allocate starts as NaN: an element left unwritten shows."""
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        x = empty(*args, **kwargs)
+        return x.fill_(math.nan) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
+def _tensors(kw, dtype=torch.float64, grad=False):
+    out = {}
+    for k, v in kw.items():
+        t = torch.tensor(v, dtype=torch.float64 if k == "times" else dtype)
+        out[k] = t.requires_grad_() if grad and k in NAMES else t
+    return out
+
+
+@pytest.mark.parametrize("T,split", [(1, False), (63, False), (1, True), (63, True), (201, True)])
+@pytest.mark.parametrize("per_step,times", [(False, False), (True, True), (True, False)])
+def test_triton_equals_reference_float64(T, per_step, times, split, request):
+    if split:
+        request.getfixturevalue("stretches")
+    request.getfixturevalue("poisoned")
+    rng = np.random.default_rng(100 * T + 10 * per_step + times)
+    y, kw = random_problem(rng, T, per_step=per_step, times=times, missing=0.15)
+    ref = ks.filter(y, backend="reference", **kw)
+    out = ks.filter(torch.tensor(y), backend="triton", **_tensors(kw))
+    err, errs = posterior_error(out, ref)
+    assert err < 1e-10, errs
+
+
+def test_offsets_batch_broadcast_and_random_walk(stretches):
+    rng = np.random.default_rng(3)
+    T = 37
+    y = 1e4 + np.cumsum(rng.normal(size=(T, 2)), 0)
+    y[5:9, 1] = np.nan
+    kw = dict(theta=torch.tensor([[[0.0, 0.3]], [[0.2, 1.5]]]), sigma=torch.tensor([1.0, 0.4]),
+              obs_var=0.5, mean=1e4, h=torch.tensor([1.0, -2.0]), init_var=torch.tensor([3.0, 0.5]),
+              times=np.cumsum(rng.uniform(0.1, 2.0, T)))
+    ref = ks.filter(y, backend="reference", **kw)
+    out = ks.filter(torch.tensor(y), backend="triton", **kw)
+    assert out.mean.shape == (2, T, 2)
+    err, errs = posterior_error(out, ref)
+    assert err < 1e-10, errs
+
+
+@pytest.mark.parametrize("T", [1, 63, 301])
+def test_float32_within_measured_bound(T, stretches, poisoned):
+    rng = np.random.default_rng(7 + T)
+    worst = 0.0
+    for per_step, times in ((False, False), (True, True)):
+        y, kw = random_problem(rng, T, per_step=per_step, times=times, offset=100.0)
+        ref = ks.filter(y, backend="reference", **kw)
+        out = ks.filter(torch.tensor(y, dtype=torch.float32), backend="triton", **_tensors(kw, torch.float32))
+        assert out.mean.dtype == torch.float32
+        worst = max(worst, posterior_error(out, ref)[0])
+    assert worst < FLOAT32_BOUND
+
+
+def test_half_precision_input_returns_its_dtype():
+    rng = np.random.default_rng(4)
+    y, kw = random_problem(rng, 20, missing=0.0)
+    y16 = torch.tensor(y, dtype=torch.float16)
+    out = ks.filter(y16, backend="triton", **kw)
+    ref = ks.filter(y16.float(), backend="torch", **kw)
+    assert out.mean.dtype == torch.float16
+    torch.testing.assert_close(out.mean, ref.mean.half())
+
+
+def _loss(post):
+    return (post.loglik.sum() + (post.mean * 0.3).sum() + post.var.sum() + post.pred_mean.sum()
+            + post.pred_var.sum())
+
+
+@pytest.mark.parametrize("per_step,times", [(False, False), (True, True)])
+def test_gradcheck_float64(per_step, times, stretches):
+    rng = np.random.default_rng(20 + per_step)
+    y, kw = random_problem(rng, 6, C=2, batch=(1,), per_step=per_step, times=times, missing=0.15)
+    t = _tensors(kw, grad=True)
+    names = NAMES if times else NAMES + ("dt",)
+    if not times:
+        t["dt"].requires_grad_()
+    fixed = {k: v for k, v in t.items() if k not in names}
+
+    def f(y_t, *params):
+        return _loss(ks.filter(y_t, backend="triton", **dict(zip(names, params)), **fixed))
+
+    y_t = torch.tensor(y, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (y_t, *(t[k] for k in names)), atol=1e-6, rtol=1e-5, fast_mode=True)
+
+
+@pytest.mark.parametrize("per_step,times", [(False, False), (True, True), (True, False)])
+def test_gradients_equal_torch_autograd(per_step, times, stretches, poisoned):
+    rng = np.random.default_rng(40 + 2 * per_step + times)
+    y, kw = random_problem(rng, 63, C=3, batch=(2,), per_step=per_step, times=times, missing=0.15)
+    weights = [torch.tensor(rng.normal(size=(2, 63, 3))) for _ in range(3)]
+    grads = {}
+    for backend in ("torch", "triton"):
+        t = _tensors(kw, grad=True)
+        y_t = torch.tensor(y, requires_grad=True)
+        post = ks.filter(y_t, backend=backend, **t)
+        loss = sum((getattr(post, k) * w).sum() for k, w in zip(("mean", "var", "logliks"), weights))
+        loss = loss + (post.pred_mean * post.pred_var).sum()
+        grads[backend] = torch.autograd.grad(loss, [y_t] + [t[k] for k in NAMES])
+    for name, a, b in zip(("y",) + NAMES, grads["torch"], grads["triton"]):
+        assert torch.all(torch.isfinite(b)), name
+        assert float((a - b).norm() / a.norm()) < 1e-10, name
+
+
+def test_missing_values_give_zero_gradient():
+    y = torch.tensor([[1.0], [float("nan")], [0.5]], dtype=torch.float64, requires_grad=True)
+    theta = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    ks.filter(y, theta=theta, sigma=1.0, obs_var=0.5, backend="triton").loglik.sum().backward()
+    assert torch.isfinite(theta.grad) and y.grad[1, 0] == 0 and torch.all(torch.isfinite(y.grad))
+
+
+def test_smoother_on_triton_filter(stretches):
+    rng = np.random.default_rng(50)
+    y, kw = random_problem(rng, 23, C=2, per_step=True, times=True, missing=0.2)
+    ref = ks.smooth(y, backend="reference", **kw)
+    out = ks.smooth(torch.tensor(y), backend="triton", **_tensors(kw))
+    err, errs = posterior_error(out, ref, fields=("mean", "var", "precision"))
+    assert err < 1e-10, errs
+    grads = {}
+    for backend in ("torch", "triton"):
+        t = _tensors(kw, grad=True)
+        post = ks.smooth(torch.tensor(y), backend=backend, **t)
+        grads[backend] = torch.autograd.grad((post.mean * 0.7 + post.var).sum(), [t[k] for k in NAMES])
+    for name, a, b in zip(NAMES, grads["torch"], grads["triton"]):
+        assert float((a - b).norm() / a.norm()) < 1e-10, name
+
+
+def test_only_requested_outputs_are_written(poisoned):
+    rng = np.random.default_rng(60)
+    y, kw = random_problem(rng, 50, C=4, batch=())
+    p = prepare(torch.tensor(y), **kw)
+    full = make_posterior(p, fused.filter_triton(p))
+    views = {k: fused._flat(getattr(p, k), p.shape) for k in fused._ORDER}
+    init = torch.stack([1.0 / p.init_var.reshape(1, 4),
+                        (p.init_mean - p.mean[..., :1, :]).reshape(1, 4) / p.init_var.reshape(1, 4)], 1)
+    out = fused.filter_forward(views, init, outputs=("mu",))
+    assert set(out) == {"mu"}
+    torch.testing.assert_close(out["mu"][0] + p.mean, full.mean, rtol=1e-12, atol=1e-12)
+
+
+def test_plan_regimes():
+    assert fused.plan(1, 32768, 4096) == (64, 512)
+    assert fused.plan(1, 1 << 20, 64) == (4096, 256)
+    assert fused.plan(1, 1 << 22, 1) == (fused.MAX_STRETCHES, 256)
+    assert fused.plan(1, 63, 8) == (1, 63)
+    assert fused.plan(2, 10, 3, stretch=4) == (3, 4)
+
+
+def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="CUDA"):
+        ks.filter(torch.zeros(3, 1), theta=1.0, sigma=1.0, obs_var=1.0, backend="triton")
