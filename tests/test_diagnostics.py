@@ -1,0 +1,113 @@
+"""ks.diagnostics: elementwise scores against scipy, and the calibration verdict on simulated data."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate, stats
+
+import kalmanscan as ks
+from kalmanscan import diagnostics as D
+from kalmanscan.datasets import simulate
+
+PARAMS = dict(theta=np.array([0.2, 0.5]), sigma=np.array([0.5, 1.0]), obs_var=np.array([1.0, 0.5]))
+
+
+@pytest.fixture(scope="module")
+def data():
+    x, y = simulate(T=1000, seed=3, **PARAMS)
+    y[np.random.default_rng(0).random(y.shape) < 0.1] = np.nan
+    return x, y
+
+
+def _post(y, factor=1.0, smooth=False):
+    fn = ks.smooth if smooth else ks.filter
+    return fn(y, theta=PARAMS["theta"], sigma=PARAMS["sigma"], obs_var=PARAMS["obs_var"] * factor)
+
+
+def test_elementwise_scores_match_their_definitions(data):
+    x, y = data
+    post = _post(y)
+    m, s = post.pred_obs_mean, np.sqrt(post.pred_obs_var)
+    seen = ~np.isnan(y)
+    np.testing.assert_allclose(D.nis(post, y)[seen], ((y - m) / s)[seen] ** 2, rtol=1e-13)
+    assert np.all(np.isnan(D.nis(post, y)[~seen])) and np.all(np.isnan(D.pit(post, y)[~seen]))
+    np.testing.assert_allclose(D.nees(post, x), (x - post.mean) ** 2 / post.var, rtol=1e-13)
+    np.testing.assert_allclose(D.pit(post, y)[seen], stats.norm.cdf(y, m, s)[seen], rtol=1e-13)
+    np.testing.assert_allclose(D.log_score(post, y)[seen], -post.logliks[seen], rtol=1e-12)
+    # CRPS = integral of (F(z) - 1{z >= y})^2 dz, checked by quadrature at a few points
+    c = D.crps(post, y)
+    for t, ch in ((3, 0), (50, 1), (999, 0)):
+        if not seen[t, ch]:
+            continue
+        F = stats.norm(m[t, ch], s[t, ch]).cdf
+        lo, hi = m[t, ch] - 12 * s[t, ch], m[t, ch] + 12 * s[t, ch]
+        num = integrate.quad(lambda z: F(z) ** 2, lo, y[t, ch])[0] + integrate.quad(lambda z: (1 - F(z)) ** 2, y[t, ch], hi)[0]
+        assert abs(c[t, ch] - num) < 1e-7 * s[t, ch]
+
+
+def test_coverage_shapes_and_torch_posteriors(data):
+    x, y = data
+    post = _post(y)
+    both = D.coverage(post, x, [0.5, 0.9])
+    assert both.shape == (2,) and both[0] < both[1]
+    assert D.coverage(post, x, 0.9) == pytest.approx(both[1])
+    per = D.coverage(post, x, 0.9, axis=-2)
+    assert per.shape == (2,)
+    assert D.predictive_coverage(post, y, (0.5, 0.8, 0.95), axis=-2).shape == (3, 2)
+    tpost = ks.filter(torch.tensor(y), **{k: torch.tensor(v) for k, v in PARAMS.items()})
+    np.testing.assert_allclose(D.nis(tpost, torch.tensor(y)), D.nis(post, y), rtol=1e-12)
+    np.testing.assert_allclose(D.coverage(tpost, x, [0.5, 0.9]), both)
+
+
+@pytest.mark.parametrize("smooth", [False, True])
+def test_report_says_calibrated_on_data_from_the_model(data, smooth):
+    x, y = data
+    rep = D.report(_post(y, smooth=smooth), y, truth=x)
+    assert rep.calibrated, rep.reasons
+    assert rep.reasons == [] and rep.n_obs == int(np.isfinite(y).sum()) and rep.n_checks == 7
+    assert rep.nis_band[0] < rep.mean_nis < rep.nis_band[1]
+    assert set(rep.coverage) == set(D.LEVELS) and rep.state_coverage is not None
+    assert "calibrated" in repr(rep) and "NOT" not in repr(rep)
+
+
+@pytest.mark.parametrize("factor, way, other", [(4.0, "over-dispersed", "under-dispersed"),
+                                                 (0.25, "under-dispersed", "over-dispersed")])
+def test_report_catches_misstated_obs_var_and_says_which_way(data, factor, way, other):
+    x, y = data
+    rep = D.report(_post(y, factor), y, truth=x)
+    assert not rep.calibrated
+    assert any("NIS" in r and way in r for r in rep.reasons)
+    assert any("PIT" in r and way in r for r in rep.reasons)
+    assert not any(other in r for r in rep.reasons)
+    text = repr(rep)
+    assert "NOT calibrated" in text and way in text
+    without_truth = D.report(_post(y, factor), y)
+    assert not without_truth.calibrated and without_truth.mean_nees is None and without_truth.n_checks == 6
+
+
+def test_effective_dof_of_correlated_errors():
+    rng = np.random.default_rng(5)
+    iid = rng.normal(size=(20000, 1))
+    assert D._effective_dof(iid) == pytest.approx(20000, rel=0.01)
+    rho, e = 0.9, np.empty((20000, 1))
+    e[0] = rng.normal()
+    for t in range(1, 20000):
+        e[t] = rho * e[t - 1] + np.sqrt(1 - rho**2) * rng.normal()
+    assert D._effective_dof(e) == pytest.approx(20000 * (1 - rho**2) / (1 + rho**2), rel=0.05)
+
+
+def test_bad_input(data):
+    x, y = data
+    post = _post(y)
+    with pytest.raises(ValueError, match="level"):
+        D.coverage(post, x, 1.2)
+    with pytest.raises(ValueError, match="y"):
+        D.nis(post, y[:10])
+    with pytest.raises(ValueError, match="truth"):
+        D.nees(post, np.ones((3, 3)))
+    with pytest.raises(ValueError, match="alpha"):
+        D.report(post, y, alpha=0.0)
+    with pytest.raises(ValueError, match="levels"):
+        D.report(post, y, levels=(0.5, 1.0))
+    with pytest.raises(ValueError, match="observed"):
+        D.report(post, np.full_like(y, np.nan))
