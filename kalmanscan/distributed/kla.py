@@ -1,0 +1,179 @@
+"""Context parallelism for Kalman Linear Attention: the token sequence split across ranks.
+
+:func:`kla_scan` is :func:`kalmanscan.nn.kla_scan` for a sequence whose tokens are split along
+``L`` across the ranks of a group: each rank summarises its ``M x S`` filters over its tokens in
+the merged homogeneous form (:mod:`kalmanscan.distributed.summaries`; every token, the first
+included, applies predict then update, so rank 0's summary follows the initial state ``lam = 1,
+eta = 0``), one ``all_gather`` exchanges the ``(B, M, S)`` summaries, and each rank runs
+``kla_scan`` on its tokens from its incoming state (``initial_state``).
+
+:func:`sequence_parallel` runs a model's KLA layers that way (plus the halo of the causal conv:
+the last ``d_conv - 1`` pre-conv inputs of the previous rank), so a
+:class:`~kalmanscan.nn.SequenceModel` trains with the sequence split across ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import summaries
+from .comm import agree, all_gather, rank_world, tie
+
+__all__ = ["kla_scan", "sequence_parallel", "reduce_gradients"]
+
+
+def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, backend="auto"):
+    """KLA scan over tokens split along ``L`` across the ranks of ``group``; a collective call.
+
+    Shapes as :func:`kalmanscan.nn.kla_scan` for this rank's tokens: ``v, lam_v`` ``(B, L_local,
+    M)``, ``k, q`` ``(B, L_local, S)``; ``decay, noise`` ``(M, S)`` the same on every rank. ``B, M,
+    S`` must agree across ranks, ``L_local >= 1`` may differ. ``initial_state`` ``(lam, eta)``
+    (each ``(B, M, S)``) is the state before the sequence's first token, read on rank 0 only
+    (default ``lam = 1, eta = 0``). ``backend`` is passed to the local ``kla_scan``.
+
+    Returns ``(y, y_var)`` ``(B, L_local, M)``, equal to rounding to the same tokens of
+    ``kla_scan`` on the whole sequence. Differentiable; gradients of ``decay`` and ``noise`` are
+    this rank's share (sum them over ranks, e.g. with :func:`reduce_gradients`).
+
+    Communication per call: one ``all_gather`` of ``7 B M S`` numbers per rank (plus 2 numbers of
+    agreement); the backward adds one ``all_reduce`` of ``7 B M S world``.
+    """
+    from ..nn.scan import _validate, compute_dtype
+    from ..nn.scan import kla_scan as local_scan
+
+    rank, world = rank_world(group)
+
+    def check():
+        _validate(v, lam_v, k, q, decay, noise, initial_state if rank == 0 else None, backend)
+
+    tensors = (v, lam_v, k, q, decay, noise) + (tuple(initial_state) if initial_state and rank == 0 else ())
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    _, infos = agree(check, lambda _: [grad, v.shape[0] * v.shape[2] * k.shape[2]], 2, v.device, group)
+    if not bool((infos[:, 1] == infos[0, 1]).all()):
+        raise ValueError("v, k: B, M and S must be the same on every rank")
+
+    dtype = compute_dtype(v, lam_v, k, q, decay, noise)
+    B, L, M = v.shape
+    S = k.shape[-1]
+    shape = (B, L, M, S)
+    kk = k.to(dtype).unsqueeze(-2)
+    phi = lam_v.to(dtype).unsqueeze(-1) * kk * kk
+    b = (lam_v.to(dtype) * v.to(dtype)).unsqueeze(-1) * kk
+    a, n = decay.to(dtype).expand(shape), noise.to(dtype).expand(shape)
+    local = summaries.total(summaries.compose, summaries.step_summaries(a, n, phi, b), 1)
+    local = tuple(x[:, 0] for x in local)
+    if rank == 0:
+        lam0, eta0 = (None, None) if initial_state is None else initial_state
+        lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device) if lam0 is None else lam0.to(dtype)
+        eta0 = torch.zeros_like(lam0) if eta0 is None else eta0.to(dtype)
+        local = summaries.compose(summaries.initial(lam0, eta0), local)
+    local = torch.stack(local)
+    if bool(infos[:, 0].any()) and not local.requires_grad:
+        local = local.detach().requires_grad_()
+    gathered = all_gather(local, group)
+    if rank == 0:
+        state = initial_state
+    else:
+        state = summaries.incoming(gathered, rank)
+    y, y_var = local_scan(v, lam_v, k, q, decay, noise, initial_state=state, backend=backend)
+    out = {"y": y, "y_var": y_var}
+    if gathered.requires_grad:
+        out = tie(gathered, out)
+    return out["y"], out["y_var"]
+
+
+def _halo(layer, z, group):
+    """The pre-conv window entering this rank (the previous rank's last ``d_conv - 1`` inputs, in
+    the layout of the layer's recurrent state; zeros on rank 0), and the gathered tensor."""
+    from ..nn.layer import causal_conv
+
+    rank, _ = rank_world(group)
+    width = layer.d_conv - 1
+    if z.shape[1] < width:
+        raise ValueError(f"x: sequence-parallel KLA needs at least d_conv - 1 = {width} tokens per "
+                         f"rank, got {z.shape[1]}")
+    zeros = layer.init_state(z.shape[0], device=z.device).conv.to(z.dtype)
+    _, tail = causal_conv(z[:, z.shape[1] - width:], zeros, layer.conv)
+    gathered = all_gather(tail, group)
+    return (zeros if rank == 0 else gathered[rank - 1]), gathered
+
+
+def _forward(layer, group, x, state=None, return_variance=False):
+    """:meth:`kalmanscan.nn.KLA.forward` for this rank's tokens of a sequence split across ranks."""
+    from ..nn.layer import causal_conv
+
+    if state is not None:
+        raise ValueError("state: a sequence-parallel KLA layer runs whole sequences, without a state")
+    layer._check(x, 3, "x")
+    z, gate = layer.in_proj(x).chunk(2, -1)
+    window, halo = _halo(layer, z, group)
+    z, _ = causal_conv(z, window, layer.conv)
+    z = F.silu(z)
+    v, lam_v, k, q = layer._sensors(z)
+    if halo.requires_grad:
+        v = tie(halo, {"v": v})["v"]
+    decay, noise = layer.discretized()
+    with torch.autocast(x.device.type, enabled=False):
+        y, y_var = kla_scan(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype), group=group,
+                            backend=layer.backend)
+    out = layer._output(y, y_var, z, gate, return_variance)
+    return out if len(out) > 1 else out[0]
+
+
+@contextlib.contextmanager
+def sequence_parallel(model, group=None):
+    """Run ``model``'s KLA layers over a sequence split along time across ``group``'s ranks.
+
+        with ks.distributed.sequence_parallel(model, group):
+            logits = model(tokens_local)            # (B, L_local): this rank's stretch
+        loss.backward()                             # on every rank
+        ks.distributed.reduce_gradients(model, group)
+
+    Inside the block, every :class:`~kalmanscan.nn.KLA` module of ``model`` exchanges the causal
+    conv's halo (``d_conv - 1`` inputs) and the scan summaries (:func:`kla_scan`) with the other
+    ranks; everything else in a :class:`~kalmanscan.nn.SequenceModel` is per token. The logits
+    equal the same positions of the single-process model on the whole sequence (to rounding).
+    Every rank must pass the same batch size and ``L_local >= d_conv - 1``. Raises ``ValueError``
+    for models with other sequence mixers (attention, gla, mamba), which need their own scheme.
+    The modules are restored on exit; backward may run after the block.
+    """
+    from ..nn.layer import KLA
+    from ..nn.mixers import MIXERS
+
+    rank_world(group)
+    others = [type(m).__name__ for m in model.modules()
+              if type(m) in MIXERS.values() and not isinstance(m, KLA)]
+    if others:
+        raise ValueError(f"model: mixers {sorted(set(others))} cannot run sequence-parallel; only KLA can")
+    layers = [m for m in model.modules() if isinstance(m, KLA)]
+    for layer in layers:
+        layer.forward = functools.partial(_forward, layer, group)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+def reduce_gradients(model, group=None):
+    """Sum the gradients of ``model``'s trainable parameters over the ranks of ``group``.
+
+    With the sequence split across ranks each rank's backward gives its share of the gradient of
+    the summed loss; after this call every rank holds the whole-sequence gradient. One
+    ``all_reduce`` per dtype of a flat buffer (a missing ``.grad`` counts as zero and is created).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    for dtype in sorted({p.dtype for p in params}, key=str):
+        group_params = [p for p in params if p.dtype == dtype]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in group_params])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for p in group_params:
+            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()

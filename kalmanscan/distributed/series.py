@@ -1,0 +1,219 @@
+"""Sequence-parallel ``filter`` and ``smooth``: one long series split along time across ranks.
+
+Rank ``r`` of ``group`` holds the contiguous stretch ``r`` of the series (rank order is time
+order). The filter:
+
+1. each rank summarises its stretch by the product of its steps in the merged homogeneous form
+   (:mod:`kalmanscan.distributed.summaries`: 7 numbers per channel, carry-independent; rank 0's
+   first step has no transition and its summary includes the initial belief);
+2. one ``all_gather`` of the summaries;
+3. each rank composes the summaries of the ranks before it (an exclusive prefix) into its incoming
+   state ``(lam, eta)``, the filtered belief at the previous rank's last step;
+4. each rank filters its stretch from that carry (:func:`kalmanscan.parallel.filter_torch` with
+   ``carry``; its first step has a transition).
+
+The smoother runs the RTS recursion (:mod:`kalmanscan.smooth`) backwards. Rank ``r >= 1`` knows
+the filtered belief at rank ``r - 1``'s last step (its carry), so it can form the RTS link from
+its first step back to that step; it summarises the affine maps of its stretch plus that link
+(mean: ``(F, B)``, variance: ``(F, B)``: 4 numbers per channel; the last rank's map is constant,
+it starts from its filtered last step). A second ``all_gather`` and an exclusive suffix give
+each rank the smoothed moments of its own last step, then a local reverse scan.
+
+Both are differentiable: see :mod:`kalmanscan.distributed.comm` for the backward exchange.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..filtering import make_posterior
+from ..inputs import prepare
+from ..parallel import filter_torch, first_step_identity
+from .. import smooth as _public_smooth  # resolves ks.smooth to the function before the next line
+from ..smooth import _gain_terms, rts_torch  # (a first import of the submodule would shadow it)
+from . import summaries
+from .comm import agree, all_gather, rank_world, tie
+
+__all__ = ["filter", "smooth"]
+
+_INPUTS = ("y", "theta", "sigma", "obs_var", "mean", "h", "dt", "init_mean", "init_var")
+
+
+def filter(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
+           init_mean=None, init_var=None, group=None, backend="auto"):
+    """Filter one series split along time across the ranks of ``group``; a collective call.
+
+    Args:
+        y_local: this rank's stretch ``(..., T_local, C)`` (``T_local >= 1``; may differ between
+            ranks; the batch shape ``(..., C)`` must be the same on every rank). NaN = missing.
+        theta, sigma, obs_var, mean, h, dt: as :func:`kalmanscan.filter`, static or per step for
+            the local stretch. A per-step value at local index 0 governs the transition into this
+            rank's first step from the previous rank's last step (on rank 0 it has none).
+        times: this rank's observation times ``(T_local,)`` or ``(..., T_local, 1)``; given on
+            every rank or on none. The step into a rank's first observation is its first time
+            minus the previous rank's last time (exchanged; must be positive).
+        init_mean, init_var: the belief at the series' first observation; read on rank 0 only
+            (other ranks may omit them, also when ``theta = 0``).
+        group: a ``torch.distributed`` process group (default: the world).
+        backend: ``"auto"`` or ``"torch"``: the local pass runs the torch backend (the triton
+            backend has no carry-in).
+
+    Returns this rank's :class:`~kalmanscan.Posterior` for its stretch: equal, to rounding, to
+    the same rows of :func:`kalmanscan.filter` on the concatenated series (``loglik`` sums this
+    rank's steps; sum it over ranks for the series' log-likelihood). ``params["times"]`` is
+    local (from 0) when ``times`` is not given.
+
+    Communication per call: one ``all_gather`` of ``7 n`` numbers per rank (``n`` the number of
+    channels times the batch size) plus one of 3 numbers (input agreement), and one of ``2 n_t``
+    (first and last time) when ``times`` is given; the backward adds one ``all_reduce`` of
+    ``7 n world`` numbers. Every rank must run backward through its outputs when any does.
+    """
+    p, out, _, _ = _filter(y_local, dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean,
+                                         h=h, dt=dt, times=times, init_mean=init_mean,
+                                         init_var=init_var), group, backend)
+    return make_posterior(p, out)
+
+
+def smooth(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
+           init_mean=None, init_var=None, group=None, backend="auto"):
+    """RTS-smooth one series split along time across ranks; arguments as :func:`filter`.
+
+    Returns this rank's smoothed :class:`~kalmanscan.Posterior` (``filtered`` holds its filter
+    posterior), equal to rounding to the same rows of :func:`kalmanscan.smooth` on the whole
+    series. Communication: :func:`filter`'s, plus one ``all_gather`` of ``4 n`` numbers per rank
+    (and one ``all_reduce`` of ``4 n world`` in the backward).
+    """
+    kw = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
+              init_mean=init_mean, init_var=init_var)
+    p, out, carry, gathered = _filter(y_local, kw, group, backend)
+    rank, world = rank_world(group)
+    shape = p.shape
+    f = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
+    f["decay"] = f["decay"].to(p.dtype)
+    mean_param = torch.broadcast_to(p.mean, shape)
+
+    local = _rts_summary(f, mean_param, carry, last=rank == world - 1)
+    if gathered.requires_grad:
+        local = tie(gathered, {"s": local})["s"]
+        local = local if local.requires_grad else local.detach().requires_grad_()
+    suffix = all_gather(local, group)
+    if rank < world - 1:
+        s_mean, s_var = suffix[world - 1, 1], suffix[world - 1, 3]
+        for j in range(world - 2, rank, -1):
+            s_mean = suffix[j, 0] * s_mean + suffix[j, 1]
+            s_var = suffix[j, 2] * s_var + suffix[j, 3]
+        f = dict(f, mean=torch.cat([f["mean"][..., :-1, :], s_mean + mean_param[..., -1:, :]], -2),
+                 var=torch.cat([f["var"][..., :-1, :], s_var], -2))
+    mean_s, var_s = rts_torch(f, mean_param)
+    smoothed = dict(out, mean=mean_s, var=var_s, precision=1.0 / var_s)
+    if suffix.requires_grad:
+        smoothed = tie(suffix, smoothed)
+    return make_posterior(p, smoothed, filtered=make_posterior(p, out))
+
+
+def _filter(y, kw, group, backend):
+    """Prepare, agree, exchange the summaries and run the local pass.
+
+    Returns ``(problem, outputs, carry, gathered)``: ``carry`` is ``(lam, mu)`` entering this
+    rank (``None`` on rank 0), ``gathered`` the stacked summaries ``(world, 7, ..., 1, C)``.
+    """
+    rank, world = rank_world(group)
+    device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
+
+    def check():
+        if backend not in ("auto", "torch"):
+            raise ValueError(f"backend must be 'auto' or 'torch' for the distributed filter, got {backend!r}")
+        args = dict(kw)
+        if rank > 0 and args["init_var"] is None:
+            args["init_var"] = 1.0
+        return prepare(y, backend="torch", **args)
+
+    def info(p):
+        grad = torch.is_grad_enabled() and any(
+            isinstance(getattr(p, k), torch.Tensor) and getattr(p, k).requires_grad for k in _INPUTS)
+        n_times = 0 if p.times is None else p.times[..., :1, :].numel()
+        n = 1
+        for s in p.shape[:-2] + p.shape[-1:]:
+            n *= s
+        return [grad, p.times is not None, n_times, n]
+
+    p, infos = agree(check, info, 4, device, group)
+    for col, what in ((1, "times must be given on every rank or on none"),
+                      (2, "times must have the same batch shape on every rank"),
+                      (3, "y and the parameters must broadcast to the same (..., C) on every rank")):
+        if not bool((infos[:, col] == infos[0, col]).all()):
+            raise ValueError(what)
+    if p.times is not None:
+        p = _boundary_dt(p, rank, group)
+
+    local = torch.stack(_summary(p, rank))
+    if bool(infos[:, 0].any()) and not local.requires_grad:
+        local = local.detach().requires_grad_()
+    gathered = all_gather(local, group)
+    carry = None
+    if rank > 0:
+        lam, eta = summaries.incoming(gathered, rank)
+        carry = (lam, eta / lam)
+    out = filter_torch(p, carry)
+    if gathered.requires_grad:
+        out = tie(gathered, out)
+    return p, out, carry, gathered
+
+
+def _boundary_dt(p, rank, group):
+    """Replace the step into this rank's first observation by its first time minus the previous
+    rank's last time (one ``all_gather`` of first and last times; checked on every rank)."""
+    ends = torch.cat([p.times[..., :1, :], p.times[..., -1:, :]], -2).detach()
+    with torch.no_grad():
+        gathered = all_gather(ends, group)
+    if not bool((gathered[1:, ..., 0, :] > gathered[:-1, ..., 1, :]).all()):
+        raise ValueError("times must be strictly increasing across ranks (rank order = time order)")
+    if rank == 0:
+        return p
+    first = (p.times[..., :1, :] - gathered[rank - 1, ..., 1:, :]).to(p.dtype)
+    return dataclasses.replace(p, dt=torch.cat([first, p.dt[..., 1:, :]], -2))
+
+
+def _summary(p, rank):
+    """This rank's 7-tuple, each ``(..., 1, C)``; on rank 0 composed after the initial belief."""
+    shape = p.shape
+    decay, noise = p.decay_noise()
+    missing = torch.isnan(p.y)
+    y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
+    r = 1.0 / p.obs_var
+    phi = torch.where(missing, torch.zeros_like(y_obs), p.h * p.h * r).expand(shape)
+    b = torch.where(missing, torch.zeros_like(y_obs), p.h * r * (y_obs - p.h * p.mean)).expand(shape)
+    a, q = decay.expand(shape), noise.expand(shape)
+    if rank == 0:
+        a, q = first_step_identity(a, 1.0), first_step_identity(q, 0.0)
+    local = summaries.total(summaries.compose, summaries.step_summaries(a, q, phi, b), -2)
+    if rank > 0:
+        return local
+    lam0 = (1.0 / p.init_var).expand(shape[:-2] + (1, shape[-1]))
+    eta0 = lam0 * (p.init_mean - p.mean[..., :1, :])
+    return summaries.compose(summaries.initial(lam0, eta0), local)
+
+
+def _rts_summary(f, mean_param, carry, last: bool):
+    """``[F_mean, B_mean, F_var, B_var]`` (4, ..., 1, C): this rank's smoothed moments at the
+    previous rank's last step as an affine map of those at its own last step (see module
+    docstring). Zeros on rank 0 (``carry is None``), whose summary no rank reads."""
+    mu, J, bm, bv = _gain_terms(f, mean_param)
+    if carry is None:
+        return torch.zeros((4,) + mu[..., -1:, :].shape, dtype=mu.dtype, device=mu.device)
+    ones, zeros = torch.ones_like(mu[..., -1:, :]), torch.zeros_like(mu[..., -1:, :])
+    end_mean = (zeros, mu[..., -1:, :]) if last else (ones, zeros)
+    end_var = (zeros, f["var"][..., -1:, :]) if last else (ones, zeros)
+    lam_prev, mu_prev = carry
+    var_prev = 1.0 / lam_prev
+    a0, q0, pv0 = (f[k][..., :1, :] for k in ("decay", "noise", "pred_var"))
+    J0 = a0 * var_prev / pv0
+    bm0 = mu_prev - J0 * (f["pred_mean"][..., :1, :] - mean_param[..., :1, :])
+    bv0 = var_prev * q0 / pv0
+    Fm, Bm = summaries.affine_total(torch.cat([J0, J, end_mean[0]], -2),
+                                    torch.cat([bm0, bm, end_mean[1]], -2), -2)
+    Fv, Bv = summaries.affine_total(torch.cat([J0 * J0, J * J, end_var[0]], -2),
+                                    torch.cat([bv0, bv, end_var[1]], -2), -2)
+    return torch.stack([Fm, Bm, Fv, Bv])

@@ -1,0 +1,106 @@
+"""Carry-independent summaries of a stretch of filter steps, and their exchange over ranks.
+
+The merged homogeneous form (KERNEL_NOTES.md). Write the precision and information mean as
+ratios ``lam = u / w0`` and ``eta = w / w0``. One predict-then-update step with Möbius entries
+``(A, B, C, D) = (1 + q phi, a^2 phi, q, a^2)`` (DESIGN.md section 2), decay ``a`` and
+``b = h r (y - h mean)`` is the linear map
+
+    [u, w0, w] <- [[A,   B,   0],
+                   [C,   D,   0],
+                   [b C, b D, a]] [u, w0, w]
+
+(``lam' = (A lam + B)/(C lam + D)`` and ``eta' = b + a eta / (C lam + D) = b + f eta``). Products
+of such matrices keep the lower block-triangular shape, so a stretch of steps is summarised by 7
+numbers per channel ``(A, B, C, D, E, F, G)`` for ``[[A, B, 0], [C, D, 0], [E, F, G]]``, whatever
+the state it starts from. The state ``(lam, eta)`` after a summary ``P`` from ``(lam0, eta0)`` is
+
+    lam = (A lam0 + B) / (C lam0 + D),    eta = (E lam0 + F + G eta0) / (C lam0 + D).
+
+Numerics: ``A, B, C, D >= 0`` as in :mod:`kalmanscan.mobius`, so the 2x2 block never cancels;
+each product is divided by the power of two below the trace ``A + D`` of its 2x2 block (exact; the
+ratios ignore it; taken from the detached trace, so gradients pass unchanged). The bottom row is
+signed (it carries ``b``) but enters only through ratios with the positive ``C lam0 + D``.
+
+The initial belief becomes a summary too: ``K(lam0, eta0) = [[0, lam0, 0], [0, 1, 0], [0, eta0,
+0]]`` maps every state with ``w0 > 0`` to ``(lam0, eta0)``. Rank 0 sends ``P_0 K``; the exclusive
+prefix ``P_{r-1} ... P_0 K`` then holds rank ``r``'s incoming state in its middle column:
+``lam = B / D``, ``eta = F / D``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import mobius
+
+__all__ = ["step_summaries", "compose", "total", "initial", "incoming", "affine_total"]
+
+
+def step_summaries(decay, noise, phi, b):
+    """The 7-tuple of one step per element; arguments broadcast to one shape, ``decay, noise,
+    phi >= 0``."""
+    A, B, C, D = mobius.leaf(decay, noise, phi)
+    return A, B, C, D, b * C, b * D, decay + 0.0 * b
+
+
+def compose(earlier, later):
+    """``later @ earlier`` for 7-tuples of broadcastable tensors, divided by a power of two.
+
+    The scale is ``2^e`` with ``2^e <= A + D < 2^(e+1)`` for the product's 2x2 block (``A + D >
+    0`` for every product of steps and of ``K``), so the product's trace lies in ``[1, 2)``.
+    """
+    eA, eB, eC, eD, eE, eF, eG = earlier
+    lA, lB, lC, lD, lE, lF, lG = later
+    A = lA * eA + lB * eC
+    B = lA * eB + lB * eD
+    C = lC * eA + lD * eC
+    D = lC * eB + lD * eD
+    E = lE * eA + lF * eC + lG * eE
+    F = lE * eB + lF * eD + lG * eF
+    G = lG * eG
+    _, e = torch.frexp((A + D).detach())
+    shift = (1 - e).to(A.dtype)
+    return tuple(torch.ldexp(x, shift) for x in (A, B, C, D, E, F, G))
+
+
+def total(combine, elems, dim: int):
+    """The ordered combination of ``elems[0], ..., elems[n-1]`` along ``dim`` (kept, size 1).
+
+    ``combine(earlier, later)`` is associative on tuples of tensors; the pairwise tree does
+    ``n - 1`` combines in ``ceil(log2 n)`` levels and stores ``O(n)`` intermediates for autograd.
+    ``elems`` must already have their full length along ``dim``.
+    """
+    xs = tuple(torch.movedim(x, dim, 0) for x in elems)
+    n = xs[0].shape[0]
+    while n > 1:
+        pairs = combine(tuple(x[0:n - 1:2] for x in xs), tuple(x[1:n:2] for x in xs))
+        if n % 2:
+            pairs = tuple(torch.cat([p, x[n - 1:]], 0) for p, x in zip(pairs, xs))
+        xs, n = pairs, (n + 1) // 2
+    return tuple(torch.movedim(x, 0, dim) for x in xs)
+
+
+def initial(lam0, eta0):
+    """The summary ``K`` that sets the state to ``(lam0, eta0)`` (see the module docstring)."""
+    zero = torch.zeros_like(lam0 + eta0)
+    return zero, lam0 + zero, zero, zero + 1.0, zero, eta0 + zero, zero
+
+
+def incoming(gathered, rank: int):
+    """``(lam, eta)`` entering rank ``rank`` from the stacked summaries ``(world, 7, ...)``.
+
+    ``gathered[0]`` must include the initial belief (rank 0 sends ``P_0 K``); ``rank >= 1``.
+    The exclusive prefix over ranks is composed in rank order (``rank - 1`` combines).
+    """
+    prefix = tuple(gathered[0].unbind(0))
+    for j in range(1, rank):
+        prefix = compose(prefix, tuple(gathered[j].unbind(0)))
+    _, B, _, D, _, F, _ = prefix
+    return B / D, F / D
+
+
+def affine_total(f, b, dim: int):
+    """The map ``s -> F s + B`` of the affine steps ``s_t = f_t s_{t+1} + b_t`` along ``dim``,
+    applied from the last index back to the first: ``(F, B)`` with ``dim`` kept at size 1."""
+    flipped = tuple(torch.flip(x, (dim,)) for x in (f, b))
+    return total(mobius.affine_compose, flipped, dim)

@@ -1,0 +1,195 @@
+"""ks.distributed on CPU with gloo: 2 and 4 spawned processes against the single-process result.
+
+Each spawned group runs every check (process start-up dominates the cost). Every rank builds the
+same random global problem from one seed, takes its stretch, runs the distributed call and
+compares its rows (and gradients) with the single-process call on the whole series.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import kalmanscan as ks
+
+TOL = 1e-10
+FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_obs_mean", "pred_obs_var",
+          "logliks")
+
+
+def _close(actual, ref, what):
+    a, r = actual.detach().double(), ref.detach().double()
+    assert a.shape == r.shape, (what, a.shape, r.shape)
+    assert torch.isfinite(a).all(), what
+    err = float((a - r).abs().max() / r.abs().max().clamp_min(1e-300))
+    assert err < TOL, f"{what}: relative error {err:.2e}"
+
+
+def _bounds(world, seed):
+    """Random stretch lengths (one of them 1), as cumulative bounds."""
+    g = np.random.default_rng(seed)
+    lengths = g.integers(2, 9, size=world)
+    lengths[g.integers(world)] = 1
+    return np.concatenate([[0], np.cumsum(lengths)])
+
+
+def _leaf(x):
+    return x.detach().clone().requires_grad_()
+
+
+def _series_problem(T, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, C = 2, 3
+    y = torch.randn(B, T, C, generator=g, dtype=torch.float64) * 2 + 1
+    y[torch.rand(B, T, C, generator=g) < 0.2] = float("nan")
+    times = torch.cumsum(torch.rand(T, generator=g, dtype=torch.float64) * 2 + 0.1, 0) + 100.0
+    kw = dict(theta=torch.tensor([0.3, 0.0, 1.5], dtype=torch.float64),
+              sigma=torch.rand(C, generator=g, dtype=torch.float64) + 0.5,
+              obs_var=torch.rand(B, T, C, generator=g, dtype=torch.float64) + 0.2,
+              mean=torch.randn(T, C, generator=g, dtype=torch.float64),
+              init_mean=torch.randn(C, generator=g, dtype=torch.float64),
+              init_var=torch.rand(C, generator=g, dtype=torch.float64) + 0.5)
+    weights = {k: torch.randn(B, T, C, generator=g, dtype=torch.float64) for k in FIELDS}
+    return y, times, kw, weights
+
+
+def _local_kw(kw, lo, hi, rank):
+    out = {}
+    for k, v in kw.items():
+        if k in ("init_mean", "init_var"):
+            if rank == 0:
+                out[k] = v
+        else:
+            out[k] = v[..., lo:hi, :] if v.ndim >= 2 else v
+    return out
+
+
+def _loss(post, weights, lo, hi):
+    return sum((getattr(post, k) * weights[k][..., lo:hi, :]).sum() for k in FIELDS)
+
+
+def _check_series(rank, world, smooth):
+    bounds = _bounds(world, 7 + world + smooth)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    y, times, kw, weights = _series_problem(int(bounds[-1]), seed=11 + world + smooth)
+    full_kw = {k: _leaf(v) for k, v in kw.items()}
+    y_full = _leaf(y)
+    extra = dict(times=times) if not smooth else dict(dt=0.7)
+    run_full = ks.smooth if smooth else ks.filter
+    ref = run_full(y_full, backend="torch", **full_kw, **extra)
+    _loss(ref, weights, 0, len(times)).backward()
+
+    local_kw = {k: _leaf(v) for k, v in _local_kw(kw, lo, hi, rank).items()}
+    y_local = _leaf(y[..., lo:hi, :])
+    extra = dict(times=times[lo:hi]) if not smooth else dict(dt=0.7)
+    run = ks.distributed.smooth if smooth else ks.distributed.filter
+    post = run(y_local, **local_kw, **extra)
+    for k in FIELDS:
+        _close(getattr(post, k), getattr(ref, k)[..., lo:hi, :], f"rank {rank} {k}")
+    if smooth:
+        _close(post.filtered.mean, ref.filtered.mean[..., lo:hi, :], f"rank {rank} filtered mean")
+    _loss(post, weights, lo, hi).backward()
+
+    _close(y_local.grad.nan_to_num(), y_full.grad[..., lo:hi, :].nan_to_num(), f"rank {rank} d y")
+    for k in ("obs_var", "mean"):
+        _close(local_kw[k].grad, full_kw[k].grad[..., lo:hi, :], f"rank {rank} d {k}")
+    for k in ("theta", "sigma", "init_mean", "init_var"):
+        grad = local_kw[k].grad if k in local_kw else torch.zeros_like(full_kw[k])
+        dist.all_reduce(grad)
+        _close(grad, full_kw[k].grad, f"rank {rank} d {k}")
+
+
+def _kla_problem(L, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, M, S = 2, 3, 2
+    f64 = dict(generator=g, dtype=torch.float64)
+    k = torch.nn.functional.normalize(torch.randn(B, L, S, **f64), dim=-1)
+    q = torch.nn.functional.normalize(torch.randn(B, L, S, **f64), dim=-1)
+    return dict(v=torch.randn(B, L, M, **f64), lam_v=torch.rand(B, L, M, **f64) * 3 + 0.1, k=k, q=q,
+                decay=torch.rand(M, S, **f64) * 0.5 + 0.45, noise=torch.rand(M, S, **f64) * 0.3)
+
+
+def _check_kla(rank, world):
+    bounds = _bounds(world, 3 + world)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    args = _kla_problem(int(bounds[-1]), seed=5 + world)
+    w = torch.randn(2, int(bounds[-1]), 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    full = {k: _leaf(v) for k, v in args.items()}
+    y, y_var = ks.nn.kla_scan(*full.values(), backend="torch")
+    (y * w + y_var * w.flip(-1)).sum().backward()
+
+    local = {k: _leaf(v[:, lo:hi] if v.ndim == 3 else v) for k, v in args.items()}
+    y_l, y_var_l = ks.distributed.kla_scan(*local.values(), backend="torch")
+    _close(y_l, y[:, lo:hi], f"rank {rank} kla y")
+    _close(y_var_l, y_var[:, lo:hi], f"rank {rank} kla y_var")
+    (y_l * w[:, lo:hi] + y_var_l * w[:, lo:hi].flip(-1)).sum().backward()
+    for k, v in local.items():
+        if v.ndim == 3:
+            _close(v.grad, full[k].grad[:, lo:hi], f"rank {rank} kla d {k}")
+        else:
+            grad = v.grad.clone()
+            dist.all_reduce(grad)
+            _close(grad, full[k].grad, f"rank {rank} kla d {k}")
+
+
+def _check_model(rank, world):
+    torch.manual_seed(0)
+    model = ks.nn.SequenceModel(11, 8, 2, mixer="kla", d_state=4, backend="torch", dtype=torch.float64)
+    per_rank = 4
+    tokens = torch.randint(0, 11, (2, per_rank * world), generator=torch.Generator().manual_seed(2))
+    w = torch.randn(2, per_rank * world, 11, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    logits = model(tokens)
+    (logits * w).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    lo, hi = rank * per_rank, (rank + 1) * per_rank
+    with ks.distributed.sequence_parallel(model):
+        logits_l = model(tokens[:, lo:hi])
+    _close(logits_l, logits[:, lo:hi], f"rank {rank} model logits")
+    (logits_l * w[:, lo:hi]).sum().backward()
+    ks.distributed.reduce_gradients(model)
+    for n, p in model.named_parameters():
+        _close(p.grad, ref_grads[n], f"rank {rank} model d {n}")
+
+
+def _check_errors(rank, world):
+    y = torch.randn(4, 2, dtype=torch.float64)
+    bad = -1.0 if rank == world - 1 else 1.0
+    with pytest.raises(ValueError, match="obs_var" if rank == world - 1 else "rank"):
+        ks.distributed.filter(y, theta=0.5, sigma=1.0, obs_var=bad)
+    times = torch.arange(4, dtype=torch.float64) + (0.0 if rank < world - 1 else -10.0)
+    with pytest.raises(ValueError, match="increasing across ranks"):
+        ks.distributed.filter(y, theta=0.5, sigma=1.0, obs_var=1.0, times=times)
+
+
+def _worker(rank, world, store):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        _check_series(rank, world, smooth=False)
+        _check_series(rank, world, smooth=True)
+        _check_kla(rank, world)
+        _check_errors(rank, world)
+        if world == 2:
+            _check_model(rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_distributed_equals_single_process(world):
+    # A fork server that has imported torch and kalmanscan once forks every rank (no per-rank
+    # import of torch), and it never ran torch's thread pools, which a plain fork would inherit.
+    # (Preload names must import without this directory on sys.path.)
+    multiprocessing.set_forkserver_preload(["torch", "pytest", "kalmanscan.distributed", "kalmanscan.nn.model"])
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_worker, args=(world, os.path.join(tmp, "store")), nprocs=world,
+                           join=True, start_method="forkserver")
