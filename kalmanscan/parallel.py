@@ -25,15 +25,8 @@ def first_step_identity(x, value):
     return torch.cat([torch.full_like(x[..., :1, :], value), x[..., 1:, :]], -2)
 
 
-def filter_torch(p: Problem, carry=None) -> dict:
-    """Filter the validated problem ``p``; returns a dict of ``(..., T, C)`` tensors.
-
-    ``carry = (lam_prev, mu_prev)``, each broadcastable to ``(..., 1, C)``, continues a filter
-    whose last step had precision ``lam_prev`` and centred mean ``mu_prev`` (``x - mean`` of that
-    step): step 0 then gets its transition ``(decay, noise)`` like every other step, and
-    ``init_mean``/``init_var`` are not used. With ``carry=None`` (the default) step 0 starts from
-    ``N(init_mean, init_var)`` with no transition.
-    """
+def filter_torch(p: Problem) -> dict:
+    """Filter the validated problem ``p``; returns a dict of ``(..., T, C)`` tensors."""
     shape = p.shape
     y, h, obs_var, mean = p.y, p.h, p.obs_var, p.mean
     decay, noise = p.decay_noise()
@@ -42,15 +35,11 @@ def filter_torch(p: Problem, carry=None) -> dict:
     r = 1.0 / obs_var
     phi = torch.where(missing, torch.zeros_like(y_obs), h * h * r).expand(shape)
     b = torch.where(missing, torch.zeros_like(y_obs), h * r * (y_obs - h * mean)).expand(shape)
-    if carry is None:
-        a = first_step_identity(decay.expand(shape), 1.0)
-        q = first_step_identity(noise.expand(shape), 0.0)
-        lam0 = (1.0 / p.init_var).expand(shape[:-2] + (1, shape[-1]))
-        mu0 = (p.init_mean - mean[..., :1, :]).expand(lam0.shape)
-    else:
-        a, q = decay.expand(shape), noise.expand(shape)
-        lam0 = carry[0].expand(shape[:-2] + (1, shape[-1]))
-        mu0 = carry[1].expand(lam0.shape)
+    a = first_step_identity(decay.expand(shape), 1.0)
+    q = first_step_identity(noise.expand(shape), 0.0)
+
+    lam0 = (1.0 / p.init_var).expand(shape[:-2] + (1, shape[-1]))
+    mu0 = (p.init_mean - mean[..., :1, :]).expand(lam0.shape)
     P = associative_scan(mobius.compose, mobius.leaf(a, q, phi), dim=-2)
     lam = mobius.readout(P, lam0)
     lam_prev = torch.cat([lam0, lam[..., :-1, :]], -2)

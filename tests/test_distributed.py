@@ -75,7 +75,7 @@ def _loss(post, weights, lo, hi):
     return sum((getattr(post, k) * weights[k][..., lo:hi, :]).sum() for k in FIELDS)
 
 
-def _check_series(rank, world, smooth):
+def _check_series(rank, world, smooth, backend="torch"):
     bounds = _bounds(world, 7 + world + smooth)
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     y, times, kw, weights = _series_problem(int(bounds[-1]), seed=11 + world + smooth)
@@ -90,7 +90,7 @@ def _check_series(rank, world, smooth):
     y_local = _leaf(y[..., lo:hi, :])
     extra = dict(times=times[lo:hi]) if not smooth else dict(dt=0.7)
     run = ks.distributed.smooth if smooth else ks.distributed.filter
-    post = run(y_local, **local_kw, **extra)
+    post = run(y_local, **local_kw, **extra, backend=backend)
     for k in FIELDS:
         _close(getattr(post, k), getattr(ref, k)[..., lo:hi, :], f"rank {rank} {k}")
     if smooth:
@@ -179,6 +179,7 @@ def _worker(rank, world, store):
         _check_kla(rank, world)
         _check_errors(rank, world)
         if world == 2:
+            _check_series(rank, world, smooth=True, backend="triton")
             _check_model(rank, world)
     finally:
         dist.destroy_process_group()

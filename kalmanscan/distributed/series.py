@@ -9,8 +9,10 @@ order). The filter:
 2. one ``all_gather`` of the summaries;
 3. each rank composes the summaries of the ranks before it (an exclusive prefix) into its incoming
    state ``(lam, eta)``, the filtered belief at the previous rank's last step;
-4. each rank filters its stretch from that carry (:func:`kalmanscan.parallel.filter_torch` with
-   ``carry``; its first step has a transition).
+4. each rank filters its stretch from that carry: the carry predicted over the rank's first
+   transition, ``N(mean_0 + a_0 mu, a_0^2 / lam + q_0)``, is exactly the belief at its first
+   observation before it is seen, so it becomes the stretch's ``init_mean``/``init_var`` and any
+   backend (``torch``, or ``triton`` on CUDA) runs the stretch unchanged.
 
 The smoother runs the RTS recursion (:mod:`kalmanscan.smooth`) backwards. Rank ``r >= 1`` knows
 the filtered belief at rank ``r - 1``'s last step (its carry), so it can form the RTS link from
@@ -28,9 +30,9 @@ import dataclasses
 
 import torch
 
-from ..filtering import make_posterior
+from ..filtering import make_posterior, run_backend
 from ..inputs import prepare
-from ..parallel import filter_torch, first_step_identity
+from ..parallel import first_step_identity
 from .. import smooth as _public_smooth  # resolves ks.smooth to the function before the next line
 from ..smooth import _gain_terms, rts_torch  # (a first import of the submodule would shadow it)
 from . import summaries
@@ -57,13 +59,14 @@ def filter(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=Non
         init_mean, init_var: the belief at the series' first observation; read on rank 0 only
             (other ranks may omit them, also when ``theta = 0``).
         group: a ``torch.distributed`` process group (default: the world).
-        backend: ``"auto"`` or ``"torch"``: the local pass runs the torch backend (the triton
-            backend has no carry-in).
+        backend: the local pass's backend: ``"auto"`` (triton on CUDA, else torch),
+            ``"torch"`` or ``"triton"``.
 
     Returns this rank's :class:`~kalmanscan.Posterior` for its stretch: equal, to rounding, to
     the same rows of :func:`kalmanscan.filter` on the concatenated series (``loglik`` sums this
-    rank's steps; sum it over ranks for the series' log-likelihood). ``params["times"]`` is
-    local (from 0) when ``times`` is not given.
+    rank's steps; sum it over ranks for the series' log-likelihood). On ranks ``r >= 1``,
+    ``params["init_mean"]``/``["init_var"]`` hold the predicted belief at the rank's first step,
+    and ``params["times"]`` is local (from 0) when ``times`` is not given.
 
     Communication per call: one ``all_gather`` of ``7 n`` numbers per rank (``n`` the number of
     channels times the batch size) plus one of 3 numbers (input agreement), and one of ``2 n_t``
@@ -123,12 +126,12 @@ def _filter(y, kw, group, backend):
     device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
 
     def check():
-        if backend not in ("auto", "torch"):
-            raise ValueError(f"backend must be 'auto' or 'torch' for the distributed filter, got {backend!r}")
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
         args = dict(kw)
         if rank > 0 and args["init_var"] is None:
             args["init_var"] = 1.0
-        return prepare(y, backend="torch", **args)
+        return prepare(y, backend=backend, **args)
 
     def info(p):
         grad = torch.is_grad_enabled() and any(
@@ -156,7 +159,8 @@ def _filter(y, kw, group, backend):
     if rank > 0:
         lam, eta = summaries.incoming(gathered, rank)
         carry = (lam, eta / lam)
-    out = filter_torch(p, carry)
+        p = _continue_from(p, carry)
+    out = run_backend(p, backend)
     if gathered.requires_grad:
         out = tie(gathered, out)
     return p, out, carry, gathered
@@ -174,6 +178,15 @@ def _boundary_dt(p, rank, group):
         return p
     first = (p.times[..., :1, :] - gathered[rank - 1, ..., 1:, :]).to(p.dtype)
     return dataclasses.replace(p, dt=torch.cat([first, p.dt[..., 1:, :]], -2))
+
+
+def _continue_from(p, carry):
+    """``p`` with its initial belief replaced by ``carry = (lam, mu)`` (the filtered precision and
+    centred mean at the previous step) predicted over ``p``'s first transition."""
+    lam, mu = carry
+    decay, noise = (x[..., :1, :] for x in p.decay_noise())
+    return dataclasses.replace(p, init_mean=p.mean[..., :1, :] + decay * mu,
+                               init_var=decay * decay / lam + noise)
 
 
 def _summary(p, rank):
