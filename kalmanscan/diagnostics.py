@@ -161,19 +161,19 @@ class CalibrationReport:
         lines = [f"CalibrationReport: {verdict} (alpha = {self.alpha:g} over {self.n_checks} checks)",
                  f"  {'observations':<24}{self.n_obs} ({self.n_missing} missing)"]
 
-        def row(name, value, band, ok):
-            lo, hi = band
-            lines.append(f"  {name:<24}{value:<10.4g}band [{lo:.4g}, {hi:.4g}]  {'ok' if ok else 'FAIL'}")
+        def row(name, value, detail, ok):
+            lines.append(f"  {name:<24}{value:<10}{detail:<28}{'ok' if ok else 'FAIL'}")
 
-        row("mean NIS", self.mean_nis, self.nis_band, _inside_band(self.mean_nis, self.nis_band))
-        pit_ok = self.pit_pvalue >= self.alpha / self.n_checks
-        lines.append(f"  {'PIT uniformity (KS)':<24}D={self.pit_ks:<8.3g}p={self.pit_pvalue:.3g}"
-                     f"{'':>9}{'ok' if pit_ok else 'FAIL'}")
+        def band_row(name, value, band):
+            row(name, f"{value:.4g}", f"band [{band[0]:.4g}, {band[1]:.4g}]", _inside_band(value, band))
+
+        band_row("mean NIS", self.mean_nis, self.nis_band)
+        row("PIT uniformity (KS)", f"D={self.pit_ks:.3g}", f"p = {self.pit_pvalue:.3g}",
+            self.pit_pvalue >= self.alpha / self.n_checks)
         for lvl, c in self.coverage.items():
-            row(f"coverage of y at {lvl:g}", c, self.coverage_bands[lvl], _inside_band(c, self.coverage_bands[lvl]))
+            band_row(f"coverage of y at {lvl:g}", c, self.coverage_bands[lvl])
         if self.mean_nees is not None:
-            row(f"mean NEES (dof {self.nees_dof:.0f})", self.mean_nees, self.nees_band,
-                _inside_band(self.mean_nees, self.nees_band))
+            band_row(f"mean NEES (dof {self.nees_dof:.0f})", self.mean_nees, self.nees_band)
             cov = ", ".join(f"{lvl:g}: {c:.3f}" for lvl, c in self.state_coverage.items())
             lines.append(f"  {'coverage of the state':<24}{cov}")
         lines.append(f"  {'mean CRPS':<24}{self.mean_crps:.4g}")
