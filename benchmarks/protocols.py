@@ -161,6 +161,12 @@ def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
     return [results[r.label] for r in runs]
 
 
+def with_kla_options(runs, options) -> list:
+    """``runs`` with ``--mixer-opt KEY=VALUE`` added for each of ``options`` to the KLA runs."""
+    extra = [arg for opt in options for arg in ("--mixer-opt", opt)]
+    return [Run(r.label, [*r.argv, *extra]) if "kla" in r.argv else r for r in runs]
+
+
 PROTOCOLS = {"a5": a5_min_depth, "mqar": mqar_protocol, "mad": mad_protocol, "ou": ou_ablation}
 
 
@@ -179,6 +185,8 @@ def main(argv=None) -> list:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=None, help="seconds per learning rate per run")
     p.add_argument("--no-control", action="store_true", help="a5: leave out the Z60 control")
+    p.add_argument("--kla-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="a --mixer-opt for the KLA runs only (e.g. backend=torch)")
     p.add_argument("--parallel", type=int, default=8)
     p.add_argument("--out-dir", default=None)
     p.add_argument("--dry-run", action="store_true")
@@ -194,7 +202,7 @@ def main(argv=None) -> list:
     unknown = sorted(k for k in given if k not in accepted and k != "control")
     if unknown:
         raise ValueError(f"protocol {a.protocol!r} takes no option(s) {unknown}")
-    runs = fn(**given)
+    runs = with_kla_options(fn(**given), a.kla_opt)
     out_dir = a.out_dir or os.path.join("benchmarks", "results", a.protocol)
     if a.dry_run:
         for run in runs:

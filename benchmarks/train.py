@@ -19,7 +19,9 @@ loss. ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the
 
 Output: one JSON with the config, seed, commit, device, and per learning rate the best
 validation token accuracy with the sequence, mean per-sequence and macro accuracies at that
-evaluation, the steps run, why training stopped and a history of (step, loss, accuracy).
+evaluation, the steps run, why training stopped, a history of (step, loss, accuracy), and for
+models with KLA layers a calibration check of the final model's output variance against its
+errors (:func:`variance_calibration`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.stats import rankdata
 
 from .tasks import IGNORE, TASKS, Scores, make_task, validation_set, train_batches
 from .tasks.mad import AutoencoderModel
@@ -187,6 +191,71 @@ def evaluate(model, x_test, y_test, batch: int, device, amp: bool, num_classes: 
     return scores.result()
 
 
+def auroc(scores: np.ndarray, positive: np.ndarray) -> float | None:
+    """Area under the ROC curve of ``scores`` for the boolean labels ``positive`` (Mann-Whitney,
+    ties as average ranks): the chance that a random positive scores above a random negative.
+    ``None`` when either class is empty."""
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return None
+    ranks = rankdata(scores)
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+@torch.no_grad()
+def variance_calibration(model, x_test, y_test, batch: int, device, amp: bool) -> dict | None:
+    """Is the last KLA layer's output variance larger where the model errs? ``None`` without KLA.
+
+    At every scored test position: ``var`` = the layer's propagated output variance ``y_var``
+    averaged over channels, and whether the argmax prediction is wrong. Returns the error rate,
+    the mean ``var`` at wrong and at correct positions, ``auroc_var`` (variance as a detector of
+    errors; 0.5 = uninformative), the same within each position averaged over positions
+    (``auroc_var_by_position``: removes the trend of both with position), and the softmax
+    confidence's AUROC as the yardstick (``auroc_confidence``, score ``1 - max prob``).
+    """
+    from kalmanscan.nn import KLA
+
+    layers = [m for m in model.modules() if isinstance(m, KLA)]
+    if not layers:
+        return None
+    captured = []
+
+    def hook(module, inputs, output):
+        captured.append(module.forward(inputs[0], return_variance=True)[1].float().mean(-1))
+
+    handle = layers[-1].register_forward_hook(hook)
+    model.eval()
+    var, wrong, unsure, pos = [], [], [], []
+    try:
+        for start in range(0, x_test.shape[0], batch):
+            x = torch.from_numpy(x_test[start : start + batch]).to(device)
+            y = torch.from_numpy(y_test[start : start + batch]).to(device)
+            captured.clear()
+            with autocast(device, amp):
+                logits = model(x)
+            mask = y != IGNORE
+            probs = logits.float().softmax(-1)
+            var.append(captured[0][mask].cpu())
+            wrong.append((probs.argmax(-1) != y)[mask].cpu())
+            unsure.append((1.0 - probs.max(-1).values)[mask].cpu())
+            pos.append(torch.arange(y.shape[1], device=device).expand_as(y)[mask].cpu())
+    finally:
+        handle.remove()
+        model.train()
+    var, wrong, unsure, pos = (torch.cat(t).double().numpy() for t in (var, wrong, unsure, pos))
+    wrong = wrong.astype(bool)
+    by_pos = [auroc(var[pos == p], wrong[pos == p]) for p in np.unique(pos)]
+    by_pos = [a for a in by_pos if a is not None]
+    return {
+        "error_rate": float(wrong.mean()),
+        "mean_var_wrong": float(var[wrong].mean()) if wrong.any() else None,
+        "mean_var_correct": float(var[~wrong].mean()) if (~wrong).any() else None,
+        "auroc_var": auroc(var, wrong),
+        "auroc_var_by_position": float(np.mean(by_pos)) if by_pos else None,
+        "auroc_confidence": auroc(unsure, wrong),
+    }
+
+
 def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
     """Train one model at learning rate ``lr``; returns the run's record (see the module doc)."""
     torch.manual_seed(args.seed)
@@ -248,11 +317,16 @@ def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
         "wall_s": round(time.perf_counter() - start, 2),
         "n_params": sum(p.numel() for p in model.parameters()),
         "history": history,
+        "calibration": variance_calibration(model, *test_data, args.batch, device, amp)
+        if task.head == "lm" and stop != "nonfinite" else None,
     }
 
 
 def commit() -> str:
-    """``git rev-parse --short HEAD`` of this checkout, with ``+dirty`` when it has local changes."""
+    """``git rev-parse --short HEAD`` of this checkout, with ``+dirty`` when it has local changes;
+    the environment variable ``BENCHMARKS_COMMIT`` overrides it (for copies without git data)."""
+    if os.environ.get("BENCHMARKS_COMMIT"):
+        return os.environ["BENCHMARKS_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,

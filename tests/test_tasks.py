@@ -256,6 +256,8 @@ def test_protocol_commands():
     assert len(protocols.ou_ablation(depths=(2, 4, 8))) == 6
     assert len(protocols.mqar_protocol(mixers=("kla",))) == 2 * 2 * 2
     assert len(protocols.mad_protocol(mixers=("kla",))) == 6
+    tagged = protocols.with_kla_options(runs, ["backend=torch"])
+    assert all(("backend=torch" in r.argv) == ("kla" in r.argv) for r in tagged)
 
 
 def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
@@ -302,3 +304,18 @@ def test_min_depth_table_and_plot(tmp_path):
     png = tmp_path / "a5.png"
     text = plots.main(["a5", str(tmp_path), "--png", str(png)])
     assert png.stat().st_size > 1000 and "kla_noise0" in text
+
+
+def test_auroc_and_variance_calibration():
+    scores = np.array([0.1, 0.4, 0.35, 0.8])
+    assert train.auroc(scores, np.array([False, False, True, True])) == pytest.approx(0.75)
+    assert train.auroc(scores, np.zeros(4, bool)) is None
+    args = train.parse_args(["--task", "a5", "--len", "6", "--mixer", "kla", "--layers", "1",
+                             "--d-model", "16", "--d-state", "4"])
+    task = make_task("a5", seq_len=6, num_test=16)
+    model = train.build_model(task, args)
+    x, y = validation_set(task, 0)
+    cal = train.variance_calibration(model, x, y, 8, torch.device("cpu"), False)
+    assert 0 <= cal["error_rate"] <= 1 and 0 <= cal["auroc_var"] <= 1 and cal["mean_var_wrong"] > 0
+    args.mixer = "attention"
+    assert train.variance_calibration(train.build_model(task, args), x, y, 8, torch.device("cpu"), False) is None
