@@ -326,6 +326,7 @@ def _lbfgs(objective, u, max_iter, tol, progress):
 
     params = list(u.values())
     sizes = [p.numel() for p in params]
+    last = {}
 
     def fun(x):
         with torch.no_grad():
@@ -337,13 +338,14 @@ def _lbfgs(objective, u, max_iter, tol, progress):
         loss.backward()
         grad = torch.cat([p.grad.reshape(-1) for p in params]).detach().cpu().double().numpy()
         f = float(loss.detach())
+        last["f"] = f
         return (f, grad) if math.isfinite(f) and np.all(np.isfinite(grad)) else (math.inf, np.zeros_like(grad))
 
     x0 = np.zeros(sum(sizes))
     with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
-        def callback(intermediate_result):
+        def callback(xk):
             bar.update(1)
-            bar.set_postfix(objective=f"{intermediate_result.fun:.6g}", refresh=False)
+            bar.set_postfix(objective=f"{last['f']:.6g}", refresh=False)
 
         res = minimize(fun, x0, jac=True, method="L-BFGS-B", callback=callback,
                        options=dict(maxiter=max_iter, gtol=tol, ftol=10 * np.finfo(np.float64).eps, maxcor=20))

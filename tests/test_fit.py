@@ -41,10 +41,10 @@ def test_nile_matches_statsmodels(nile_statsmodels):
     assert "sigma" in text and "obs_var" in text and "converged" in text
 
 
-def test_recovers_simulated_parameters_within_three_stderr():
+def test_recovers_simulated_parameters_within_three_stderr(capsys):
     truth = dict(theta=np.array([0.3, 0.1, 1.0]), sigma=np.array([1.0, 0.5, 2.0]), obs_var=np.array([0.5, 0.2, 1.0]))
     _, y = simulate(T=400, seed=1, **truth)
-    res = ks.fit(y, backend="torch")
+    res = ks.fit(y, backend="torch", progress=True)
     assert res.converged, res.message
     assert res.params["theta"].shape == (3,) and res.cov.shape == (3, 3, 3)
     for k, v in truth.items():
@@ -52,6 +52,7 @@ def test_recovers_simulated_parameters_within_three_stderr():
         assert np.all(z < 3), (k, res.params[k], res.stderr[k])
     np.testing.assert_allclose(res.cov.diagonal(axis1=-2, axis2=-1) ** 0.5,
                                np.stack([res.stderr[k] for k in res.names], -1), rtol=1e-14)
+    assert "ks.fit" in capsys.readouterr().err
 
 
 def test_shared_fit_with_gaps_irregular_times_and_mean():
