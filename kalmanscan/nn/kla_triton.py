@@ -32,14 +32,14 @@ class KLAConfig:
     software-pipelining depth of the time loops (``num_stages``), for the forward and the backward;
     ``prefetch`` loads each token's inputs 4 steps ahead (a register ring in the kernels)."""
 
-    block_m: int = 8
-    chunk: int = 64
-    num_warps: int = 1
+    block_m: int = 16
+    chunk: int = 32
+    num_warps: int = 2
     bwd_block_m: int = 8
     bwd_num_warps: int = 1
-    stages: int = 1
-    bwd_stages: int = 1
-    prefetch: bool = True
+    stages: int = 3
+    bwd_stages: int = 3
+    prefetch: bool = False
 
 
 DEFAULT_CONFIG = KLAConfig()
