@@ -56,6 +56,9 @@ def _fmt(r) -> str:
         return "–"
     acc = r.get("best_token_acc")
     if acc is None:
+        runs = r.get("runs", [])
+        if runs and all(run["stopped"] == "nonfinite" for run in runs):
+            return f"non-finite at step {min(run['steps_run'] for run in runs)}"
         return "failed"
     steps = next(run["steps_run"] for run in r["runs"] if run["lr"] == r["best_lr"])
     diverged = any(run["stopped"] == "nonfinite" for run in r["runs"])

@@ -15,7 +15,7 @@ whichever comes first (see :func:`schedule_progress`), bf16 autocast on CUDA (th
 runs in float32), gradient clipping at 1. Validation every
 ``--eval-every`` steps on the task's disjoint test split; training stops early once validation
 token accuracy reaches the task's threshold, after ``--time-limit`` seconds, or on a non-finite
-loss. ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the best.
+loss or gradient (before the step that would spoil the weights). ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the best.
 
 Output: one JSON with the config, seed, commit, device, and per learning rate the best
 validation token accuracy with the sequence, mean per-sequence and macro accuracies at that
@@ -283,7 +283,9 @@ def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
             break
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)):
+            stop, loss_val = "nonfinite", loss.item()
+            break
         progress = schedule_progress(step, args.steps, time.perf_counter() - start, args.time_limit)
         for group in opt.param_groups:
             group["lr"] = lr * lr_factor(progress, args.warmup)
