@@ -106,6 +106,19 @@ def _check_series(rank, world, smooth, backend="torch"):
         _close(grad, full_kw[k].grad, f"rank {rank} d {k}")
 
 
+def _check_fused_summary(rank, world):
+    """No gradients and backend="triton": the summaries come from the aggregate kernel."""
+    bounds = _bounds(world, 40 + world)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    y, times, kw, _ = _series_problem(int(bounds[-1]), seed=41 + world)
+    ref = ks.filter(y, times=times, backend="torch", **kw)
+    with torch.no_grad():
+        post = ks.distributed.filter(y[..., lo:hi, :], times=times[lo:hi], backend="triton",
+                                     **_local_kw(kw, lo, hi, rank))
+    for k in FIELDS:
+        _close(getattr(post, k), getattr(ref, k)[..., lo:hi, :], f"rank {rank} fused {k}")
+
+
 def _kla_problem(L, seed):
     g = torch.Generator().manual_seed(seed)
     B, M, S = 2, 3, 2
@@ -176,6 +189,7 @@ def _worker(rank, world, store):
     try:
         _check_series(rank, world, smooth=False)
         _check_series(rank, world, smooth=True)
+        _check_fused_summary(rank, world)
         _check_kla(rank, world)
         _check_errors(rank, world)
         if world == 2:

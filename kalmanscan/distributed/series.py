@@ -27,10 +27,11 @@ Both are differentiable: see :mod:`kalmanscan.distributed.comm` for the backward
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
-from ..filtering import make_posterior, run_backend
+from ..filtering import make_posterior, resolve_backend, run_backend
 from ..inputs import prepare
 from ..parallel import first_step_identity
 from .. import smooth as _public_smooth  # resolves ks.smooth to the function before the next line
@@ -151,7 +152,11 @@ def _filter(y, kw, group, backend):
     if p.times is not None:
         p = _boundary_dt(p, rank, group)
 
-    local = torch.stack(_summary(p, rank))
+    if rank == world - 1:
+        local = torch.zeros((7,) + p.shape[:-2] + (1, p.shape[-1]), dtype=p.dtype, device=device)
+    else:
+        fused = not bool(infos[:, 0].any()) and _uses_kernels(p, backend)
+        local = torch.stack(_summary(p, rank, fused))
     if bool(infos[:, 0].any()) and not local.requires_grad:
         local = local.detach().requires_grad_()
     gathered = all_gather(local, group)
@@ -189,24 +194,63 @@ def _continue_from(p, carry):
                                init_var=decay * decay / lam + noise)
 
 
-def _summary(p, rank):
-    """This rank's 7-tuple, each ``(..., 1, C)``; on rank 0 composed after the initial belief."""
+def _summary(p, rank, fused: bool):
+    """This rank's 7-tuple, each ``(..., 1, C)``; on rank 0 composed after the initial belief.
+
+    ``fused``: the stretch product comes from the triton backend's aggregate kernel (forward
+    only: used when no rank needs gradients), otherwise from a tree of torch products.
+    """
     shape = p.shape
     decay, noise = p.decay_noise()
-    missing = torch.isnan(p.y)
-    y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
-    r = 1.0 / p.obs_var
-    phi = torch.where(missing, torch.zeros_like(y_obs), p.h * p.h * r).expand(shape)
-    b = torch.where(missing, torch.zeros_like(y_obs), p.h * r * (y_obs - p.h * p.mean)).expand(shape)
-    a, q = decay.expand(shape), noise.expand(shape)
-    if rank == 0:
-        a, q = first_step_identity(a, 1.0), first_step_identity(q, 0.0)
-    local = summaries.total(summaries.compose, summaries.step_summaries(a, q, phi, b), -2)
+    if fused:
+        local = _kernel_total(p)
+        if rank > 0:
+            a0, q0 = (torch.broadcast_to(x[..., :1, :], shape[:-2] + (1, shape[-1])) for x in (decay, noise))
+            zero = torch.zeros_like(a0)
+            predict = summaries.step_summaries(a0, q0, zero, zero)
+            local = summaries.compose(predict, local)
+    else:
+        missing = torch.isnan(p.y)
+        y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
+        r = 1.0 / p.obs_var
+        phi = torch.where(missing, torch.zeros_like(y_obs), p.h * p.h * r).expand(shape)
+        b = torch.where(missing, torch.zeros_like(y_obs), p.h * r * (y_obs - p.h * p.mean)).expand(shape)
+        a, q = decay.expand(shape), noise.expand(shape)
+        if rank == 0:
+            a, q = first_step_identity(a, 1.0), first_step_identity(q, 0.0)
+        local = summaries.total(summaries.compose, summaries.step_summaries(a, q, phi, b), -2)
     if rank > 0:
         return local
     lam0 = (1.0 / p.init_var).expand(shape[:-2] + (1, shape[-1]))
     eta0 = lam0 * (p.init_mean - p.mean[..., :1, :])
     return summaries.compose(summaries.initial(lam0, eta0), local)
+
+
+def _uses_kernels(p, backend) -> bool:
+    return resolve_backend(backend, p.y.device) == "triton"
+
+
+def _kernel_total(p):
+    """The stretch product with no transition at step 0, from the triton backend's aggregate
+    kernel (one pass over the inputs, per-(stretch, channel) products) and a torch tree over its
+    ``NS`` stretches; each entry ``(..., 1, C)``."""
+    import triton
+
+    from .. import fused
+    from kernels.filter_fwd import filter_agg_kernel
+
+    shape = p.shape
+    B, T, C = math.prod(shape[:-2]), shape[-2], shape[-1]
+    views = {k: fused._flat(getattr(p, k).detach(), shape) for k in fused._ORDER}
+    ns, stretch = fused.plan(B, T, C)
+    agg = torch.empty(B, 7, ns, C, dtype=p.dtype, device=p.y.device)
+    block = min(fused.BLOCK, triton.next_power_of_2(ns * C))
+    filter_agg_kernel[(triton.cdiv(ns * C, block), B)](
+        *fused._kernel_args(views), agg, T, C, ns, stretch,
+        TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS),
+        BLOCK=block, num_warps=fused.NUM_WARPS)
+    total = summaries.total(summaries.compose, agg.unbind(1), 1)
+    return tuple(x.reshape(shape[:-2] + (1, C)) for x in total)
 
 
 def _rts_summary(f, mean_param, carry, last: bool):
