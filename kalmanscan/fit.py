@@ -402,6 +402,7 @@ def _covariance(loglik, nat, names):
     H = torch.stack(rows, -2).detach()
     H = 0.5 * (H + H.transpose(-1, -2))
     L, info = torch.linalg.cholesky_ex(H)
-    cov = torch.cholesky_inverse(L)
-    bad = (info != 0)[..., None, None]
+    bad = ((info != 0) | ~torch.isfinite(L).all(-1).all(-1))[..., None, None]
+    eye = torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
+    cov = torch.cholesky_inverse(torch.where(bad, eye, L))
     return torch.where(bad, torch.full_like(cov, math.nan), cov)

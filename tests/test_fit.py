@@ -118,6 +118,14 @@ def test_adam_improves_the_likelihood_and_reports_max_iter(capsys):
     assert "ks.fit" in capsys.readouterr().err
 
 
+def test_a_channel_without_observations_gets_nan_stderr():
+    _, y = simulate(theta=0.5, sigma=1.0, obs_var=0.5, T=60, seed=8)
+    y = np.concatenate([y, np.full_like(y, np.nan)], -1)
+    res = ks.fit(y, backend="torch")
+    assert np.all(np.isfinite(res.stderr["sigma"][:1])) and np.all(np.isnan(res.stderr["sigma"][1:]))
+    assert res.n_obs.tolist() == [60, 0] and res.loglik[1] == 0.0
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(estimate=("theta", "rate")), "estimate"),
     (dict(estimate=()), "estimate"),
