@@ -1,6 +1,17 @@
 """The ``kalmanscan`` command line.
 
-    kalmanscan demo [--out kalmanscan-demo.png] [--backend auto]
+    kalmanscan filter    data.csv --theta 0.1 --sigma 1 --obs-var 0.5 -o out.nc --plot out.png
+    kalmanscan smooth    data.nc --var temp --time-unit 1D --params fit.nc -o smoothed.csv
+    kalmanscan fit       data.csv [--estimate theta,sigma,obs_var] [--shared] -o fit.nc
+    kalmanscan calibrate data.csv --fit [--plot calibration.png] [--strict]
+    kalmanscan demo      [--out kalmanscan-demo.png] [--backend auto]
+
+Input is a CSV table (a time column, numeric or ISO 8601, and one column per channel) or a NetCDF
+variable (:mod:`kalmanscan.io`). Model parameters come from flags (one value, or one per channel
+separated by commas), from a fit result (``--params``), or from a fit run first (``--fit``; flags
+are then initial guesses for the estimated names and fixed values for the others). Output is
+NetCDF or CSV by the suffix of ``-o``; the input is never overwritten. Bad input exits with
+status 2 and a message naming the problem.
 """
 
 from __future__ import annotations
@@ -11,11 +22,15 @@ import time
 
 import numpy as np
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 # Maximum-likelihood local-level variances of the Nile series (Durbin and Koopman, 2012, §2.10).
 NILE_LEVEL_VAR = 1469.1
 NILE_OBS_VAR = 15099.0
+
+_MODEL_FLAGS = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
+_MAX_PANELS = 6
+_MAX_ROWS = 20
 
 
 def _demo(args) -> int:
@@ -66,9 +81,313 @@ def _demo(args) -> int:
     return 0
 
 
+class _Data:
+    """The input series as a DataArray plus its NumPy view ``y (T, C)`` and model ``times``."""
+
+    def __init__(self, args):
+        import kalmanscan as ks
+        from . import io
+
+        columns = None if args.columns is None else [c.strip() for c in args.columns.split(",")]
+        self.da = io.read_series(args.input, time_col=args.time_col, columns=columns, var=args.var, dim=args.dim)
+        self.dim = args.dim
+        coord = self.da[self.dim].values if self.dim in self.da.coords else None
+        if coord is not None and coord.dtype.kind in "mM" and args.time_unit is None and args.dt is None:
+            raise ValueError(f"the times in '{args.input}' are dates; give --time-unit (for example 1D, 1h or 30s): "
+                             "theta is then per that unit")
+        self.time_unit = None if args.dt is not None else args.time_unit
+        self.dt = args.dt
+        source = self.da.drop_vars(self.dim) if args.dt is not None else self.da
+        self.y, self.times = ks.xr.to_numpy(source, self.dim, time_unit=self.time_unit)
+        self.labels = io.channel_labels(self.da, self.dim)
+        self.datetime = coord is not None and coord.dtype.kind in "mM" and args.dt is None
+
+    def steps(self) -> dict:
+        """``times=`` or ``dt=`` keywords for the NumPy API."""
+        return {"times": self.times} if self.times is not None else {"dt": self.dt if self.dt is not None else 1.0}
+
+    def plot_times(self):
+        if self.times is not None:
+            return self.times
+        return np.arange(self.y.shape[0]) * (self.dt if self.dt is not None else 1.0)
+
+    def time_label(self) -> str:
+        if self.datetime:
+            return f"time ({self.time_unit} since {np.datetime_as_string(self.da[self.dim].values[0], unit='s')})"
+        return "time"
+
+    def flat(self, name, value):
+        """A parameter (scalar or DataArray over the non-time dims) as a scalar or ``(C,)`` array."""
+        import xarray as xr
+
+        if not isinstance(value, xr.DataArray):
+            return value
+        template = self.da.isel({self.dim: 0}, drop=True)
+        extra = [d for d in value.dims if d not in template.dims]
+        if extra:
+            raise ValueError(f"parameter '{name}' has dimensions {extra} that the input does not have")
+        try:
+            value = value.sel({d: template[d].values for d in value.dims if d in template.coords})
+        except KeyError:
+            raise ValueError(f"parameter '{name}' is not given for every channel of the input "
+                             f"({', '.join(self.labels[:_MAX_ROWS])})") from None
+        return value.broadcast_like(template).transpose(*template.dims).values.reshape(-1)
+
+
+def _flag_params(args, data) -> dict:
+    """Model parameters given as flags: one value, or one per channel (a DataArray over the channel dim)."""
+    import xarray as xr
+
+    other = [d for d in data.da.dims if d != data.dim]
+    out = {}
+    for name in _MODEL_FLAGS:
+        values = getattr(args, name)
+        if values is None:
+            continue
+        if len(values) == 1:
+            out[name] = values[0]
+        elif len(other) == 1 and len(values) == data.da.sizes[other[0]]:
+            out[name] = xr.DataArray(values, dims=other, coords={other[0]: data.da[other[0]].values}
+                                     if other[0] in data.da.coords else None)
+        else:
+            raise ValueError(f"--{name.replace('_', '-')} has {len(values)} values; give one, or one per channel "
+                             f"({len(data.labels)}: {', '.join(data.labels[:_MAX_ROWS])})")
+    return out
+
+
+def _estimate(args):
+    return tuple(s.strip() for s in args.estimate.split(",") if s.strip())
+
+
+def _fit_dataset(args, data, flags):
+    import kalmanscan as ks
+
+    kw = dict(estimate=_estimate(args), backend=args.backend, progress=getattr(args, "progress", None))
+    for name in ("shared", "method", "max_iter", "tol"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    if data.dt is not None:
+        kw["dt"] = data.dt
+    source = data.da.drop_vars(data.dim) if data.dt is not None else data.da
+    return ks.xr.fit(source, data.dim, time_unit=data.time_unit, **flags, **kw)
+
+
+def _model(args, data) -> dict:
+    """NumPy keywords of the model (``theta, sigma, obs_var, ...``) from flags, --params or --fit."""
+    import kalmanscan as ks
+    from . import io
+
+    flags = _flag_params(args, data)
+    if args.fit:
+        if args.params:
+            raise ValueError("--fit and --params exclude each other")
+        ds = _fit_dataset(args, data, flags)
+        _print_fit(ds, data, heading="fitted model")
+        params = ks.xr.params(ds)
+    elif args.params:
+        params = {**io.read_params(args.params, data.da, data.dim), **flags}
+    else:
+        params = flags
+    missing = [f"--{k.replace('_', '-')}" for k in ("theta", "sigma", "obs_var") if k not in params]
+    if missing:
+        raise ValueError(f"the model needs {', '.join(missing)} (or --params FILE from 'kalmanscan fit', or --fit)")
+    return {k: data.flat(k, v) for k, v in params.items()}
+
+
+def _run_filter(args, smooth: bool) -> int:
+    import kalmanscan as ks
+    from . import io
+
+    _check_outputs(args)
+    data = _Data(args)
+    model = _model(args, data)
+    op = ks.smooth if smooth else ks.filter
+    post = op(data.y, **model, **data.steps(), backend=args.backend)
+    ds = ks.xr.to_dataset(post, data.da, data.dim, time_unit=data.time_unit, level=args.level)
+    if data.dt is not None:
+        ds.attrs["time_unit"] = f"steps of dt = {data.dt:g}"
+    if args.output:
+        io.write_dataset(ds, args.output, data.dim, data.da.attrs.get("time_column"))
+    if args.plot:
+        _plot_bands(post, data, ds.attrs["z"], args)
+    band = ds.attrs["z"] * np.sqrt(post.var[-1])
+    print(f"{'smoothed' if smooth else 'filtered'} {args.input}: T = {data.y.shape[0]}, "
+          f"{data.y.shape[1]} channel(s), {ds.attrs['time_unit']}")
+    rows = [(lab, int(np.isnan(data.y[:, c]).sum()), post.loglik[c], post.mean[-1, c], band[c])
+            for c, lab in enumerate(data.labels)]
+    print(f"  {'channel':<20}{'missing':>8}{'loglik':>13}{'last mean':>13}   {args.level:.0%} band")
+    for lab, miss, ll, m, b in rows[:_MAX_ROWS]:
+        print(f"  {lab:<20}{miss:>8}{ll:>13.6g}{m:>13.6g}   +/- {b:.4g}")
+    if len(rows) > _MAX_ROWS:
+        print(f"  ... and {len(rows) - _MAX_ROWS} more channels")
+    _wrote(args.output, args.plot)
+    return 0
+
+
+def _wrote(*paths):
+    for path in paths:
+        if path:
+            print(f"wrote {path}")
+
+
+def _run_fit(args) -> int:
+    from . import io
+
+    _check_outputs(args)
+    data = _Data(args)
+    ds = _fit_dataset(args, data, _flag_params(args, data))
+    if args.output:
+        io.write_dataset(ds, args.output, data.dim)
+    _print_fit(ds, data, heading=f"fit of {args.input}")
+    _wrote(args.output)
+    return 0
+
+
+def _run_calibrate(args) -> int:
+    import kalmanscan as ks
+
+    _check_outputs(args)
+    data = _Data(args)
+    post = ks.filter(data.y, **_model(args, data), **data.steps(), backend=args.backend)
+    report = ks.diagnostics.report(post, data.y, alpha=args.alpha)
+    if args.plot:
+        _plot_calibration(post, data, args)
+    print(f"calibration of the filter on {args.input} ({data.y.shape[1]} channel(s) pooled)")
+    print(report)
+    _wrote(args.plot)
+    return 1 if args.strict and not report.calibrated else 0
+
+
+def _print_fit(ds, data, heading):
+    est = ds.attrs["estimate"].split(",")
+    status = "converged" if bool(ds["converged"].all()) else "NOT converged"
+    print(f"{heading}: {status}, log-likelihood {float(ds['loglik'].sum()):.6g} "
+          f"({'shared' if ds.attrs['shared'] else 'per channel'}; time unit: {ds.attrs['time_unit']})")
+    names = [k for k in ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var") if k in ds]
+    print(f"  {'channel':<20}" + "".join(f"{k:>22}" for k in names))
+    for c, lab in enumerate(data.labels[:_MAX_ROWS] if not ds.attrs["shared"] else ["all"]):
+        cells = []
+        for k in names:
+            v = np.ravel(ds[k].values)[c if ds[k].ndim else 0]
+            se = f" +/- {np.ravel(ds[k + '_stderr'].values)[c if ds[k].ndim else 0]:.3g}" if k in est else ""
+            cells.append(f"{f'{v:.5g}{se}':>22}")
+        print(f"  {lab:<20}" + "".join(cells))
+    if not ds.attrs["shared"] and len(data.labels) > _MAX_ROWS:
+        print(f"  ... and {len(data.labels) - _MAX_ROWS} more channels")
+
+
+def _figure(n, height):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(n, 1, figsize=(10, height * n), layout="constrained", squeeze=False)
+    return plt, fig, axes[:, 0]
+
+
+def _plot_bands(post, data, z, args):
+    import kalmanscan as ks
+
+    n = min(data.y.shape[1], _MAX_PANELS)
+    plt, fig, axes = _figure(n, 2.8)
+    for c in range(n):
+        ks.plot.belief_band(post, y=data.y, times=data.plot_times(), channel=c, z=z, ax=axes[c],
+                            title=f"{data.labels[c]}: {'smoothed' if post.filtered is not None else 'filtered'} "
+                                  f"state, {args.level:.0%} band")
+        axes[c].set_xlabel(data.time_label())
+    fig.savefig(args.plot, dpi=110)
+    plt.close(fig)
+
+
+def _plot_calibration(post, data, args):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import kalmanscan as ks
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
+    ks.plot.pit_histogram(post, data.y, ax=axes[0, 0])
+    ks.plot.reliability(post, data.y, target="obs", ax=axes[0, 1])
+    ks.plot.nis(post, data.y, channel=0, times=data.plot_times(), ax=axes[1, 0], title=f"NIS, {data.labels[0]}")
+    ks.plot.belief_band(post, y=data.y, times=data.plot_times(), channel=0, ax=axes[1, 1],
+                        title=f"{data.labels[0]}: filtered state")
+    for ax in axes[1]:
+        ax.set_xlabel(data.time_label())
+    fig.savefig(args.plot, dpi=110)
+    plt.close(fig)
+
+
+def _check_outputs(args):
+    from . import io
+
+    outputs = [p for p in (getattr(args, "output", None), getattr(args, "plot", None)) if p]
+    for path in outputs:
+        io.check_output(path, [args.input, getattr(args, "params", None)])
+    if getattr(args, "output", None):
+        io.file_format(args.output, "output")
+    if len(outputs) == 2:
+        io.check_output(outputs[0], [outputs[1]])
+
+
+def _values(text):
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or comma-separated numbers, got {text!r}") from None
+
+
+def _parents():
+    data = argparse.ArgumentParser(add_help=False)
+    g = data.add_argument_group("input")
+    g.add_argument("input", help="CSV (time column + channel columns) or NetCDF file")
+    g.add_argument("--time-col", help="CSV: the time column (default: the first column)")
+    g.add_argument("--columns", help="CSV: comma-separated channel columns (default: all but the time column)")
+    g.add_argument("--var", help="NetCDF: the data variable (default: the only one with the time dimension)")
+    g.add_argument("--dim", default="time", help="the time dimension (default: %(default)s)")
+    g.add_argument("--time-unit", help="unit of date times, e.g. 1D, 1h, 30s (required for dates)")
+    g.add_argument("--dt", type=float, help="regular step, ignoring the times in the file")
+    model = argparse.ArgumentParser(add_help=False)
+    g = model.add_argument_group("model (one value, or one per channel separated by commas)")
+    for name in _MODEL_FLAGS:
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_values, metavar="X[,X...]")
+    g.add_argument("--estimate", default="theta,sigma,obs_var",
+                   help="names to estimate (fit, --fit; default: %(default)s)")
+    g.add_argument("--backend", default="auto", help="filter backend (default: %(default)s)")
+    source = argparse.ArgumentParser(add_help=False)
+    g = source.add_argument_group("parameters from a fit")
+    g.add_argument("--params", help="fit result written by 'kalmanscan fit -o' (NetCDF or CSV)")
+    g.add_argument("--fit", action="store_true", help="fit the model first (flags are initial guesses)")
+    return data, model, source
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kalmanscan", description="Parallel Kalman filtering with honest uncertainty.")
     sub = parser.add_subparsers(dest="command", required=True)
+    data, model, source = _parents()
+    for name, smooth in (("filter", False), ("smooth", True)):
+        p = sub.add_parser(name, parents=[data, model, source],
+                           help=f"{name} a series; write NetCDF/CSV (-o) and a PNG (--plot)")
+        p.add_argument("-o", "--output", help="output file, .nc or .csv")
+        p.add_argument("--plot", help="PNG of the belief bands")
+        p.add_argument("--level", type=float, default=0.95, help="credible band level (default: %(default)s)")
+        p.set_defaults(func=lambda a, s=smooth: _run_filter(a, s))
+    p = sub.add_parser("fit", parents=[data, model], help="maximum-likelihood parameters; write them with -o")
+    p.add_argument("-o", "--output", help="output file, .nc or .csv (read back with --params)")
+    p.add_argument("--shared", action="store_true", help="one parameter set for all channels")
+    p.add_argument("--method", choices=("lbfgs", "adam"), default="lbfgs")
+    p.add_argument("--max-iter", type=int)
+    p.add_argument("--tol", type=float)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar (default: on a terminal, for long fits)")
+    p.set_defaults(func=_run_fit)
+    p = sub.add_parser("calibrate", parents=[data, model, source], help="print the calibration report of the filter")
+    p.add_argument("--alpha", type=float, default=0.05, help="false-alarm rate of the verdict (default: %(default)s)")
+    p.add_argument("--plot", help="PNG of the PIT histogram, reliability diagram, NIS and belief band")
+    p.add_argument("--strict", action="store_true", help="exit with status 1 when not calibrated")
+    p.set_defaults(func=_run_calibrate)
     demo = sub.add_parser("demo", help="filter the bundled datasets, print a summary, write a PNG")
     demo.add_argument("--out", default="kalmanscan-demo.png", help="PNG to write (default: %(default)s)")
     demo.add_argument("--backend", default="auto", help="filter backend (default: %(default)s)")
@@ -77,8 +396,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as err:
+        print(f"kalmanscan {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

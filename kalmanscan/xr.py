@@ -356,7 +356,7 @@ _FIT_DESCRIPTIONS = {
     "converged": "whether the optimiser converged",
     "n_iter": "optimiser iterations",
 }
-_FIT_NAMES = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
+FIT_NAMES = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
 
 
 def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
@@ -389,8 +389,8 @@ def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
     estimate = static.get("estimate", ("theta", "sigma", "obs_var"))
     estimate = (estimate,) if isinstance(estimate, str) else tuple(estimate)
     shared = bool(static.get("shared", False))
-    given = {k for k in _FIT_NAMES if (k in arrays and dim not in arrays[k].dims) or static.get(k) is not None}
-    out_names = [k for k in _FIT_NAMES if k in estimate or k in given or (k == "mean" and "mean" not in fit_kwargs)]
+    given = {k for k in FIT_NAMES if (k in arrays and dim not in arrays[k].dims) or static.get(k) is not None}
+    out_names = [k for k in FIT_NAMES if k in estimate or k in given or (k == "mean" and "mean" not in fit_kwargs)]
     fields = out_names + [f"{k}_stderr" for k in estimate] + ["loglik", "n_obs", "converged", "n_iter"]
     ks_fit = _public("fit")
 
@@ -431,7 +431,7 @@ def params(fit_result: xr.Dataset) -> dict:
     """The model parameters in a :func:`fit` result, as keywords for :func:`filter` and :func:`smooth`."""
     if not isinstance(fit_result, xr.Dataset) or fit_result.attrs.get("kalmanscan") != "fit":
         raise ValueError("fit_result must be the Dataset returned by kalmanscan.xr.fit")
-    return {k: fit_result[k] for k in _FIT_NAMES if k in fit_result.data_vars}
+    return {k: fit_result[k] for k in FIT_NAMES if k in fit_result.data_vars}
 
 
 @xr.register_dataarray_accessor("kalman")

@@ -1,0 +1,256 @@
+"""Reading and writing the files of the ``kalmanscan`` command line: CSV tables and NetCDF.
+
+A CSV input has a header row, one time column (numeric, or ISO 8601 dates and times) and one
+column per channel; empty cells, ``NA`` and ``NaN`` are missing values. It is read into a
+DataArray of dims ``("time", "channel")`` whose ``channel`` coordinate holds the column names and
+whose ``time`` coordinate holds the times (float64 or datetime64). A NetCDF input names one data
+variable (``var``) with a time dimension (``dim``) and any others; its coordinates and attrs are
+kept. Every problem is a ``ValueError`` whose message names the file, the column and the line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+__all__ = ["read_series", "read_params", "write_dataset", "check_output", "file_format", "channel_labels",
+           "MISSING"]
+
+MISSING = ("", "na", "nan", "n/a", "null", "none")
+_CSV = (".csv", ".txt")
+_NETCDF = (".nc", ".nc4", ".netcdf", ".cdf")
+
+
+def file_format(path, role="input") -> str:
+    """``"csv"`` or ``"netcdf"`` from the suffix of ``path``; ``ValueError`` for anything else."""
+    suffix = Path(path).suffix.lower()
+    if suffix in _CSV:
+        return "csv"
+    if suffix in _NETCDF:
+        return "netcdf"
+    raise ValueError(f"{role} file '{path}': cannot tell its format from the suffix {suffix!r} "
+                     f"(use one of {', '.join(_CSV + _NETCDF)})")
+
+
+def check_output(path, inputs) -> None:
+    """Refuse to write ``path`` when it is one of ``inputs`` (the same file under any name)."""
+    for src in inputs:
+        if src is None:
+            continue
+        same = os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src)
+        if same or os.path.abspath(path) == os.path.abspath(src):
+            raise ValueError(f"refusing to overwrite the input file '{src}' with output '{path}'; choose another name")
+
+
+def read_series(path, *, time_col=None, columns=None, var=None, dim="time") -> xr.DataArray:
+    """The series in ``path`` (CSV or NetCDF) as a DataArray with time dimension ``dim``.
+
+    CSV: ``time_col`` (default: the first column) and ``columns`` (default: every other column).
+    NetCDF: the data variable ``var`` (default: the only one with dimension ``dim``). Times must be
+    strictly increasing; values numeric or missing.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"input file '{path}' does not exist")
+    if file_format(path) == "csv":
+        if var is not None:
+            raise ValueError("--var applies to NetCDF input; a CSV file names its channels by column")
+        return _read_csv(path, time_col, columns, dim)
+    if time_col is not None or columns is not None:
+        raise ValueError("--time-col and --columns apply to CSV input; for NetCDF use --var and --dim")
+    return _read_netcdf(path, var, dim)
+
+
+def _read_table(path):
+    try:
+        table = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"input file '{path}' is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise ValueError(f"input file '{path}' is not a readable CSV table: {err}") from None
+    if table.shape[0] == 0:
+        raise ValueError(f"input file '{path}' has a header but no data rows")
+    return table
+
+
+def _numeric(path, name, text):
+    """Column values as float64, NaN for missing markers; ``ValueError`` at the first bad cell."""
+    raw = text.str.strip()
+    missing = raw.str.lower().isin(MISSING)
+    values = pd.to_numeric(raw.where(~missing, "nan"), errors="coerce").to_numpy(np.float64)
+    bad = np.flatnonzero(np.isnan(values) & ~missing.to_numpy())
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"input file '{path}': column '{name}' has a non-numeric value {raw.iloc[i]!r} at line {i + 2}"
+                         + (f" (and {bad.size - 1} more)" if bad.size > 1 else ""))
+    inf = np.flatnonzero(np.isinf(values))
+    if inf.size:
+        raise ValueError(f"input file '{path}': column '{name}' has an infinite value at line {int(inf[0]) + 2}")
+    return values
+
+
+def _times(path, name, text):
+    """The time column as float64 (numeric) or datetime64[ns] (ISO 8601; time zones -> UTC)."""
+    raw = text.str.strip()
+    empty = np.flatnonzero(raw.str.lower().isin(MISSING).to_numpy())
+    if empty.size:
+        raise ValueError(f"input file '{path}': time column '{name}' is empty at line {int(empty[0]) + 2}")
+    numeric = pd.to_numeric(raw, errors="coerce")
+    if not np.isnan(numeric.iloc[0]):
+        values = numeric.to_numpy(np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"input file '{path}': time column '{name}' has {raw.iloc[i]!r} at line {i + 2}; "
+                             "times are numbers (or ISO 8601 dates throughout)")
+        return values
+    parsed = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
+    bad = np.flatnonzero(parsed.isna().to_numpy())
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"input file '{path}': time column '{name}' has {raw.iloc[i]!r} at line {i + 2}, "
+                         "which is neither a number nor an ISO 8601 date/time")
+    return parsed.dt.tz_localize(None).to_numpy().astype("datetime64[ns]")
+
+
+def _check_sorted(path, name, times, raw):
+    step = np.diff(times)
+    bad = np.flatnonzero(step <= step.dtype.type(0))
+    if bad.size:
+        i = int(bad[0])
+        how = "repeats" if times[i + 1] == times[i] else "comes before"
+        raise ValueError(f"input file '{path}': time column '{name}' is not strictly increasing: "
+                         f"line {i + 3} ({raw.iloc[i + 1].strip()}) {how} line {i + 2} ({raw.iloc[i].strip()}); "
+                         "sort the rows by time and merge repeated times")
+
+
+def _read_csv(path, time_col, columns, dim):
+    table = _read_table(path)
+    names = list(table.columns)
+    time_col = names[0] if time_col is None else time_col
+    if time_col not in names:
+        raise ValueError(f"input file '{path}' has no time column '{time_col}' (columns: {', '.join(names)})")
+    if columns is None:
+        columns = [c for c in names if c != time_col]
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"input file '{path}' has no column {', '.join(repr(c) for c in missing)} "
+                         f"(columns: {', '.join(names)})")
+    if not columns:
+        raise ValueError(f"input file '{path}' has no data column besides the time column '{time_col}'")
+    if time_col in columns:
+        raise ValueError(f"column '{time_col}' cannot be both the time column and a channel")
+    times = _times(path, time_col, table[time_col])
+    _check_sorted(path, time_col, times, table[time_col])
+    y = np.stack([_numeric(path, c, table[c]) for c in columns], -1)
+    return xr.DataArray(y, dims=(dim, "channel"), coords={dim: times, "channel": list(columns)},
+                        attrs={"source": os.path.basename(path), "time_column": time_col})
+
+
+def _read_netcdf(path, var, dim):
+    try:
+        with xr.open_dataset(path) as ds:
+            ds = ds.load()
+    except (OSError, ValueError) as err:
+        raise ValueError(f"input file '{path}' is not a readable NetCDF file: {err}") from None
+    if var is None:
+        candidates = [k for k, v in ds.data_vars.items() if dim in v.dims]
+        if len(candidates) != 1:
+            raise ValueError(f"input file '{path}' has {len(candidates)} data variables with dimension '{dim}' "
+                             f"({', '.join(candidates) or 'none'}; variables: {', '.join(ds.data_vars)}); "
+                             "choose one with --var" + ("" if candidates else " and the time dimension with --dim"))
+        var = candidates[0]
+    if var not in ds.data_vars:
+        raise ValueError(f"input file '{path}' has no data variable '{var}' (variables: {', '.join(ds.data_vars)})")
+    da = ds[var]
+    if dim not in da.dims:
+        raise ValueError(f"variable '{var}' in '{path}' has no dimension '{dim}' (dims: {', '.join(da.dims)}); "
+                         "name the time dimension with --dim")
+    if da.dtype.kind not in "biuf":
+        raise ValueError(f"variable '{var}' in '{path}' is not numeric (dtype {da.dtype})")
+    if np.isinf(da.values).any():
+        raise ValueError(f"variable '{var}' in '{path}' has infinite values")
+    if dim in da.coords:
+        from .xr import times_from_coord
+
+        values = da[dim].values
+        times_from_coord(values, "1s" if values.dtype.kind in "mM" else None, dim)
+    return da
+
+
+def channel_labels(da, dim="time") -> list:
+    """One label per channel of :func:`kalmanscan.xr.to_numpy`'s flattening of ``da``'s other dims."""
+    other = [d for d in da.dims if d != dim]
+    if not other:
+        return [str(da.name or "y")]
+    grids = np.meshgrid(*[da[d].values if d in da.coords else np.arange(da.sizes[d]) for d in other], indexing="ij")
+    flat = [g.reshape(-1) for g in grids]
+    if len(other) == 1:
+        return [str(v) for v in flat[0]]
+    return [",".join(f"{d}={v[i]}" for d, v in zip(other, flat)) for i in range(flat[0].size)]
+
+
+def read_params(path, like: xr.DataArray, dim="time") -> dict:
+    """Model parameters saved by ``kalmanscan fit -o`` (NetCDF or CSV), as keywords for ``ks.xr``."""
+    from . import xr as kxr
+
+    if not os.path.isfile(path):
+        raise ValueError(f"parameter file '{path}' does not exist")
+    if file_format(path, "parameter") == "netcdf":
+        with xr.open_dataset(path) as ds:
+            ds = ds.load()
+    else:
+        table = _read_table(path)
+        index = [c for c in table.columns if c in like.dims and c != dim]
+        names = [c for c in table.columns if c in kxr.FIT_NAMES]
+        if not names:
+            raise ValueError(f"parameter file '{path}' has no parameter column ({', '.join(kxr.FIT_NAMES)})")
+        table = table[index + names].copy()
+        for c in names:
+            table[c] = _numeric(path, c, table[c])
+        if index:
+            for d in index:
+                table[d] = table[d].str.strip().to_numpy().astype(like[d].dtype if d in like.coords else int)
+            ds = table.set_index(index).to_xarray()
+        elif table.shape[0] == 1:
+            ds = xr.Dataset({c: ((), table[c].iloc[0]) for c in table.columns})
+        else:
+            raise ValueError(f"parameter file '{path}' has {table.shape[0]} rows but no column naming the "
+                             f"channels ({', '.join(d for d in like.dims if d != dim)})")
+        ds.attrs["kalmanscan"] = "fit"
+    try:
+        return kxr.params(ds)
+    except ValueError:
+        raise ValueError(f"parameter file '{path}' is not a fit result of kalmanscan (write one with "
+                         "'kalmanscan fit INPUT -o params.nc')") from None
+
+
+def write_dataset(ds: xr.Dataset, path, dim="time", time_name=None) -> None:
+    """Write ``ds`` to NetCDF, or to CSV: one row per time (variables with ``dim`` as columns
+    ``<channel>_<variable>``), or one row per channel for a dataset without ``dim`` (a fit)."""
+    if file_format(path, "output") == "netcdf":
+        ds.to_netcdf(path)
+        return
+    if dim in ds.dims:
+        table = _wide_table(ds, dim, time_name or dim)
+    else:
+        other = list(ds.dims)
+        table = ds.to_dataframe().reset_index() if other else pd.DataFrame({k: [v.item()] for k, v in ds.items()})
+    table.to_csv(path, index=False, float_format="%.10g")
+
+
+def _wide_table(ds, dim, time_name):
+    timed = [k for k, v in ds.data_vars.items() if dim in v.dims]
+    first = ds[timed[0]]
+    labels = channel_labels(first, dim)
+    other = [d for d in first.dims if d != dim]
+    coord = ds[dim].values if dim in ds.coords else np.arange(ds.sizes[dim])
+    columns = {time_name: coord}
+    for k in timed:
+        values = ds[k].transpose(dim, *other).values.reshape(ds.sizes[dim], -1)
+        for c, label in enumerate(labels):
+            columns[f"{label}_{k}" if other else k] = values[:, c]
+    return pd.DataFrame(columns)

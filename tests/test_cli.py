@@ -1,0 +1,213 @@
+"""The ``kalmanscan`` command line: filter/smooth/fit/calibrate on CSV and NetCDF, and its errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import kalmanscan as ks
+from kalmanscan.cli import main
+from kalmanscan.io import write_dataset
+
+CHANNELS = ["temperature", "pressure", "level"]
+
+
+@pytest.fixture(scope="module")
+def sensors():
+    return ks.datasets.sensors(T=150, seed=2)
+
+
+def _csv(path, sensors, dates=False):
+    table = pd.DataFrame(sensors.y, columns=CHANNELS)
+    if dates:
+        table.insert(0, "date", pd.date_range("2023-05-01", periods=len(table), freq="D").strftime("%Y-%m-%d"))
+    else:
+        table.insert(0, "t", sensors.times)
+    table.to_csv(path, index=False, float_format="%.17g", na_rep="")
+    return str(path)
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+MODEL = ["--theta", "0.02,0.05,0.1", "--sigma", "0.3,0.4,0.5", "--obs-var", "0.05,0.2,0.8", "--mean", "20,5,-3"]
+
+
+def _model(sensors):
+    return {k: sensors.params[k] for k in ("theta", "sigma", "obs_var", "mean")}
+
+
+def test_filter_csv_to_netcdf_and_png(tmp_path, capsys, sensors):
+    src = _csv(tmp_path / "s.csv", sensors)
+    code, out, err = _run(capsys, "filter", src, *MODEL, "-o", tmp_path / "f.nc", "--plot", tmp_path / "f.png")
+    assert code == 0, err
+    assert "temperature" in out and "wrote" in out
+    ref = ks.filter(sensors.y, times=sensors.times, **_model(sensors))
+    with xr.open_dataset(tmp_path / "f.nc") as ds:
+        assert ds["mean"].dims == ("time", "channel") and list(ds["channel"].values) == CHANNELS
+        assert ds.attrs["time_column"] == "t"
+        np.testing.assert_allclose(ds["mean"].values, ref.mean, rtol=1e-12)
+        np.testing.assert_allclose(ds["upper"].values, ref.mean + 1.959963984540054 * np.sqrt(ref.var), rtol=1e-12)
+        np.testing.assert_allclose(ds["loglik"].values, ref.loglik, rtol=1e-12)
+        np.testing.assert_array_equal(ds["time"].values, sensors.times)
+    assert (tmp_path / "f.png").stat().st_size > 20_000
+
+
+def test_smooth_iso_dates_to_csv(tmp_path, capsys, sensors):
+    src = _csv(tmp_path / "d.csv", sensors, dates=True)
+    code, _, err = _run(capsys, "smooth", src, "--time-unit", "1D", *MODEL, "--level", "0.9", "-o", tmp_path / "s.csv")
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "s.csv")
+    assert table.columns[0] == "date" and table["date"].iloc[2] == "2023-05-03"
+    ref = ks.smooth(sensors.y, dt=1.0, **_model(sensors))
+    for c, name in enumerate(CHANNELS):
+        np.testing.assert_allclose(table[f"{name}_mean"], ref.mean[:, c], rtol=1e-9)
+        np.testing.assert_allclose(table[f"{name}_filtered_var"], ref.filtered.var[:, c], rtol=1e-9)
+        np.testing.assert_allclose(table[f"{name}_lower"], ref.mean[:, c] - 1.6448536269514722 * np.sqrt(ref.var[:, c]),
+                                   rtol=1e-9)
+
+
+def test_fit_writes_params_that_filter_and_calibrate_read(tmp_path, capsys, sensors):
+    src = _csv(tmp_path / "s.csv", sensors)
+    code, out, err = _run(capsys, "fit", src, "--estimate", "theta,sigma,obs_var,mean", "--max-iter", "60",
+                          "-o", tmp_path / "fit.nc")
+    assert code == 0, err
+    assert "obs_var" in out and "+/-" in out
+    with xr.open_dataset(tmp_path / "fit.nc") as fit:
+        fit = fit.load()
+    write_dataset(fit, tmp_path / "fit.csv")
+    assert pd.read_csv(tmp_path / "fit.csv")["channel"].tolist() == CHANNELS
+    assert fit.attrs["kalmanscan"] == "fit" and fit["theta"].dims == ("channel",)
+    flags = [f"--{k.replace('_', '-')}" if i % 2 == 0 else ",".join(repr(float(v)) for v in fit[k].values)
+             for k in ("theta", "sigma", "obs_var", "mean") for i in range(2)]
+    results = []
+    for extra in (["--params", tmp_path / "fit.nc"], ["--params", tmp_path / "fit.csv"], flags):
+        out_file = tmp_path / f"f{len(results)}.nc"
+        code, _, err = _run(capsys, "filter", src, *extra, "-o", out_file)
+        assert code == 0, err
+        with xr.open_dataset(out_file) as ds:
+            results.append(ds.load())
+    np.testing.assert_allclose(results[0]["loglik"].values, fit["loglik"].values, rtol=1e-10)
+    xr.testing.assert_allclose(results[0], results[1], rtol=1e-9)
+    xr.testing.assert_allclose(results[0], results[2], rtol=1e-12)
+    code, out, err = _run(capsys, "calibrate", src, "--params", tmp_path / "fit.nc", "--strict")
+    assert code == 0, err
+    assert "CalibrationReport: calibrated" in out
+
+
+def test_calibrate_catches_a_misspecified_model(tmp_path, capsys, sensors):
+    src = _csv(tmp_path / "s.csv", sensors)
+    wrong = MODEL[:5] + ["0.8,3.2,12.8"] + MODEL[6:]
+    code, out, err = _run(capsys, "calibrate", src, *wrong, "--plot", tmp_path / "cal.png")
+    assert code == 0, err
+    assert "NOT calibrated" in out and "over-dispersed" in out
+    code, _, _ = _run(capsys, "calibrate", src, *wrong, "--strict")
+    assert code == 1
+    assert (tmp_path / "cal.png").stat().st_size > 20_000
+
+
+def test_netcdf_with_extra_dims_and_fit_first(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    y = np.cumsum(rng.normal(size=(2, 60, 3)), axis=1) + 0.5 * rng.normal(size=(2, 60, 3))
+    y[1, 10:20, 2] = np.nan
+    da = xr.DataArray(y, dims=("site", "hour", "depth"),
+                      coords={"site": ["n", "s"], "hour": pd.date_range("2020-01-01", periods=60, freq="h"),
+                              "depth": [1.0, 5.0, 10.0]}, attrs={"units": "degC"})
+    src = tmp_path / "grid.nc"
+    xr.Dataset({"temp": da, "mask": da.isel(hour=0, drop=True)}).to_netcdf(src)
+    code, out, err = _run(capsys, "filter", src, "--var", "temp", "--dim", "hour", "--time-unit", "1h", "--fit",
+                          "--theta", "0", "--init-var", "100", "--estimate", "sigma,obs_var", "-o", tmp_path / "o.nc")
+    assert code == 0, err
+    assert "fitted model" in out and "site=s,depth=10.0" in out
+    with xr.open_dataset(tmp_path / "o.nc") as ds:
+        assert ds["mean"].dims == ("site", "hour", "depth") and ds.attrs["units"] == "degC"
+        assert ds.attrs["time_unit"] == "1h"
+        assert np.isfinite(ds["mean"].values).all()
+
+
+@pytest.mark.parametrize("content, extra, message", [
+    ("t,a,b\n1,2,3\n2,x,4\n3,5,6\n", [], "column 'a' has a non-numeric value 'x' at line 3"),
+    ("t,a,b\n1,2,3\n3,1,4\n2,5,6\n", [], "not strictly increasing: line 4 (2) comes before line 3 (3)"),
+    ("t,a,b\n1,2,3\n1,1,4\n2,5,6\n", [], "line 3 (1) repeats line 2 (1)"),
+    ("t,a,b\n1,2,3\n,1,4\n", [], "time column 't' is empty at line 3"),
+    ("t,a,b\n1,2,3\nnoon,1,4\n", [], "time column 't' has 'noon' at line 3; times are numbers"),
+    ("t,a,b\n2020-01-01,2,3\nnoon,1,4\n", [], "'noon' at line 3, which is neither a number nor an ISO 8601"),
+    ("t,a,b\n1,2,3\n2,1,4\n", ["--columns", "a,c"], "has no column 'c' (columns: t, a, b)"),
+    ("t,a,b\n1,2,3\n2,1,4\n", ["--time-col", "time"], "has no time column 'time'"),
+    ("t,a,b\n", [], "has a header but no data rows"),
+    ("", [], "is empty"),
+    ("t,a,b\n2020-01-01,2,3\n2020-01-02,1,4\n", [], "are dates; give --time-unit"),
+    ("t,a,b\n1,2,3\n2,1,4\n", ["--obs-var", "1,2,3"], "--obs-var has 3 values; give one, or one per channel (2: a, b)"),
+    ("t,a,b\n1,2,3\n2,1,inf\n", [], "column 'b' has an infinite value at line 3"),
+])
+def test_bad_csv_files_exit_2_with_a_message(tmp_path, capsys, content, extra, message):
+    src = tmp_path / "bad.csv"
+    src.write_text(content)
+    argv = ["filter", src, "--theta", "1", "--sigma", "1", "--obs-var", "1", *extra]
+    code, out, err = _run(capsys, *argv)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_bad_invocations_exit_2_and_never_overwrite_the_input(tmp_path, capsys, sensors):
+    src = _csv(tmp_path / "s.csv", sensors)
+    before = Path(src).read_bytes()
+    cases = [
+        (["-o", src], "refusing to overwrite the input file"),
+        (["-o", str(tmp_path / "." / "s.csv")], "refusing to overwrite the input file"),
+        (["--plot", src], "refusing to overwrite the input file"),
+        (["-o", tmp_path / "x.png", "--plot", tmp_path / "x.png"], "cannot tell its format"),
+        (["-o", tmp_path / "x.nc", "--plot", tmp_path / "x.nc"], "refusing to overwrite"),
+        (["--fit", "--params", tmp_path / "p.nc"], "--fit and --params exclude each other"),
+    ]
+    for extra, message in cases:
+        code, _, err = _run(capsys, "filter", src, *MODEL, *extra)
+        assert code == 2 and message in err, (extra, err)
+    assert Path(src).read_bytes() == before
+    code, _, err = _run(capsys, "filter", src, "--theta", "1", "--sigma", "1")
+    assert code == 2 and "the model needs --obs-var" in err
+    code, _, err = _run(capsys, "filter", tmp_path / "missing.csv", *MODEL)
+    assert code == 2 and "does not exist" in err
+    code, _, err = _run(capsys, "filter", src, "--theta", "1", "--sigma", "1", "--obs-var", "-1")
+    assert code == 2 and "obs_var must be finite and > 0" in err
+    code, _, err = _run(capsys, "filter", src, *MODEL, "--params", src)
+    assert code == 2 and "no parameter column" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["filter", src, "--theta", "abc"])
+    assert exit_info.value.code == 2
+
+
+def test_netcdf_input_errors(tmp_path, capsys):
+    ds = xr.Dataset({"a": (("time", "x"), np.ones((4, 2))), "b": (("time",), np.ones(4))},
+                    coords={"time": [0.0, 1.0, 3.0, 2.0]})
+    src = tmp_path / "two.nc"
+    ds.to_netcdf(src)
+    code, _, err = _run(capsys, "filter", src, *MODEL)
+    assert code == 2 and "has 2 data variables with dimension 'time' (a, b" in err
+    code, _, err = _run(capsys, "filter", src, "--var", "a", "--theta", "1", "--sigma", "1", "--obs-var", "1")
+    assert code == 2 and "coordinate 'time' must be strictly increasing" in err
+    code, _, err = _run(capsys, "filter", src, "--var", "a", "--dim", "step", *MODEL)
+    assert code == 2 and "has no dimension 'step'" in err
+
+
+def test_demo_still_runs(tmp_path, capsys):
+    code, out, err = _run(capsys, "demo", "--out", tmp_path / "demo.png")
+    assert code == 0, err
+    assert "Nile" in out and (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def test_installed_console_script_reports_bad_files(tmp_path):
+    src = tmp_path / "unsorted.csv"
+    src.write_text("t,a\n1,2\n3,1\n2,5\n")
+    script = Path(sys.executable).with_name("kalmanscan")
+    proc = subprocess.run([str(script), "filter", str(src), "--theta", "1", "--sigma", "1", "--obs-var", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "time column 't' is not strictly increasing" in proc.stderr and "Traceback" not in proc.stderr
