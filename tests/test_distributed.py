@@ -130,6 +130,7 @@ def _kla_problem(L, seed):
 
 
 def _check_kla(rank, world):
+    ks.distributed.kla.CHUNK = 3  # several chunks per rank
     bounds = _bounds(world, 3 + world)
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     args = _kla_problem(int(bounds[-1]), seed=5 + world)

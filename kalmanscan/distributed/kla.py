@@ -20,11 +20,14 @@ import functools
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from . import summaries
 from .comm import agree, all_gather, rank_world, tie
 
 __all__ = ["kla_scan", "sequence_parallel", "reduce_gradients"]
+
+CHUNK = 256  # tokens per chunk of the summary's product (memory O(B CHUNK M S))
 
 
 def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, backend="auto"):
@@ -58,21 +61,18 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, ba
         raise ValueError("v, k: B, M and S must be the same on every rank")
 
     dtype = compute_dtype(v, lam_v, k, q, decay, noise)
-    B, L, M = v.shape
+    B, _, M = v.shape
     S = k.shape[-1]
-    shape = (B, L, M, S)
-    kk = k.to(dtype).unsqueeze(-2)
-    phi = lam_v.to(dtype).unsqueeze(-1) * kk * kk
-    b = (lam_v.to(dtype) * v.to(dtype)).unsqueeze(-1) * kk
-    a, n = decay.to(dtype).expand(shape), noise.to(dtype).expand(shape)
-    local = summaries.total(summaries.compose, summaries.step_summaries(a, n, phi, b), 1)
-    local = tuple(x[:, 0] for x in local)
-    if rank == 0:
-        lam0, eta0 = (None, None) if initial_state is None else initial_state
-        lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device) if lam0 is None else lam0.to(dtype)
-        eta0 = torch.zeros_like(lam0) if eta0 is None else eta0.to(dtype)
-        local = summaries.compose(summaries.initial(lam0, eta0), local)
-    local = torch.stack(local)
+    if rank == world - 1:
+        local = torch.zeros(7, B, M, S, dtype=dtype, device=v.device)
+    else:
+        local = _total(v, lam_v, k, q, decay, noise, dtype)
+        if rank == 0:
+            lam0, eta0 = (None, None) if initial_state is None else initial_state
+            lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device) if lam0 is None else lam0.to(dtype)
+            eta0 = torch.zeros_like(lam0) if eta0 is None else eta0.to(dtype)
+            local = summaries.compose(summaries.initial(lam0, eta0), local)
+        local = torch.stack(local)
     if bool(infos[:, 0].any()) and not local.requires_grad:
         local = local.detach().requires_grad_()
     gathered = all_gather(local, group)
@@ -85,6 +85,34 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, ba
     if gathered.requires_grad:
         out = tie(gathered, out)
     return out["y"], out["y_var"]
+
+
+def _total(v, lam_v, k, q, decay, noise, dtype):
+    """The product of every token's step, 7 tensors ``(B, M, S)``, in the compute ``dtype``.
+
+    Tokens are taken :data:`CHUNK` at a time (each chunk's ``(B, CHUNK, M, S)`` steps reduced by
+    a tree of products, then the chunk totals in order), so memory stays ``O(B CHUNK M S)``;
+    under autograd each chunk is recomputed in the backward instead of stored.
+    """
+    totals, chunk = None, CHUNK
+    for start in range(0, v.shape[1], chunk):
+        part = tuple(x[:, start:start + chunk] for x in (v, lam_v, k, q))
+        if torch.is_grad_enabled() and any(x.requires_grad for x in part + (decay, noise)):
+            step = checkpoint(_chunk_total, *part, decay, noise, dtype, use_reentrant=False)
+        else:
+            step = _chunk_total(*part, decay, noise, dtype)
+        totals = step if totals is None else summaries.compose(totals, step)
+    return totals
+
+
+def _chunk_total(v, lam_v, k, q, decay, noise, dtype):
+    shape = v.shape + k.shape[-1:]
+    kk = k.to(dtype).unsqueeze(-2)
+    phi = lam_v.to(dtype).unsqueeze(-1) * kk * kk
+    b = (lam_v.to(dtype) * v.to(dtype)).unsqueeze(-1) * kk
+    a, n = decay.to(dtype).expand(shape), noise.to(dtype).expand(shape)
+    total = summaries.total(summaries.compose, summaries.step_summaries(a, n, phi, b), 1)
+    return tuple(x[:, 0] for x in total)
 
 
 def _halo(layer, z, group):
