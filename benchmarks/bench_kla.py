@@ -246,6 +246,7 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--shapes", default="012", help="which of SHAPES to time, by index")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     result = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
@@ -261,7 +262,7 @@ def main():
     for name, (shape, cfg) in {
         "default B2 L300 M40 S16": ((2, 300, 40, 16), DEFAULT_CONFIG),
         "default B3 L129 M37 S5": ((3, 129, 37, 5), DEFAULT_CONFIG),
-        "no prefetch B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(prefetch=False)),
+        "unrolled x2 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(unroll=2, bwd_unroll=2)),
     }.items():
         checks[name] = check(*shape, cfg)
     result["gpu_check"] = {k: dict(max_rel_err=v[0], errors=v[1], passed=v[0] < TOL) for k, v in checks.items()}
@@ -269,18 +270,13 @@ def main():
 
     save(args.out, result)
     if args.sweep:
-        fwd_cfgs = [KLAConfig(block_m=bm, num_warps=w, stages=st, prefetch=pf)
-                    for bm, w in ((2, 1), (4, 1), (8, 1), (16, 1), (8, 2), (16, 2))
-                    for st in (1, 3) for pf in (True, False)]
+        fwd_cfgs = [KLAConfig(block_m=bm, num_warps=2, stages=st, unroll=u)
+                    for bm, st, u in ((16, 3, 1), (16, 3, 2), (16, 3, 4), (16, 1, 4), (32, 3, 2))]
         result["sweep_fwd"] = sweep(SHAPES[0], fwd_cfgs, rate, time_bwd=False)
         best = fastest(result["sweep_fwd"], "fwd_ms")
-        result["sweep_fwd_small_batch"] = sweep(
-            SHAPES[2], [KLAConfig(**{**best, "block_m": bm, "num_warps": 1}) for bm in (2, 4, 8)],
-            rate, time_bwd=False)
         save(args.out, result)
-        bwd_cfgs = [KLAConfig(**{**best, "bwd_block_m": bm, "bwd_num_warps": w, "chunk": ch,
-                                 "bwd_stages": best["stages"]})
-                    for bm, w in ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2)) for ch in (32, 64)]
+        bwd_cfgs = [KLAConfig(**{**best, "bwd_stages": st, "bwd_unroll": u})
+                    for st, u in ((3, 1), (3, 2), (1, 2))]
         result["sweep_fwd_bwd"] = sweep(SHAPES[0], bwd_cfgs, rate, time_bwd=True)
         result["best_config"] = fastest(result["sweep_fwd_bwd"], "fwd_bwd_ms")
         config = KLAConfig(**result["best_config"])
@@ -291,7 +287,7 @@ def main():
     result["timed_config"] = config.__dict__
 
     result["table"] = []
-    for shape in SHAPES:
+    for shape in [SHAPES[int(i)] for i in args.shapes]:
         row = dict(shape=dict(zip("BLMS", shape)))
         row["triton"] = bench_triton(shape, config, rate, public=False)
         row["triton_public_api"] = bench_triton(shape, config, rate, public=True)

@@ -20,8 +20,8 @@ are done in registers; sums over m of the ``k``/``q`` gradients become one parti
 ``gk_part/gq_part[b, t, pid_m, s]``, summed by the caller (deterministic, no atomics). ``decay`` and
 ``noise`` gradients accumulate over time in registers and are written per batch row
 (``gdecay_part/gnoise_part[b, m, s]``), summed over b by the caller. The adjoints left after
-``t = 0`` are the gradients of the initial state. With ``PREFETCH`` both time loops load their
-inputs 4 steps ahead into rings of registers, as the forward does.
+``t = 0`` are the gradients of the initial state. ``STAGES`` and ``UNROLL`` are the time loops'
+software-pipelining depth and unroll factor.
 """
 
 import triton
@@ -32,21 +32,17 @@ from .kla_fwd import kla_step, kla_tile, kla_token
 
 @triton.jit
 def kla_bwd_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-                  row_m, row_s, slot, t, t0, M, S, mask_m, mask_s, SLOT: tl.constexpr):
-    """The state before step ``t`` (from ``scratch``), float32 inputs and output gradients of token
-    ``t``; everything masked off when ``t < t0`` (before the chunk)."""
-    in_m = mask_m & ((t + tl.zeros_like(row_m)) >= t0)
-    in_s = mask_s & ((t + tl.zeros_like(row_s)) >= t0)
-    in_grid = (t + tl.zeros_like(slot)) >= t0
-    at = slot + (t - t0) * SLOT
-    lam_p = tl.load(scratch_lam_ptr + at, mask=in_grid, other=1.0)
-    eta_p = tl.load(scratch_eta_ptr + at, mask=in_grid, other=0.0)
-    lv = tl.load(lam_v_ptr + row_m + t * M, mask=in_m, other=1.0).to(tl.float32)
-    vv = tl.load(v_ptr + row_m + t * M, mask=in_m, other=0.0).to(tl.float32)
-    kt = tl.load(k_ptr + row_s + t * S, mask=in_s, other=0.0).to(tl.float32)
-    qt = tl.load(q_ptr + row_s + t * S, mask=in_s, other=0.0).to(tl.float32)
-    gy = tl.load(gy_ptr + row_m + t * M, mask=in_m, other=0.0).to(tl.float32)
-    gyv = tl.load(gy_var_ptr + row_m + t * M, mask=in_m, other=0.0).to(tl.float32)
+                  row_m, row_s, slot, t, M, S, mask_m, mask_s):
+    """The state before step ``t`` (``slot`` of ``scratch``), the float32 inputs and output gradients
+    of token ``t``."""
+    lam_p = tl.load(scratch_lam_ptr + slot)
+    eta_p = tl.load(scratch_eta_ptr + slot)
+    lv = tl.load(lam_v_ptr + row_m + t * M, mask=mask_m, other=1.0).to(tl.float32)
+    vv = tl.load(v_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+    kt = tl.load(k_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
+    qt = tl.load(q_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
+    gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+    gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
     return lam_p, eta_p, lv, vv, kt, qt, gy, gyv
 
 
@@ -58,7 +54,7 @@ def kla_bwd_kernel(
     glam0_ptr, geta0_ptr,
     L, M, S, n_chunks, n_mblocks,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -74,7 +70,8 @@ def kla_bwd_kernel(
 
     row_m = pid_b * L * M + offs_m
     row_s = pid_b * L * S + offs_s
-    slot = (pid_b * n_mblocks + pid_m) * CHUNK * SLOT + tl.arange(0, BLOCK_M)[:, None] * BLOCK_S + offs_s[None, :]
+    slot = (pid_b * n_mblocks + pid_m) * CHUNK * SLOT + (tl.arange(0, BLOCK_M)[:, None] * BLOCK_S
+                                                         + offs_s[None, :])
     part = (pid_b * L * n_mblocks + pid_m) * S + offs_s
     for cc in range(n_chunks):
         c = n_chunks - 1 - cc
@@ -85,56 +82,20 @@ def kla_bwd_kernel(
         t1 = tl.minimum(t0 + CHUNK, L)
 
         # Recompute the chunk, keeping the state before every step.
-        lv0, lvv0, k0, q0 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t0, t1, M, S,
-                                      mask_m, mask_s)
-        lv1, lvv1, k1, q1 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t0 + 1, t1, M, S,
-                                      mask_m, mask_s)
-        lv2, lvv2, k2, q2 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t0 + 2, t1, M, S,
-                                      mask_m, mask_s)
-        lv3, lvv3, k3, q3 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t0 + 3, t1, M, S,
-                                      mask_m, mask_s)
-        for t in tl.range(t0, t1, num_stages=STAGES):
+        for t in tl.range(t0, t1, num_stages=STAGES, loop_unroll_factor=UNROLL):
             tl.store(scratch_lam_ptr + slot + (t - t0) * SLOT, lam)
             tl.store(scratch_eta_ptr + slot + (t - t0) * SLOT, eta)
-            if PREFETCH:
-                lv, lvv, kt = lv0, lvv0, k0
-                lv0, lvv0, k0 = lv1, lvv1, k1
-                lv1, lvv1, k1 = lv2, lvv2, k2
-                lv2, lvv2, k2 = lv3, lvv3, k3
-                lv3, lvv3, k3, q3 = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t + 4, t1, M, S,
-                                              mask_m, mask_s)
-            else:
-                lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, t1, M, S,
-                                            mask_m, mask_s)
+            lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, t1, M, S,
+                                        mask_m, mask_s)
             lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt)
+        tl.debug_barrier()  # scratch written by one thread may be read by another
 
         # Walk the chunk backwards; (lam, eta) is the state after step t.
-        lp0, ep0, lv0, vv0, k0, q0, gy0, gyv0 = kla_bwd_token(
-            v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-            row_m, row_s, slot, t1 - 1, t0, M, S, mask_m, mask_s, SLOT)
-        lp1, ep1, lv1, vv1, k1, q1, gy1, gyv1 = kla_bwd_token(
-            v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-            row_m, row_s, slot, t1 - 2, t0, M, S, mask_m, mask_s, SLOT)
-        lp2, ep2, lv2, vv2, k2, q2, gy2, gyv2 = kla_bwd_token(
-            v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-            row_m, row_s, slot, t1 - 3, t0, M, S, mask_m, mask_s, SLOT)
-        lp3, ep3, lv3, vv3, k3, q3, gy3, gyv3 = kla_bwd_token(
-            v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-            row_m, row_s, slot, t1 - 4, t0, M, S, mask_m, mask_s, SLOT)
-        for i in tl.range(0, t1 - t0, num_stages=STAGES):
+        for i in tl.range(0, t1 - t0, num_stages=STAGES, loop_unroll_factor=UNROLL):
             t = t1 - 1 - i
-            if PREFETCH:
-                lam_p, eta_p, lv, vv, kt, qt, gy, gyv = lp0, ep0, lv0, vv0, k0, q0, gy0, gyv0
-                lp0, ep0, lv0, vv0, k0, q0, gy0, gyv0 = lp1, ep1, lv1, vv1, k1, q1, gy1, gyv1
-                lp1, ep1, lv1, vv1, k1, q1, gy1, gyv1 = lp2, ep2, lv2, vv2, k2, q2, gy2, gyv2
-                lp2, ep2, lv2, vv2, k2, q2, gy2, gyv2 = lp3, ep3, lv3, vv3, k3, q3, gy3, gyv3
-                lp3, ep3, lv3, vv3, k3, q3, gy3, gyv3 = kla_bwd_token(
-                    v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-                    row_m, row_s, slot, t - 4, t0, M, S, mask_m, mask_s, SLOT)
-            else:
-                lam_p, eta_p, lv, vv, kt, qt, gy, gyv = kla_bwd_token(
-                    v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-                    row_m, row_s, slot, t, t0, M, S, mask_m, mask_s, SLOT)
+            lam_p, eta_p, lv, vv, kt, qt, gy, gyv = kla_bwd_token(
+                v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
+                row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s)
 
             inv = 1.0 / lam
             gyq = gy[:, None] * qt[None, :]
@@ -159,6 +120,7 @@ def kla_bwd_kernel(
             gl = gl * rho + g_d * noise
             lam = lam_p
             eta = eta_p
+        tl.debug_barrier()  # every read of this chunk's scratch is done before it is overwritten
     tl.store(glam0_ptr + state, gl, mask=mask)
     tl.store(geta0_ptr + state, ge, mask=mask)
     tl.store(gdecay_part_ptr + state, gdecay, mask=mask)

@@ -104,7 +104,7 @@ def test_triton_matches_sequential_values_and_grads(L, with_state):
     assert_matches(grads, t_grads, "triton vs torch grads")
 
 
-@pytest.mark.parametrize("config", [KLAConfig(), KLAConfig(chunk=16, prefetch=False, bwd_block_m=4)])
+@pytest.mark.parametrize("config", [KLAConfig(), KLAConfig(chunk=16, block_m=8, bwd_block_m=4)])
 def test_triton_configs_and_power_of_two_state(config):
     xs = make_inputs(1, 37, 9, 4, seed=7)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)

@@ -29,8 +29,8 @@ __all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
 @dataclass(frozen=True)
 class KLAConfig:
     """Launch shape: channels per program, tokens per checkpoint chunk, warps per program, and the
-    software-pipelining depth of the time loops (``num_stages``), for the forward and the backward;
-    ``prefetch`` loads each token's inputs 4 steps ahead (a register ring in the kernels)."""
+    software-pipelining depth (``num_stages``) and unroll factor of the time loops, for the forward
+    and the backward."""
 
     block_m: int = 16
     chunk: int = 32
@@ -39,7 +39,8 @@ class KLAConfig:
     bwd_num_warps: int = 1
     stages: int = 3
     bwd_stages: int = 3
-    prefetch: bool = False
+    unroll: int = 1
+    bwd_unroll: int = 1
 
 
 DEFAULT_CONFIG = KLAConfig()
@@ -95,7 +96,7 @@ class _KLAScan(torch.autograd.Function):
             y, y_var, lam, eta, ckpt[0], ckpt[1],
             L, M, S, n_chunks,
             CHUNK=chunk, BLOCK_M=config.block_m, BLOCK_S=block_s,
-            HAS_INIT=has_init, SAVE=save, STAGES=config.stages, PREFETCH=config.prefetch,
+            HAS_INIT=has_init, SAVE=save, STAGES=config.stages, UNROLL=config.unroll,
             num_warps=_warps(config.num_warps),
         )
         if save:
@@ -133,7 +134,7 @@ class _KLAScan(torch.autograd.Function):
             gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
             L, M, S, n_chunks, n_mblocks,
             CHUNK=chunk, BLOCK_M=config.bwd_block_m, BLOCK_S=block_s, STAGES=config.bwd_stages,
-            PREFETCH=config.prefetch,
+            UNROLL=config.bwd_unroll,
             num_warps=_warps(config.bwd_num_warps),
         )
         grads = (
