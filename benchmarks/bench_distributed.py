@@ -1,0 +1,276 @@
+"""Benchmark of sequence parallelism (ks.distributed) under torchrun: one long series, one model.
+
+    torchrun --nproc-per-node N benchmarks/bench_distributed.py --out result.json          # GPUs, NCCL
+    torchrun --nproc-per-node 2 benchmarks/bench_distributed.py --device cpu --log2-steps 16 \\
+        --channels 8 --seq 512 --d-model 32 --out cpu.json                                  # CPUs, gloo
+
+Part 1, the filter: one series of ``2^log2_steps`` steps x ``channels`` (float32, 5% missing)
+split evenly across the N ranks, :func:`kalmanscan.distributed.filter` forward (no gradient).
+Part 2, a KLA :class:`~kalmanscan.nn.SequenceModel` training step (forward, cross-entropy,
+backward, gradient all-reduce, AdamW) on ``batch`` sequences of ``seq`` tokens split across ranks
+(:func:`kalmanscan.distributed.sequence_parallel`).
+
+Each part reports: the time per call (median over ``reps`` of the slowest rank, after warm-up),
+the same work on one process over the whole sequence (rank 0 alone; ``null`` if it does not fit),
+speed-up and scaling efficiency (speed-up / N), the local pass without exchange and the summary
+product a non-last rank adds (the last rank, hence N = 1, computes none), the bytes each rank
+contributes to the all-gathers per call (each rank receives N - 1 times that) and the sizes of
+the backward's all-reduce buffers, the device copy bandwidth measured in the same run and the
+filter's bytes per element (y read, the 9 posterior fields written) over its time as a fraction
+of it. A correctness check at a smaller
+size compares every rank's rows with the single-process result (max relative error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import time
+
+for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                      ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ[_name] = _value  # NVLink multicast stays off (the device machines' rule)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import kalmanscan as ks  # noqa: E402
+from kalmanscan.distributed import kla as dkla  # noqa: E402
+from kalmanscan.distributed import series as dseries  # noqa: E402
+from kalmanscan.inputs import prepare  # noqa: E402
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
+    ap.add_argument("--log2-steps", type=int, default=26, help="series length T = 2^this, all ranks")
+    ap.add_argument("--channels", type=int, default=64)
+    ap.add_argument("--backend", default="auto", help="filter and KLA scan backend")
+    ap.add_argument("--check-log2-steps", type=int, default=16, help="size of the correctness check")
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--d-state", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=8192, help="tokens per sequence, all ranks")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--skip-single", action="store_true", help="do not time one process")
+    ap.add_argument("--out", default=None, help="JSON file written by rank 0")
+    return ap.parse_args()
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, reps, collective=True):
+    """Median over ``reps`` of the per-call time in ms (the slowest rank's when collective)."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        if collective:
+            dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    if collective:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return statistics.median(t.tolist())
+
+
+def alone(rank, fn):
+    """Run ``fn`` on rank 0 only (others wait); its result broadcast as a float (or None)."""
+    value = None
+    if rank == 0:
+        try:
+            value = fn()
+        except torch.cuda.OutOfMemoryError:
+            value = None
+            torch.cuda.empty_cache()
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def copy_gbps(device):
+    """Device copy bandwidth (bytes read + written per second, GB/s) of a 1 GiB (GPU) or 256 MiB
+    (CPU) buffer."""
+    n = (1 << 28) if device.type == "cuda" else (1 << 26)
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src), device, 10, collective=False)
+    return 2 * n * 4 / ms / 1e6
+
+
+def series(T, C, lo, hi, device, seed=0):
+    """Rows ``lo:hi`` of one random float32 series ``(T, C)`` (5% missing) and its parameters."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    theta = torch.rand(C, generator=g, device=device) * 0.1 + 0.01
+    kw = dict(theta=theta, sigma=torch.rand(C, generator=g, device=device) + 0.5,
+              obs_var=torch.rand(C, generator=g, device=device) + 0.1)
+    g.manual_seed(seed + 1 + lo)
+    y = torch.randn(hi - lo, C, generator=g, device=device)
+    y[torch.rand(hi - lo, C, generator=g, device=device) < 0.05] = float("nan")
+    return y, kw
+
+
+def filter_part(args, rank, world, device):
+    T, C = 1 << args.log2_steps, args.channels
+    per = T // world
+    lo, hi = rank * per, (rank + 1) * per if rank < world - 1 else T
+    y, kw = series(T, C, lo, hi, device)
+    out = {"T": T, "C": C, "T_local": hi - lo}
+    with torch.no_grad():
+        out["ms"] = timed(lambda: ks.distributed.filter(y, backend=args.backend, **kw), device, args.reps)
+        out["local_ms"] = timed(lambda: ks.filter(y, backend=args.backend, **kw), device, args.reps)
+        p = prepare(y, backend=args.backend, **kw)
+        fused = dseries._uses_kernels(p, args.backend)
+        out["summary_ms"] = timed(lambda: dseries._summary(p, 0, fused), device, args.reps)
+        n_fields = sum(1 for v in ks.filter(y[:2], backend=args.backend, **kw).__dict__.values()
+                       if isinstance(v, torch.Tensor) and v.ndim == 2)
+        del p
+        if world > 1 and not args.skip_single:
+            def single():
+                full, _ = series(T, C, 0, T, device)
+                return timed(lambda: ks.filter(full, backend=args.backend, **kw), device, args.reps,
+                             collective=False)
+            out["single_ms"] = alone(rank, single)
+        else:
+            out["single_ms"] = out["local_ms"] if world == 1 else None
+        out["bytes_per_element"] = 4 * (1 + n_fields)
+        out["bytes_sent_per_rank"] = {"agreement": 5 * 8, "summaries": 7 * C * 4}
+    return out
+
+
+def filter_check(args, rank, world, device):
+    """Max relative error of every rank's rows against one process on the whole series."""
+    T, C = 1 << args.check_log2_steps, args.channels
+    full, kw = series(T, C, 0, T, device, seed=5)
+    per = T // world
+    lo, hi = rank * per, (rank + 1) * per if rank < world - 1 else T
+    with torch.no_grad():
+        ref = ks.filter(full, backend=args.backend, **kw)
+        post = ks.distributed.filter(full[lo:hi], backend=args.backend, **kw)
+    err = max(float((getattr(post, k) - getattr(ref, k)[lo:hi]).abs().max()
+                    / getattr(ref, k)[lo:hi].abs().max()) for k in ("mean", "var", "logliks"))
+    t = torch.tensor([err], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def model_part(args, rank, world, device):
+    torch.manual_seed(0)
+    model = ks.nn.SequenceModel(args.vocab, args.d_model, args.layers, mixer="kla", d_state=args.d_state,
+                                backend=args.backend, device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    L = args.seq
+    per = L // world
+    g = torch.Generator(device=device).manual_seed(1)
+    tokens = torch.randint(0, args.vocab, (args.batch, L + 1), generator=g, device=device)
+    lo, hi = rank * per, (rank + 1) * per if rank < world - 1 else L
+
+    def step():
+        with ks.distributed.sequence_parallel(model):
+            logits = model(tokens[:, lo:hi])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, lo + 1:hi + 1].flatten(), reduction="sum")
+        (loss / (args.batch * L)).backward()
+        ks.distributed.reduce_gradients(model)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    out = {"batch": args.batch, "L": L, "L_local": hi - lo, "d_model": args.d_model,
+           "layers": args.layers, "M": model.blocks[0].mixer.d_inner, "S": args.d_state,
+           "params": sum(p.numel() for p in model.parameters())}
+    out["ms"] = timed(step, device, args.reps)
+
+    def local_step():
+        logits = model(tokens[:, lo:hi])
+        F.cross_entropy(logits.flatten(0, 1), tokens[:, lo + 1:hi + 1].flatten()).backward()
+        opt.zero_grad(set_to_none=True)
+
+    out["local_ms"] = timed(local_step, device, args.reps)
+    B, M, S = args.batch, out["M"], args.d_state
+    x = [torch.rand(B, hi - lo, M, device=device), torch.rand(B, hi - lo, M, device=device) + 0.5,
+         F.normalize(torch.randn(B, hi - lo, S, device=device), dim=-1),
+         F.normalize(torch.randn(B, hi - lo, S, device=device), dim=-1),
+         torch.rand(M, S, device=device) * 0.5 + 0.45, torch.rand(M, S, device=device) * 0.1]
+    with torch.no_grad():
+        out["summary_fwd_ms_per_layer"] = timed(lambda: dkla._total(*x, torch.float32), device, args.reps)
+    if world > 1 and not args.skip_single:
+        def single():
+            def full_step():
+                logits = model(tokens[:, :L])
+                F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            return timed(full_step, device, args.reps, collective=False)
+        out["single_ms"] = alone(rank, single)
+    else:
+        out["single_ms"] = out["ms"] if world == 1 else None
+    halo = 4 * B * (model.blocks[0].mixer.d_conv - 1) * M
+    summary = 7 * B * M * S * 4
+    out["bytes_sent_per_rank"] = {"forward_per_kla_layer": halo + summary + 3 * 8,
+                                  "forward_all_layers": (halo + summary + 3 * 8) * args.layers,
+                                  "backward_all_reduce_buffers": world * (halo + summary) * args.layers,
+                                  "gradient_all_reduce_buffer": 4 * out["params"]}
+    return out
+
+
+def scaling(part, world):
+    if part.get("single_ms"):
+        part["speedup"] = part["single_ms"] / part["ms"]
+        part["efficiency"] = part["speedup"] / world
+    return part
+
+
+def main():
+    args = parse()
+    want_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if want_cuda else torch.device("cpu")
+    if want_cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if want_cuda else "gloo", device_id=device if want_cuda else None)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": torch.cuda.get_device_name(device) if want_cuda else "cpu",
+              "commit": _commit(), "world": world, "backend": dist.get_backend(), "torch": torch.__version__,
+              "copy_GBps": copy_gbps(device)}
+    result["filter_check_max_rel_err"] = filter_check(args, rank, world, device)
+    result["filter"] = scaling(filter_part(args, rank, world, device), world)
+    f = result["filter"]
+    f["GBps"] = f["bytes_per_element"] * f["T_local"] * f["C"] / f["ms"] / 1e6
+    f["fraction_of_copy"] = f["GBps"] / result["copy_GBps"]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    result["kla_model"] = scaling(model_part(args, rank, world, device), world)
+    if device.type == "cuda":
+        result["peak_GiB_rank0"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if rank == 0:
+        text = json.dumps(result, indent=2)
+        print(text, flush=True)
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write(text + "\n")
+    dist.destroy_process_group()
+
+
+def _commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+if __name__ == "__main__":
+    main()
