@@ -143,8 +143,8 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         _check("init_mean", init_m, torch.isfinite, "finite")
     for name, p in (("init_mean", init_m), ("init_var", init_v)):
         try:
-            batch = torch.broadcast_shapes(shape[:-2] + (1, shape[-1]), tuple(p.shape))
-        except RuntimeError:
+            batch = np.broadcast_shapes(shape[:-2] + (1, shape[-1]), tuple(p.shape))
+        except ValueError:
             raise ValueError(f"{name} of shape {tuple(p.shape)} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
         shape = batch[:-2] + shape[-2:-1] + batch[-1:]
     return Problem(y=y_t, init_mean=init_m, init_var=init_v, shape=shape,
@@ -163,8 +163,8 @@ def _init_param(name, x, dtype, device):
 
 def _broadcast(name, shape, pshape, T):
     try:
-        out = torch.broadcast_shapes(shape, pshape)
-    except RuntimeError:
+        out = np.broadcast_shapes(shape, pshape)
+    except ValueError:
         raise ValueError(
             f"{name} of shape {pshape} does not broadcast with shape {shape} "
             "(static parameters are scalars or (C,); per-step ones are (..., T, C))") from None
