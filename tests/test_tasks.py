@@ -315,7 +315,10 @@ def test_auroc_and_variance_calibration():
     task = make_task("a5", seq_len=6, num_test=16)
     model = train.build_model(task, args)
     x, y = validation_set(task, 0)
+    with torch.no_grad():
+        y[:, ::2] = model(torch.from_numpy(x)).argmax(-1).numpy()[:, ::2]   # right at even positions
     cal = train.variance_calibration(model, x, y, 8, torch.device("cpu"), False)
-    assert 0 <= cal["error_rate"] <= 1 and 0 <= cal["auroc_var"] <= 1 and cal["mean_var_wrong"] > 0
+    assert 0 < cal["error_rate"] < 1 and 0 <= cal["auroc_var"] <= 1 and cal["mean_var_wrong"] > 0
+    assert cal["mean_var_correct"] > 0 and cal["auroc_confidence"] is not None
     args.mixer = "attention"
     assert train.variance_calibration(train.build_model(task, args), x, y, 8, torch.device("cpu"), False) is None
