@@ -29,8 +29,8 @@ __all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
 @dataclass(frozen=True)
 class KLAConfig:
     """Launch shape: channels per program, tokens per checkpoint chunk, warps per program, and the
-    software-pipelining depth (``num_stages``) and unroll factor of the time loops, for the forward
-    and the backward."""
+    software-pipelining depth (``num_stages``) and unroll factor of the time loops (``None``: left
+    to the compiler), for the forward and the backward."""
 
     block_m: int = 16
     chunk: int = 32
@@ -39,8 +39,8 @@ class KLAConfig:
     bwd_num_warps: int = 1
     stages: int = 3
     bwd_stages: int = 3
-    unroll: int = 1
-    bwd_unroll: int = 1
+    unroll: int | None = None
+    bwd_unroll: int | None = None
 
 
 DEFAULT_CONFIG = KLAConfig()
