@@ -92,6 +92,26 @@ def min_depth_markdown(results, task: str = "a5") -> str:
     return "\n".join(lines)
 
 
+def calibration_markdown(results, task: str = "a5") -> str:
+    """Markdown: per KLA run, the final model's error rate and how well the last KLA layer's
+    output variance flags its errors (AUROC; 0.5 = no better than chance), beside the softmax
+    confidence's AUROC."""
+    lines = ["| mixer | depth | L | error rate | mean var (wrong / right) | AUROC var | "
+             "AUROC var within position | AUROC softmax |", "|---|---|---|---|---|---|---|---|"]
+    num = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+    for (mixer, depth, length), r in sorted(index(results, task).items()):
+        run = next((x for x in r.get("runs", []) if x["lr"] == r.get("best_lr")), None)
+        cal = run.get("calibration") if run else None
+        if not cal:
+            continue
+        lines.append(
+            f"| {mixer} | {depth} | {length} | {num(cal['error_rate'], '.3f')} | "
+            f"{num(cal['mean_var_wrong'], '.3g')} / {num(cal['mean_var_correct'], '.3g')} | "
+            f"{num(cal['auroc_var'], '.3f')} | {num(cal['auroc_var_by_position'], '.3f')} | "
+            f"{num(cal['auroc_confidence'], '.3f')} |")
+    return "\n".join(lines)
+
+
 def plot_min_depth(results, path: str, task: str = "a5") -> None:
     """Draw the smallest solving depth against length per mixer to ``path`` (PNG)."""
     import matplotlib
@@ -131,7 +151,8 @@ def main(argv=None) -> str:
     p.add_argument("--png", default=None, help="write the smallest-solving-depth plot here")
     a = p.parse_args(argv)
     results = load(a.directory)
-    text = accuracy_markdown(results, a.task) + "\n\n" + min_depth_markdown(results, a.task)
+    text = "\n\n".join([accuracy_markdown(results, a.task), min_depth_markdown(results, a.task),
+                         calibration_markdown(results, a.task)])
     if a.png:
         plot_min_depth(results, a.png, a.task)
     print(text)

@@ -301,6 +301,10 @@ def test_min_depth_table_and_plot(tmp_path):
     assert "| gla | > 2 |" in plots.min_depth_markdown(results)
     for i, r in enumerate(results):
         (tmp_path / f"{i}.json").write_text(json.dumps(r))
+    cal = {"error_rate": 0.2, "mean_var_wrong": 0.5, "mean_var_correct": 0.25, "auroc_var": 0.7,
+           "auroc_var_by_position": 0.6, "auroc_confidence": None}
+    results[0]["runs"][0]["calibration"] = cal
+    assert "| kla | 1 | 16 | 0.200 | 0.5 / 0.25 | 0.700 | 0.600 | – |" in plots.calibration_markdown(results)
     png = tmp_path / "a5.png"
     text = plots.main(["a5", str(tmp_path), "--png", str(png)])
     assert png.stat().st_size > 1000 and "kla_noise0" in text
