@@ -121,8 +121,7 @@ def times_from_coord(values, time_unit=None, name="time") -> tuple[np.ndarray, s
 
 
 def _public(name):
-    """The public function ``kalmanscan.<name>``, looked up on the package (never the submodule of
-    the same name, which a plain ``from .smooth import smooth`` would bind on the package first)."""
+    """The public function ``kalmanscan.<name>`` (imported on first use, keeping this module light)."""
     import kalmanscan
 
     return getattr(kalmanscan, name)
