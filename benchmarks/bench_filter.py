@@ -246,22 +246,40 @@ def check_extremes(T=4096):
     return rows
 
 
+SWEEP = {
+    (4096, 32768): [dict(NUM_STAGES=n) for n in (None, 1, 2, 4)]
+    + [dict(TARGET_LANES=1 << 20), dict(TARGET_LANES=1 << 20, NUM_STAGES=1)],
+    (1, 1 << 22): [dict(NUM_STAGES=n) for n in (None, 1, 2)]
+    + [dict(CARRY_CHUNK=ch, CARRY_WARPS=w) for ch, w in ((1024, 8), (2048, 8), (4096, 8), (4096, 16))]
+    + [dict(MAX_STRETCHES=65536, CARRY_CHUNK=4096, CARRY_WARPS=8)],
+}
+
+
 def sweep():
-    """Forward time at two shapes over launch variants: lanes targeted, lanes per program, warps."""
+    """Forward and forward+backward times of launch variants (attributes of kalmanscan.fused)."""
     from kalmanscan import fused
-    saved = fused.TARGET_LANES, fused.BLOCK, fused.NUM_WARPS, fused.MAX_STRETCHES
     rows = []
-    for C, T in ((4096, 32768), (1, 1 << 22)):
+    for (C, T), variants in SWEEP.items():
         views, init, _ = static_problem(T, C)
-        for lanes in (1 << 16, 1 << 18, 1 << 20):
-            for block, warps in ((128, 1), (256, 2), (32, 1)):
-                for max_s in ((16384,) if C > 1 else (4096, 16384, 65536)):
-                    fused.TARGET_LANES, fused.BLOCK, fused.NUM_WARPS, fused.MAX_STRETCHES = lanes, block, warps, max_s
-                    ms = median_ms(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
-                    rows.append(dict(C=C, T=T, target_lanes=lanes, block=block, num_warps=warps,
-                                     max_stretches=max_s, stretches=fused.plan(1, T, C)[0], fwd_ms=ms))
-        del views
-    fused.TARGET_LANES, fused.BLOCK, fused.NUM_WARPS, fused.MAX_STRETCHES = saved
+        cot = torch.randn(4, 1, T, C, device="cuda")
+        for variant in variants:
+            saved = {k: getattr(fused, k) for k in variant}
+            for k, v in variant.items():
+                setattr(fused, k, v)
+
+            def fwd_bwd():
+                o = fused.filter_forward(views, init)
+                fused.filter_backward(views, init, o["mu"], o["lam"], cot)
+
+            try:
+                fwd = median_ms(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
+                both = median_ms(fwd_bwd)
+                rows.append(dict(C=C, T=T, **variant, stretches=fused.plan(1, T, C)[0], fwd_ms=fwd, fwd_bwd_ms=both))
+            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
+                rows.append(dict(C=C, T=T, **variant, error=repr(exc)[:300]))
+            for k, v in saved.items():
+                setattr(fused, k, v)
+        del views, cot
     return rows
 
 
@@ -360,11 +378,11 @@ def main():
 
 def print_table(res):
     jax = {(r["C"], r["T"]): r.get("jax_fwd_ms") for r in res["jax_two_scans"]} if isinstance(res["jax_two_scans"], list) else {}
-    torch_b = {r["C"]: r for r in res["torch_backend"]}
+    torch_b = dict(enumerate(res["torch_backend"]))
     print(f"copy bandwidth {res['copy_GBps']:.0f} GB/s on {res['device']}")
     print("| C | T | fwd ms | GB/s | % copy | fwd+bwd ms | x fwd | torch ms (T) | jax ms | loop ns/elem |")
-    for r in res["triton"]:
-        tb = torch_b[r["C"]]
+    for i, r in enumerate(res["triton"]):
+        tb = torch_b[i]
         print(f"| {r['C']} | {r['T']} | {r['fwd_ms']:.3f} | {r['fwd_GBps']:.0f} | {r['fwd_pct_copy']:.0f} | "
               f"{r['fwd_bwd_ms']:.3f} | {r['bwd_over_fwd']:.2f} | {tb['torch_fwd_ms']} ({tb['T']}) | "
               f"{jax.get((r['C'], r['T']))} | {res['torch_loop']['loop_ns_per_elem']:.2f} |")

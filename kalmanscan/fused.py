@@ -38,9 +38,12 @@ __all__ = ["filter_triton", "filter_forward", "plan"]
 TARGET_LANES = 1 << 18      # enough (stretch, channel) lanes to fill an H100 with one-warp programs
 MIN_STRETCH = 64            # shortest stretch worth an aggregate pass
 MAX_STRETCHES = 16384       # bound on the carry scan's length
-BLOCK = 128                 # lanes per program (one warp, 4 lanes per thread)
+BLOCK = 128                 # lanes per program (one warp, 4 lanes per thread) when C >= 32
+SMALL_C_BLOCK = 32          # lanes per program when C < 32 (lanes are then mostly stretches)
 NUM_WARPS = 1
-CARRY_CHUNK = 1024
+NUM_STAGES = None           # software-pipelining depth of the walks (None: Triton's default)
+CARRY_CHUNK = 1024          # stretches per step of the carry scan
+CARRY_WARPS = 4
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
 _ORDER = ("y",) + _TRANS + _OBS
@@ -80,6 +83,15 @@ def _steps(views, names):
     return any(views[n].stride(1) != 0 and views[n].shape[1] > 1 for n in names)
 
 
+def _launch(B, C, ns):
+    """Grid and launch options of the walking kernels."""
+    block = min(SMALL_C_BLOCK if C < 32 else BLOCK, triton.next_power_of_2(ns * C))
+    opts = dict(BLOCK=block, num_warps=NUM_WARPS)
+    if NUM_STAGES is not None:
+        opts["num_stages"] = NUM_STAGES
+    return (triton.cdiv(ns * C, block), B), opts
+
+
 def _check_device(y):
     if y.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); "
@@ -99,21 +111,20 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
-    block = min(BLOCK, triton.next_power_of_2(ns * C))
-    grid = (triton.cdiv(ns * C, block), B)
+    grid, opts = _launch(B, C, ns)
     start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
     start[:, :, 0, :] = init
     if ns > 1:
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-        filter_agg_kernel[grid](*args, agg, T, C, ns, L, **flags, BLOCK=block, num_warps=NUM_WARPS)
+        filter_agg_kernel[grid](*args, agg, T, C, ns, L, **flags, **opts)
         filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
-                                      num_warps=4)
+                                      num_warps=CARRY_WARPS)
     dummy = torch.empty(1, dtype=dtype, device=dev)
     out = {k: torch.empty(B, T, C, dtype=dtype, device=dev) for k in outputs}
     filter_fwd_kernel[grid](
         *args, start, *(out.get(k, dummy) for k in ("mu", "lam", "pred_mu", "pred_var")), T, C, ns, L,
         **flags, WRITE_MU="mu" in out, WRITE_LAM="lam" in out,
-        WRITE_PRED="pred_mu" in out or "pred_var" in out, BLOCK=block, num_warps=NUM_WARPS)
+        WRITE_PRED="pred_mu" in out or "pred_var" in out, **opts)
     return out
 
 
@@ -132,22 +143,20 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     args = _kernel_args(views)
     trans_step, obs_step = _steps(views, _TRANS), _steps(views, _OBS)
     flags = dict(TRANS_STEP=trans_step, OBS_STEP=obs_step)
-    block = min(BLOCK, triton.next_power_of_2(ns * C))
-    grid = (triton.cdiv(ns * C, block), B)
+    grid, opts = _launch(B, C, ns)
     top = torch.zeros(B, 2, ns, C, dtype=dtype, device=dev)
     if ns > 1:
         agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
-        filter_bwd_agg_kernel[grid](*args, mu, lam, init, cot, agg, B, T, C, ns, L, **flags,
-                                    BLOCK=block, num_warps=NUM_WARPS)
+        filter_bwd_agg_kernel[grid](*args, mu, lam, init, cot, agg, B, T, C, ns, L, **flags, **opts)
         filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
-                                          num_warps=4)
+                                          num_warps=CARRY_WARPS)
     grad_y = torch.empty(B, T, C, dtype=dtype, device=dev)
     obs_grad = torch.empty((3, B, T, C) if obs_step else (1,), dtype=dtype, device=dev)
     trans_grad = torch.empty((2, B, T, C) if trans_step else (1,), dtype=dtype, device=dev)
     sums = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
     grad_init = torch.empty(B, 2, C, dtype=dtype, device=dev)
     filter_bwd_kernel[grid](*args, mu, lam, init, cot, top, grad_y, obs_grad, trans_grad, sums, grad_init,
-                            B, T, C, ns, L, **flags, BLOCK=block, num_warps=NUM_WARPS)
+                            B, T, C, ns, L, **flags, **opts)
     totals = sums.sum(2, keepdim=True).transpose(0, 1)
     obs_grad = obs_grad if obs_step else totals[:3]
     trans_grad = trans_grad if trans_step else totals[3:]

@@ -42,11 +42,16 @@ def _compose5(a11, a12, a22, av1, av2, b11, b12, b22, bv1, bv2):
 
 
 @triton.jit
-def _saved_states(t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0):
-    """``(lam_t, mu_t, lam_{t-1}, mu_{t-1})`` from the forward's outputs (initial state at t=0)."""
+def _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_next, mu_next):
+    """``(lam_t, mu_t, lam_{t-1}, mu_{t-1})`` from the forward's outputs (initial state at t=0).
+
+    Walking backwards, ``(lam_t, mu_t)`` is the previous iteration's ``(lam_{t-1}, mu_{t-1})``
+    (``lam_next, mu_next``), loaded afresh only at the first step of the walk and at ``t = T-1``.
+    """
     o = b * T * C + t * C + c
-    lam = tl.load(lam_ptr + o, mask=valid, other=1.0)
-    mu = tl.load(mu_ptr + o, mask=valid, other=0.0)
+    fresh = valid & ((k == 0) | (t == T - 1))
+    lam = tl.where(fresh, tl.load(lam_ptr + o, mask=fresh, other=1.0), lam_next)
+    mu = tl.where(fresh, tl.load(mu_ptr + o, mask=fresh, other=0.0), mu_next)
     prev = valid & (t > 0)
     lam_p = tl.where(prev, tl.load(lam_ptr + o - C, mask=prev, other=1.0), lam0)
     mu_p = tl.where(prev, tl.load(mu_ptr + o - C, mask=prev, other=0.0), mu0)
@@ -95,6 +100,7 @@ def filter_bwd_agg_kernel(
     one = tl.full((BLOCK,), 1.0, decay_s.dtype)
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     g11, g12, g22, v1, v2 = one, zero, one, zero, zero
+    lam_p, mu_p = one, zero
     for k in range(0, L):
         t = t0 + L - 1 - k
         valid = lane_ok & (t < T)
@@ -103,7 +109,7 @@ def filter_bwd_agg_kernel(
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        lam, mu, lam_p, mu_p = _saved_states(t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0)
+        lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
         g_mu, g_lam, g_pm, g_pv = _cotangents(g_ptr, b * T * C + t * C + c, valid, B * T * C)
         c_l, c_e, alpha, beta, gamma, delta, eps, rho = _adjoint_terms(
             lam, mu, lam_p, mu_p, g_mu, g_lam, g_pm, g_pv, decay, noise)
@@ -193,6 +199,7 @@ def filter_bwd_kernel(
     ge = tl.load(tbase + NS * C, mask=lane_ok, other=0.0)
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     s_phi, s_info, s_info_yc, s_decay, s_noise = zero, zero, zero, zero, zero
+    lam_p, mu_p = zero + 1.0, zero
     TC = B * T * C
     for k in range(0, L):
         t = t0 + L - 1 - k
@@ -202,7 +209,7 @@ def filter_bwd_kernel(
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        lam, mu, lam_p, mu_p = _saved_states(t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0)
+        lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
         o = b * T * C + t * C + c
         g_mu, g_lam, g_pm, g_pv = _cotangents(g_ptr, o, valid, TC)
         c_l, c_e, alpha, beta, gamma, delta, eps, rho = _adjoint_terms(
