@@ -14,7 +14,6 @@ final state ``(lam, eta)`` in float32, gradients in each input's dtype.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -97,7 +96,7 @@ class _KLAScan(torch.autograd.Function):
             L, M, S, n_chunks,
             CHUNK=chunk, BLOCK_M=config.block_m, BLOCK_S=block_s,
             HAS_INIT=has_init, SAVE=save, STAGES=config.stages, UNROLL=config.unroll,
-            num_warps=_warps(config.num_warps),
+            num_warps=config.num_warps,
         )
         if save:
             ctx.save_for_backward(v, lam_v, k, q, decay32, noise32, ckpt[0], ckpt[1])
@@ -135,7 +134,7 @@ class _KLAScan(torch.autograd.Function):
             L, M, S, n_chunks, n_mblocks,
             CHUNK=chunk, BLOCK_M=config.bwd_block_m, BLOCK_S=block_s, STAGES=config.bwd_stages,
             UNROLL=config.bwd_unroll,
-            num_warps=_warps(config.bwd_num_warps),
+            num_warps=config.bwd_num_warps,
         )
         grads = (
             gv.to(v.dtype), glam_v.to(lam_v.dtype),
@@ -146,7 +145,3 @@ class _KLAScan(torch.autograd.Function):
         )
         return grads + (None, None)
 
-
-def _warps(n):
-    """A single warp under the interpreter (it ignores launch shapes)."""
-    return 1 if os.environ.get("TRITON_INTERPRET", "0") == "1" else n

@@ -23,6 +23,8 @@ state is in the compute dtype (keep it in float32 or better when decoding).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import mobius
@@ -166,6 +168,4 @@ def _validate(v, lam_v, k, q, decay, noise, initial_state, backend):
 
 
 def _interpreting():
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
