@@ -8,7 +8,7 @@
     (y + D_skip * z) * SiLU(gate) -> out_proj -> (B, L, D)
 
 Recurrent decoding carries :class:`KLAState` ``(conv, lam, eta)``: the last ``d_conv - 1`` pre-conv
-inputs ``(B, M, d_conv - 1)`` and the filter precision and information mean ``(B, M, S)``.
+inputs ``(B, d_conv - 1, M)`` and the filter precision and information mean ``(B, M, S)``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ou
-from .scan import kla_scan
+from .scan import KLA_BACKENDS, kla_scan
 
 __all__ = ["KLA", "KLAState", "l2_normalize", "causal_conv", "scan_dtype"]
 
@@ -32,7 +32,7 @@ _VARIANTS = ("plain", "mamba")
 class KLAState(NamedTuple):
     """Recurrent state of one :class:`KLA` layer.
 
-    ``conv`` (B, M, d_conv - 1): the last pre-conv inputs; ``lam``, ``eta`` (B, M, S): the filter
+    ``conv`` (B, d_conv - 1, M): the last pre-conv inputs; ``lam``, ``eta`` (B, M, S): the filter
     precision and information mean (float32, or float64 for a float64 layer).
     """
 
@@ -52,14 +52,20 @@ def scan_dtype(x):
 
 
 def causal_conv(z, window, conv: nn.Conv1d):
-    """Depthwise causal conv of ``z`` (B, L, M) continuing the pre-conv ``window`` (B, M, K - 1).
+    """Depthwise causal conv of ``z`` (B, L, M) continuing the pre-conv ``window`` (B, K - 1, M).
 
-    Returns the conv output (B, L, M), before its activation, and the new window (the last
-    ``K - 1`` inputs, the window itself included when ``L < K - 1``).
+    ``out[t] = bias + sum_j weight[:, j] * padded[t + j]`` with ``padded = [window; z]``, written as
+    ``K`` shifted multiply-adds (the same code for a whole sequence and for one decoding step, fast
+    in every dtype). Returns the conv output (B, L, M), before its activation, and the new window:
+    the last ``K - 1`` rows of ``padded``.
     """
-    padded = torch.cat([window.to(z.dtype), z.transpose(1, 2)], -1)
-    out = F.conv1d(padded, conv.weight, conv.bias, groups=conv.groups)
-    return out.transpose(1, 2), padded[..., padded.shape[-1] - window.shape[-1]:]
+    L, K = z.shape[1], conv.kernel_size[0]
+    padded = torch.cat([window.to(z.dtype), z], 1)
+    weight = conv.weight[:, 0].to(z.dtype)                      # (M, K)
+    out = conv.bias.to(z.dtype) + padded[:, :L] * weight[:, 0]
+    for j in range(1, K):
+        out = out + padded[:, j:j + L] * weight[:, j]
+    return out, padded[:, L:]
 
 
 class KLA(nn.Module):
@@ -115,6 +121,8 @@ class KLA(nn.Module):
             raise ValueError(f"discretization must be 'ou' or 'zoh', got {discretization!r}")
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"dt_min, dt_max must satisfy 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+        if backend not in KLA_BACKENDS:
+            raise ValueError(f"backend must be one of {KLA_BACKENDS}, got {backend!r}")
         if not sigma_init > 0:
             raise ValueError(f"sigma_init must be positive, got {sigma_init!r}")
         if var_rank is not None and (variant != "mamba" or var_rank < 1):
@@ -159,7 +167,7 @@ class KLA(nn.Module):
         """The state before the first token: zero conv window, ``lam = 1``, ``eta = 0``."""
         device = self.log_dt.device if device is None else device
         dtype = scan_dtype(self.log_dt)
-        conv = torch.zeros(batch, self.d_inner, self.d_conv - 1, device=device,
+        conv = torch.zeros(batch, self.d_conv - 1, self.d_inner, device=device,
                            dtype=self.in_proj.weight.dtype)
         lam = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
         return KLAState(conv, lam, torch.zeros_like(lam))
@@ -189,8 +197,9 @@ class KLA(nn.Module):
         out = self.out_proj((y.to(z.dtype) + self.skip.to(z.dtype) * z) * g)
         if not return_variance:
             return (out,)
-        g32 = g.to(y_var.dtype)
-        out_var = F.linear(y_var * g32 * g32, self.out_proj.weight.to(y_var.dtype).square())
+        with torch.autocast(y_var.device.type, enabled=False):
+            g2 = g.to(y_var.dtype).square()
+            out_var = F.linear(y_var * g2, self.out_proj.weight.to(y_var.dtype).square())
         return out, out_var
 
     def forward(self, x, state: KLAState | None = None, return_variance: bool = False):
@@ -207,7 +216,7 @@ class KLA(nn.Module):
         self._check(x, 3, "x")
         z, gate = self.in_proj(x).chunk(2, -1)
         window = state.conv if state is not None else z.new_zeros(
-            z.shape[0], self.d_inner, self.d_conv - 1)
+            z.shape[0], self.d_conv - 1, self.d_inner)
         z, window = causal_conv(z, window, self.conv)
         z = F.silu(z)
         v, lam_v, k, q = self._sensors(z)

@@ -222,7 +222,7 @@ class GatedLinearAttention(nn.Module):
         if fla is not None:
             chunk_gla, has_head_first = fla
             extra = dict(head_first=False) if has_head_first else {}
-            o, final = chunk_gla(q, k, v, g.to(q.dtype), scale=scale, initial_state=state,
+            o, final = chunk_gla(q, k, v, g, scale=scale, initial_state=state,
                                  output_final_state=state is not None, **extra)
         else:
             start = self.init_state(x.shape[0], x.device) if state is None else state
@@ -241,7 +241,7 @@ class GatedLinearAttention(nn.Module):
 
 
 class SSMState(NamedTuple):
-    """``conv`` (B, M, d_conv - 1) pre-conv window; ``h`` (B, M, S) the SSM state."""
+    """``conv`` (B, d_conv - 1, M) pre-conv window; ``h`` (B, M, S) the SSM state."""
 
     conv: torch.Tensor
     h: torch.Tensor
@@ -289,7 +289,7 @@ class SelectiveSSM(nn.Module):
     def init_state(self, batch: int, device=None) -> SSMState:
         w = self.in_proj.weight
         device = device or w.device
-        conv = torch.zeros(batch, self.d_inner, self.d_conv - 1, device=device, dtype=w.dtype)
+        conv = torch.zeros(batch, self.d_conv - 1, self.d_inner, device=device, dtype=w.dtype)
         h = torch.zeros(batch, self.d_inner, self.d_state, device=device, dtype=scan_dtype(w))
         return SSMState(conv, h)
 
