@@ -1,4 +1,5 @@
-"""Task evaluations of the KLA layer against baseline mixers, trained by one harness.
+"""Benchmarks: GPU timings (``bench_*.py``) and task evaluations of the KLA layer against
+baseline mixers, all trained by one harness.
 
     benchmarks.tasks      seeded generators (group word problems, MQAR, the MAD suite)
     benchmarks.train      the single training entry point (``python -m benchmarks.train``)

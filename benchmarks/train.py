@@ -278,12 +278,10 @@ def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
         with autocast(device, amp):
             logits = model(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
-        if not torch.isfinite(loss):
-            stop = "nonfinite"
-            break
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if not torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)):
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not torch.isfinite(grad_norm):  # a non-finite loss gives a non-finite gradient too
             stop, loss_val = "nonfinite", loss.item()
             break
         progress = schedule_progress(step, args.steps, time.perf_counter() - start, args.time_limit)
