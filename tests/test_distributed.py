@@ -130,7 +130,6 @@ def _kla_problem(L, seed):
 
 
 def _check_kla(rank, world):
-    ks.distributed.kla.CHUNK = 3  # several chunks per rank
     bounds = _bounds(world, 3 + world)
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     args = _kla_problem(int(bounds[-1]), seed=5 + world)
@@ -186,6 +185,7 @@ def _check_errors(rank, world):
 
 def _worker(rank, world, store):
     torch.set_num_threads(1)
+    ks.distributed.summaries.CHUNK_ELEMENTS = 16  # several summary chunks per rank
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         _check_series(rank, world, smooth=False)

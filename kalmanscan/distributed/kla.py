@@ -20,14 +20,11 @@ import functools
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from . import summaries
 from .comm import agree, all_gather, rank_world, tie
 
 __all__ = ["kla_scan", "sequence_parallel", "reduce_gradients"]
-
-CHUNK = 256  # tokens per chunk of the summary's product (memory O(B CHUNK M S))
 
 
 def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, backend="auto"):
@@ -43,7 +40,7 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, ba
     ``kla_scan`` on the whole sequence. Differentiable; gradients of ``decay`` and ``noise`` are
     this rank's share (sum them over ranks, e.g. with :func:`reduce_gradients`).
 
-    Communication per call: one ``all_gather`` of ``7 B M S`` numbers per rank (plus 2 numbers of
+    Communication per call: one ``all_gather`` of ``7 B M S`` numbers per rank (plus 3 float64 of
     agreement); the backward adds one ``all_reduce`` of ``7 B M S world``.
     """
     from ..nn.scan import _validate, compute_dtype
@@ -88,31 +85,20 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, ba
 
 
 def _total(v, lam_v, k, q, decay, noise, dtype):
-    """The product of every token's step, 7 tensors ``(B, M, S)``, in the compute ``dtype``.
+    """The product of every token's step, 7 tensors ``(B, M, S)``, in the compute ``dtype``
+    (:func:`kalmanscan.distributed.summaries.chunked_total`: memory bounded, recomputed in the
+    backward)."""
+    def steps(_, v, lam_v, k, q, decay, noise):
+        kk = k.to(dtype).unsqueeze(-2)
+        phi = lam_v.to(dtype).unsqueeze(-1) * kk * kk
+        b = (lam_v.to(dtype) * v.to(dtype)).unsqueeze(-1) * kk
+        a, n = (x.to(dtype).expand(phi.shape) for x in (decay, noise))
+        return summaries.step_summaries(a, n, phi, b)
 
-    Tokens are taken :data:`CHUNK` at a time (each chunk's ``(B, CHUNK, M, S)`` steps reduced by
-    a tree of products, then the chunk totals in order), so memory stays ``O(B CHUNK M S)``;
-    under autograd each chunk is recomputed in the backward instead of stored.
-    """
-    totals, chunk = None, CHUNK
-    for start in range(0, v.shape[1], chunk):
-        part = tuple(x[:, start:start + chunk] for x in (v, lam_v, k, q))
-        if torch.is_grad_enabled() and any(x.requires_grad for x in part + (decay, noise)):
-            step = checkpoint(_chunk_total, *part, decay, noise, dtype, use_reentrant=False)
-        else:
-            step = _chunk_total(*part, decay, noise, dtype)
-        totals = step if totals is None else summaries.compose(totals, step)
-    return totals
-
-
-def _chunk_total(v, lam_v, k, q, decay, noise, dtype):
-    shape = v.shape + k.shape[-1:]
-    kk = k.to(dtype).unsqueeze(-2)
-    phi = lam_v.to(dtype).unsqueeze(-1) * kk * kk
-    b = (lam_v.to(dtype) * v.to(dtype)).unsqueeze(-1) * kk
-    a, n = decay.to(dtype).expand(shape), noise.to(dtype).expand(shape)
-    total = summaries.total(summaries.compose, summaries.step_summaries(a, n, phi, b), 1)
-    return tuple(x[:, 0] for x in total)
+    B, _, M = v.shape
+    S = k.shape[-1]
+    sliced = (v, lam_v, k, q, decay[None, None], noise[None, None])  # (1, 1, M, S): not sliced
+    return tuple(x[:, 0] for x in summaries.chunked_total(steps, sliced, 1, B * M * S))
 
 
 def _halo(layer, z, group):

@@ -36,6 +36,7 @@ from ..inputs import prepare
 from ..parallel import first_step_identity
 from .. import smooth as _public_smooth  # resolves ks.smooth to the function before the next line
 from ..smooth import _gain_terms, rts_torch  # (a first import of the submodule would shadow it)
+from .. import ou
 from . import summaries
 from .comm import agree, all_gather, rank_world, tie
 
@@ -70,7 +71,7 @@ def filter(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=Non
     and ``params["times"]`` is local (from 0) when ``times`` is not given.
 
     Communication per call: one ``all_gather`` of ``7 n`` numbers per rank (``n`` the number of
-    channels times the batch size) plus one of 3 numbers (input agreement), and one of ``2 n_t``
+    channels times the batch size) plus one of 5 float64 (input agreement), and one of ``2 n_t``
     (first and last time) when ``times`` is given; the backward adds one ``all_reduce`` of
     ``7 n world`` numbers. Every rank must run backward through its outputs when any does.
     """
@@ -201,24 +202,31 @@ def _summary(p, rank, fused: bool):
     only: used when no rank needs gradients), otherwise from a tree of torch products.
     """
     shape = p.shape
-    decay, noise = p.decay_noise()
     if fused:
         local = _kernel_total(p)
         if rank > 0:
+            decay, noise = p.decay_noise()
             a0, q0 = (torch.broadcast_to(x[..., :1, :], shape[:-2] + (1, shape[-1])) for x in (decay, noise))
             zero = torch.zeros_like(a0)
             predict = summaries.step_summaries(a0, q0, zero, zero)
             local = summaries.compose(predict, local)
     else:
-        missing = torch.isnan(p.y)
-        y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
-        r = 1.0 / p.obs_var
-        phi = torch.where(missing, torch.zeros_like(y_obs), p.h * p.h * r).expand(shape)
-        b = torch.where(missing, torch.zeros_like(y_obs), p.h * r * (y_obs - p.h * p.mean)).expand(shape)
-        a, q = decay.expand(shape), noise.expand(shape)
-        if rank == 0:
-            a, q = first_step_identity(a, 1.0), first_step_identity(q, 0.0)
-        local = summaries.total(summaries.compose, summaries.step_summaries(a, q, phi, b), -2)
+        def steps(i, y, theta, sigma, dt, obs_var, mean, h):
+            full = torch.broadcast_shapes(y.shape, theta.shape, sigma.shape, dt.shape, obs_var.shape,
+                                          mean.shape, h.shape)
+            a, q = (x.expand(full) for x in ou.discretize(theta, sigma, dt))
+            if rank == 0 and i == 0:
+                a, q = first_step_identity(a, 1.0), first_step_identity(q, 0.0)
+            missing = torch.isnan(y)
+            y_obs = torch.where(missing, torch.zeros_like(y), y)
+            r = 1.0 / obs_var
+            phi = torch.where(missing, torch.zeros_like(y_obs), h * h * r).expand(full)
+            b = torch.where(missing, torch.zeros_like(y_obs), h * r * (y_obs - h * mean)).expand(full)
+            return summaries.step_summaries(a, q, phi, b)
+
+        sliced = tuple(getattr(p, k) for k in ("y", "theta", "sigma", "dt", "obs_var", "mean", "h"))
+        local = summaries.chunked_total(steps, sliced, -2, math.prod(shape[:-2]) * shape[-1])
+        local = tuple(x.expand(shape[:-2] + (1, shape[-1])) for x in local)
     if rank > 0:
         return local
     lam0 = (1.0 / p.init_var).expand(shape[:-2] + (1, shape[-1]))

@@ -30,10 +30,14 @@ prefix ``P_{r-1} ... P_0 K`` then holds rank ``r``'s incoming state in its middl
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from .. import mobius
 
-__all__ = ["step_summaries", "compose", "total", "initial", "incoming", "affine_total"]
+__all__ = ["step_summaries", "compose", "total", "chunked_total", "initial", "incoming",
+           "affine_total", "CHUNK_ELEMENTS"]
+
+CHUNK_ELEMENTS = 1 << 22  # elements (steps x filters) per chunk of :func:`chunked_total`
 
 
 def step_summaries(decay, noise, phi, b):
@@ -78,6 +82,35 @@ def total(combine, elems, dim: int):
             pairs = tuple(torch.cat([p, x[n - 1:]], 0) for p, x in zip(pairs, xs))
         xs, n = pairs, (n + 1) // 2
     return tuple(torch.movedim(x, 0, dim) for x in xs)
+
+
+def chunked_total(steps, sliced, dim: int, width: int):
+    """The ordered product over ``dim`` of the step summaries ``steps(i, *parts)``, in chunks.
+
+    ``sliced`` are tensors of one length ``n`` (or 1, passed whole) along ``dim``; chunk ``i``
+    passes their slices ``parts`` to ``steps``, which returns the 7-tuple of that chunk's steps.
+    Each chunk holds ``max(1, CHUNK_ELEMENTS // width)`` steps (``width``: filters per step), is
+    reduced by :func:`total`, and the chunk totals are composed in order: memory
+    ``O(CHUNK_ELEMENTS)``, and under autograd each chunk is recomputed in the backward
+    (activation checkpointing) instead of stored. Returns the 7-tuple with ``dim`` of size 1.
+    """
+    n = max(x.shape[dim] for x in sliced)
+    chunk = max(1, CHUNK_ELEMENTS // max(1, width))
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in sliced)
+    result = None
+    for i, start in enumerate(range(0, n, chunk)):
+        parts = tuple(x if x.shape[dim] == 1 else x.narrow(dim, start, min(chunk, n - start))
+                      for x in sliced)
+        if grad:
+            part = checkpoint(_chunk, steps, i, dim, *parts, use_reentrant=False)
+        else:
+            part = _chunk(steps, i, dim, *parts)
+        result = part if result is None else compose(result, part)
+    return result
+
+
+def _chunk(steps, i, dim, *parts):
+    return total(compose, steps(i, *parts), dim)
 
 
 def initial(lam0, eta0):
