@@ -193,9 +193,9 @@ def _worker(rank, world, store):
         _check_fused_summary(rank, world)
         _check_kla(rank, world)
         _check_errors(rank, world)
+        _check_model(rank, world)
         if world == 2:
             _check_series(rank, world, smooth=True, backend="triton")
-            _check_model(rank, world)
     finally:
         dist.destroy_process_group()
 

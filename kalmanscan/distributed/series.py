@@ -101,8 +101,8 @@ def smooth(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=Non
 
     local = _rts_summary(f, mean_param, carry, last=rank == world - 1)
     if gathered.requires_grad:
-        local = tie(gathered, {"s": local})["s"]
         local = local if local.requires_grad else local.detach().requires_grad_()
+        local = tie(gathered, {"s": local})["s"]
     suffix = all_gather(local, group)
     if rank < world - 1:
         s_mean, s_var = suffix[world - 1, 1], suffix[world - 1, 3]
@@ -139,10 +139,7 @@ def _filter(y, kw, group, backend):
         grad = torch.is_grad_enabled() and any(
             isinstance(getattr(p, k), torch.Tensor) and getattr(p, k).requires_grad for k in _INPUTS)
         n_times = 0 if p.times is None else p.times[..., :1, :].numel()
-        n = 1
-        for s in p.shape[:-2] + p.shape[-1:]:
-            n *= s
-        return [grad, p.times is not None, n_times, n]
+        return [grad, p.times is not None, n_times, math.prod(p.shape[:-2]) * p.shape[-1]]
 
     p, infos = agree(check, info, 4, device, group)
     for col, what in ((1, "times must be given on every rank or on none"),
