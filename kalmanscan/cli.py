@@ -29,6 +29,14 @@ NILE_LEVEL_VAR = 1469.1
 NILE_OBS_VAR = 15099.0
 
 _MODEL_FLAGS = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
+_HELP = {
+    "theta": "mean-reversion rate >= 0 per time unit (0: random walk, needs --init-var)",
+    "sigma": "diffusion scale >= 0",
+    "obs_var": "observation noise variance > 0",
+    "mean": "mean level (default 0)",
+    "init_mean": "mean of the belief at the first time (default: --mean)",
+    "init_var": "variance of the belief at the first time (default: stationary)",
+}
 _MAX_PANELS = 6
 _MAX_ROWS = 20
 
@@ -352,7 +360,7 @@ def _parents():
     model = argparse.ArgumentParser(add_help=False)
     g = model.add_argument_group("model (one value, or one per channel separated by commas)")
     for name in _MODEL_FLAGS:
-        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_values, metavar="X[,X...]")
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_values, metavar="X[,X...]", help=_HELP[name])
     g.add_argument("--estimate", default="theta,sigma,obs_var",
                    help="names to estimate (fit, --fit; default: %(default)s)")
     g.add_argument("--backend", default="auto", help="filter backend (default: %(default)s)")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import numbers
 from statistics import NormalDist
 
 import numpy as np
@@ -192,7 +193,7 @@ def _flatten(y, arrays, per_step):
 def _post_fields(post, fields, batch):
     """Stack the named posterior arrays ``(T, n)`` into ``batch + (T, len(fields))``."""
     T, n = post.mean.shape
-    out = np.empty(batch + (T, len(fields)), dtype=post.mean.dtype)
+    out = np.full(batch + (T, len(fields)), np.nan, dtype=post.mean.dtype)
     for i, f in enumerate(fields):
         value = getattr(post.filtered, f[len("filtered_"):]) if f.startswith("filtered_") else getattr(post, f)
         out[..., i] = np.broadcast_to(value, (T, n)).T.reshape(batch + (T,))
@@ -210,7 +211,7 @@ def _moments_block(y, *arrays, names, per_step, op, fields, times, static):
 
 
 def _z(level):
-    if not (isinstance(level, (int, float)) and 0 < level < 1):
+    if not (isinstance(level, numbers.Real) and 0 < level < 1):
         raise ValueError(f"level must be a probability in (0, 1), got {level!r}")
     return NormalDist().inv_cdf(0.5 + level / 2)
 

@@ -162,12 +162,17 @@ def test_dask_is_lazy_chunked_and_equal_to_in_memory():
     da = _data(T=63)
     theta = _theta()
     kw = dict(time_unit="1D", sigma=0.7, obs_var=0.5)
-    eager = kxr.smooth(da, theta=theta, **kw)
-    lazy = kxr.smooth(da.chunk({"site": 1, "time": 20, "sensor": 1}), theta=theta.chunk({"site": 2}), **kw)
+    h = xr.DataArray(np.linspace(0.5, 1.5, 63), dims="time", coords={"time": da.time})
+    eager = kxr.smooth(da, theta=theta, h=h, **kw)
+    lazy = kxr.smooth(da.chunk({"site": 1, "time": 20, "sensor": 1}), theta=theta.chunk({"site": 2}),
+                      h=h.chunk({"time": 30}), **kw)
     for name in ("mean", "var", "lower", "loglik", "filtered_mean"):
         assert isinstance(lazy[name].data, dask.array.Array), name
     assert lazy["mean"].chunksizes["site"] == (1, 1, 1) and lazy["mean"].chunksizes["time"] == (63,)
-    xr.testing.assert_allclose(lazy.compute(), eager, rtol=1e-12)
+    computed = lazy.compute()
+    for name, var in computed.data_vars.items():
+        assert np.isfinite(var.values).all(), name
+    xr.testing.assert_allclose(computed, eager, rtol=1e-12)
 
 
 def test_dask_distributed_local_cluster_equals_in_memory():
