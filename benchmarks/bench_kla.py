@@ -10,7 +10,8 @@
 3. Times forward (no grad) and forward+backward (median of CUDA-event timings), peak extra memory,
    state updates per second, and the fraction of the FP32 rate that the forward's arithmetic
    represents (``FWD_FP32_OPS`` per state update, counted from ``kernels/kla_fwd.py``), at the
-   issue's three shapes; side by side with the torch backend and, when installed, fla's
+   issue's three shapes, with and without the forward's time split (``pieces=None``: about
+   4 x SMs programs); side by side with the torch backend and, when installed, fla's
    ``chunk_gla`` at the matched width (d_model 512: H=4, K=64, V=128, bf16).
 """
 
@@ -263,6 +264,7 @@ def main():
         "default B2 L300 M40 S16": ((2, 300, 40, 16), DEFAULT_CONFIG),
         "default B3 L129 M37 S5": ((3, 129, 37, 5), DEFAULT_CONFIG),
         "unrolled x2 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(unroll=2, bwd_unroll=2)),
+        "time split x4 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(pieces=4)),
     }.items():
         checks[name] = check(*shape, cfg)
     result["gpu_check"] = {k: dict(max_rel_err=v[0], errors=v[1], passed=v[0] < TOL) for k, v in checks.items()}
@@ -291,6 +293,8 @@ def main():
         row = dict(shape=dict(zip("BLMS", shape)))
         row["triton"] = bench_triton(shape, config, rate, public=False)
         row["triton_public_api"] = bench_triton(shape, config, rate, public=True)
+        row["triton_time_split_auto"] = bench_triton(shape, KLAConfig(**{**config.__dict__, "pieces": None}),
+                                                     rate, public=False)
         if not args.no_torch:
             row["torch"] = bench_torch(shape)
         if not args.no_fla:

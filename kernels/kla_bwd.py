@@ -27,7 +27,7 @@ software-pipelining depth and unroll factor.
 import triton
 import triton.language as tl
 
-from .kla_fwd import kla_step, kla_tile, kla_token
+from .kla_common import kla_step, kla_tile, kla_token
 
 
 @triton.jit
@@ -85,7 +85,7 @@ def kla_bwd_kernel(
         for t in tl.range(t0, t1, num_stages=STAGES, loop_unroll_factor=UNROLL):
             tl.store(scratch_lam_ptr + slot + (t - t0) * SLOT, lam)
             tl.store(scratch_eta_ptr + slot + (t - t0) * SLOT, eta)
-            lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, t1, M, S,
+            lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S,
                                         mask_m, mask_s)
             lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt)
         tl.debug_barrier()  # scratch written by one thread may be read by another

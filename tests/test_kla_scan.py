@@ -16,6 +16,7 @@ from kalmanscan.nn.scan import kla_scan_sequential
 
 TOL = 2e-5
 SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)
+SPLIT = KLAConfig(block_m=4, chunk=8, bwd_block_m=4, pieces=3)  # time split into 3 stretches
 
 
 def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64):
@@ -91,12 +92,13 @@ def test_torch_backend_gradcheck():
     assert torch.autograd.gradcheck(fn, xs)
 
 
-@pytest.mark.parametrize("L, with_state", [(1, False), (63, True), (24, False)])
-def test_triton_matches_sequential_values_and_grads(L, with_state):
+@pytest.mark.parametrize("L, with_state, config", [(1, False, SMALL), (63, True, SMALL), (24, False, SMALL),
+                                                    (41, True, SPLIT)])
+def test_triton_matches_sequential_values_and_grads(L, with_state, config):
     xs = make_inputs(1 + (L < 60), L, 5, 3, seed=10 + L, with_state=with_state)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
     xs32 = [x.float() for x in xs]
-    out, grads = outputs_and_grads(lambda a: run_triton(a), xs32)
+    out, grads = outputs_and_grads(lambda a: run_triton(a, config), xs32)
     assert_matches(out, ref_out, "outputs")
     assert_matches(grads, ref_grads, "grads")
     t_out, t_grads = outputs_and_grads(run_torch, xs32)
@@ -140,7 +142,7 @@ def test_triton_writes_every_output_and_gradient(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", _nan_empty(torch.empty_like))
     xs = make_inputs(2, 19, 6, 3, seed=5, with_state=True)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
-    out, grads = outputs_and_grads(lambda a: run_triton(a), [x.float() for x in xs])
+    out, grads = outputs_and_grads(lambda a: run_triton(a, SPLIT), [x.float() for x in xs])
     assert_matches(out, ref_out, "outputs")
     assert_matches(grads, ref_grads, "grads")
 

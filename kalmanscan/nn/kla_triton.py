@@ -1,8 +1,9 @@
 """The ``"triton"`` backend of :func:`kalmanscan.nn.kla_scan`: launch wrappers and autograd.
 
 Forward (:mod:`kernels.kla_fwd`): one program per ``(batch, BLOCK_M channels)``, the
-``[BLOCK_M, S]`` state grid in registers, time walked sequentially in chunks of ``CHUNK`` tokens;
-under autograd it saves only the state at each chunk start (``2 B M S ceil(L / CHUNK)`` floats).
+``[BLOCK_M, S]`` state grid in registers, time walked sequentially (optionally split into stretches
+run by separate programs, :mod:`kernels.kla_split`); under autograd it saves only the state at each
+chunk start (``2 B M S ceil(L / CHUNK)`` floats).
 Backward (:mod:`kernels.kla_bwd`): chunks in reverse, each recomputed from its checkpoint, then the
 scalar-adjoint reverse recursion; exact gradients for ``v, lam_v, k, q, decay, noise`` and the
 initial state. ``k``/``q`` gradients are reduced over M through per-program partials
@@ -21,6 +22,7 @@ import triton
 
 from kernels.kla_bwd import kla_bwd_kernel
 from kernels.kla_fwd import kla_fwd_kernel
+from kernels.kla_split import kla_piece_map_kernel
 
 __all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
 
@@ -29,7 +31,10 @@ __all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
 class KLAConfig:
     """Launch shape: channels per program, tokens per checkpoint chunk, warps per program, and the
     software-pipelining depth (``num_stages``) and unroll factor of the time loops (``None``: left
-    to the compiler), for the forward and the backward."""
+    to the compiler), for the forward and the backward. ``pieces`` splits the forward's time axis
+    into that many stretches run by separate programs (``kernels.kla_split``); ``None`` picks enough
+    to give the GPU about ``4 x SMs`` programs; 1 (the default until it is timed on the GPU) walks
+    all of time in one program per channel block."""
 
     block_m: int = 16
     chunk: int = 32
@@ -40,6 +45,7 @@ class KLAConfig:
     bwd_stages: int = 3
     unroll: int | None = None
     bwd_unroll: int | None = None
+    pieces: int | None = 1
 
 
 DEFAULT_CONFIG = KLAConfig()
@@ -56,7 +62,8 @@ def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=N
     S = triton.next_power_of_2(k.shape[-1])
     n_mblocks = triton.cdiv(M, config.bwd_block_m)
     largest = max(B * L * M, B * L * n_mblocks * S, B * (triton.cdiv(L, config.chunk) + 1) * M * S,
-                  B * n_mblocks * config.chunk * config.bwd_block_m * S)
+                  B * n_mblocks * config.chunk * config.bwd_block_m * S,
+                  B * _pieces(config, B, L, M, v.device)[0] * 7 * M * S)
     if largest >= 2**31:
         raise ValueError(f"v of shape {tuple(v.shape)} is too large for the kernels' int32 offsets")
     tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
@@ -67,6 +74,17 @@ def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=N
 def _grid_args(B, M, S, block_m):
     n_mblocks = triton.cdiv(M, block_m)
     return (B, n_mblocks), n_mblocks, triton.next_power_of_2(S)
+
+
+def _pieces(config, B, L, M, device):
+    """``(n_pieces, piece_len)``: the forward's stretches of time, each a whole number of chunks."""
+    n = config.pieces
+    if n is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        n = triton.cdiv(4 * sms, B * triton.cdiv(M, config.block_m))
+    n = max(1, min(n, triton.cdiv(L, config.chunk)))
+    piece_len = max(triton.cdiv(triton.cdiv(L, n), config.chunk), 1) * config.chunk
+    return max(triton.cdiv(L, piece_len), 1), piece_len
 
 
 class _KLAScan(torch.autograd.Function):
@@ -89,11 +107,20 @@ class _KLAScan(torch.autograd.Function):
         eta = torch.empty_like(lam)
         ckpt = [torch.empty((B, n_chunks, M, S) if save else (1,), dtype=torch.float32, device=dev)
                 for _ in range(2)]
-        grid, _, block_s = _grid_args(B, M, S, config.block_m)
-        kla_fwd_kernel[grid](
-            v, lam_v, k, q, decay32, noise32, state0[0], state0[1],
+        grid, n_mblocks, block_s = _grid_args(B, M, S, config.block_m)
+        n_pieces, piece_len = _pieces(config, B, L, M, dev)
+        maps = decay32
+        if n_pieces > 1:
+            maps = torch.empty(B, n_pieces, 7, M, S, dtype=torch.float32, device=dev)
+            kla_piece_map_kernel[(B, n_mblocks, n_pieces - 1)](
+                v, lam_v, k, q, decay32, noise32, maps, L, M, S, piece_len, n_pieces,
+                BLOCK_M=config.block_m, BLOCK_S=block_s, STAGES=config.stages,
+                num_warps=config.num_warps,
+            )
+        kla_fwd_kernel[grid + (n_pieces,)](
+            v, lam_v, k, q, decay32, noise32, state0[0], state0[1], maps,
             y, y_var, lam, eta, ckpt[0], ckpt[1],
-            L, M, S, n_chunks,
+            L, M, S, n_chunks, piece_len, n_pieces,
             CHUNK=chunk, BLOCK_M=config.block_m, BLOCK_S=block_s,
             HAS_INIT=has_init, SAVE=save, STAGES=config.stages, UNROLL=config.unroll,
             num_warps=config.num_warps,

@@ -1,0 +1,77 @@
+"""Building blocks shared by the KLA kernels (``kla_fwd``, ``kla_bwd``, ``kla_split``).
+
+A program owns the ``[BLOCK_M, BLOCK_S]`` grid of filters ``(m, s)`` of one batch row; per-channel
+token inputs are ``[BLOCK_M]`` vectors, per-state ones ``[BLOCK_S]``. Arithmetic is float32.
+Padding lanes (``m >= M`` or ``s >= S``) carry ``decay = 1, noise = 0, k = q = 0`` and stay inert.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
+    """One predict-then-update step of the filter grid (DESIGN.md section 3):
+    ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``, ``eta <- rho decay eta + lam_v v k``."""
+    rho = 1.0 / (a2 + noise * lam)
+    lam = rho * lam + lv[:, None] * (kt * kt)[None, :]
+    eta = (rho * decay) * eta + lvv[:, None] * kt[None, :]
+    return lam, eta
+
+
+@triton.jit
+def kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s):
+    """Float32 ``(lam_v, lam_v v)`` at channels ``row_m`` and ``(k, q)`` of token ``t``."""
+    lv = tl.load(lam_v_ptr + row_m + t * M, mask=mask_m, other=1.0).to(tl.float32)
+    vv = tl.load(v_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+    kt = tl.load(k_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
+    qt = tl.load(q_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
+    return lv, lv * vv, kt, qt
+
+
+@triton.jit
+def kla_tile(pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Channel/state offsets and masks of program block ``pid_m``, and its ``decay``/``noise``.
+
+    Padding lanes get ``decay = 1, noise = 0`` (an identity predict step).
+    """
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_m = offs_m < M
+    mask_s = offs_s < S
+    mask = mask_m[:, None] & mask_s[None, :]
+    ms = offs_m[:, None] * S + offs_s[None, :]
+    decay = tl.load(decay_ptr + ms, mask=mask, other=1.0)
+    noise = tl.load(noise_ptr + ms, mask=mask, other=0.0)
+    return offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise
+
+
+@triton.jit
+def kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt):
+    """Compose one token's step after the stretch map ``(A, B, C, D, x, y, z)`` (see ``kla_split``).
+
+    The step is the linear map ``[[1 + noise phi, decay^2 phi, 0], [noise, decay^2, 0],
+    [b noise, b decay^2, decay]]`` of ``(u, w0, w)`` (``lam = u/w0``, ``eta = w/w0``,
+    ``phi = lam_v k^2``, ``b = lam_v v k``). The product is divided by its 2x2 trace ``A + D``
+    (positive): the maps act projectively, so the scale is free, and the entries stay in range.
+    """
+    phi = lv[:, None] * (kt * kt)[None, :]
+    b = lvv[:, None] * kt[None, :]
+    p1 = 1.0 + noise * phi
+    p2 = a2 * phi
+    A1 = p1 * A + p2 * C
+    B1 = p1 * B + p2 * D
+    C1 = noise * A + a2 * C
+    D1 = noise * B + a2 * D
+    x1 = decay * x + b * C1
+    y1 = decay * y + b * D1
+    r = 1.0 / (A1 + D1)
+    return A1 * r, B1 * r, C1 * r, D1 * r, x1 * r, y1 * r, (decay * z) * r
+
+
+@triton.jit
+def kla_map_apply(lam, eta, A, B, C, D, x, y, z):
+    """The state after a stretch with map ``(A, B, C, D, x, y, z)`` from the state ``(lam, eta)``:
+    ``lam' = (A lam + B) / (C lam + D)``, ``eta' = (x lam + y + z eta) / (C lam + D)``."""
+    r = 1.0 / (C * lam + D)
+    return (A * lam + B) * r, (x * lam + y + z * eta) * r

@@ -1,0 +1,58 @@
+"""Time split of the KLA forward: the composed map of each stretch of time, independent of the state.
+
+With few sequences (``B * M / BLOCK_M`` programs cannot fill the GPU) the forward splits time into
+``n_pieces`` stretches. A stretch's effect on ``(lam, eta)`` does not depend on the state entering
+it when written in the merged homogeneous form of KERNEL_NOTES.md: with ``lam = u / w0`` and
+``eta = w / w0`` one token is the linear map of ``(u, w0, w)``
+
+    [[1 + noise phi, decay^2 phi, 0],
+     [noise,         decay^2,     0],
+     [b noise,       b decay^2,   decay]]          (phi = lam_v k^2, b = lam_v v k)
+
+(the Möbius matrix of DESIGN.md section 2 in the top-left block; ``w' = decay w + b w0'`` is the
+mean update times the new denominator). Products stay of this lower block-triangular form, seven
+numbers ``(A, B, C, D, x, y, z)``; this kernel composes them over a stretch, dividing by the trace
+``A + D`` after each token (the maps act projectively; the 2x2 block has non-negative entries and a
+positive trace, so the scale never cancels). ``kla_fwd_kernel`` then applies the maps of the earlier
+stretches, in order, to the initial state: ``O(n_pieces^2)`` cheap map applications in all.
+
+Grid ``(B, ceil(M / BLOCK_M), n_pieces - 1)`` (the last stretch's map is never needed); output
+``maps[b, piece, 7, m, s]`` float32.
+"""
+
+import triton
+import triton.language as tl
+
+from .kla_common import kla_map_step, kla_tile, kla_token
+
+
+@triton.jit
+def kla_piece_map_kernel(
+    v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, maps_ptr,
+    L, M, S, piece_len, n_pieces,
+    BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_p = tl.program_id(2)
+    offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise = kla_tile(
+        pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M, BLOCK_S)
+    a2 = decay * decay
+    one = tl.full((BLOCK_M, BLOCK_S), 1.0, tl.float32)
+    zero = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
+    A, B, C, D, x, y, z = one, zero, zero, one, zero, zero, one
+    row_m = pid_b * L * M + offs_m
+    row_s = pid_b * L * S + offs_s
+    t_begin = pid_p * piece_len
+    t_end = tl.minimum(t_begin + piece_len, L)
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
+        lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
+        A, B, C, D, x, y, z = kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt)
+    at = maps_ptr + (pid_b * n_pieces + pid_p) * 7 * M * S + ms
+    tl.store(at, A, mask=mask)
+    tl.store(at + M * S, B, mask=mask)
+    tl.store(at + 2 * M * S, C, mask=mask)
+    tl.store(at + 3 * M * S, D, mask=mask)
+    tl.store(at + 4 * M * S, x, mask=mask)
+    tl.store(at + 5 * M * S, y, mask=mask)
+    tl.store(at + 6 * M * S, z, mask=mask)
