@@ -1,5 +1,7 @@
 """The ``kalmanscan`` command line: filter/smooth/fit/calibrate on CSV and NetCDF, and its errors."""
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -206,8 +208,10 @@ def test_demo_still_runs(tmp_path, capsys):
 def test_installed_console_script_reports_bad_files(tmp_path):
     src = tmp_path / "unsorted.csv"
     src.write_text("t,a\n1,2\n3,1\n2,5\n")
-    script = Path(sys.executable).with_name("kalmanscan")
-    proc = subprocess.run([str(script), "filter", str(src), "--theta", "1", "--sigma", "1", "--obs-var", "1"],
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    script = shutil.which("kalmanscan", path=search)
+    assert script is not None, "the kalmanscan console script is not installed"
+    proc = subprocess.run([script, "filter", str(src), "--theta", "1", "--sigma", "1", "--obs-var", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "time column 't' is not strictly increasing" in proc.stderr and "Traceback" not in proc.stderr
