@@ -173,6 +173,19 @@ def _check_model(rank, world):
         _close(p.grad, ref_grads[n], f"rank {rank} model d {n}")
 
 
+def _check_numpy(rank, world):
+    """NumPy in, NumPy out (gloo), float64, static parameters, no times."""
+    bounds = _bounds(world, 60 + world)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    y = np.random.default_rng(61).normal(size=(int(bounds[-1]), 2))
+    kw = dict(theta=[0.2, 0.9], sigma=1.3, obs_var=[0.4, 2.0], mean=0.5)
+    ref = ks.filter(y, backend="torch", **kw)
+    post = ks.distributed.filter(y[lo:hi], **kw)
+    assert isinstance(post.mean, np.ndarray)
+    for k in FIELDS:
+        _close(torch.from_numpy(getattr(post, k)), torch.from_numpy(getattr(ref, k)[lo:hi]), f"rank {rank} numpy {k}")
+
+
 def _check_errors(rank, world):
     y = torch.randn(4, 2, dtype=torch.float64)
     bad = -1.0 if rank == world - 1 else 1.0
@@ -192,6 +205,7 @@ def _worker(rank, world, store):
         _check_series(rank, world, smooth=True)
         _check_fused_summary(rank, world)
         _check_kla(rank, world)
+        _check_numpy(rank, world)
         _check_errors(rank, world)
         _check_model(rank, world)
         if world == 2:
