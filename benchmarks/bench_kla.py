@@ -267,7 +267,8 @@ def main():
         "time split x4 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(pieces=4)),
     }.items():
         checks[name] = check(*shape, cfg)
-    result["gpu_check"] = {k: dict(max_rel_err=v[0], errors=v[1], passed=v[0] < TOL) for k, v in checks.items()}
+    result["gpu_check"] = {k: dict(max_rel_err=v[0], errors=v[1], passed=v[0] < TOL)
+                           for k, v in checks.items()}
     print(json.dumps(result["gpu_check"]), flush=True)
 
     save(args.out, result)

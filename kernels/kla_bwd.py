@@ -56,20 +56,15 @@ def kla_bwd_kernel(
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
     UNROLL: tl.constexpr,
 ):
-    pid_b = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise = kla_tile(
-        pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M, BLOCK_S)
+    pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
     SLOT: tl.constexpr = BLOCK_M * BLOCK_S
-    a2 = decay * decay
     state = pid_b * M * S + ms
     gl = tl.load(glam_ptr + state, mask=mask, other=0.0)
     ge = tl.load(geta_ptr + state, mask=mask, other=0.0)
     gdecay = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
     gnoise = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
 
-    row_m = pid_b * L * M + offs_m
-    row_s = pid_b * L * S + offs_s
     slot = (pid_b * n_mblocks + pid_m) * CHUNK * SLOT + (tl.arange(0, BLOCK_M)[:, None] * BLOCK_S
                                                          + offs_s[None, :])
     part = (pid_b * L * n_mblocks + pid_m) * S + offs_s

@@ -12,7 +12,8 @@ import triton.language as tl
 @triton.jit
 def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
     """One predict-then-update step of the filter grid (DESIGN.md section 3):
-    ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``, ``eta <- rho decay eta + lam_v v k``."""
+    ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``,
+    ``eta <- rho decay eta + lam_v v k``."""
     rho = 1.0 / (a2 + noise * lam)
     lam = rho * lam + lv[:, None] * (kt * kt)[None, :]
     eta = (rho * decay) * eta + lvv[:, None] * kt[None, :]
@@ -30,11 +31,15 @@ def kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mas
 
 
 @triton.jit
-def kla_tile(pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Channel/state offsets and masks of program block ``pid_m``, and its ``decay``/``noise``.
+def kla_tile(decay_ptr, noise_ptr, L, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The program's batch row ``pid_b`` and channel block ``pid_m`` (grid axes 0 and 1), its
+    offsets and masks, ``decay``, ``decay^2`` and ``noise`` of its filters, and the offsets
+    ``row_m``/``row_s`` of token 0 of its row in ``(B, L, M)`` and ``(B, L, S)`` tensors.
 
     Padding lanes get ``decay = 1, noise = 0`` (an identity predict step).
     """
+    pid_b = tl.program_id(0)
+    pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_s = tl.arange(0, BLOCK_S)
     mask_m = offs_m < M
@@ -43,7 +48,9 @@ def kla_tile(pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M: tl.constexpr, BLOCK_S: 
     ms = offs_m[:, None] * S + offs_s[None, :]
     decay = tl.load(decay_ptr + ms, mask=mask, other=1.0)
     noise = tl.load(noise_ptr + ms, mask=mask, other=0.0)
-    return offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise
+    row_m = pid_b * L * M + offs_m
+    row_s = pid_b * L * S + offs_s
+    return pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, decay * decay, noise, row_m, row_s
 
 
 @triton.jit

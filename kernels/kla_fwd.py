@@ -36,12 +36,9 @@ def kla_fwd_kernel(
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_INIT: tl.constexpr, SAVE: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    pid_b = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
     pid_p = tl.program_id(2)
-    offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise = kla_tile(
-        pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M, BLOCK_S)
-    a2 = decay * decay
     state = pid_b * M * S + ms
     if HAS_INIT:
         lam = tl.load(lam0_ptr + state, mask=mask, other=1.0)
@@ -57,8 +54,6 @@ def kla_fwd_kernel(
             tl.load(at + 4 * M * S, mask=mask, other=0.0), tl.load(at + 5 * M * S, mask=mask, other=0.0),
             tl.load(at + 6 * M * S, mask=mask, other=1.0))
 
-    row_m = pid_b * L * M + offs_m
-    row_s = pid_b * L * S + offs_s
     t_begin = pid_p * piece_len
     t_end = tl.minimum(t_begin + piece_len, L)
     for t in tl.range(t_begin, t_end, num_stages=STAGES, loop_unroll_factor=UNROLL):

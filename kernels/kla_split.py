@@ -32,17 +32,12 @@ def kla_piece_map_kernel(
     L, M, S, piece_len, n_pieces,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
 ):
-    pid_b = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
     pid_p = tl.program_id(2)
-    offs_m, offs_s, mask_m, mask_s, mask, ms, decay, noise = kla_tile(
-        pid_m, decay_ptr, noise_ptr, M, S, BLOCK_M, BLOCK_S)
-    a2 = decay * decay
     one = tl.full((BLOCK_M, BLOCK_S), 1.0, tl.float32)
     zero = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
     A, B, C, D, x, y, z = one, zero, zero, one, zero, zero, one
-    row_m = pid_b * L * M + offs_m
-    row_s = pid_b * L * S + offs_s
     t_begin = pid_p * piece_len
     t_end = tl.minimum(t_begin + piece_len, L)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
