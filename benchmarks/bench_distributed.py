@@ -227,8 +227,9 @@ def model_part(args, rank, world, device):
         out["single_ms"] = out["ms"] if world == 1 else None
     halo = 4 * B * (model.blocks[0].mixer.d_conv - 1) * M
     summary = 7 * B * M * S * 4
-    out["bytes_sent_per_rank"] = {"forward_per_kla_layer": halo + summary + 3 * 8,
-                                  "forward_all_layers": (halo + summary + 3 * 8) * args.layers,
+    agreement = 3 * 8 + 2 * 8  # kla_scan's and the layer's input agreement
+    out["bytes_sent_per_rank"] = {"forward_per_kla_layer": halo + summary + agreement,
+                                  "forward_all_layers": (halo + summary + agreement) * args.layers,
                                   "backward_all_reduce_buffers": world * (halo + summary) * args.layers,
                                   "gradient_all_reduce_buffer": 4 * out["params"]}
     return out

@@ -191,6 +191,12 @@ def _check_errors(rank, world):
     bad = -1.0 if rank == world - 1 else 1.0
     with pytest.raises(ValueError, match="obs_var" if rank == world - 1 else "rank"):
         ks.distributed.filter(y, theta=0.5, sigma=1.0, obs_var=bad)
+    torch.manual_seed(0)
+    model = ks.nn.SequenceModel(11, 8, 1, mixer="kla", d_state=4, backend="torch", dtype=torch.float64)
+    tokens = torch.zeros(1, 2 if rank == world - 1 else 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="d_conv" if rank == world - 1 else "rank"):
+        with ks.distributed.sequence_parallel(model):
+            model(tokens)
     times = torch.arange(4, dtype=torch.float64) + (0.0 if rank < world - 1 else -10.0)
     with pytest.raises(ValueError, match="increasing across ranks"):
         ks.distributed.filter(y, theta=0.5, sigma=1.0, obs_var=1.0, times=times)

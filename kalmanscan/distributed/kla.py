@@ -101,18 +101,17 @@ def _total(v, lam_v, k, q, decay, noise, dtype):
     return tuple(x[:, 0] for x in summaries.chunked_total(steps, sliced, 1, B * M * S))
 
 
-def _halo(layer, z, group):
+def _halo(layer, z, grad: bool, group):
     """The pre-conv window entering this rank (the previous rank's last ``d_conv - 1`` inputs, in
     the layout of the layer's recurrent state; zeros on rank 0), and the gathered tensor."""
     from ..nn.layer import causal_conv
 
     rank, _ = rank_world(group)
     width = layer.d_conv - 1
-    if z.shape[1] < width:
-        raise ValueError(f"x: sequence-parallel KLA needs at least d_conv - 1 = {width} tokens per "
-                         f"rank, got {z.shape[1]}")
     zeros = layer.init_state(z.shape[0], device=z.device).conv.to(z.dtype)
     _, tail = causal_conv(z[:, z.shape[1] - width:], zeros, layer.conv)
+    if grad and not tail.requires_grad:
+        tail = tail.detach().requires_grad_()
     gathered = all_gather(tail, group)
     return (zeros if rank == 0 else gathered[rank - 1]), gathered
 
@@ -121,15 +120,23 @@ def _forward(layer, group, x, state=None, return_variance=False):
     """:meth:`kalmanscan.nn.KLA.forward` for this rank's tokens of a sequence split across ranks."""
     from ..nn.layer import causal_conv
 
-    if state is not None:
-        raise ValueError("state: a sequence-parallel KLA layer runs whole sequences, without a state")
-    layer._check(x, 3, "x")
+    def check():
+        if state is not None:
+            raise ValueError("state: a sequence-parallel KLA layer runs whole sequences, without a state")
+        layer._check(x, 3, "x")
+        if x.shape[1] < layer.d_conv - 1:
+            raise ValueError(f"x: sequence-parallel KLA needs at least d_conv - 1 = {layer.d_conv - 1} "
+                             f"tokens per rank, got {x.shape[1]}")
+
+    grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
+    _, infos = agree(check, lambda _: [grad], 1, x.device, group)
     z, gate = layer.in_proj(x).chunk(2, -1)
-    window, halo = _halo(layer, z, group)
+    window, halo = _halo(layer, z, bool(infos[:, 0].any()), group)
     z, _ = causal_conv(z, window, layer.conv)
     z = F.silu(z)
     v, lam_v, k, q = layer._sensors(z)
     if halo.requires_grad:
+        v = v if v.requires_grad else v.detach().requires_grad_()
         v = tie(halo, {"v": v})["v"]
     decay, noise = layer.discretized()
     with torch.autocast(x.device.type, enabled=False):
@@ -154,6 +161,8 @@ def sequence_parallel(model, group=None):
     equal the same positions of the single-process model on the whole sequence (to rounding).
     Every rank must pass the same batch size and ``L_local >= d_conv - 1``. Raises ``ValueError``
     for models with other sequence mixers (attention, gla, mamba), which need their own scheme.
+    Per KLA layer and call: one agreement all-gather (2 float64), the halo (``B (d_conv - 1) M``
+    numbers) and :func:`kla_scan`'s exchange.
     The modules are restored on exit; backward may run after the block.
     """
     from ..nn.layer import KLA
