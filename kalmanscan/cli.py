@@ -17,6 +17,8 @@ status 2 and a message naming the problem.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 
@@ -38,6 +40,7 @@ _HELP = {
     "init_var": "variance of the belief at the first time (default: stationary)",
 }
 _MAX_PANELS = 6
+_LONG_BYTES = 20_000_000
 _MAX_ROWS = 20
 
 
@@ -207,17 +210,23 @@ def _run_filter(args, smooth: bool) -> int:
     from . import io
 
     _check_outputs(args)
-    data = _Data(args)
-    model = _model(args, data)
-    op = ks.smooth if smooth else ks.filter
-    post = op(data.y, **model, **data.steps(), backend=args.backend)
-    ds = ks.xr.to_dataset(post, data.da, data.dim, time_unit=data.time_unit, level=args.level)
-    if data.dt is not None:
-        ds.attrs["time_unit"] = f"steps of dt = {data.dt:g}"
-    if args.output:
-        io.write_dataset(ds, args.output, data.dim, data.da.attrs.get("time_column"))
-    if args.plot:
-        _plot_bands(post, data, ds.attrs["z"], args)
+    with _stages(args, 3) as step:
+        step("read")
+        data = _Data(args)
+        step("fit" if args.fit else "model")
+        model = _model(args, data)
+        step("smooth" if smooth else "filter")
+        op = ks.smooth if smooth else ks.filter
+        post = op(data.y, **model, **data.steps(), backend=args.backend)
+        ds = ks.xr.to_dataset(post, data.da, data.dim, time_unit=data.time_unit, level=args.level)
+        if data.dt is not None:
+            ds.attrs["time_unit"] = f"steps of dt = {data.dt:g}"
+        if args.output:
+            step("write")
+            io.write_dataset(ds, args.output, data.dim, data.da.attrs.get("time_column"))
+        if args.plot:
+            step("plot")
+            _plot_bands(post, data, ds.attrs["z"], args)
     band = ds.attrs["z"] * np.sqrt(post.var[-1])
     print(f"{'smoothed' if smooth else 'filtered'} {args.input}: T = {data.y.shape[0]}, "
           f"{data.y.shape[1]} channel(s), {ds.attrs['time_unit']}")
@@ -232,6 +241,29 @@ def _run_filter(args, smooth: bool) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _stages(args, base):
+    """``step(name)``: advance a tqdm bar over the stages of a command (read, fit, filter, write,
+    plot): ``base`` stages plus one per output file. Shown with ``--progress``, or by default on a terminal for inputs of ``_LONG_BYTES``."""
+    from tqdm.auto import tqdm
+
+    show = args.progress
+    if show is None:
+        show = sys.stderr.isatty() and os.path.isfile(args.input) and os.path.getsize(args.input) >= _LONG_BYTES
+    total = base + sum(bool(getattr(args, k, None)) for k in ("output", "plot"))
+    with tqdm(total=total, desc=f"kalmanscan {args.command}", unit="stage", disable=not show, leave=False) as bar:
+        started = []
+
+        def step(name):
+            if started:
+                bar.update(1)
+            started.append(name)
+            bar.set_postfix_str(name)
+
+        yield step
+        bar.update(1)
+
+
 def _wrote(*paths):
     for path in paths:
         if path:
@@ -242,10 +274,14 @@ def _run_fit(args) -> int:
     from . import io
 
     _check_outputs(args)
-    data = _Data(args)
-    ds = _fit_dataset(args, data, _flag_params(args, data))
-    if args.output:
-        io.write_dataset(ds, args.output, data.dim)
+    with _stages(args, 2) as step:
+        step("read")
+        data = _Data(args)
+        step("fit")
+        ds = _fit_dataset(args, data, _flag_params(args, data))
+        if args.output:
+            step("write")
+            io.write_dataset(ds, args.output, data.dim)
     _print_fit(ds, data, heading=f"fit of {args.input}")
     _wrote(args.output)
     return 0
@@ -255,11 +291,17 @@ def _run_calibrate(args) -> int:
     import kalmanscan as ks
 
     _check_outputs(args)
-    data = _Data(args)
-    post = ks.filter(data.y, **_model(args, data), **data.steps(), backend=args.backend)
-    report = ks.diagnostics.report(post, data.y, alpha=args.alpha)
-    if args.plot:
-        _plot_calibration(post, data, args)
+    with _stages(args, 3) as step:
+        step("read")
+        data = _Data(args)
+        step("fit" if args.fit else "model")
+        model = _model(args, data)
+        step("filter")
+        post = ks.filter(data.y, **model, **data.steps(), backend=args.backend)
+        report = ks.diagnostics.report(post, data.y, alpha=args.alpha)
+        if args.plot:
+            step("plot")
+            _plot_calibration(post, data, args)
     print(f"calibration of the filter on {args.input} ({data.y.shape[1]} channel(s) pooled)")
     print(report)
     _wrote(args.plot)
@@ -357,6 +399,8 @@ def _parents():
     g.add_argument("--dim", default="time", help="the time dimension (default: %(default)s)")
     g.add_argument("--time-unit", help="unit of date times, e.g. 1D, 1h, 30s (required for dates)")
     g.add_argument("--dt", type=float, help="regular step, ignoring the times in the file")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show progress bars (default: on a terminal, for long work)")
     model = argparse.ArgumentParser(add_help=False)
     g = model.add_argument_group("model (one value, or one per channel separated by commas)")
     for name in _MODEL_FLAGS:
@@ -388,8 +432,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=("lbfgs", "adam"), default="lbfgs")
     p.add_argument("--max-iter", type=int)
     p.add_argument("--tol", type=float)
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="show a progress bar (default: on a terminal, for long fits)")
     p.set_defaults(func=_run_fit)
     p = sub.add_parser("calibrate", parents=[data, model, source], help="print the calibration report of the filter")
     p.add_argument("--alpha", type=float, default=0.05, help="false-alarm rate of the verdict (default: %(default)s)")

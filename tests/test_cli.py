@@ -48,9 +48,11 @@ def _model(sensors):
 
 def test_filter_csv_to_netcdf_and_png(tmp_path, capsys, sensors):
     src = _csv(tmp_path / "s.csv", sensors)
-    code, out, err = _run(capsys, "filter", src, *MODEL, "-o", tmp_path / "f.nc", "--plot", tmp_path / "f.png")
+    code, out, err = _run(capsys, "filter", src, *MODEL, "-o", tmp_path / "f.nc", "--plot", tmp_path / "f.png",
+                          "--progress")
     assert code == 0, err
     assert "temperature" in out and "wrote" in out
+    assert "kalmanscan filter" in err and "5/5" in err
     ref = ks.filter(sensors.y, times=sensors.times, **_model(sensors))
     with xr.open_dataset(tmp_path / "f.nc") as ds:
         assert ds["mean"].dims == ("time", "channel") and list(ds["channel"].values) == CHANNELS
