@@ -15,7 +15,8 @@ user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
 
 Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
 :mod:`kalmanscan.inputs`), or float64 for float64 inputs. Runs on CUDA tensors, or on the CPU under
-``TRITON_INTERPRET=1`` (the tests). Index arithmetic is 32-bit: ``B T C < 2^31``.
+``TRITON_INTERPRET=1`` (the tests). Index arithmetic is 32-bit, and the backward indexes stacks of
+four ``(B, T, C)`` arrays: ``B T C < 2^29``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,10 @@ def _launch(B, C, ns):
     return (triton.cdiv(ns * C, block), B), opts
 
 
-def _check_device(y):
+def _check_device(y, shape):
+    if 4 * math.prod(shape) >= 2**31:
+        raise ValueError(f"y of broadcast shape {tuple(shape)} is too large for backend='triton' "
+                         "(32-bit indexing: the product of its dimensions must be below 2^29)")
     if y.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); "
                          f"y is on {y.device}")
@@ -229,8 +233,8 @@ def filter_triton(p: Problem, stretch: int | None = None) -> dict:
     Differentiable with respect to ``y``, every parameter and the initial belief. ``stretch``
     overrides the number of steps per stretch (see :func:`plan`).
     """
-    _check_device(p.y)
     shape = p.shape
+    _check_device(p.y, shape)
     B, C = math.prod(shape[:-2]), shape[-1]
     bshape = shape[:-2] + (1, C)
     lam0 = (1.0 / p.init_var).expand(bshape).reshape(B, C)
