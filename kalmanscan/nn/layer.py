@@ -68,6 +68,34 @@ def causal_conv(z, window, conv: nn.Conv1d):
     return out, padded[:, L:]
 
 
+def positive_int(name: str, value) -> int:
+    """``value`` if it is a positive int, else ``ValueError`` naming ``name``."""
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def inner_width(d_model: int, expand) -> int:
+    """``M = expand * d_model``, which must be a positive integer."""
+    d_inner = expand * d_model
+    if not float(d_inner).is_integer() or d_inner < 1:
+        raise ValueError(f"expand * d_model must be a positive integer, got expand={expand!r}")
+    return int(d_inner)
+
+
+def init_log_dt(shape, dt_min: float, dt_max: float, device=None, dtype=None):
+    """``log dt`` with ``dt`` log-uniform in ``[dt_min, dt_max]`` (Mamba's step initialisation)."""
+    if not 0 < dt_min <= dt_max:
+        raise ValueError(f"dt_min, dt_max must satisfy 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+    return torch.empty(shape, device=device, dtype=dtype).uniform_(math.log(dt_min), math.log(dt_max))
+
+
+def init_log_rates(d_inner: int, d_state: int, device=None, dtype=None):
+    """``log theta`` (M, S) with the S4D-real rates ``theta[m, s] = s + 1``."""
+    rates = torch.arange(1, d_state + 1, device=device, dtype=dtype or torch.get_default_dtype())
+    return torch.log(rates).expand(d_inner, d_state).clone()
+
+
 class KLA(nn.Module):
     """Kalman Linear Attention: a grid of ``M x S`` independent scalar Kalman filters per layer.
 
@@ -110,17 +138,12 @@ class KLA(nn.Module):
                  skip_init: float = -1.0, backend: str = "auto", device=None, dtype=None):
         super().__init__()
         for name, value in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        d_inner = expand * d_model
-        if not float(d_inner).is_integer() or d_inner < 1:
-            raise ValueError(f"expand * d_model must be a positive integer, got expand={expand!r}")
+            positive_int(name, value)
+        M, S = inner_width(d_model, expand), d_state
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
         if discretization not in ("ou", "zoh"):
             raise ValueError(f"discretization must be 'ou' or 'zoh', got {discretization!r}")
-        if not 0 < dt_min <= dt_max:
-            raise ValueError(f"dt_min, dt_max must satisfy 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
         if backend not in KLA_BACKENDS:
             raise ValueError(f"backend must be one of {KLA_BACKENDS}, got {backend!r}")
         if not sigma_init > 0:
@@ -128,7 +151,6 @@ class KLA(nn.Module):
         if var_rank is not None and (variant != "mamba" or var_rank < 1):
             raise ValueError(f"var_rank applies to variant='mamba' and must be >= 1, got {var_rank!r}")
         factory = dict(device=device, dtype=dtype)
-        M, S = int(d_inner), d_state
         self.d_model, self.d_inner, self.d_state, self.d_conv = d_model, M, S, d_conv
         self.variant, self.discretization, self.backend = variant, discretization, backend
 
@@ -144,11 +166,8 @@ class KLA(nn.Module):
             self.var_expand = nn.Linear(self.var_rank, M, bias=False, **factory)
         self.out_proj = nn.Linear(M, d_model, bias=False, **factory)
 
-        log_dt = torch.empty(M, S, **factory).uniform_(math.log(dt_min), math.log(dt_max))
-        rates = torch.arange(1, S + 1, device=device, dtype=dtype or torch.get_default_dtype())
-        log_theta = torch.log(rates).expand(M, S).clone()
-        self.log_dt = nn.Parameter(log_dt)
-        self.log_theta = nn.Parameter(log_theta)
+        self.log_dt = nn.Parameter(init_log_dt((M, S), dt_min, dt_max, **factory))
+        self.log_theta = nn.Parameter(init_log_rates(M, S, **factory))
         self.log_sigma = nn.Parameter(torch.full((M, S), math.log(sigma_init), **factory))
         self.skip = nn.Parameter(torch.full((M,), float(skip_init), **factory))
         for p in (self.log_dt, self.log_theta, self.log_sigma, self.skip):

@@ -25,7 +25,8 @@ from torch import nn
 
 from .. import mobius
 from ..scan import associative_scan
-from .layer import KLA, causal_conv, scan_dtype
+from .layer import (KLA, causal_conv, init_log_dt, init_log_rates, inner_width, positive_int,
+                    scan_dtype)
 from .model import RMSNorm
 
 __all__ = ["MIXERS", "register_mixer", "CausalAttention", "GatedLinearAttention", "SelectiveSSM",
@@ -47,11 +48,6 @@ def register_mixer(name: str):
 
 
 register_mixer("kla")(KLA)
-
-
-def _positive_int(name, value):
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _heads(x, n_heads):
@@ -88,7 +84,7 @@ class CausalAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int = 4, rope_base: float = 10000.0,
                  device=None, dtype=None):
         super().__init__()
-        _positive_int("n_heads", n_heads)
+        positive_int("n_heads", n_heads)
         if d_model % n_heads or (d_model // n_heads) % 2:
             raise ValueError(f"d_model / n_heads must be an even integer, got {d_model} / {n_heads}")
         self.n_heads, self.d_head, self.rope_base = n_heads, d_model // n_heads, rope_base
@@ -183,8 +179,8 @@ class GatedLinearAttention(nn.Module):
                  gate_rank: int = 16, gate_normalizer: float = 16.0, use_fla: bool = True,
                  device=None, dtype=None):
         super().__init__()
-        _positive_int("n_heads", n_heads)
-        _positive_int("gate_rank", gate_rank)
+        positive_int("n_heads", n_heads)
+        positive_int("gate_rank", gate_rank)
         key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
         if key_dim < n_heads or value_dim < n_heads or key_dim % n_heads or value_dim % n_heads:
             raise ValueError(f"expand_k * d_model and expand_v * d_model must be positive multiples "
@@ -264,26 +260,21 @@ class SelectiveSSM(nn.Module):
                  device=None, dtype=None):
         super().__init__()
         for name, value in (("d_state", d_state), ("d_conv", d_conv)):
-            _positive_int(name, value)
-        M = int(expand * d_model)
-        if M < 1 or M != expand * d_model:
-            raise ValueError(f"expand * d_model must be a positive integer, got expand={expand!r}")
-        if not 0 < dt_min <= dt_max:
-            raise ValueError(f"dt_min, dt_max must satisfy 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+            positive_int(name, value)
+        M = inner_width(d_model, expand)
         factory = dict(device=device, dtype=dtype)
         self.d_inner, self.d_state, self.d_conv = M, d_state, d_conv
         self.dt_rank = dt_rank or math.ceil(d_model / 16)
-        _positive_int("dt_rank", self.dt_rank)
+        positive_int("dt_rank", self.dt_rank)
         self.in_proj = nn.Linear(d_model, 2 * M, bias=False, **factory)
         self.conv = nn.Conv1d(M, M, d_conv, groups=M, bias=True, **factory)
         self.x_proj = nn.Linear(M, self.dt_rank + 2 * d_state, bias=False, **factory)
         self.dt_proj = nn.Linear(self.dt_rank, M, bias=True, **factory)
         self.out_proj = nn.Linear(M, d_model, bias=False, **factory)
         with torch.no_grad():
-            dt = torch.empty(M, **factory).uniform_(math.log(dt_min), math.log(dt_max)).exp()
+            dt = init_log_dt(M, dt_min, dt_max, **factory).exp()
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))   # softplus^-1(dt)
-        rates = torch.arange(1, d_state + 1, device=device, dtype=dtype or torch.get_default_dtype())
-        self.log_theta = nn.Parameter(torch.log(rates).expand(M, d_state).clone())
+        self.log_theta = nn.Parameter(init_log_rates(M, d_state, **factory))
         self.skip = nn.Parameter(torch.ones(M, **factory))
 
     def init_state(self, batch: int, device=None) -> SSMState:
