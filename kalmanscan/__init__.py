@@ -18,14 +18,15 @@ from .fit import fit
 from .forecast import forecast
 from .posterior import Posterior
 from .smooth import smooth
+from . import xr  # registers the ``.kalman`` accessor on xarray.DataArray
 
 __version__ = "0.1.0"
 
 # Functions named like their modules are imported eagerly: importing a submodule binds it on the
 # package, so a lazily bound ``ks.fit`` would become the module after ``import kalmanscan.fit``.
-_LAZY = ("diagnostics", "plot", "xr", "nn", "datasets", "distributed")
+_LAZY = ("diagnostics", "plot", "nn", "datasets", "distributed")
 
-__all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "ou", "mobius", *_LAZY]
+__all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "ou", "mobius", "xr", *_LAZY]
 
 
 def __getattr__(name):

@@ -21,7 +21,6 @@ import torch  # noqa: E402
 import xarray as xr  # noqa: E402
 
 import kalmanscan as ks  # noqa: E402
-import kalmanscan.xr  # noqa: E402,F401  (registers the .kalman accessor on DataArray)
 
 
 def longest_gap(missing):
