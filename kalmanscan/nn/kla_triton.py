@@ -32,9 +32,9 @@ class KLAConfig:
     """Launch shape: channels per program, tokens per checkpoint chunk, warps per program, and the
     software-pipelining depth (``num_stages``) and unroll factor of the time loops (``None``: left
     to the compiler), for the forward and the backward. ``pieces`` splits the forward's time axis
-    into that many stretches run by separate programs (``kernels.kla_split``); ``None`` picks enough
-    to give the GPU about ``4 x SMs`` programs; 1 (the default until it is timed on the GPU) walks
-    all of time in one program per channel block."""
+    into that many stretches run by separate programs (``kernels.kla_split``); ``None`` splits only
+    when there are at most ``2 x SMs`` channel-block programs, into ``floor(4 x SMs / programs)``
+    stretches; 1 walks all of time in one program per channel block."""
 
     block_m: int = 16
     chunk: int = 32
@@ -45,7 +45,7 @@ class KLAConfig:
     bwd_stages: int = 3
     unroll: int | None = None
     bwd_unroll: int | None = None
-    pieces: int | None = 1
+    pieces: int | None = None
 
 
 DEFAULT_CONFIG = KLAConfig()
@@ -81,7 +81,7 @@ def _pieces(config, B, L, M, device):
     n = config.pieces
     if n is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-        n = triton.cdiv(4 * sms, B * triton.cdiv(M, config.block_m))
+        n = 4 * sms // (B * triton.cdiv(M, config.block_m))
     n = max(1, min(n, triton.cdiv(L, config.chunk)))
     piece_len = max(triton.cdiv(triton.cdiv(L, n), config.chunk), 1) * config.chunk
     return max(triton.cdiv(L, piece_len), 1), piece_len
