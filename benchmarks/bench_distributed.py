@@ -13,7 +13,8 @@ backward, gradient all-reduce, AdamW) on ``batch`` sequences of ``seq`` tokens s
 Each part reports: the time per call (median over ``reps`` of the slowest rank, after warm-up),
 the same work on one process over the whole sequence (rank 0 alone; ``null`` if it does not fit),
 speed-up and scaling efficiency (speed-up / N), the local pass without exchange and the summary
-product a non-last rank adds (the last rank, hence N = 1, computes none), the bytes each rank
+product a non-last rank adds (the last rank, hence N = 1, computes none; for KLA both the torch
+product that training uses and, on GPUs, the fused forward-only kernel that inference uses), the bytes each rank
 contributes to the all-gathers per call (each rank receives N - 1 times that) and the sizes of
 the backward's all-reduce buffers, the device copy bandwidth measured in the same run and the
 filter's bytes per element (y read, the 9 posterior fields written) over its time as a fraction
@@ -213,7 +214,10 @@ def model_part(args, rank, world, device):
          F.normalize(torch.randn(B, hi - lo, S, device=device), dim=-1),
          torch.rand(M, S, device=device) * 0.5 + 0.45, torch.rand(M, S, device=device) * 0.1]
     with torch.no_grad():
-        out["summary_fwd_ms_per_layer"] = timed(lambda: dkla._total(*x, torch.float32), device, args.reps)
+        out["summary_torch_fwd_ms_per_layer"] = timed(lambda: dkla._total(*x, torch.float32), device, args.reps)
+        if device.type == "cuda":
+            out["summary_fused_fwd_ms_per_layer"] = timed(lambda: dkla._kernel_total(*x, torch.float32),
+                                                          device, args.reps)
     if world > 1 and not args.skip_single:
         def single():
             def full_step():

@@ -152,6 +152,20 @@ def _check_kla(rank, world):
             _close(grad, full[k].grad, f"rank {rank} kla d {k}")
 
 
+def _check_kla_fused(rank, world):
+    """No gradients and backend="triton": the summaries come from the piece-map kernel (float32)."""
+    bounds = _bounds(world, 50 + world)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    args = {k: v.float() for k, v in _kla_problem(int(bounds[-1]), seed=51 + world).items()}
+    y, y_var = ks.nn.kla_scan(*(v.double() for v in args.values()), backend="torch")
+    with torch.no_grad():
+        y_l, y_var_l = ks.distributed.kla_scan(*(v[:, lo:hi] if v.ndim == 3 else v for v in args.values()),
+                                               backend="triton")
+    for name, a, r in (("y", y_l, y[:, lo:hi]), ("y_var", y_var_l, y_var[:, lo:hi])):
+        err = float((a.double() - r).abs().max() / r.abs().max())
+        assert err < 1e-5, f"rank {rank} fused kla {name}: relative error {err:.2e}"
+
+
 def _check_model(rank, world):
     torch.manual_seed(0)
     model = ks.nn.SequenceModel(11, 8, 2, mixer="kla", d_state=4, backend="torch", dtype=torch.float64)
@@ -211,6 +225,7 @@ def _worker(rank, world, store):
         _check_series(rank, world, smooth=True)
         _check_fused_summary(rank, world)
         _check_kla(rank, world)
+        _check_kla_fused(rank, world)
         _check_numpy(rank, world)
         _check_errors(rank, world)
         _check_model(rank, world)

@@ -40,6 +40,9 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, ba
     ``kla_scan`` on the whole sequence. Differentiable; gradients of ``decay`` and ``noise`` are
     this rank's share (sum them over ranks, e.g. with :func:`reduce_gradients`).
 
+    Summaries: with no gradient and the triton backend, from the fused piece-map kernel (one pass
+    over the tokens); otherwise a torch product in chunks, recomputed in the backward.
+
     Communication per call: one ``all_gather`` of ``7 B M S`` numbers per rank (plus 3 float64 of
     agreement); the backward adds one ``all_reduce`` of ``7 B M S world``.
     """
@@ -63,7 +66,9 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, ba
     if rank == world - 1:
         local = torch.zeros(7, B, M, S, dtype=dtype, device=v.device)
     else:
-        local = _total(v, lam_v, k, q, decay, noise, dtype)
+        fused = not bool(infos[:, 0].any()) and (backend == "triton" or backend == "auto" and v.is_cuda)
+        local = _kernel_total(v, lam_v, k, q, decay, noise, dtype) if fused else \
+            _total(v, lam_v, k, q, decay, noise, dtype)
         if rank == 0:
             lam0, eta0 = (None, None) if initial_state is None else initial_state
             lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device) if lam0 is None else lam0.to(dtype)
@@ -99,6 +104,26 @@ def _total(v, lam_v, k, q, decay, noise, dtype):
     S = k.shape[-1]
     sliced = (v, lam_v, k, q, decay[None, None], noise[None, None])  # (1, 1, M, S): not sliced
     return tuple(x[:, 0] for x in summaries.chunked_total(steps, sliced, 1, B * M * S))
+
+
+def _kernel_total(v, lam_v, k, q, decay, noise, dtype):
+    """The same product from the triton backend's piece-map kernel (one pass over the tokens,
+    float32, divided by the trace after every token; forward only), in ``dtype``."""
+    import triton
+
+    from kernels.kla_split import kla_piece_map_kernel
+
+    from ..nn.kla_triton import DEFAULT_CONFIG as config
+
+    B, L, M = v.shape
+    S = k.shape[-1]
+    maps = torch.empty(B, 2, 7, M, S, dtype=torch.float32, device=v.device)
+    kla_piece_map_kernel[(B, triton.cdiv(M, config.block_m), 1)](
+        *(x.contiguous() for x in (v, lam_v, k, q)),
+        *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
+        L, M, S, L, 2, BLOCK_M=config.block_m, BLOCK_S=triton.next_power_of_2(S),
+        STAGES=config.stages, num_warps=config.num_warps)
+    return tuple(x.to(dtype) for x in maps[:, 0].unbind(1))
 
 
 def _halo(layer, z, grad: bool, group):
