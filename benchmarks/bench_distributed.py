@@ -13,11 +13,10 @@ backward, gradient all-reduce, AdamW) on ``batch`` sequences of ``seq`` tokens s
 Each part reports: the time per call (median over ``reps`` of the slowest rank, after warm-up),
 the same work on one process over the whole sequence (rank 0 alone; ``null`` if it does not fit),
 speed-up and scaling efficiency (speed-up / N), the local pass without exchange and the summary
-product a non-last rank adds (the last rank, hence N = 1, computes none; for KLA both the torch
-product that training uses and, on GPUs, the fused forward-only kernel that inference uses), the bytes each rank
-contributes to the all-gathers per call (each rank receives N - 1 times that) and the sizes of
-the backward's all-reduce buffers, the device copy bandwidth measured in the same run and the
-filter's bytes per element (y read, the 9 posterior fields written) over its time as a fraction
+product a non-last rank adds (the last rank, hence N = 1, computes none; for KLA the fused
+kernel on GPUs and the torch product), the bytes each rank contributes to the all-gathers per call
+(each rank receives N - 1 times that) and what the backward exchanges, the device copy bandwidth
+measured in the same run and the filter's bytes per element (y read, the 9 posterior fields written) over its time as a fraction
 of it. Correctness checks compare every rank's rows with one process on the whole sequence (max
 relative error): the filter at a smaller size, the model's logits at the benchmark's size.
 """
@@ -234,7 +233,7 @@ def model_part(args, rank, world, device):
     agreement = 3 * 8 + 2 * 8  # kla_scan's and the layer's input agreement
     out["bytes_sent_per_rank"] = {"forward_per_kla_layer": halo + summary + agreement,
                                   "forward_all_layers": (halo + summary + agreement) * args.layers,
-                                  "backward_all_reduce_buffers": world * (halo + summary) * args.layers,
+                                  "backward_all_layers": (world * halo + 5 * B * M * S * 4) * args.layers,
                                   "gradient_all_reduce_buffer": 4 * out["params"]}
     return out
 

@@ -152,6 +152,27 @@ def _check_kla(rank, world):
             _close(grad, full[k].grad, f"rank {rank} kla d {k}")
 
 
+def _check_kla_triton_grad(rank, world):
+    """backend="triton" (float32) with gradients: the two local fused backward passes."""
+    bounds = _bounds(world, 70 + world)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    args = _kla_problem(int(bounds[-1]), seed=71 + world)
+    w = torch.randn(2, int(bounds[-1]), 3, generator=torch.Generator().manual_seed(72), dtype=torch.float64)
+    full = {k: _leaf(v) for k, v in args.items()}
+    y, y_var = ks.nn.kla_scan(*full.values(), backend="torch")
+    (y * w + y_var * w.flip(-1)).sum().backward()
+    local = {k: _leaf((v[:, lo:hi] if v.ndim == 3 else v).float()) for k, v in args.items()}
+    y_l, y_var_l = ks.distributed.kla_scan(*local.values(), backend="triton")
+    (y_l * w[:, lo:hi] + y_var_l * w[:, lo:hi].flip(-1)).sum().backward()
+    for k, v in local.items():
+        grad = v.grad.double() if v.ndim == 3 else v.grad.double().clone()
+        if v.ndim != 3:
+            dist.all_reduce(grad)
+        ref = full[k].grad[:, lo:hi] if v.ndim == 3 else full[k].grad
+        err = float((grad - ref).abs().max() / ref.abs().max())
+        assert err < 1e-5, f"rank {rank} triton kla d {k}: relative error {err:.2e}"
+
+
 def _check_kla_fused(rank, world):
     """No gradients and backend="triton": the summaries come from the piece-map kernel (float32)."""
     bounds = _bounds(world, 50 + world)
@@ -229,6 +250,7 @@ def _worker(rank, world, store):
         _check_numpy(rank, world)
         _check_errors(rank, world)
         _check_model(rank, world)
+        _check_kla_triton_grad(rank, world)
         if world == 2:
             _check_series(rank, world, smooth=True, backend="triton")
     finally:

@@ -40,53 +40,151 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, ba
     ``kla_scan`` on the whole sequence. Differentiable; gradients of ``decay`` and ``noise`` are
     this rank's share (sum them over ranks, e.g. with :func:`reduce_gradients`).
 
-    Summaries: with no gradient and the triton backend, from the fused piece-map kernel (one pass
-    over the tokens); otherwise a torch product in chunks, recomputed in the backward.
+    Forward: summaries (no gradient) from the fused piece-map kernel with the triton backend, or a
+    torch product in chunks; one ``all_gather`` of ``7 B M S`` numbers per rank (plus 3 float64 of
+    agreement); the local scan from the incoming state.
 
-    Communication per call: one ``all_gather`` of ``7 B M S`` numbers per rank (plus 3 float64 of
-    agreement); the backward adds one ``all_reduce`` of ``7 B M S world``.
+    Backward (no gradient through the summaries): the carry into rank ``r + 1`` is rank ``r``'s
+    final state, so the adjoints ``g_r`` of the carries follow ``g_r = l_r + J_r^T g_{r+1}``, with
+    ``l_r`` the gradient of rank ``r``'s own outputs with respect to its carry (one local
+    backward) and ``J_r`` the Jacobian of its map at its carry, read from its summary:
+    ``d lam'/d lam = f^2``, ``d eta'/d eta = f`` with ``f = G / (C lam + D)`` the product of the
+    forget gates (a ratio of positive numbers: no cancellation), ``d eta'/d lam = (E - C eta') /
+    (C lam + D)``. One ``all_gather`` of those 5 numbers per filter (``5 B M S`` per rank), an
+    exclusive suffix over ranks, and a second local backward with the final-state cotangent
+    ``g_{r+1}``.
     """
-    from ..nn.scan import _validate, compute_dtype
-    from ..nn.scan import kla_scan as local_scan
+    from ..nn.scan import _validate
 
     rank, world = rank_world(group)
 
     def check():
         _validate(v, lam_v, k, q, decay, noise, initial_state if rank == 0 else None, backend)
 
-    tensors = (v, lam_v, k, q, decay, noise) + (tuple(initial_state) if initial_state and rank == 0 else ())
+    init = tuple(initial_state) if initial_state is not None and rank == 0 else (None, None)
+    tensors = [x for x in (v, lam_v, k, q, decay, noise, *init) if x is not None]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     _, infos = agree(check, lambda _: [grad, v.shape[0] * v.shape[2] * k.shape[2]], 2, v.device, group)
     if not bool((infos[:, 1] == infos[0, 1]).all()):
         raise ValueError("v, k: B, M and S must be the same on every rank")
+    setup = _Setup(group, backend, rank, world)
+    if not bool(infos[:, 0].any()):
+        own, carry = _exchange(setup, v, lam_v, k, q, decay, noise, *init)
+        state = (carry if rank > 0 else (None if initial_state is None else init))
+        y, y_var, _ = _local(setup, v, lam_v, k, q, decay, noise, state)
+        return y, y_var
+    anchor = torch.zeros((), device=v.device, requires_grad=True)  # records the backward on every rank
+    return _ContextScan.apply(setup, anchor, v, lam_v, k, q, decay, noise, *init)
 
+
+class _Setup:
+    """The non-tensor arguments of :class:`_ContextScan`."""
+
+    def __init__(self, group, backend, rank, world):
+        self.group, self.backend, self.rank, self.world = group, backend, rank, world
+
+
+def _local(setup, v, lam_v, k, q, decay, noise, state):
+    """The local ``kla_scan`` from ``state``, returning ``(y, y_var, (lam, eta))``."""
+    from ..nn.scan import kla_scan as local_scan
+
+    return local_scan(v, lam_v, k, q, decay, noise, initial_state=state, return_state=True,
+                      backend=setup.backend)
+
+
+def _exchange(setup, v, lam_v, k, q, decay, noise, lam0, eta0):
+    """Summaries and their exchange, without gradient: ``(own, carry)``, this rank's summary (7
+    tensors ``(B, M, S)``; ``None`` on the last rank, which computes none) and its incoming state
+    (``None`` on rank 0)."""
+    from ..nn.scan import compute_dtype
+
+    rank, world = setup.rank, setup.world
     dtype = compute_dtype(v, lam_v, k, q, decay, noise)
     B, _, M = v.shape
     S = k.shape[-1]
-    if rank == world - 1:
-        local = torch.zeros(7, B, M, S, dtype=dtype, device=v.device)
-    else:
-        fused = not bool(infos[:, 0].any()) and (backend == "triton" or backend == "auto" and v.is_cuda)
-        local = _kernel_total(v, lam_v, k, q, decay, noise, dtype) if fused else \
-            _total(v, lam_v, k, q, decay, noise, dtype)
-        if rank == 0:
-            lam0, eta0 = (None, None) if initial_state is None else initial_state
-            lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device) if lam0 is None else lam0.to(dtype)
-            eta0 = torch.zeros_like(lam0) if eta0 is None else eta0.to(dtype)
-            local = summaries.compose(summaries.initial(lam0, eta0), local)
-        local = torch.stack(local)
-    if bool(infos[:, 0].any()) and not local.requires_grad:
-        local = local.detach().requires_grad_()
-    gathered = all_gather(local, group)
-    if rank == 0:
-        state = initial_state
-    else:
-        state = summaries.incoming(gathered, rank)
-    y, y_var = local_scan(v, lam_v, k, q, decay, noise, initial_state=state, backend=backend)
-    out = {"y": y, "y_var": y_var}
-    if gathered.requires_grad:
-        out = tie(gathered, out)
-    return out["y"], out["y_var"]
+    with torch.no_grad():
+        own = None
+        if rank == world - 1:
+            local = torch.zeros(7, B, M, S, dtype=dtype, device=v.device)
+        else:
+            fused = setup.backend == "triton" or setup.backend == "auto" and v.is_cuda
+            own = (_kernel_total if fused else _total)(v, lam_v, k, q, decay, noise, dtype)
+            local = own
+            if rank == 0:
+                lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device) if lam0 is None else lam0.to(dtype)
+                eta0 = torch.zeros_like(lam0) if eta0 is None else eta0.to(dtype)
+                local = summaries.compose(summaries.initial(lam0, eta0), own)
+            local = torch.stack(local)
+        gathered = all_gather(local, setup.group)
+        carry = None if rank == 0 else summaries.incoming(gathered, rank)
+    return own, carry
+
+
+class _ContextScan(torch.autograd.Function):
+    """``(v, lam_v, k, q, decay, noise, lam0, eta0) -> (y, y_var)`` with the backward exchange
+    described in :func:`kla_scan` (the local scan's graph is kept for two backward passes)."""
+
+    @staticmethod
+    def forward(ctx, setup, anchor, v, lam_v, k, q, decay, noise, lam0, eta0):
+        own, carry = _exchange(setup, v, lam_v, k, q, decay, noise, lam0, eta0)
+        with torch.enable_grad():
+            inputs = [x.detach().requires_grad_(x.requires_grad) for x in (v, lam_v, k, q, decay, noise)]
+            if setup.rank > 0:
+                state = tuple(x.detach().requires_grad_() for x in carry)
+            else:
+                state = None if lam0 is None else tuple(x.detach().requires_grad_(x.requires_grad) for x in (lam0, eta0))
+            y, y_var, final = _local(setup, *inputs, state)
+        ctx.setup, ctx.own, ctx.carry = setup, own, carry
+        ctx.graph = (inputs, state, y, y_var, final)
+        return y.detach(), y_var.detach()
+
+    @staticmethod
+    def backward(ctx, gy, gy_var):
+        setup = ctx.setup
+        rank, world = setup.rank, setup.world
+        inputs, state, y, y_var, final = ctx.graph
+        del ctx.graph
+        leaves = inputs + ([] if state is None else list(state))
+        wanted = [x for x in leaves if x.requires_grad]
+        grads = {}
+        if wanted:
+            grads = dict(zip(map(id, wanted), torch.autograd.grad(
+                (y, y_var), wanted, (gy, gy_var), retain_graph=rank < world - 1, allow_unused=True)))
+        lam_T = final[0]
+        zeros = torch.zeros_like(lam_T)
+        local_adjoint = [zeros, zeros]
+        if rank > 0:
+            local_adjoint = [zeros if grads.get(id(x)) is None else grads[id(x)].to(lam_T.dtype) for x in state]
+        jacobian = [zeros, zeros, zeros]
+        if 0 < rank < world - 1:
+            jacobian = _jacobian(ctx.own, ctx.carry, lam_T.dtype)
+        pack = torch.stack(local_adjoint + jacobian)
+        gathered = all_gather(pack, setup.group)
+        if rank < world - 1 and wanted:
+            g_lam, g_eta = gathered[world - 1, 0], gathered[world - 1, 1]
+            for j in range(world - 2, rank, -1):
+                l_lam, l_eta, j_ll, j_el, j_ee = gathered[j]
+                g_lam, g_eta = l_lam + j_ll * g_lam + j_el * g_eta, l_eta + j_ee * g_eta
+            more = torch.autograd.grad(final, wanted, (g_lam.to(final[0].dtype), g_eta.to(final[1].dtype)),
+                                       allow_unused=True)
+            for x, g in zip(wanted, more):
+                if g is not None:
+                    grads[id(x)] = g if grads.get(id(x)) is None else grads[id(x)] + g
+        out = [grads.get(id(x)) for x in inputs]
+        init = [None, None]
+        if rank == 0 and state is not None:
+            init = [grads.get(id(x)) for x in state]
+        return (None, None, *out, *init)
+
+
+def _jacobian(own, carry, dtype):
+    """``[d lam'/d lam, d eta'/d lam, d eta'/d eta]`` of the map ``own`` at ``carry = (lam, eta)``."""
+    A, B, C, D, E, F, G = (x.to(torch.float64) for x in own)
+    lam, eta = (x.to(torch.float64) for x in carry)
+    den = C * lam + D
+    forget = G / den
+    eta_out = (E * lam + F + G * eta) / den
+    return [(forget * forget).to(dtype), ((E - C * eta_out) / den).to(dtype), forget.to(dtype)]
 
 
 def _total(v, lam_v, k, q, decay, noise, dtype):
