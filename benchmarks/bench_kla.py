@@ -263,7 +263,7 @@ def main():
         "default B2 L300 M40 S16": ((2, 300, 40, 16), DEFAULT_CONFIG),
         "default B3 L129 M37 S5": ((3, 129, 37, 5), DEFAULT_CONFIG),
         "unrolled x2 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(unroll=2, bwd_unroll=2)),
-        "time split x4 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(pieces=4)),
+        "time split x4 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(pieces=4, bwd_pieces=4)),
     }.items():
         checks[name] = check(*shape, cfg)
     result["gpu_check"] = {k: dict(max_rel_err=v[0], errors=v[1], passed=v[0] < TOL)
@@ -293,8 +293,8 @@ def main():
         row = dict(shape=dict(zip("BLMS", shape)))
         row["triton"] = bench_triton(shape, config, rate, public=False)
         row["triton_public_api"] = bench_triton(shape, config, rate, public=True)
-        row["triton_no_time_split"] = bench_triton(shape, KLAConfig(**{**config.__dict__, "pieces": 1}),
-                                                   rate, public=False)
+        row["triton_no_time_split"] = bench_triton(
+            shape, KLAConfig(**{**config.__dict__, "pieces": 1, "bwd_pieces": 1}), rate, public=False)
         if not args.no_torch:
             row["torch"] = bench_torch(shape)
         if not args.no_fla:

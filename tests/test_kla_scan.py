@@ -16,7 +16,7 @@ from kalmanscan.nn.scan import kla_scan_sequential
 
 TOL = 2e-5
 SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)
-SPLIT = KLAConfig(block_m=4, chunk=8, bwd_block_m=4, pieces=3)  # time split into 3 stretches
+SPLIT = KLAConfig(block_m=4, chunk=8, bwd_block_m=4, pieces=3, bwd_pieces=3)  # time in 3 stretches
 
 
 def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64):
@@ -106,7 +106,7 @@ def test_triton_matches_sequential_values_and_grads(L, with_state, config):
     assert_matches(grads, t_grads, "triton vs torch grads")
 
 
-@pytest.mark.parametrize("config", [KLAConfig(), KLAConfig(chunk=16, block_m=8, bwd_block_m=4)])
+@pytest.mark.parametrize("config", [KLAConfig(), KLAConfig(chunk=4, block_m=8, bwd_block_m=4, bwd_pieces=100)])
 def test_triton_configs_and_power_of_two_state(config):
     xs = make_inputs(1, 37, 9, 4, seed=7)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)

@@ -31,8 +31,9 @@ __all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
 class KLAConfig:
     """Launch shape: channels per program, tokens per checkpoint chunk, warps per program, and the
     software-pipelining depth (``num_stages``) and unroll factor of the time loops (``None``: left
-    to the compiler), for the forward and the backward. ``pieces`` splits the forward's time axis
-    into that many stretches run by separate programs (``kernels.kla_split``); ``None`` splits only
+    to the compiler), for the forward and the backward. ``pieces``/``bwd_pieces`` split the forward's
+    and the backward's time axis into that many stretches run by separate programs
+    (``kernels.kla_split``, ``kernels.kla_bwd``); ``None`` splits only
     when there are at most ``2 x SMs`` channel-block programs, into ``floor(4 x SMs / programs)``
     stretches; 1 walks all of time in one program per channel block."""
 
@@ -46,6 +47,7 @@ class KLAConfig:
     unroll: int | None = None
     bwd_unroll: int | None = None
     pieces: int | None = None
+    bwd_pieces: int | None = None
 
 
 DEFAULT_CONFIG = KLAConfig()
@@ -58,13 +60,7 @@ def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=N
     overrides the launch shape; results do not depend on it beyond float32 rounding.
     """
     config = config or DEFAULT_CONFIG
-    B, L, M = v.shape
-    S = triton.next_power_of_2(k.shape[-1])
-    n_mblocks = triton.cdiv(M, config.bwd_block_m)
-    largest = max(B * L * M, B * L * n_mblocks * S, B * (triton.cdiv(L, config.chunk) + 1) * M * S,
-                  B * n_mblocks * config.chunk * config.bwd_block_m * S,
-                  B * _pieces(config, B, L, M, v.device)[0] * 7 * M * S)
-    if largest >= 2**31:
+    if _largest_buffer(config, *v.shape, triton.next_power_of_2(k.shape[-1]), v.device) >= 2**31:
         raise ValueError(f"v of shape {tuple(v.shape)} is too large for the kernels' int32 offsets")
     tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
@@ -76,14 +72,24 @@ def _grid_args(B, M, S, block_m):
     return (B, n_mblocks), n_mblocks, triton.next_power_of_2(S)
 
 
-def _pieces(config, B, L, M, device):
-    """``(n_pieces, piece_len)``: the forward's stretches of time, each a whole number of chunks."""
-    n = config.pieces
+def _largest_buffer(config, B, L, M, S, device):
+    """Elements in the largest tensor a kernel indexes (the kernels use int32 offsets)."""
+    n_mblocks = triton.cdiv(M, config.bwd_block_m)
+    fwd_pieces = _pieces(config.pieces, config.block_m, config.chunk, B, L, M, device)[0]
+    bwd_pieces = _pieces(config.bwd_pieces, config.bwd_block_m, config.chunk, B, L, M, device)[0]
+    return max(B * L * M, B * L * n_mblocks * S, B * (triton.cdiv(L, config.chunk) + 1) * M * S,
+               B * max(7 * fwd_pieces, 5 * bwd_pieces) * M * S,
+               B * n_mblocks * bwd_pieces * config.chunk * config.bwd_block_m * S)
+
+
+def _pieces(requested, block_m, chunk, B, L, M, device):
+    """``(n_pieces, piece_len)``: stretches of time, each a whole number of chunks (``KLAConfig``)."""
+    n = requested
     if n is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-        n = 4 * sms // (B * triton.cdiv(M, config.block_m))
-    n = max(1, min(n, triton.cdiv(L, config.chunk)))
-    piece_len = max(triton.cdiv(triton.cdiv(L, n), config.chunk), 1) * config.chunk
+        n = 4 * sms // (B * triton.cdiv(M, block_m))
+    n = max(1, min(n, triton.cdiv(L, chunk)))
+    piece_len = max(triton.cdiv(triton.cdiv(L, n), chunk), 1) * chunk
     return max(triton.cdiv(L, piece_len), 1), piece_len
 
 
@@ -108,7 +114,7 @@ class _KLAScan(torch.autograd.Function):
         ckpt = [torch.empty((B, n_chunks, M, S) if save else (1,), dtype=torch.float32, device=dev)
                 for _ in range(2)]
         grid, n_mblocks, block_s = _grid_args(B, M, S, config.block_m)
-        n_pieces, piece_len = _pieces(config, B, L, M, dev)
+        n_pieces, piece_len = _pieces(config.pieces, config.block_m, chunk, B, L, M, dev)
         maps = decay32
         if n_pieces > 1:
             maps = torch.empty(B, n_pieces, 7, M, S, dtype=torch.float32, device=dev)
@@ -143,30 +149,37 @@ class _KLAScan(torch.autograd.Function):
         geta = geta.to(torch.float32).contiguous()
         grid, n_mblocks, block_s = _grid_args(B, M, S, config.bwd_block_m)
         chunk = config.chunk
+        n_pieces, piece_len = _pieces(config.bwd_pieces, config.bwd_block_m, chunk, B, L, M, dev)
         f32 = dict(dtype=torch.float32, device=dev)
-        scratch = [torch.empty(B * n_mblocks * chunk * config.bwd_block_m * block_s, **f32)
+        scratch = [torch.empty(B * n_mblocks * n_pieces * chunk * config.bwd_block_m * block_s, **f32)
                    for _ in range(2)]
+        maps = torch.empty(B, n_pieces, 5, M, S, **f32) if n_pieces > 1 else decay32
         gv = torch.empty(B, L, M, **f32)
         glam_v = torch.empty(B, L, M, **f32)
         gk_part = torch.empty(B, L, n_mblocks, S, **f32)
         gq_part = torch.empty(B, L, n_mblocks, S, **f32)
-        gdecay_part = torch.empty(B, M, S, **f32)
-        gnoise_part = torch.empty(B, M, S, **f32)
+        gdecay_part = torch.empty(B, n_pieces, M, S, **f32)
+        gnoise_part = torch.empty(B, n_pieces, M, S, **f32)
         glam0 = torch.empty(B, M, S, **f32)
         geta0 = torch.empty(B, M, S, **f32)
-        kla_bwd_kernel[grid](
-            v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
-            gy, gy_var, glam, geta, scratch[0], scratch[1],
-            gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
-            L, M, S, n_chunks, n_mblocks,
-            CHUNK=chunk, BLOCK_M=config.bwd_block_m, BLOCK_S=block_s, STAGES=config.bwd_stages,
-            UNROLL=config.bwd_unroll,
-            num_warps=config.bwd_num_warps,
-        )
+
+        def launch(pieces_grid, piece_offset, map_only):
+            kla_bwd_kernel[grid + (pieces_grid,)](
+                v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
+                gy, gy_var, glam, geta, scratch[0], scratch[1], maps,
+                gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
+                L, M, S, n_chunks, n_mblocks, piece_len, n_pieces, piece_offset,
+                CHUNK=chunk, BLOCK_M=config.bwd_block_m, BLOCK_S=block_s, STAGES=config.bwd_stages,
+                UNROLL=config.bwd_unroll, MAP=map_only, num_warps=config.bwd_num_warps,
+            )
+
+        if n_pieces > 1:
+            launch(n_pieces - 1, 1, True)  # adjoint maps of stretches 1 .. n_pieces - 1
+        launch(n_pieces, 0, False)
         grads = (
             gv.to(v.dtype), glam_v.to(lam_v.dtype),
             gk_part.sum(2).to(k.dtype), gq_part.sum(2).to(q.dtype),
-            gdecay_part.sum(0).to(decay_dtype), gnoise_part.sum(0).to(noise_dtype),
+            gdecay_part.sum((0, 1)).to(decay_dtype), gnoise_part.sum((0, 1)).to(noise_dtype),
             None if lam0_dtype is None else glam0.to(lam0_dtype),
             None if eta0_dtype is None else geta0.to(eta0_dtype),
         )
