@@ -16,8 +16,8 @@ speed-up and scaling efficiency (speed-up / N), the local pass without exchange 
 product a non-last rank adds (the last rank, hence N = 1, computes none; for KLA the fused
 kernel on GPUs and the torch product), the bytes each rank contributes to the all-gathers per call
 (each rank receives N - 1 times that) and what the backward exchanges, the device copy bandwidth
-measured in the same run and the filter's bytes per element (y read, the 9 posterior fields written) over its time as a fraction
-of it. Correctness checks compare every rank's rows with one process on the whole sequence (max
+measured in the same run and the filter's bytes per element (y read, the 9 posterior fields
+written) over its time as a fraction of it. Correctness checks compare every rank's rows with one process on the whole sequence (max
 relative error): the filter at a smaller size, the model's logits at the benchmark's size.
 """
 
