@@ -5,8 +5,8 @@ Forward (:mod:`kernels.kla_fwd`): one program per ``(batch, BLOCK_M channels)``,
 run by separate programs, :mod:`kernels.kla_split`); under autograd it saves only the state at each
 chunk start (``2 B M S ceil(L / CHUNK)`` floats).
 Backward (:mod:`kernels.kla_bwd`): chunks in reverse, each recomputed from its checkpoint, then the
-scalar-adjoint reverse recursion; exact gradients for ``v, lam_v, k, q, decay, noise`` and the
-initial state. ``k``/``q`` gradients are reduced over M through per-program partials
+scalar-adjoint reverse recursion (optionally split into stretches of time whose affine adjoint maps
+are composed first); exact gradients for ``v, lam_v, k, q, decay, noise`` and the initial state. ``k``/``q`` gradients are reduced over M through per-program partials
 (``B L ceil(M / BLOCK_M) S`` floats each) summed afterwards: deterministic, no atomics.
 
 Arithmetic is float32 whatever the input dtype; ``y``/``y_var`` come back in ``v``'s dtype, the
