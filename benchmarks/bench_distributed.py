@@ -62,6 +62,7 @@ def parse():
     ap.add_argument("--skip-single", action="store_true", help="do not time one process")
     ap.add_argument("--parts", default="filter,model", help="comma-separated: filter, model")
     ap.add_argument("--out", default=None, help="JSON file written by rank 0")
+    ap.add_argument("--commit", default=None, help="recorded commit (default: git rev-parse HEAD)")
     return ap.parse_args()
 
 
@@ -256,7 +257,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(device) if want_cuda else "cpu",
-              "commit": _commit(), "world": world, "backend": dist.get_backend(), "torch": torch.__version__,
+              "commit": args.commit or _commit(), "world": world, "backend": dist.get_backend(), "torch": torch.__version__,
               "copy_GBps": copy_gbps(device)}
     parts = set(args.parts.split(","))
     if "filter" in parts:
