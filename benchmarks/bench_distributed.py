@@ -17,8 +17,9 @@ product a non-last rank adds (the last rank, hence N = 1, computes none; for KLA
 kernel on GPUs and the torch product), the bytes each rank contributes to the all-gathers per call
 (each rank receives N - 1 times that) and what the backward exchanges, the device copy bandwidth
 measured in the same run and the filter's bytes per element (y read, the 9 posterior fields
-written) over its time as a fraction of it. Correctness checks compare every rank's rows with one process on the whole sequence (max
-relative error): the filter at a smaller size, the model's logits at the benchmark's size.
+written) over its time as a fraction of it. Correctness checks compare every rank's rows with one
+process on the whole sequence (max relative error): the filter at a smaller size, the model's
+logits at the benchmark's size.
 """
 
 from __future__ import annotations
@@ -257,7 +258,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(device) if want_cuda else "cpu",
-              "commit": args.commit or _commit(), "world": world, "backend": dist.get_backend(), "torch": torch.__version__,
+              "commit": args.commit or _commit(), "world": world, "backend": dist.get_backend(),
+              "torch": torch.__version__,
               "copy_GBps": copy_gbps(device)}
     parts = set(args.parts.split(","))
     if "filter" in parts:

@@ -201,7 +201,8 @@ def _check_numpy(rank, world):
     post = ks.distributed.filter(y[lo:hi], **kw)
     assert isinstance(post.mean, np.ndarray)
     for k in FIELDS:
-        _close(torch.from_numpy(getattr(post, k)), torch.from_numpy(getattr(ref, k)[lo:hi]), f"rank {rank} numpy {k}")
+        _close(torch.from_numpy(getattr(post, k)), torch.from_numpy(getattr(ref, k)[lo:hi]),
+               f"rank {rank} numpy {k}")
 
 
 def _check_errors(rank, world):

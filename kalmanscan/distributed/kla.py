@@ -132,7 +132,8 @@ class _ContextScan(torch.autograd.Function):
             if setup.rank > 0:
                 state = tuple(x.detach().requires_grad_() for x in carry)
             else:
-                state = None if lam0 is None else tuple(x.detach().requires_grad_(x.requires_grad) for x in (lam0, eta0))
+                state = None if lam0 is None else tuple(
+                    x.detach().requires_grad_(x.requires_grad) for x in (lam0, eta0))
             y, y_var, final = _local(setup, *inputs, state)
         ctx.setup, ctx.own, ctx.carry = setup, own, carry
         ctx.graph = (inputs, state, y, y_var, final)
