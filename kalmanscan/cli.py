@@ -262,6 +262,7 @@ def _stages(args, base):
 
         yield step
         bar.update(1)
+        bar.refresh()  # show the final count even when the last update fell inside tqdm's mininterval
 
 
 def _wrote(*paths):

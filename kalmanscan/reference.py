@@ -2,8 +2,11 @@
 
 It is an independent formulation of the model, the oracle every fast path is tested against: it
 never uses precisions, Möbius maps or scans, only the textbook predict/update recursion on the
-(uncentred) mean and variance, with the Joseph-form variance update and scipy.stats for the
-log-density. It runs on the CPU in NumPy, one time step at a time (vectorised over ``(..., C)``).
+mean and variance, with the Joseph-form variance update and scipy.stats for the log-density. Like
+every backend it tracks the state relative to the OU mean (``x - mean``) and forms the innovation
+as ``(y - h mean) - h (x - mean)``: with data offset far from zero (1e4, say) the uncentred
+``y - h x`` loses ``log10(offset / innovation)`` digits to cancellation even in float64. It runs
+on the CPU in NumPy, one time step at a time (vectorised over ``(..., C)``).
 
 Model per channel: ``x_t - mean_t = a_t (x_{t-1} - mean_{t-1}) + N(0, q_t)`` for ``t >= 1`` (a
 per-step ``mean`` is a known trend; the deviation from it is the OU process), ``x_0 ~
@@ -28,7 +31,8 @@ def filter_reference(p: Problem) -> dict:
            for k in ("y", "theta", "sigma", "obs_var", "mean", "h", "dt")}
     decay, noise = ou.discretize(arr["theta"], arr["sigma"], arr["dt"])
     cshape = shape[:-2] + (shape[-1],)
-    m = np.broadcast_to(p.init_mean.detach().cpu().double().numpy()[..., 0, :], cshape).copy()
+    init_mean = np.broadcast_to(p.init_mean.detach().cpu().double().numpy()[..., 0, :], cshape)
+    z = init_mean - arr["mean"][..., 0, :]
     P = np.broadcast_to(p.init_var.detach().cpu().double().numpy()[..., 0, :], cshape).copy()
     out = {k: np.empty(shape) for k in ("mean", "var", "pred_mean", "pred_var",
                                         "pred_obs_mean", "pred_obs_var", "logliks")}
@@ -36,22 +40,21 @@ def filter_reference(p: Problem) -> dict:
         mean_t, h, R, y = (arr[k][..., t, :] for k in ("mean", "h", "obs_var", "y"))
         if t > 0:
             a = decay[..., t, :]
-            m = mean_t + a * (m - arr["mean"][..., t - 1, :])
+            z = a * z
             P = a * a * P + noise[..., t, :]
-        out["pred_mean"][..., t, :] = m
+        out["pred_mean"][..., t, :] = z + mean_t
         out["pred_var"][..., t, :] = P
         S = h * h * P + R
-        y_hat = h * m
-        out["pred_obs_mean"][..., t, :] = y_hat
+        out["pred_obs_mean"][..., t, :] = h * (z + mean_t)
         out["pred_obs_var"][..., t, :] = S
         seen = ~np.isnan(y)
+        innovation = np.where(seen, (y - h * mean_t) - h * z, 0.0)
         K = np.where(seen, P * h / S, 0.0)
-        m = m + K * np.where(seen, y - y_hat, 0.0)
+        z = z + K * innovation
         P = (1 - K * h) ** 2 * P + K * K * R
-        out["mean"][..., t, :] = m
+        out["mean"][..., t, :] = z + mean_t
         out["var"][..., t, :] = P
-        out["logliks"][..., t, :] = np.where(
-            seen, stats.norm.logpdf(np.where(seen, y, 0.0), y_hat, np.sqrt(S)), 0.0)
+        out["logliks"][..., t, :] = np.where(seen, stats.norm.logpdf(innovation, 0.0, np.sqrt(S)), 0.0)
     out["precision"] = 1.0 / out["var"]
     out["pred_precision"] = 1.0 / out["pred_var"]
     out["decay"], out["noise"] = decay, noise
