@@ -133,7 +133,12 @@ def _filter(y, kw, group, backend):
         args = dict(kw)
         if rank > 0 and args["init_var"] is None:
             args["init_var"] = 1.0
-        return prepare(y, backend=backend, **args)
+        p = prepare(y, backend=backend, **args)
+        if _uses_kernels(p, backend):
+            from .. import fused
+
+            fused._check_device(p.y, p.shape)  # the kernels' size limit, checked before any exchange
+        return p
 
     def info(p):
         grad = torch.is_grad_enabled() and any(
@@ -239,21 +244,19 @@ def _kernel_total(p):
     """The stretch product with no transition at step 0, from the triton backend's aggregate
     kernel (one pass over the inputs, per-(stretch, channel) products) and a torch tree over its
     ``NS`` stretches; each entry ``(..., 1, C)``."""
-    import triton
+    from kernels.filter_fwd import filter_agg_kernel
 
     from .. import fused
-    from kernels.filter_fwd import filter_agg_kernel
 
     shape = p.shape
     B, T, C = math.prod(shape[:-2]), shape[-2], shape[-1]
     views = {k: fused._flat(getattr(p, k).detach(), shape) for k in fused._ORDER}
     ns, stretch = fused.plan(B, T, C)
     agg = torch.empty(B, 7, ns, C, dtype=p.dtype, device=p.y.device)
-    block = min(fused.BLOCK, triton.next_power_of_2(ns * C))
-    filter_agg_kernel[(triton.cdiv(ns * C, block), B)](
+    grid, opts = fused._launch(B, C, ns)
+    filter_agg_kernel[grid](
         *fused._kernel_args(views), agg, T, C, ns, stretch,
-        TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS),
-        BLOCK=block, num_warps=fused.NUM_WARPS)
+        TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS), **opts)
     total = summaries.total(summaries.compose, agg.unbind(1), 1)
     return tuple(x.reshape(shape[:-2] + (1, C)) for x in total)
 
