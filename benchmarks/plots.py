@@ -144,17 +144,52 @@ def plot_min_depth(results, path: str, task: str = "a5") -> None:
     plt.close(fig)
 
 
+def plot_curves(results, path: str, task: str = "a5") -> None:
+    """Validation token accuracy against training step, one panel per length, one line per
+    (mixer, depth), from the best learning rate's history; written to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = index(results, task)
+    lengths = sorted({k[2] for k in idx})
+    if not lengths:
+        raise ValueError(f"no results for task {task!r}")
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.4), dpi=130,
+                             squeeze=False, sharey=True)
+    for ax, length in zip(axes[0], lengths):
+        for (mixer, depth, n), r in sorted(idx.items()):
+            run = next((x for x in r.get("runs", []) if x["lr"] == r.get("best_lr")), None)
+            if n != length or not run or not run["history"]:
+                continue
+            steps, _, acc = zip(*run["history"])
+            ax.plot(steps, [100 * a for a in acc], label=f"{mixer} x{depth}",
+                    linestyle="-" if depth == 1 else "--")
+        ax.set_title(f"{task.upper()}, L = {length}")
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("validation token accuracy (%)")
+    axes[0][-1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(prog="python -m benchmarks.plots", description=__doc__.split("\n")[0])
     p.add_argument("task", help="task name as in the results (a5, z60, mqar, ...)")
     p.add_argument("directory")
     p.add_argument("--png", default=None, help="write the smallest-solving-depth plot here")
+    p.add_argument("--curves", default=None, help="write the learning curves here")
     a = p.parse_args(argv)
     results = load(a.directory)
     text = "\n\n".join([accuracy_markdown(results, a.task), min_depth_markdown(results, a.task),
                          calibration_markdown(results, a.task)])
     if a.png:
         plot_min_depth(results, a.png, a.task)
+    if a.curves:
+        plot_curves(results, a.curves, a.task)
     print(text)
     return text
 

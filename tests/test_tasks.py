@@ -306,8 +306,13 @@ def test_min_depth_table_and_plot(tmp_path):
     results[0]["runs"][0]["calibration"] = cal
     assert "| kla | 1 | 16 | 0.200 | 0.5 / 0.25 | 0.700 | 0.600 | – |" in plots.calibration_markdown(results)
     png = tmp_path / "a5.png"
-    text = plots.main(["a5", str(tmp_path), "--png", str(png)])
-    assert png.stat().st_size > 1000 and "kla_noise0" in text
+    for r in results:
+        r["runs"][0]["history"] = [[50, 4.0, 0.05], [100, 3.0, r["best_token_acc"]]]
+    for i, r in enumerate(results):
+        (tmp_path / f"{i}.json").write_text(json.dumps(r))
+    curves = tmp_path / "curves.png"
+    text = plots.main(["a5", str(tmp_path), "--png", str(png), "--curves", str(curves)])
+    assert png.stat().st_size > 1000 and curves.stat().st_size > 1000 and "kla_noise0" in text
 
 
 def test_auroc_and_variance_calibration():
