@@ -26,6 +26,9 @@ from .comm import agree, all_gather, rank_world, tie
 
 __all__ = ["kla_scan", "sequence_parallel", "reduce_gradients"]
 
+KERNEL_PROGRAMS = 1 << 14  # programs the piece-map summary aims for (pieces x batch x channel blocks)
+MIN_PIECE = 64             # shortest piece of tokens worth a program of the piece-map summary
+
 
 def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, backend="auto"):
     """KLA scan over tokens split along ``L`` across the ranks of ``group``; a collective call.
@@ -206,8 +209,13 @@ def _total(v, lam_v, k, q, decay, noise, dtype):
 
 
 def _kernel_total(v, lam_v, k, q, decay, noise, dtype):
-    """The same product from the triton backend's piece-map kernel (one pass over the tokens,
-    float32, divided by the trace after every token; forward only), in ``dtype``."""
+    """The same product from the triton backend's piece-map kernel (float32, divided by the trace
+    after every token; forward only), in ``dtype``.
+
+    The tokens are cut into ``P`` pieces so that about :data:`KERNEL_PROGRAMS` programs walk them
+    at once (pieces of at least :data:`MIN_PIECE` tokens); the ``P`` piece maps are then composed
+    by a tree.
+    """
     import triton
 
     from kernels.kla_split import kla_piece_map_kernel
@@ -216,13 +224,18 @@ def _kernel_total(v, lam_v, k, q, decay, noise, dtype):
 
     B, L, M = v.shape
     S = k.shape[-1]
-    maps = torch.empty(B, 2, 7, M, S, dtype=torch.float32, device=v.device)
-    kla_piece_map_kernel[(B, triton.cdiv(M, config.block_m), 1)](
+    n_mblocks = triton.cdiv(M, config.block_m)
+    pieces = max(1, min(triton.cdiv(KERNEL_PROGRAMS, B * n_mblocks), triton.cdiv(L, MIN_PIECE)))
+    piece_len = triton.cdiv(L, pieces)
+    pieces = triton.cdiv(L, piece_len)
+    maps = torch.empty(B, pieces + 1, 7, M, S, dtype=torch.float32, device=v.device)
+    kla_piece_map_kernel[(B, n_mblocks, pieces)](
         *(x.contiguous() for x in (v, lam_v, k, q)),
         *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
-        L, M, S, L, 2, BLOCK_M=config.block_m, BLOCK_S=triton.next_power_of_2(S),
+        L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=triton.next_power_of_2(S),
         STAGES=config.stages, num_warps=config.num_warps)
-    return tuple(x.to(dtype) for x in maps[:, 0].unbind(1))
+    total = summaries.total(summaries.compose, maps[:, :pieces].unbind(2), 1)
+    return tuple(x[:, 0].to(dtype) for x in total)
 
 
 def _halo(layer, z, grad: bool, group):
