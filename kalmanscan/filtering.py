@@ -106,12 +106,19 @@ def _times(p: Problem):
     """Observation times broadcast to ``p.shape`` in float64 (from 0 by ``dt`` when not given).
 
     Kept in float64 whatever the compute dtype, so absolute times (e.g. epoch seconds) survive
-    for forecasting to given future times.
+    for forecasting to given future times. Returned as a broadcast view: nothing of the full
+    shape is materialised for static ``dt`` or ``times``.
     """
     if p.times is not None:
         t = p.times
     else:
-        dt = torch.broadcast_to(p.dt, p.shape).detach().to(torch.float64)
-        t = torch.cumsum(torch.cat([torch.zeros_like(dt[..., :1, :]), dt[..., 1:, :]], -2), -2)
+        dt = p.dt.detach().to(torch.float64)
+        if dt.shape[-2] == 1:
+            steps = torch.arange(p.shape[-2], dtype=torch.float64, device=dt.device).unsqueeze(-1)
+            t = steps * dt
+        else:
+            # cumsum along the last axis: CUDA scans an inner axis in parallel, an outer one per column
+            steps = torch.cat([torch.zeros_like(dt[..., :1, :]), dt[..., 1:, :]], -2)
+            t = torch.cumsum(steps.transpose(-1, -2), -1).transpose(-1, -2)
     t = torch.broadcast_to(t, p.shape)
     return t.detach().cpu().numpy() if p.numpy_out else t

@@ -1,0 +1,55 @@
+"""End-to-end time of the public ``ks.filter`` call on the GPU (validation, kernels, derived fields).
+
+The kernel benchmark (``bench_filter.py``) times the fused kernels alone; this script times what a
+user pays for ``ks.filter(y, ...)`` returning the full :class:`~kalmanscan.Posterior` (filtered and
+predicted moments, the predictive law of ``y`` and the log-likelihoods), against the copy bandwidth
+measured in the same run, and checks the triton result against the float64 torch backend.
+
+    python -m benchmarks.bench_filter_api --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from benchmarks.bench_filter import copy_bandwidth, median_ms
+
+import kalmanscan as ks
+
+SHAPES = [(4096, 32768), (64, 1 << 22)]
+OUT_FIELDS = 10  # (..., T, C) arrays a Posterior holds: each written once, 4 bytes per element
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    y = torch.randn(3, 700, 5, device="cuda", dtype=torch.float64, generator=g)
+    kw = dict(theta=torch.rand(5, device="cuda", dtype=torch.float64) + 0.1, sigma=0.7, obs_var=0.4)
+    ref = ks.filter(y, backend="torch", **kw)
+    got = ks.filter(y.float(), backend="triton", **kw)
+    err = max(float(((getattr(got, k).double() - getattr(ref, k)).abs().max() / getattr(ref, k).abs().max()))
+              for k in ("mean", "var", "pred_mean", "pred_var", "logliks"))
+    bw = copy_bandwidth()
+    rows = []
+    for C, T in SHAPES:
+        y = torch.randn(T, C, device="cuda", generator=g)
+        theta = torch.rand(C, device="cuda", generator=g) + 0.05
+        ms = median_ms(lambda: ks.filter(y, theta=theta, sigma=0.5, obs_var=0.3, backend="triton"))
+        floor = (4 + 4 * OUT_FIELDS) * T * C / bw / 1e6
+        rows.append(dict(C=C, T=T, ms=ms, floor_ms=floor, fraction_of_copy=floor / ms))
+    result = dict(device=torch.cuda.get_device_name(), copy_GBps=bw, max_rel_error_vs_float64=err, rows=rows)
+    print(f"device {result['device']}, copy {bw:.0f} GB/s, triton vs float64 torch: {err:.1e}")
+    print(f"{'C':>6} {'T':>9} {'ks.filter ms':>13} {'floor ms':>9} {'% copy':>7}")
+    for r in rows:
+        print(f"{r['C']:>6} {r['T']:>9} {r['ms']:>13.2f} {r['floor_ms']:>9.2f} {100 * r['fraction_of_copy']:>6.1f}%")
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
