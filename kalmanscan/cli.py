@@ -205,19 +205,24 @@ def _model(args, data) -> dict:
     return {k: data.flat(k, v) for k, v in params.items()}
 
 
+def _read_and_run(args, step, op):
+    """Read the input, build the model (from flags, a parameter file or a fit) and run ``op``
+    (``ks.filter`` or ``ks.smooth``) on it: the first three stages of filter, smooth, calibrate."""
+    step("read")
+    data = _Data(args)
+    step("fit" if args.fit else "model")
+    model = _model(args, data)
+    step(op.__name__)
+    return data, op(data.y, **model, **data.steps(), backend=args.backend)
+
+
 def _run_filter(args, smooth: bool) -> int:
     import kalmanscan as ks
     from . import io
 
     _check_outputs(args)
     with _stages(args, 3) as step:
-        step("read")
-        data = _Data(args)
-        step("fit" if args.fit else "model")
-        model = _model(args, data)
-        step("smooth" if smooth else "filter")
-        op = ks.smooth if smooth else ks.filter
-        post = op(data.y, **model, **data.steps(), backend=args.backend)
+        data, post = _read_and_run(args, step, ks.smooth if smooth else ks.filter)
         ds = ks.xr.to_dataset(post, data.da, data.dim, time_unit=data.time_unit, level=args.level)
         if data.dt is not None:
             ds.attrs["time_unit"] = f"steps of dt = {data.dt:g}"
@@ -293,12 +298,7 @@ def _run_calibrate(args) -> int:
 
     _check_outputs(args)
     with _stages(args, 3) as step:
-        step("read")
-        data = _Data(args)
-        step("fit" if args.fit else "model")
-        model = _model(args, data)
-        step("filter")
-        post = ks.filter(data.y, **model, **data.steps(), backend=args.backend)
+        data, post = _read_and_run(args, step, ks.filter)
         report = ks.diagnostics.report(post, data.y, alpha=args.alpha)
         if args.plot:
             step("plot")
