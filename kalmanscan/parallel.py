@@ -66,7 +66,7 @@ def finish(p: Problem, mu_c, lam, pred_mu_c, pred_var, missing, decay, noise) ->
     y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
     pred_obs_mean = h * (pred_mu_c + mean)
     pred_obs_var = h * h * pred_var + p.obs_var
-    innov = y_obs - pred_obs_mean
+    innov = (y_obs - h * mean) - h * pred_mu_c  # centred: no cancellation against a large offset
     ll = -0.5 * (math.log(2 * math.pi) + torch.log(pred_obs_var) + innov * innov / pred_obs_var)
     logliks = torch.where(missing, torch.zeros_like(ll), ll)
     return dict(mean=mu_c + mean, var=1.0 / lam, precision=lam,
