@@ -38,7 +38,6 @@ def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     out = run_backend(p, backend)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
-    full["decay"] = full["decay"].to(p.dtype)
     rts = rts_reference if resolve_backend(backend, p.y.device) == "reference" else rts_torch
     mean_s, var_s = rts(full, torch.broadcast_to(p.mean, shape))
     smoothed = dict(out, mean=mean_s, var=var_s, precision=1.0 / var_s)
