@@ -50,7 +50,7 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
     ap.add_argument("--log2-steps", type=int, default=26,
-                    help="series length T = 2^this, all ranks (the triton filter needs T C / N < 2^29)")
+                    help="series length T = 2^this, all ranks")
     ap.add_argument("--channels", type=int, default=64)
     ap.add_argument("--backend", default="auto", help="filter and KLA scan backend")
     ap.add_argument("--check-log2-steps", type=int, default=16, help="size of the correctness check")

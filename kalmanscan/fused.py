@@ -15,8 +15,8 @@ user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
 
 Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
 :mod:`kalmanscan.inputs`), or float64 for float64 inputs. Runs on CUDA tensors, or on the CPU under
-``TRITON_INTERPRET=1`` (the tests). Index arithmetic is 32-bit, and the backward indexes stacks of
-four ``(B, T, C)`` arrays: ``B T C < 2^29``.
+``TRITON_INTERPRET=1`` (the tests). Index arithmetic is 32-bit while the backward's stack of four
+``(B, T, C)`` arrays has fewer than ``WIDE_FROM = 2^31`` elements, 64-bit from there on.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ NUM_WARPS = 1
 NUM_STAGES = None           # software-pipelining depth of the walks (None: Triton's default)
 CARRY_CHUNK = 1024          # stretches per step of the carry scan
 CARRY_WARPS = 4
+WIDE_FROM = 1 << 31         # 64-bit offsets from 4 B T C elements on (the backward's cotangent stack)
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
 _ORDER = ("y",) + _TRANS + _OBS
@@ -84,19 +85,16 @@ def _steps(views, names):
     return any(views[n].stride(1) != 0 and views[n].shape[1] > 1 for n in names)
 
 
-def _launch(B, C, ns):
-    """Grid and launch options of the walking kernels."""
+def _launch(B, T, C, ns):
+    """Grid and launch options of the walking kernels (``WIDE``: 64-bit offsets)."""
     block = min(SMALL_C_BLOCK if C < 32 else BLOCK, triton.next_power_of_2(ns * C))
-    opts = dict(BLOCK=block, num_warps=NUM_WARPS)
+    opts = dict(BLOCK=block, num_warps=NUM_WARPS, WIDE=4 * B * T * C >= WIDE_FROM)
     if NUM_STAGES is not None:
         opts["num_stages"] = NUM_STAGES
     return (triton.cdiv(ns * C, block), B), opts
 
 
-def _check_device(y, shape):
-    if 4 * math.prod(shape) >= 2**31:
-        raise ValueError(f"y of broadcast shape {tuple(shape)} is too large for backend='triton' "
-                         "(32-bit indexing: the product of its dimensions must be below 2^29)")
+def _check_device(y):
     if y.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); "
                          f"y is on {y.device}")
@@ -115,7 +113,7 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
-    grid, opts = _launch(B, C, ns)
+    grid, opts = _launch(B, T, C, ns)
     start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
     start[:, :, 0, :] = init
     if ns > 1:
@@ -147,7 +145,7 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     args = _kernel_args(views)
     trans_step, obs_step = _steps(views, _TRANS), _steps(views, _OBS)
     flags = dict(TRANS_STEP=trans_step, OBS_STEP=obs_step)
-    grid, opts = _launch(B, C, ns)
+    grid, opts = _launch(B, T, C, ns)
     top = torch.zeros(B, 2, ns, C, dtype=dtype, device=dev)
     if ns > 1:
         agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
@@ -234,7 +232,7 @@ def filter_triton(p: Problem, stretch: int | None = None) -> dict:
     overrides the number of steps per stretch (see :func:`plan`).
     """
     shape = p.shape
-    _check_device(p.y, shape)
+    _check_device(p.y)
     B, C = math.prod(shape[:-2]), shape[-1]
     bshape = shape[:-2] + (1, C)
     lam0 = (1.0 / p.init_var).expand(bshape).reshape(B, C)

@@ -31,7 +31,7 @@ walk that writes the gradients (:func:`filter_bwd_kernel`).
 import triton
 import triton.language as tl
 
-from .filter_steps import lane_coords, static_inputs, step_inputs
+from .filter_steps import index, lane_coords, static_inputs, step_inputs
 
 
 @triton.jit
@@ -85,12 +85,12 @@ def filter_bwd_agg_kernel(
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
     mu_ptr, lam_ptr, init_ptr, g_ptr, agg_ptr, B, T, C, NS, L,
-    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Each lane's reverse map over its stretch (5 numbers) into ``agg[b, k, s, c]``."""
-    b = tl.program_id(1)
+    b = index(tl.program_id(1), WIDE)
     g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
-    t0 = s * L
+    t0 = index(s, WIDE) * L
     decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
         t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
@@ -110,7 +110,7 @@ def filter_bwd_agg_kernel(
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
-        g_mu, g_lam, g_pm, g_pv = _cotangents(g_ptr, b * T * C + t * C + c, valid, B * T * C)
+        g_mu, g_lam, g_pm, g_pv = _cotangents(g_ptr, b * T * C + t * C + c, valid, index(B, WIDE) * T * C)
         c_l, c_e, alpha, beta, gamma, delta, eps, rho = _adjoint_terms(
             lam, mu, lam_p, mu_p, g_mu, g_lam, g_pm, g_pv, decay, noise)
         n11, n12, n22, n1, n2 = _compose5(
@@ -175,7 +175,7 @@ def filter_bwd_kernel(
     mu_ptr, lam_ptr, init_ptr, g_ptr, top_ptr,
     grad_y_ptr, obs_grad_ptr, trans_grad_ptr, sums_ptr, grad_init_ptr,
     B, T, C, NS, L,
-    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Walk each stretch backwards from its ``top`` adjoints and write the gradients.
 
@@ -185,9 +185,9 @@ def filter_bwd_kernel(
     step to ``trans_grad[k, b, t, c]`` when ``TRANS_STEP``, else to ``sums[b, 3 + k, s, c]``.
     Lanes of stretch 0 write the initial state's adjoints ``grad_init[b, 0/1, c]``.
     """
-    b = tl.program_id(1)
+    b = index(tl.program_id(1), WIDE)
     g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
-    t0 = s * L
+    t0 = index(s, WIDE) * L
     decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
         t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
@@ -200,7 +200,7 @@ def filter_bwd_kernel(
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     s_phi, s_info, s_info_yc, s_decay, s_noise = zero, zero, zero, zero, zero
     lam_p, mu_p = zero + 1.0, zero
-    TC = B * T * C
+    TC = index(B, WIDE) * T * C
     for k in range(0, L):
         t = t0 + L - 1 - k
         valid = lane_ok & (t < T)

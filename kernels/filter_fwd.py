@@ -29,7 +29,7 @@ underflow to 0: the initial ``eta0``'s share is then below the float range, as i
 import triton
 import triton.language as tl
 
-from .filter_steps import info_step, lane_coords, static_inputs, step_inputs
+from .filter_steps import index, info_step, lane_coords, static_inputs, step_inputs
 
 
 @triton.jit
@@ -51,12 +51,12 @@ def filter_agg_kernel(
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
     agg_ptr, T, C, NS, L,
-    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``."""
-    b = tl.program_id(1)
+    b = index(tl.program_id(1), WIDE)
     g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
-    t0 = s * L
+    t0 = index(s, WIDE) * L
     decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
         t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
@@ -141,7 +141,7 @@ def filter_fwd_kernel(
     start_ptr, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, T, C, NS, L,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Walk each lane's stretch from ``start`` and write the centred outputs ``(B, T, C)``.
 
@@ -150,9 +150,9 @@ def filter_fwd_kernel(
     before step ``t``; at ``t = 0`` the initial belief). Each output is written only if its flag
     is on.
     """
-    b = tl.program_id(1)
+    b = index(tl.program_id(1), WIDE)
     g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
-    t0 = s * L
+    t0 = index(s, WIDE) * L
     decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
         t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,

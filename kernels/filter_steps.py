@@ -4,7 +4,9 @@ Layout shared by every filter kernel. A problem is ``(B, T, C)``; time is cut in
 of ``L`` steps. A *lane* is one (stretch ``s``, channel ``c``) pair, numbered ``g = s C + c``
 within a batch row, so consecutive lanes are consecutive channels (coalesced loads when ``C`` is
 large) and, when ``C`` is small, consecutive stretches. Each lane walks its stretch sequentially in
-time: no cross-thread scan inside a stretch. A parameter is read through its own
+time: no cross-thread scan inside a stretch. Offsets are 32-bit unless the ``WIDE`` constexpr is on
+(the launch wrappers set it for problems of ``2^31`` elements or more): then the batch row and
+the time index are 64-bit, and so is every offset formed from them. A parameter is read through its own
 ``(batch, time, channel)`` strides, so static parameters (time stride 0) and per-step ones share
 the kernels; static ones are loaded once per lane when the ``*_STEP`` constexpr flags are off.
 
@@ -21,6 +23,14 @@ def lane_coords(C, NS, BLOCK: tl.constexpr):
     g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lane_ok = g < NS * C
     return g, lane_ok, g // C, g % C
+
+
+@triton.jit
+def index(x, WIDE: tl.constexpr):
+    """``x`` as an index: 64-bit when ``WIDE`` (arrays of ``2^31`` elements or more), else as is."""
+    if WIDE:
+        return tl.cast(x, tl.int64)
+    return x
 
 
 @triton.jit

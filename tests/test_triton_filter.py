@@ -144,6 +144,26 @@ def test_gradients_equal_torch_autograd(per_step, times, stretches, poisoned):
         assert float((a - b).norm() / a.norm()) < 1e-10, name
 
 
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_wide_offsets(batch, stretches, poisoned, monkeypatch):
+    """The 64-bit-offset variant (arrays of 2^31 elements or more) forced on a small problem."""
+    monkeypatch.setattr(fused, "WIDE_FROM", 0)
+    rng = np.random.default_rng(7 + len(batch))
+    y, kw = random_problem(rng, 63, C=3, batch=batch, per_step=True, times=True, missing=0.15)
+    ref = ks.filter(y, backend="reference", **kw)
+    t = _tensors(kw, grad=True)
+    y_t = torch.tensor(y, requires_grad=True)
+    out = ks.filter(y_t, backend="triton", **t)
+    err, errs = posterior_error(out, ref)
+    assert err < 1e-10, errs
+    wide = torch.autograd.grad(_loss(out), [y_t] + [t[k] for k in NAMES])
+    t = _tensors(kw, grad=True)
+    y_t = torch.tensor(y, requires_grad=True)
+    narrow = torch.autograd.grad(_loss(ks.filter(y_t, backend="torch", **t)), [y_t] + [t[k] for k in NAMES])
+    for name, a, b in zip(("y",) + NAMES, narrow, wide):
+        assert float((a - b).norm() / a.norm()) < 1e-10, name
+
+
 def test_missing_values_give_zero_gradient():
     y = torch.tensor([[1.0], [float("nan")], [0.5]], dtype=torch.float64, requires_grad=True)
     theta = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)

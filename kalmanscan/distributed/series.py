@@ -137,7 +137,7 @@ def _filter(y, kw, group, backend):
         if _uses_kernels(p, backend):
             from .. import fused
 
-            fused._check_device(p.y, p.shape)  # the kernels' size limit, checked before any exchange
+            fused._check_device(p.y)  # checked before any exchange
         return p
 
     def info(p):
@@ -253,7 +253,7 @@ def _kernel_total(p):
     views = {k: fused._flat(getattr(p, k).detach(), shape) for k in fused._ORDER}
     ns, stretch = fused.plan(B, T, C)
     agg = torch.empty(B, 7, ns, C, dtype=p.dtype, device=p.y.device)
-    grid, opts = fused._launch(B, C, ns)
+    grid, opts = fused._launch(B, T, C, ns)
     filter_agg_kernel[grid](
         *fused._kernel_args(views), agg, T, C, ns, stretch,
         TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS), **opts)
