@@ -29,8 +29,10 @@ def lane_coords(C, NS, BLOCK: tl.constexpr):
 def index(x, WIDE: tl.constexpr):
     """``x`` as an index: 64-bit when ``WIDE`` (arrays of ``2^31`` elements or more), else as is."""
     if WIDE:
-        return tl.cast(x, tl.int64)
-    return x
+        i = tl.cast(x, tl.int64)
+    else:
+        i = x
+    return i
 
 
 @triton.jit
