@@ -100,12 +100,19 @@ def _check_device(y):
                          f"y is on {y.device}")
 
 
-def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), stretch=None):
+POSTERIOR = ("mean", "precision", "pred_mean", "pred_var", "var", "pred_precision", "pred_obs_mean",
+             "pred_obs_var", "logliks", "missing")  # in the kernel's pointer order
+
+
+def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), stretch=None,
+                   posterior=False):
     """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``.
 
     ``views`` maps ``y, theta, sigma, dt, obs_var, mean, h`` to ``(B, T, C)`` tensors (broadcast
     views are fine); ``init`` is ``(B, 2, C)``: initial precision and information mean ``lam0,
-    eta0 = lam0 (init_mean - mean_0)``. Only the named outputs are written.
+    eta0 = lam0 (init_mean - mean_0)``. Only the named centred outputs are written; with
+    ``posterior`` the fields of :data:`POSTERIOR` instead (those of
+    :func:`kalmanscan.parallel.finish`, in one pass).
     """
     y = views["y"]
     B, T, C = y.shape
@@ -122,11 +129,13 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
         filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
                                       num_warps=CARRY_WARPS)
     dummy = torch.empty(1, dtype=dtype, device=dev)
-    out = {k: torch.empty(B, T, C, dtype=dtype, device=dev) for k in outputs}
+    names = POSTERIOR if posterior else ("mu", "lam", "pred_mu", "pred_var")
+    out = {k: torch.empty(B, T, C, dtype=dtype, device=dev) for k in (POSTERIOR if posterior else outputs)}
+    pointers = [out.get(k, dummy) for k in names] + ([] if posterior else [dummy] * 6)
     filter_fwd_kernel[grid](
-        *args, start, *(out.get(k, dummy) for k in ("mu", "lam", "pred_mu", "pred_var")), T, C, ns, L,
+        *args, start, *pointers, T, C, ns, L,
         **flags, WRITE_MU="mu" in out, WRITE_LAM="lam" in out,
-        WRITE_PRED="pred_mu" in out or "pred_var" in out, **opts)
+        WRITE_PRED="pred_mu" in out or "pred_var" in out, POSTERIOR=posterior, **opts)
     return out
 
 
@@ -228,8 +237,9 @@ def _flat_time(x, shape):
 def filter_triton(p: Problem, stretch: int | None = None) -> dict:
     """Filter the validated problem ``p`` with the fused kernels; same contract as ``filter_torch``.
 
-    Differentiable with respect to ``y``, every parameter and the initial belief. ``stretch``
-    overrides the number of steps per stretch (see :func:`plan`).
+    Differentiable with respect to ``y``, every parameter and the initial belief. When nothing
+    needs a gradient, one kernel pass writes every field of the result (no torch passes after it).
+    ``stretch`` overrides the number of steps per stretch (see :func:`plan`).
     """
     shape = p.shape
     _check_device(p.y)
@@ -238,8 +248,12 @@ def filter_triton(p: Problem, stretch: int | None = None) -> dict:
     lam0 = (1.0 / p.init_var).expand(bshape).reshape(B, C)
     mu0 = (p.init_mean - p.mean[..., :1, :]).expand(bshape).reshape(B, C)
     init = torch.stack([lam0, lam0 * mu0], 1)
-    mu_c, lam, pred_mu_c, pred_var = _FusedFilter.apply(
-        p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h, init, shape, stretch)
-    missing = torch.isnan(p.y)
+    inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
+    if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
+        views = {k: _flat(x, shape) for k, x in zip(_ORDER, inputs)}
+        out = filter_forward(views, init.contiguous(), stretch=stretch, posterior=True)
+        return {**{k: x.reshape(shape) for k, x in out.items()}, "decay": decay, "noise": noise}
+    mu_c, lam, pred_mu_c, pred_var = _FusedFilter.apply(*inputs, init, shape, stretch)
+    missing = torch.isnan(p.y)
     return finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)

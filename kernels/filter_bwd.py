@@ -104,7 +104,7 @@ def filter_bwd_agg_kernel(
     for k in range(0, L):
         t = t0 + L - 1 - k
         valid = lane_ok & (t < T)
-        decay, noise, observed, yc, hr, phi, info = step_inputs(
+        decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
             t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
@@ -204,7 +204,7 @@ def filter_bwd_kernel(
     for k in range(0, L):
         t = t0 + L - 1 - k
         valid = lane_ok & (t < T)
-        decay, noise, observed, yc, hr, phi, info = step_inputs(
+        decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
             t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,

@@ -67,7 +67,7 @@ def filter_agg_kernel(
     for i in range(0, L):
         t = t0 + i
         valid = lane_ok & (t < T)
-        decay, noise, observed, yc, hr, phi, info = step_inputs(
+        decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
             t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
@@ -138,17 +138,25 @@ def filter_fwd_kernel(
     y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
-    start_ptr, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, T, C, NS, L,
+    start_ptr, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr,
+    var_ptr, pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr, T, C, NS, L,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
-    WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
+    WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr, POSTERIOR: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):
-    """Walk each lane's stretch from ``start`` and write the centred outputs ``(B, T, C)``.
+    """Walk each lane's stretch from ``start`` and write the outputs ``(B, T, C)``.
 
-    ``mu = eta / lam`` (filtered centred mean), ``lam`` (filtered precision),
-    ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise`` (the prediction
-    before step ``t``; at ``t = 0`` the initial belief). Each output is written only if its flag
-    is on.
+    Centred moments (``POSTERIOR`` off): ``mu = eta / lam`` (filtered centred mean), ``lam``
+    (filtered precision), ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise``
+    (the prediction before step ``t``; at ``t = 0`` the initial belief), each only if its flag is on.
+
+    With ``POSTERIOR`` the whole filter result of :func:`kalmanscan.parallel.finish` in one pass:
+    ``mu_ptr`` and ``pred_mu_ptr`` receive the uncentred means ``mu + mean`` and ``pred_mu + mean``,
+    ``lam_ptr`` the precision, ``pred_var_ptr`` the predicted variance, and the other pointers
+    ``var = 1 / lam``, ``pred_precision = 1 / pred_var``, the predictive law of ``y``
+    (``h (pred_mu + mean)``, ``h^2 pred_var + obs_var``), the log-likelihood of ``y`` under it
+    (innovation ``yc - h pred_mu`` on the centred state; 0 when missing) and the missing flag
+    (1.0 where ``y`` is NaN).
     """
     b = index(tl.program_id(1), WIDE)
     g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
@@ -164,17 +172,35 @@ def filter_fwd_kernel(
     for i in range(0, L):
         t = t0 + i
         valid = lane_ok & (t < T)
-        decay, noise, observed, yc, hr, phi, info = step_inputs(
+        decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
             t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         o = out + t * C
-        if WRITE_PRED:
-            tl.store(pred_mu_ptr + o, decay * eta / lam, mask=valid)
-            tl.store(pred_var_ptr + o, decay * decay / lam + noise, mask=valid)
+        pred_mu = decay * eta / lam
+        pred_var = decay * decay / lam + noise
+        if POSTERIOR:
+            pred_obs_var = h * h * pred_var + obs_var
+            innov = yc - h * pred_mu
+            loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov / pred_obs_var)
+            tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
+            tl.store(pred_var_ptr + o, pred_var, mask=valid)
+            tl.store(pred_prec_ptr + o, 1.0 / pred_var, mask=valid)
+            tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
+            tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
+            tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
+            tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
+        elif WRITE_PRED:
+            tl.store(pred_mu_ptr + o, pred_mu, mask=valid)
+            tl.store(pred_var_ptr + o, pred_var, mask=valid)
         lam, eta = info_step(lam, eta, decay, noise, phi, info)
-        if WRITE_MU:
-            tl.store(mu_ptr + o, eta / lam, mask=valid)
-        if WRITE_LAM:
+        if POSTERIOR:
+            tl.store(mu_ptr + o, eta / lam + mean, mask=valid)
+            tl.store(var_ptr + o, 1.0 / lam, mask=valid)
             tl.store(lam_ptr + o, lam, mask=valid)
+        else:
+            if WRITE_MU:
+                tl.store(mu_ptr + o, eta / lam, mask=valid)
+            if WRITE_LAM:
+                tl.store(lam_ptr + o, lam, mask=valid)

@@ -87,7 +87,7 @@ def step_inputs(t, valid, b, c,
                 h_ptr, sh_b, sh_t, sh_c,
                 decay_s, noise_s, obs_var_s, mean_s, h_s,
                 TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
-    """Everything step ``t`` needs: ``(decay, noise, observed, yc, hr, phi, info)``.
+    """Everything step ``t`` needs: ``(decay, noise, observed, yc, hr, phi, info, obs_var, mean, h)``.
 
     ``*_s`` are the lane's static values (used when the matching ``*_STEP`` flag is off). Step 0
     has no transition: ``decay = 1``, ``noise = 0`` there.
@@ -113,7 +113,7 @@ def step_inputs(t, valid, b, c,
         h = h_s
     y = load_param(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid, float("nan"))
     observed, yc, hr, phi, info = observation(y, obs_var, mean, h)
-    return decay, noise, observed, yc, hr, phi, info
+    return decay, noise, observed, yc, hr, phi, info, obs_var, mean, h
 
 
 @triton.jit
