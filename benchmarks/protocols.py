@@ -117,11 +117,14 @@ def mad_protocol(tasks=MAD_TASKS, mixers=BASELINE_MIXERS, width=128, layers=2, s
 
 def ou_ablation(depths=(2, 4, 8), task="a5", length=64, width=128, steps=20000, lrs=(1e-3,),
                 seed=0, time_limit=None, batch=128) -> list:
-    """KLA with the OU vs the zero-order-hold discretisation at each depth, on one task."""
+    """KLA with the OU vs the zero-order-hold discretisation at each depth, on one task
+    (``length=None``: the task's own length, e.g. a MAD task's baseline)."""
     common = _common(steps, lrs, seed, time_limit, batch)
-    return [Run(f"ou_{task}_L{length}_n{depth}_{mixer}_s{seed}",
-                ["--task", task, "--len", str(length), "--layers", str(depth),
-                 "--d-model", str(width), *_spec(mixer), *common])
+    at = [] if length is None else ["--len", str(length)]
+    tag = "" if length is None else f"_L{length}"
+    return [Run(f"ou_{task}{tag}_n{depth}_{mixer}_s{seed}",
+                ["--task", task, *at, "--layers", str(depth), "--d-model", str(width),
+                 *_spec(mixer), *common])
             for mixer in ("kla", "kla_zoh") for depth in depths]
 
 
@@ -185,6 +188,9 @@ def main(argv=None) -> list:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=None, help="seconds per learning rate per run")
     p.add_argument("--no-control", action="store_true", help="a5: leave out the Z60 control")
+    p.add_argument("--task", default=None,
+                   help="ou: the one task (default a5 at length 64; a MAD task runs at its own length "
+                        "unless --lengths gives one)")
     p.add_argument("--kla-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="a --mixer-opt for the KLA runs only (e.g. backend=torch)")
     p.add_argument("--parallel", type=int, default=8)
@@ -196,9 +202,18 @@ def main(argv=None) -> list:
              "time_limit": a.time_limit, "seed": a.seed}
     if a.protocol == "a5" and a.no_control:
         names["control"] = None
+    if a.protocol == "ou":
+        if a.lengths is not None and len(a.lengths) != 1:
+            raise ValueError("ou takes one length")
+        names["length"] = a.lengths[0] if a.lengths else (64 if a.task in (None, "a5") else None)
+        names["lengths"] = None
+        if a.task is not None:
+            names["task"] = a.task
+    elif a.task is not None:
+        raise ValueError("--task is for the ou protocol; use --tasks for mad")
     fn = PROTOCOLS[a.protocol]
     accepted = fn.__code__.co_varnames[: fn.__code__.co_argcount]
-    given = {k: v for k, v in names.items() if v is not None}
+    given = {k: v for k, v in names.items() if v is not None or k == "length"}
     unknown = sorted(k for k in given if k not in accepted and k != "control")
     if unknown:
         raise ValueError(f"protocol {a.protocol!r} takes no option(s) {unknown}")

@@ -260,6 +260,19 @@ def test_protocol_commands():
     assert all(("backend=torch" in r.argv) == ("kla" in r.argv) for r in tagged)
 
 
+def test_ou_protocol_task_option(capsys):
+    protocols.main(["ou", "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6 and all("--task a5 --len 64" in line for line in lines)
+    protocols.main(["ou", "--task", "in_context_recall", "--depths", "2", "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("--len" not in line for line in lines)    # the MAD length
+    assert "ou_in_context_recall_n2_kla_zoh_s0.json" in lines[1]
+    assert "discretization=zoh" in lines[1] and "discretization" not in lines[0]
+    with pytest.raises(ValueError, match="ou"):
+        protocols.main(["mad", "--task", "compression", "--dry-run"])
+
+
 def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
     """End to end: a 3-step KLA run with a two-rate sweep, launched as a process, writes its JSON."""
     argv = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
