@@ -2,6 +2,9 @@
 
     python -m benchmarks.plots a5 benchmarks/results/a5 --png benchmarks/results/a5_min_depth.png
 
+    python -m benchmarks.plots mad benchmarks/results/mad --png benchmarks/results/mad.png
+    python -m benchmarks.plots mqar benchmarks/results/mqar
+
 prints markdown tables (best validation token accuracy per mixer, depth and length; the smallest
 solving depth) and draws the A5 smallest-solving-depth plot: one line per mixer, length on the x
 axis (log 2), the smallest depth whose best validation token accuracy passed the threshold on the
@@ -112,6 +115,100 @@ def calibration_markdown(results, task: str = "a5") -> str:
     return "\n".join(lines)
 
 
+MAD_ORDER = ("in_context_recall", "noisy_recall", "fuzzy_recall", "selective_copying",
+             "compression", "memorization")
+
+
+def _best_run(r: dict) -> dict | None:
+    return next((x for x in r.get("runs", []) if x["lr"] == r.get("best_lr")), None)
+
+
+def mad_table(results) -> dict:
+    """``{mixer: {task: result}}`` for the MAD runs among ``results``."""
+    table: dict = {}
+    for r in results:
+        if r["task"] in MAD_ORDER:
+            table.setdefault(mixer_label(r), {})[r["task"]] = r
+    return table
+
+
+def mad_markdown(results) -> str:
+    """Markdown: rows mixers, columns the MAD tasks present; best validation token accuracy and
+    macro accuracy (per-class recall averaged) in %, ✓ where solved, steps run in brackets; last
+    column the mean token accuracy over the tasks."""
+    table = mad_table(results)
+    tasks = [t for t in MAD_ORDER if any(t in row for row in table.values())]
+    lines = ["| mixer | " + " | ".join(t.replace("_", " ") for t in tasks) + " | mean |",
+             "|---|" + "---|" * (len(tasks) + 1)]
+    for mixer, row in sorted(table.items()):
+        cells, accs = [], []
+        for task in tasks:
+            r = row.get(task)
+            run = _best_run(r) if r else None
+            if run is None or run["best"] is None:
+                cells.append(_fmt(r))
+                continue
+            best = run["best"]
+            accs.append(best["token_acc"])
+            mark = " ✓" if r["solved"] else ""
+            cells.append(f"{100 * best['token_acc']:.1f} / {100 * best['macro_acc']:.1f}{mark} "
+                         f"[{run['steps_run']}]")
+        mean = f"{100 * sum(accs) / len(accs):.1f}" if len(accs) == len(tasks) else "–"
+        lines.append(f"| {mixer} | " + " | ".join(cells) + f" | {mean} |")
+    return "\n".join(lines)
+
+
+def mqar_markdown(results) -> str:
+    """Markdown: one row per MQAR run (length, kv pairs, d_model, mixer): best mean per-sequence
+    accuracy (MQAR's measure), token accuracy, the step it was reached, steps run, final training
+    loss and parameter count."""
+    lines = ["| T | kv pairs | d_model | mixer | mean seq. acc. (%) | token acc. (%) | at step | "
+             "steps run | final loss | parameters |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [r for r in results if r["task"] == "mqar"]
+    rows.sort(key=lambda r: (r["seq_len"], r["config"].get("kv_pairs") or 0, r["d_model"],
+                             mixer_label(r)))
+    for r in rows:
+        run = _best_run(r)
+        if run is None or run["best"] is None:
+            lines.append(f"| {r['seq_len']} | {r['config'].get('kv_pairs')} | {r['d_model']} | "
+                         f"{mixer_label(r)} | {_fmt(r)} | | | | | |")
+            continue
+        best = run["best"]
+        lines.append(f"| {r['seq_len']} | {r['config'].get('kv_pairs')} | {r['d_model']} | "
+                     f"{mixer_label(r)} | {100 * best['mean_seq_acc']:.2f} | "
+                     f"{100 * best['token_acc']:.2f} | {best['step']} | {run['steps_run']} | "
+                     f"{run['final_loss']:.3f} | {run['n_params']:,} |")
+    return "\n".join(lines)
+
+
+def plot_mad(results, path: str) -> None:
+    """Bars of the best validation token accuracy per MAD task, one bar per mixer (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = mad_table(results)
+    if not table:
+        raise ValueError("no MAD results")
+    tasks = [t for t in MAD_ORDER if any(t in row for row in table.values())]
+    width = 0.8 / len(table)
+    fig, ax = plt.subplots(figsize=(1.4 * len(tasks) + 1.5, 3.6), dpi=130)
+    for i, (mixer, row) in enumerate(sorted(table.items())):
+        accs = [100 * (row[t].get("best_token_acc") or 0) if t in row else 0 for t in tasks]
+        ax.bar([j + (i - (len(table) - 1) / 2) * width for j in range(len(tasks))], accs, width,
+               label=mixer)
+    ax.set_xticks(range(len(tasks)), [t.replace("_", "\n") for t in tasks], fontsize=8)
+    ax.set_ylabel("best validation token accuracy (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("MAD synthetic tasks")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=len(table), loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot_min_depth(results, path: str, task: str = "a5") -> None:
     """Draw the smallest solving depth against length per mixer to ``path`` (PNG)."""
     import matplotlib
@@ -180,10 +277,24 @@ def main(argv=None) -> str:
     p = argparse.ArgumentParser(prog="python -m benchmarks.plots", description=__doc__.split("\n")[0])
     p.add_argument("task", help="task name as in the results (a5, z60, mqar, ...)")
     p.add_argument("directory")
-    p.add_argument("--png", default=None, help="write the smallest-solving-depth plot here")
+    p.add_argument("--png", default=None,
+                   help="write the smallest-solving-depth plot here (mad: the accuracy bars)")
     p.add_argument("--curves", default=None, help="write the learning curves here")
     a = p.parse_args(argv)
     results = load(a.directory)
+    if a.task == "mad":
+        text = mad_markdown(results)
+        if a.png:
+            plot_mad(results, a.png)
+        print(text)
+        return text
+    if a.task == "mqar":
+        widths = sorted({r["d_model"] for r in results if r["task"] == "mqar"})
+        text = "\n\n".join([mqar_markdown(results)] + [
+            f"d_model = {d}:\n\n" + calibration_markdown([r for r in results if r["d_model"] == d],
+                                                         "mqar") for d in widths])
+        print(text)
+        return text
     text = "\n\n".join([accuracy_markdown(results, a.task), min_depth_markdown(results, a.task),
                          calibration_markdown(results, a.task)])
     if a.png:

@@ -328,6 +328,34 @@ def test_min_depth_table_and_plot(tmp_path):
     assert png.stat().st_size > 1000 and curves.stat().st_size > 1000 and "kla_noise0" in text
 
 
+def _fake_task(task, mixer, acc, d_model=128, length=128):
+    best = {"token_acc": acc, "macro_acc": acc / 2, "mean_seq_acc": acc, "step": 100}
+    run = {"lr": 1e-3, "steps_run": 200, "stopped": "time", "best": best, "final_loss": 2.0,
+           "n_params": 1000, "history": [], "calibration": None}
+    return {"task": task, "mixer": mixer, "noise_zero": False, "mixer_opts": {}, "layers": 2,
+            "seq_len": length, "d_model": d_model, "config": {"kv_pairs": 64},
+            "solved": acc >= 0.99, "best_token_acc": acc, "best_lr": 1e-3, "runs": [run]}
+
+
+def test_mad_and_mqar_tables(tmp_path):
+    results = [_fake_task("fuzzy_recall", "kla", 0.5), _fake_task("compression", "kla", 1.0),
+               _fake_task("fuzzy_recall", "gla", 0.25)]
+    md = plots.mad_markdown(results)
+    assert "| mixer | fuzzy recall | compression | mean |" in md
+    assert "| kla | 50.0 / 25.0 [200] | 100.0 / 50.0 ✓ [200] | 75.0 |" in md
+    assert "| gla | 25.0 / 12.5 [200] | – | – |" in md
+    for i, r in enumerate(results):
+        (tmp_path / f"{i}.json").write_text(json.dumps(r))
+    png = tmp_path / "mad.png"
+    plots.main(["mad", str(tmp_path), "--png", str(png)])
+    assert png.stat().st_size > 1000
+    mqar = [_fake_task("mqar", "kla", 0.3, d_model=64, length=512),
+            _fake_task("mqar", "attention", 0.9, d_model=128, length=512)]
+    md = plots.mqar_markdown(mqar)
+    assert "| 512 | 64 | 64 | kla | 30.00 | 30.00 | 100 | 200 | 2.000 | 1,000 |" in md
+    assert md.index("| 64 | kla") < md.index("| 128 | attention")
+
+
 def test_auroc_and_variance_calibration():
     scores = np.array([0.1, 0.4, 0.35, 0.8])
     assert train.auroc(scores, np.array([False, False, True, True])) == pytest.approx(0.75)
