@@ -7,7 +7,7 @@ import importlib
 import numpy as np
 import torch
 
-from .inputs import Problem, prepare
+from .inputs import Problem, check_no_inf, prepare
 from .posterior import Posterior
 
 __all__ = ["filter", "register_backend", "resolve_backend"]
@@ -82,14 +82,25 @@ def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     Raises:
         ValueError: naming the argument, for bad values or shapes (see :mod:`kalmanscan.inputs`).
     """
+    # The fused kernels skip the separate pass over y looking for inf: an inf in y always makes
+    # the log-likelihood non-finite, and only then is y searched (and the ValueError raised).
+    fused = (isinstance(y, torch.Tensor) and backend in ("auto", "triton")
+             and resolve_backend(backend, y.device) == "triton")
     p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                init_mean=init_mean, init_var=init_var, backend=backend)
-    return make_posterior(p, run_backend(p, backend))
+                init_mean=init_mean, init_var=init_var, backend=backend, check_y=not fused)
+    out = run_backend(p, backend)
+    if fused:
+        out["loglik"] = out["logliks"].sum(-2)
+        if not bool(torch.isfinite(out["loglik"]).all()):
+            check_no_inf(p.y)
+    return make_posterior(p, out)
 
 
 def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None) -> Posterior:
     """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind."""
     shape = p.shape
+    out = dict(out)
+    loglik = out.pop("loglik", None)
     conv = {k: p.output(torch.broadcast_to(v, shape)) for k, v in out.items()}
     params = {k: p.output(torch.broadcast_to(getattr(p, k), shape))
               for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
@@ -99,7 +110,8 @@ def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None) -> 
     params["init_var"] = p.output(p.init_var.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
     params["times"] = _times(p)
     logliks = conv.pop("logliks")
-    return Posterior(logliks=logliks, loglik=logliks.sum(-2), params=params, filtered=filtered, **conv)
+    loglik = logliks.sum(-2) if loglik is None else p.output(loglik)
+    return Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
 
 
 def _times(p: Problem):

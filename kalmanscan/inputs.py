@@ -83,17 +83,52 @@ def _to_tensor(name, x, dtype, device):
     return torch.as_tensor(arr.astype(np.float64), dtype=dtype, device=device)
 
 
-def _check(name, x, cond, what):
-    """Raise ``ValueError`` naming ``name`` unless ``cond`` holds everywhere (NaN fails)."""
-    with torch.no_grad():
-        ok = bool(torch.all(cond(x.detach())))
-    if not ok:
-        raise ValueError(f"{name} must be {what}")
+class Checks:
+    """Value checks on device tensors, decided together with one synchronisation.
+
+    ``add`` queues ``all(cond(x))`` without waiting for the device; ``decide`` copies every
+    verdict to the host at once and raises ``ValueError`` for the first that failed, in the
+    order they were added.
+    """
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, name, x, cond, what):
+        """Queue ``all(cond(x))`` (NaN fails), reported as ``"{name} must be {what}"``."""
+        with torch.no_grad():
+            self.items.append((f"{name} must be {what}", torch.all(cond(x.detach()))))
+
+    def require(self, message, ok):
+        """Queue a check given as a boolean tensor ``ok`` and its full error message."""
+        self.items.append((message, ok))
+
+    def decide(self):
+        if not self.items:
+            return
+        verdicts = torch.stack([ok for _, ok in self.items]).cpu().tolist()
+        for (message, _), good in zip(self.items, verdicts):
+            if not good:
+                raise ValueError(message)
+        self.items = []
+
+
+def check_no_inf(y):
+    """Raise ``ValueError`` if ``y`` holds ``inf`` (NaN is allowed: it marks a missing value)."""
+    checks = Checks()
+    checks.add("y", y, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
+    checks.decide()
 
 
 def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
-            init_mean=None, init_var=None, backend="auto") -> Problem:
-    """Validate and broadcast the filter's inputs; see the module docstring for the rules."""
+            init_mean=None, init_var=None, backend="auto", check_y=True) -> Problem:
+    """Validate and broadcast the filter's inputs; see the module docstring for the rules.
+
+    The value checks on the parameters are decided together (one device synchronisation).
+    ``check_y=False`` skips the pass over ``y`` that looks for ``inf``; the caller must then call
+    :func:`check_no_inf` itself, e.g. only when the log-likelihood comes out non-finite (an ``inf`` in
+    ``y`` always makes it so).
+    """
     if backend not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
     dtype, out_dtype = _compute_dtype(y)
@@ -104,8 +139,10 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         raise ValueError(f"y must have shape (..., T, C) with T >= 1 and C >= 1, got {tuple(y_t.shape)}")
     if y_t.shape[-2] < 1 or y_t.shape[-1] < 1:
         raise ValueError(f"y must have T >= 1 and C >= 1, got shape {tuple(y_t.shape)}")
-    _check("y", y_t, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
+    if check_y:
+        check_no_inf(y_t)
 
+    checks = Checks()
     vals = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
     params = {}
     for name in _PARAMS:
@@ -114,14 +151,14 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         params[name] = _as_2d(_to_tensor(name, vals[name], dtype, device))
     times_t = None
     if times is not None:
-        params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, device)
+        params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, device, checks)
 
-    _check("theta", params["theta"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
-    _check("sigma", params["sigma"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
-    _check("obs_var", params["obs_var"], lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
-    _check("mean", params["mean"], torch.isfinite, "finite")
-    _check("h", params["h"], torch.isfinite, "finite")
-    _check("dt", params["dt"], lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
+    checks.add("theta", params["theta"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
+    checks.add("sigma", params["sigma"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
+    checks.add("obs_var", params["obs_var"], lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
+    checks.add("mean", params["mean"], torch.isfinite, "finite")
+    checks.add("h", params["h"], torch.isfinite, "finite")
+    checks.add("dt", params["dt"], lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
 
     shape = tuple(y_t.shape)
     for name, p in params.items():
@@ -130,23 +167,24 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     theta0 = params["theta"][..., :1, :]
     sigma0 = params["sigma"][..., :1, :]
     if init_var is None:
-        if bool(torch.any(theta0.detach() == 0)):
-            raise ValueError("init_var is required when theta = 0 (the random walk has no stationary law)")
+        checks.require("init_var is required when theta = 0 (the random walk has no stationary law)",
+                       torch.all(theta0.detach() != 0))
         init_v = ou.stationary_var(theta0, sigma0)
     else:
         init_v = _init_param("init_var", init_var, dtype, device)
-        _check("init_var", init_v, lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
+        checks.add("init_var", init_v, lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
     if init_mean is None:
         init_m = params["mean"][..., :1, :]
     else:
         init_m = _init_param("init_mean", init_mean, dtype, device)
-        _check("init_mean", init_m, torch.isfinite, "finite")
+        checks.add("init_mean", init_m, torch.isfinite, "finite")
     for name, p in (("init_mean", init_m), ("init_var", init_v)):
         try:
             batch = np.broadcast_shapes(shape[:-2] + (1, shape[-1]), tuple(p.shape))
         except ValueError:
             raise ValueError(f"{name} of shape {tuple(p.shape)} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
         shape = batch[:-2] + shape[-2:-1] + batch[-1:]
+    checks.decide()
     return Problem(y=y_t, init_mean=init_m, init_var=init_v, shape=shape,
                    numpy_out=numpy_out, out_dtype=out_dtype, times=times_t, **params)
 
@@ -173,7 +211,7 @@ def _broadcast(name, shape, pshape, T):
     return out
 
 
-def _dt_from_times(times, T, dtype, device):
+def _dt_from_times(times, T, dtype, device, checks):
     if isinstance(times, np.ndarray) and times.dtype.kind in "mM":
         raise ValueError("times must be numeric; convert datetime64 with kalmanscan.xr or to float units")
     tt = _to_tensor("times", times, torch.float64, device)
@@ -181,8 +219,8 @@ def _dt_from_times(times, T, dtype, device):
         tt = tt.unsqueeze(-1)
     if tt.ndim < 2 or tt.shape[-1] != 1 or tt.shape[-2] != T:
         raise ValueError(f"times must have shape (T,) or (..., T, 1) with T = {T}, got {tuple(tt.shape)}")
-    _check("times", tt, torch.isfinite, "finite")
+    checks.add("times", tt, torch.isfinite, "finite")
     diff = tt[..., 1:, :] - tt[..., :-1, :]
-    _check("times", diff, lambda v: v > 0, "strictly increasing")
+    checks.add("times", diff, lambda v: v > 0, "strictly increasing")
     dt = torch.cat([torch.ones_like(tt[..., :1, :]), diff], -2)
     return dt.to(dtype), tt

@@ -134,6 +134,48 @@ def filter_carry_kernel(agg_ptr, start_ptr, C, NS, CH: tl.constexpr):
 
 
 @triton.jit
+def filter_total_kernel(agg_ptr, total_ptr, C, NS, CH: tl.constexpr):
+    """The product of all ``NS`` stretch maps, ``total[b, k, c]`` (7 numbers, trace 1).
+
+    One program per ``(b, c)``; stretches in chunks of ``CH``: an inclusive ``tl.associative_scan``
+    of :func:`_compose7` gives each chunk's product in its last slot, composed after the running
+    total (padding is the identity map).
+    """
+    pid = tl.program_id(0)
+    b = pid // C
+    c = pid % C
+    abase = agg_ptr + b * 7 * NS * C + c
+    stride = NS * C
+    idx = tl.arange(0, CH)
+    last = idx == CH - 1
+    zero = tl.full([], 0.0, agg_ptr.dtype.element_ty)
+    t11, t12, t21, t22, u1, u2, v = zero + 1.0, zero, zero, zero + 1.0, zero, zero, zero + 1.0
+    for k0 in range(0, NS, CH):
+        s = k0 + idx
+        m = s < NS
+        o = abase + s * C
+        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(
+            (tl.load(o, mask=m, other=1.0), tl.load(o + stride, mask=m, other=0.0),
+             tl.load(o + 2 * stride, mask=m, other=0.0), tl.load(o + 3 * stride, mask=m, other=1.0),
+             tl.load(o + 4 * stride, mask=m, other=0.0), tl.load(o + 5 * stride, mask=m, other=0.0),
+             tl.load(o + 6 * stride, mask=m, other=1.0)), 0, _compose7)
+        t11, t12, t21, t22, u1, u2, v = _compose7(
+            t11, t12, t21, t22, u1, u2, v,
+            tl.sum(tl.where(last, p11, 0.0), axis=0), tl.sum(tl.where(last, p12, 0.0), axis=0),
+            tl.sum(tl.where(last, p21, 0.0), axis=0), tl.sum(tl.where(last, p22, 0.0), axis=0),
+            tl.sum(tl.where(last, e1, 0.0), axis=0), tl.sum(tl.where(last, e2, 0.0), axis=0),
+            tl.sum(tl.where(last, f, 0.0), axis=0))
+    tbase = total_ptr + b * 7 * C + c
+    tl.store(tbase, t11)
+    tl.store(tbase + C, t12)
+    tl.store(tbase + 2 * C, t21)
+    tl.store(tbase + 3 * C, t22)
+    tl.store(tbase + 4 * C, u1)
+    tl.store(tbase + 5 * C, u2)
+    tl.store(tbase + 6 * C, v)
+
+
+@triton.jit
 def filter_fwd_kernel(
     y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,

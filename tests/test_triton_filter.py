@@ -212,3 +212,29 @@ def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="CUDA"):
         ks.filter(torch.zeros(3, 1), theta=1.0, sigma=1.0, obs_var=1.0, backend="triton")
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf])
+def test_inf_in_y_is_refused_after_the_kernels(value):
+    """The fused path looks for inf only when the log-likelihood is non-finite: still a ValueError."""
+    y = torch.randn(40, 3, dtype=torch.float64)
+    y[17, 1] = value
+    y[5, 2] = math.nan
+    with pytest.raises(ValueError, match="y must be finite or NaN"):
+        ks.filter(y, backend="triton", theta=0.1, sigma=1.0, obs_var=0.5)
+    with pytest.raises(ValueError, match="y must be finite or NaN"):
+        ks.filter(y, backend="torch", theta=0.1, sigma=1.0, obs_var=0.5)
+
+
+def test_stretch_total_kernel_equals_torch_products(stretches, monkeypatch):
+    """The distributed summary's kernel path (aggregate + total over many chunks of stretches)."""
+    from kalmanscan.distributed import series
+
+    monkeypatch.setattr(fused, "CARRY_CHUNK", 4)
+    rng = np.random.default_rng(11)
+    y, kw = random_problem(rng, 201, C=3, batch=(2,), per_step=True, times=False, missing=0.15)
+    p = prepare(torch.tensor(y), backend="triton", **_tensors(kw))
+    got = torch.stack(series._summary(p, 0, True))
+    want = torch.stack(series._summary(p, 0, False))
+    got, want = got / (got[0] + got[3]), want / (want[0] + want[3])  # the maps act projectively
+    assert float((got - want).abs().max()) < 1e-12

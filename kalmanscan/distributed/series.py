@@ -242,9 +242,12 @@ def _uses_kernels(p, backend) -> bool:
 
 def _kernel_total(p):
     """The stretch product with no transition at step 0, from the triton backend's aggregate
-    kernel (one pass over the inputs, per-(stretch, channel) products) and a torch tree over its
-    ``NS`` stretches; each entry ``(..., 1, C)``."""
-    from kernels.filter_fwd import filter_agg_kernel
+    kernel (one pass over the inputs, per-(stretch, channel) products) and a kernel composing its
+    ``NS`` stretches (one program per series; trace-normalised, not by powers of two); each entry
+    ``(..., 1, C)``."""
+    import triton
+
+    from kernels.filter_fwd import filter_agg_kernel, filter_total_kernel
 
     from .. import fused
 
@@ -257,8 +260,10 @@ def _kernel_total(p):
     filter_agg_kernel[grid](
         *fused._kernel_args(views), agg, T, C, ns, stretch,
         TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS), **opts)
-    total = summaries.total(summaries.compose, agg.unbind(1), 1)
-    return tuple(x.reshape(shape[:-2] + (1, C)) for x in total)
+    total = torch.empty(B, 7, C, dtype=p.dtype, device=p.y.device)
+    filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(fused.CARRY_CHUNK, triton.next_power_of_2(ns)),
+                                  num_warps=fused.CARRY_WARPS)
+    return tuple(x.reshape(shape[:-2] + (1, C)) for x in total.unbind(1))
 
 
 def _rts_summary(f, mean_param, carry, last: bool):
