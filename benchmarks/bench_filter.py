@@ -247,11 +247,10 @@ def check_extremes(T=4096):
 
 
 SWEEP = {
-    (4096, 32768): [dict(NUM_STAGES=n) for n in (None, 1, 2, 4)]
-    + [dict(TARGET_LANES=1 << 20), dict(TARGET_LANES=1 << 20, NUM_STAGES=1)],
-    (1, 1 << 22): [dict(NUM_STAGES=n) for n in (None, 1, 2)]
-    + [dict(CARRY_CHUNK=ch, CARRY_WARPS=w) for ch, w in ((1024, 8), (2048, 8), (4096, 8), (4096, 16))]
-    + [dict(MAX_STRETCHES=65536, CARRY_CHUNK=4096, CARRY_WARPS=8)],
+    (4096, 32768): [dict(PREFETCH=p, UNROLL=u) for p in (False, True) for u in (1, 4)]
+    + [dict(PREFETCH=True, TARGET_LANES=1 << 20)],
+    (64, 1 << 20): [dict(PREFETCH=p) for p in (False, True)],
+    (1, 1 << 22): [dict(PREFETCH=p, UNROLL=u) for p in (False, True) for u in (1, 4)],
 }
 
 
@@ -339,6 +338,7 @@ def main():
     ap.add_argument("--jax", action="store_true", help="only the JAX baseline (run in its own process)")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time launch variants of the forward")
+    ap.add_argument("--sweep-only", action="store_true", help="only the launch variants (no checks, no table)")
     args = ap.parse_args()
     if args.jax:
         json.dump(jax_two_scans(SHAPES), open(args.out, "w"), indent=1)
@@ -346,7 +346,7 @@ def main():
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
     import triton
     res["triton"] = triton.__version__
-    if not args.skip_checks:
+    if not (args.skip_checks or args.sweep_only):
         for name, fn in (("reference", check_reference), ("regimes", check_regimes),
                          ("gradients", check_gradients), ("extremes", check_extremes)):
             t0 = time.time()
@@ -354,10 +354,13 @@ def main():
             print(name, f"{time.time() - t0:.1f}s", json.dumps(res["check_" + name])[:1500], flush=True)
     res["copy_GBps"] = copy_bandwidth()
     print("copy GB/s", res["copy_GBps"], flush=True)
-    if args.sweep:
+    if args.sweep or args.sweep_only:
         res["sweep"] = sweep()
         for row in res["sweep"]:
             print(json.dumps(row), flush=True)
+        if args.sweep_only:
+            json.dump(res, open(args.out, "w"), indent=1)
+            return
     res["triton"] = [bench_triton(T, C, res["copy_GBps"]) for C, T in SHAPES]
     for row in res["triton"]:
         print(json.dumps(row), flush=True)

@@ -43,6 +43,9 @@ BLOCK = 128                 # lanes per program (one warp, 4 lanes per thread) w
 SMALL_C_BLOCK = 32          # lanes per program when C < 32 (lanes are then mostly stretches)
 NUM_WARPS = 1
 NUM_STAGES = None           # software-pipelining depth of the walks (None: Triton's default)
+PREFETCH = True             # forward walks load y four steps ahead (a register ring)
+UNROLL = 4                  # unrolling of the forward walks' time loops
+BWD_UNROLL = 1              # the same for the backward walks (unrolling slowed them)
 CARRY_CHUNK = 1024          # stretches per step of the carry scan
 CARRY_WARPS = 4
 WIDE_FROM = 1 << 31         # 64-bit offsets from 4 B T C elements on (the backward's cotangent stack)
@@ -86,12 +89,18 @@ def _steps(views, names):
 
 
 def _launch(B, T, C, ns):
-    """Grid and launch options of the walking kernels (``WIDE``: 64-bit offsets)."""
+    """Grid and launch options of the walking kernels (``WIDE``: 64-bit offsets); the forward
+    ones add ``fwd_opts()``, the backward ones ``UNROLL=BWD_UNROLL``."""
     block = min(SMALL_C_BLOCK if C < 32 else BLOCK, triton.next_power_of_2(ns * C))
     opts = dict(BLOCK=block, num_warps=NUM_WARPS, WIDE=4 * B * T * C >= WIDE_FROM)
     if NUM_STAGES is not None:
         opts["num_stages"] = NUM_STAGES
     return (triton.cdiv(ns * C, block), B), opts
+
+
+def fwd_opts():
+    """Constexpr options of the forward walks (read at launch, so the benchmarks can sweep them)."""
+    return dict(UNROLL=UNROLL, PREFETCH=PREFETCH)
 
 
 def _check_device(y):
@@ -125,7 +134,7 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     start[:, :, 0, :] = init
     if ns > 1:
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-        filter_agg_kernel[grid](*args, agg, T, C, ns, L, **flags, **opts)
+        filter_agg_kernel[grid](*args, agg, T, C, ns, L, **flags, **opts, **fwd_opts())
         filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
                                       num_warps=CARRY_WARPS)
     dummy = torch.empty(1, dtype=dtype, device=dev)
@@ -135,7 +144,7 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     filter_fwd_kernel[grid](
         *args, start, *pointers, T, C, ns, L,
         **flags, WRITE_MU="mu" in out, WRITE_LAM="lam" in out,
-        WRITE_PRED="pred_mu" in out or "pred_var" in out, POSTERIOR=posterior, **opts)
+        WRITE_PRED="pred_mu" in out or "pred_var" in out, POSTERIOR=posterior, **opts, **fwd_opts())
     return out
 
 
@@ -158,7 +167,8 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     top = torch.zeros(B, 2, ns, C, dtype=dtype, device=dev)
     if ns > 1:
         agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
-        filter_bwd_agg_kernel[grid](*args, mu, lam, init, cot, agg, B, T, C, ns, L, **flags, **opts)
+        filter_bwd_agg_kernel[grid](*args, mu, lam, init, cot, agg, B, T, C, ns, L, **flags, **opts,
+                                    UNROLL=BWD_UNROLL)
         filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
                                           num_warps=CARRY_WARPS)
     grad_y = torch.empty(B, T, C, dtype=dtype, device=dev)
@@ -167,7 +177,7 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     sums = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
     grad_init = torch.empty(B, 2, C, dtype=dtype, device=dev)
     filter_bwd_kernel[grid](*args, mu, lam, init, cot, top, grad_y, obs_grad, trans_grad, sums, grad_init,
-                            B, T, C, ns, L, **flags, **opts)
+                            B, T, C, ns, L, **flags, **opts, UNROLL=BWD_UNROLL)
     totals = sums.sum(2, keepdim=True).transpose(0, 1)
     obs_grad = obs_grad if obs_step else totals[:3]
     trans_grad = trans_grad if trans_step else totals[3:]

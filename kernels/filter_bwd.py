@@ -31,7 +31,7 @@ walk that writes the gradients (:func:`filter_bwd_kernel`).
 import triton
 import triton.language as tl
 
-from .filter_steps import index, lane_coords, static_inputs, step_inputs
+from .filter_steps import index, lane_coords, load_y, static_inputs, step_inputs
 
 
 @triton.jit
@@ -85,7 +85,8 @@ def filter_bwd_agg_kernel(
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
     mu_ptr, lam_ptr, init_ptr, g_ptr, agg_ptr, B, T, C, NS, L,
-    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+    BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Each lane's reverse map over its stretch (5 numbers) into ``agg[b, k, s, c]``."""
     b = index(tl.program_id(1), WIDE)
@@ -101,11 +102,11 @@ def filter_bwd_agg_kernel(
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     g11, g12, g22, v1, v2 = one, zero, one, zero, zero
     lam_p, mu_p = one, zero
-    for k in range(0, L):
+    for k in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + L - 1 - k
         valid = lane_ok & (t < T)
         decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-            t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+            t, valid, b, c, load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid),
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
@@ -175,7 +176,8 @@ def filter_bwd_kernel(
     mu_ptr, lam_ptr, init_ptr, g_ptr, top_ptr,
     grad_y_ptr, obs_grad_ptr, trans_grad_ptr, sums_ptr, grad_init_ptr,
     B, T, C, NS, L,
-    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+    BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Walk each stretch backwards from its ``top`` adjoints and write the gradients.
 
@@ -201,11 +203,11 @@ def filter_bwd_kernel(
     s_phi, s_info, s_info_yc, s_decay, s_noise = zero, zero, zero, zero, zero
     lam_p, mu_p = zero + 1.0, zero
     TC = index(B, WIDE) * T * C
-    for k in range(0, L):
+    for k in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + L - 1 - k
         valid = lane_ok & (t < T)
         decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-            t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+            t, valid, b, c, load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid),
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)

@@ -29,7 +29,8 @@ underflow to 0: the initial ``eta0``'s share is then below the float range, as i
 import triton
 import triton.language as tl
 
-from .filter_steps import index, info_step, lane_coords, static_inputs, step_inputs
+from .filter_steps import (index, info_step, lane_coords, load_y, ring_next, ring_start, static_inputs,
+                           step_inputs)
 
 
 @triton.jit
@@ -51,7 +52,8 @@ def filter_agg_kernel(
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
     agg_ptr, T, C, NS, L,
-    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+    BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``."""
     b = index(tl.program_id(1), WIDE)
@@ -64,11 +66,19 @@ def filter_agg_kernel(
     one = tl.full((BLOCK,), 1.0, decay_s.dtype)
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
-    for i in range(0, L):
+    end = tl.minimum(t0 + L, T)
+    if PREFETCH:  # y of the next four steps in flight (loads issued ahead of the dependent chain)
+        y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end)
+    for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
         valid = lane_ok & (t < T)
+        if PREFETCH:
+            y, y_a, y_b, y_c, y_d = ring_next(
+                y_a, y_b, y_c, y_d, y_ptr, b, t, c, sy_b, sy_t, sy_c, lane_ok, end)
+        else:
+            y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
         decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-            t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+            t, valid, b, c, y,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
@@ -184,7 +194,7 @@ def filter_fwd_kernel(
     var_ptr, pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr, T, C, NS, L,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr, POSTERIOR: tl.constexpr,
-    BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Walk each lane's stretch from ``start`` and write the outputs ``(B, T, C)``.
 
@@ -211,11 +221,19 @@ def filter_fwd_kernel(
     lam = tl.load(sbase, mask=lane_ok, other=1.0)
     eta = tl.load(sbase + NS * C, mask=lane_ok, other=0.0)
     out = b * T * C + c
-    for i in range(0, L):
+    end = tl.minimum(t0 + L, T)
+    if PREFETCH:  # y of the next four steps in flight (loads issued ahead of the dependent chain)
+        y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end)
+    for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
         valid = lane_ok & (t < T)
+        if PREFETCH:
+            y, y_a, y_b, y_c, y_d = ring_next(
+                y_a, y_b, y_c, y_d, y_ptr, b, t, c, sy_b, sy_t, sy_c, lane_ok, end)
+        else:
+            y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
         decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-            t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+            t, valid, b, c, y,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)

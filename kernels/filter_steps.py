@@ -79,8 +79,28 @@ def observation(y, obs_var, mean, h):
 
 
 @triton.jit
-def step_inputs(t, valid, b, c,
-                y_ptr, sy_b, sy_t, sy_c,
+def load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, mask):
+    """``y[b, t, c]``; NaN (missing) where ``mask`` is off."""
+    return load_param(y_ptr, b, t, c, sy_b, sy_t, sy_c, mask, float("nan"))
+
+
+@triton.jit
+def ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end):
+    """``y`` at steps ``t0 .. t0 + 3`` (NaN at or past ``end``): a ring of loads issued ahead."""
+    return (load_y(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok & (t0 < end)),
+            load_y(y_ptr, b, t0 + 1, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 1 < end)),
+            load_y(y_ptr, b, t0 + 2, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 2 < end)),
+            load_y(y_ptr, b, t0 + 3, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 3 < end)))
+
+
+@triton.jit
+def ring_next(y_a, y_b, y_c, y_d, y_ptr, b, t, c, sy_b, sy_t, sy_c, lane_ok, end):
+    """Step ``t``'s ``y`` out of the ring, and the ring moved on by one (loading step ``t + 4``)."""
+    return y_a, y_b, y_c, y_d, load_y(y_ptr, b, t + 4, c, sy_b, sy_t, sy_c, lane_ok & (t + 4 < end))
+
+
+@triton.jit
+def step_inputs(t, valid, b, c, y,
                 theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
                 dt_ptr, sdt_b, sdt_t, sdt_c,
                 obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
@@ -89,7 +109,8 @@ def step_inputs(t, valid, b, c,
                 TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
     """Everything step ``t`` needs: ``(decay, noise, observed, yc, hr, phi, info, obs_var, mean, h)``.
 
-    ``*_s`` are the lane's static values (used when the matching ``*_STEP`` flag is off). Step 0
+    ``y`` is the step's observation (loaded by the caller, possibly ahead of time); ``*_s`` are
+    the lane's static values (used when the matching ``*_STEP`` flag is off). Step 0
     has no transition: ``decay = 1``, ``noise = 0`` there.
     """
     if TRANS_STEP:
@@ -111,7 +132,6 @@ def step_inputs(t, valid, b, c,
         obs_var = obs_var_s
         mean = mean_s
         h = h_s
-    y = load_param(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid, float("nan"))
     observed, yc, hr, phi, info = observation(y, obs_var, mean, h)
     return decay, noise, observed, yc, hr, phi, info, obs_var, mean, h
 

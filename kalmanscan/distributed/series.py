@@ -259,7 +259,8 @@ def _kernel_total(p):
     grid, opts = fused._launch(B, T, C, ns)
     filter_agg_kernel[grid](
         *fused._kernel_args(views), agg, T, C, ns, stretch,
-        TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS), **opts)
+        TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS), **opts,
+        **fused.fwd_opts())
     total = torch.empty(B, 7, C, dtype=p.dtype, device=p.y.device)
     filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(fused.CARRY_CHUNK, triton.next_power_of_2(ns)),
                                   num_warps=fused.CARRY_WARPS)
