@@ -11,7 +11,9 @@ prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
 
 * ``a5``: A5 at lengths {16, 32, 64, 128}, depths 1-4, width 128; solved = best validation token
   accuracy > 90%; plus Z60 at depth 1 (the control) at the longest length.
-* ``mqar``: T in {512, 2048}, vocabulary 8192, kv pairs {64, 128}, d_model {64, 128}, 2 layers.
+* ``mqar``: T in {512, 2048}, vocabulary 8192, kv pairs {64, 128}, d_model {64, 128}, 2 layers;
+  the Zoology paper's data and optimisation settings (zero filler, rates 1e-4 .. 1e-2, 65,536
+  tokens per batch, 6.4M training sequences), see :func:`mqar_protocol`.
 * ``mad``: the six MAD tasks at their baseline settings, d_model 128, 2 x [mixer, SwiGLU],
   learning rates {1e-4, 5e-4, 1e-3}.
 * ``ou``: KLA with the OU vs the zero-order-hold discretisation at depths 2, 4, 8 on one task.
@@ -87,16 +89,34 @@ def a5_min_depth(lengths=(16, 32, 64, 128), depths=(1, 2, 3, 4), mixers=BASELINE
     return runs
 
 
+ZOOLOGY_LRS = (1e-4, 4.6e-4, 2.2e-3, 1e-2)   # np.logspace(-4, -2, 4), Zoology's sweep
+ZOOLOGY_TOKENS_PER_BATCH = 65536              # Zoology's batch: 128 at T = 512, 256 at T = 256, ...
+ZOOLOGY_SEQUENCES = 64 * 100_000              # 64 epochs of 100,000 training sequences
+
+
+def zoology_batch(seq_len: int) -> int:
+    """Zoology's MQAR batch size at ``seq_len`` (65,536 tokens, at most 512 sequences)."""
+    return max(1, min(512, ZOOLOGY_TOKENS_PER_BATCH // seq_len))
+
+
 def mqar_protocol(lengths=(512, 2048), kv_pairs=(64, 128), widths=(64, 128),
-                  mixers=BASELINE_MIXERS, vocab=8192, layers=2, steps=20000, lrs=(1e-3,), seed=0,
-                  time_limit=None, batch=64) -> list:
-    """MQAR accuracy against state size: every (T, kv pairs, d_model, mixer), ``layers`` deep."""
-    common = _common(steps, lrs, seed, time_limit, batch)
+                  mixers=BASELINE_MIXERS, vocab=8192, layers=2, steps=None, lrs=ZOOLOGY_LRS, seed=0,
+                  time_limit=None, batch=None, filler="zero") -> list:
+    """MQAR accuracy against state size: every (T, kv pairs, d_model, mixer), ``layers`` deep.
+
+    Defaults follow the Zoology paper's MQAR configurations: zero filler between the queries,
+    the learning-rate sweep 1e-4 .. 1e-2, a batch of 65,536 tokens (128 sequences at T = 512) and
+    64 epochs of 100,000 sequences (``steps=None``: 6.4M sequences / batch, 50,000 steps at
+    T = 512). ``batch`` or ``steps`` given override that for every length.
+    """
     runs = []
     for mixer, T, kv, d in [(m, t, k, d) for m in mixers for t in lengths for k in kv_pairs
                             for d in widths]:
+        b = zoology_batch(T) if batch is None else batch
+        n = max(1, ZOOLOGY_SEQUENCES // b) if steps is None else steps
         argv = ["--task", "mqar", "--len", str(T), "--kv-pairs", str(kv), "--vocab", str(vocab),
-                "--layers", str(layers), "--d-model", str(d), *_spec(mixer), *common]
+                "--filler", filler, "--layers", str(layers), "--d-model", str(d), *_spec(mixer),
+                *_common(n, lrs, seed, time_limit, b)]
         runs.append(Run(f"mqar_T{T}_kv{kv}_d{d}_{mixer}_s{seed}", argv))
     return runs
 
@@ -185,6 +205,8 @@ def main(argv=None) -> list:
     p.add_argument("--lrs", nargs="+", type=float, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--filler", choices=("random", "zero"), default=None,
+                   help="mqar: tokens between the queries (default zero, as Zoology's paper)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=None, help="seconds per learning rate per run")
     p.add_argument("--no-control", action="store_true", help="a5: leave out the Z60 control")
@@ -199,7 +221,7 @@ def main(argv=None) -> list:
     a = p.parse_args(argv)
     names = {"mixers": a.mixers, "lengths": a.lengths, "depths": a.depths, "kv_pairs": a.kv_pairs,
              "widths": a.widths, "tasks": a.tasks, "lrs": a.lrs, "steps": a.steps, "batch": a.batch,
-             "time_limit": a.time_limit, "seed": a.seed}
+             "time_limit": a.time_limit, "seed": a.seed, "filler": a.filler}
     if a.protocol == "a5" and a.no_control:
         names["control"] = None
     if a.protocol == "ou":

@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--len", type=int, default=None, help="sequence length (task default if omitted)")
     p.add_argument("--kv-pairs", type=int, default=None, help="MQAR key-value pairs")
     p.add_argument("--vocab", type=int, default=None, help="MQAR / MAD vocabulary size")
+    p.add_argument("--filler", choices=("random", "zero"), default=None,
+                   help="MQAR tokens between the queries: zero (Zoology's paper configurations) or "
+                        "random (the generator default)")
     p.add_argument("--mixer", default="kla", help="mixer name, or comma list of one per layer")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=128)
@@ -105,6 +108,10 @@ def task_from_args(args):
         options["num_kv_pairs"] = args.kv_pairs
     if args.vocab is not None:
         options["vocab_size"] = args.vocab
+    if args.filler is not None:
+        if args.task != "mqar":
+            raise ValueError("--filler is for the mqar task")
+        options["filler"] = args.filler
     if args.eval_size is not None:
         options["num_test"] = args.eval_size
     task = make_task(args.task, args.len, **options)
