@@ -50,16 +50,24 @@ def compose(earlier, later):
     ``>= 0`` and positive trace. The result is divided by ``2^e`` where ``2^e <= trace < 2^(e+1)``
     (exact in floating point; ``e`` from the detached trace), so its trace lies in ``[1, 2)``.
     """
+    A, B, C, D = product(earlier, later)
+    return rescale((A, B, C, D), A + D)
+
+
+def product(earlier, later):
+    """The unscaled 2x2 product ``later @ earlier`` of ``(A, B, C, D)`` tuples."""
     eA, eB, eC, eD = earlier
     lA, lB, lC, lD = later
-    A = lA * eA + lB * eC
-    B = lA * eB + lB * eD
-    C = lC * eA + lD * eC
-    D = lC * eB + lD * eD
-    _, e = torch.frexp((A + D).detach())
+    return lA * eA + lB * eC, lA * eB + lB * eD, lC * eA + lD * eC, lC * eB + lD * eD
+
+
+def rescale(entries, trace):
+    """``entries`` divided by ``2^e``, ``2^e <= trace < 2^(e+1)`` (exact; ``e`` from the detached
+    ``trace > 0``), so a map whose trace is ``trace`` gets a trace in ``[1, 2)``."""
+    _, e = torch.frexp(trace.detach())
     # A floating-point exponent: ldexp's backward computes 2**shift, which is 0 in integer math.
-    shift = (1 - e).to(A.dtype)
-    return tuple(torch.ldexp(x, shift) for x in (A, B, C, D))
+    shift = (1 - e).to(trace.dtype)
+    return tuple(torch.ldexp(x, shift) for x in entries)
 
 
 def readout(P, lam0):

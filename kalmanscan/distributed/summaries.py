@@ -54,17 +54,11 @@ def compose(earlier, later):
     0`` for every product of steps and of ``K``), so the product's trace lies in ``[1, 2)``.
     """
     eA, eB, eC, eD, eE, eF, eG = earlier
-    lA, lB, lC, lD, lE, lF, lG = later
-    A = lA * eA + lB * eC
-    B = lA * eB + lB * eD
-    C = lC * eA + lD * eC
-    D = lC * eB + lD * eD
+    lE, lF, lG = later[4:]
+    A, B, C, D = mobius.product(earlier[:4], later[:4])
     E = lE * eA + lF * eC + lG * eE
     F = lE * eB + lF * eD + lG * eF
-    G = lG * eG
-    _, e = torch.frexp((A + D).detach())
-    shift = (1 - e).to(A.dtype)
-    return tuple(torch.ldexp(x, shift) for x in (A, B, C, D, E, F, G))
+    return mobius.rescale((A, B, C, D, E, F, lG * eG), A + D)
 
 
 def total(combine, elems, dim: int):
