@@ -30,9 +30,9 @@ import triton
 from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
 from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel
 
-from . import ou
+from . import mobius, ou
 from .inputs import Problem
-from .parallel import finish
+from .parallel import filter_torch, finish
 
 __all__ = ["filter_triton", "filter_forward", "plan"]
 
@@ -249,6 +249,9 @@ def filter_triton(p: Problem, stretch: int | None = None) -> dict:
 
     Differentiable with respect to ``y``, every parameter and the initial belief. When nothing
     needs a gradient, one kernel pass writes every field of the result (no torch passes after it).
+    A problem with no process noise where ``decay < 1`` (``sigma = 0``, or a noise below
+    :data:`kalmanscan.mobius.NO_NOISE`) runs on the torch backend instead: its precision grows like
+    ``decay^(-2t)``, past the range of the kernels, which carry it (see :mod:`kalmanscan.mobius`).
     ``stretch`` overrides the number of steps per stretch (see :func:`plan`).
     """
     shape = p.shape
@@ -260,6 +263,9 @@ def filter_triton(p: Problem, stretch: int | None = None) -> dict:
     init = torch.stack([lam0, lam0 * mu0], 1)
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
+    with torch.no_grad():
+        if mobius.precision_overflows(torch.where(decay < 1, noise, torch.ones_like(noise)).amin(), p.dtype):
+            return filter_torch(p)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         views = {k: _flat(x, shape) for k, x in zip(_ORDER, inputs)}
         out = filter_forward(views, init.contiguous(), stretch=stretch, posterior=True)

@@ -20,18 +20,23 @@ to keep the entries in ``[2^-k, 2]``-ish range without overflow. The scale facto
 detached trace: it is piecewise constant, so autograd through the rescaled product is exact.
 The read-out ``(A lam_0 + B) / (C lam_0 + D)`` is again a ratio of positive sums for ``lam_0 >= 0``.
 
-The information mean follows ``eta_t = f_t eta_{t-1} + b_t`` with the forget gate
-``f_t = a_t / (a_t^2 + q_t lam_{t-1})`` and ``b_t = h r (y_t - h mean)``; affine maps ``(f, b)``
-compose as "s then t" ``-> (f_t f_s, f_t b_s + b_t)``. Here ``f`` is in ``[0, 1/a]`` and products of
-forget gates only shrink towards 0, so the affine scan is as well conditioned as an ordinary
-first-order linear recurrence.
+The backends read the scan out as the variance ``var_t = 1 / lam_t = (C lam_0 + D) / (A lam_0 + B)``
+(:func:`readout_var`), not the precision: with no process noise (``q = 0``) and ``a < 1`` the exact
+precision grows like ``a^(-2t)`` and leaves the floating-point range, while the variance only
+underflows towards its exact value 0. For the same reason the mean is scanned in mean form, not
+as the information mean ``eta = lam mu`` (whose forget gate ``a / (a^2 + q lam)`` is ``1/a > 1``
+when ``q = 0``): ``mu_t = g_t mu_{t-1} + b_t var_t`` with the gate
+``g_t = a_t / (1 + phi_t pred_var_t)``, ``pred_var_t = a_t^2 var_{t-1} + q_t`` (:func:`mean_gate`)
+and ``b_t = h r (y_t - h mean)``. Here ``g`` is in ``[0, a]`` and ``b_t var_t`` is bounded, so the
+affine scan, with maps ``(g, w)`` composed as "s then t" ``-> (g_t g_s, g_t w_s + w_t)``, is as
+well conditioned as an ordinary first-order linear recurrence for every ``q >= 0``.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["leaf", "compose", "readout", "forget_gate", "affine_compose"]
+__all__ = ["leaf", "compose", "product", "rescale", "readout", "readout_var", "mean_gate", "precision_overflows", "NO_NOISE", "affine_compose"]
 
 
 def leaf(decay, noise, phi):
@@ -76,13 +81,36 @@ def readout(P, lam0):
     return (A * lam0 + B) / (C * lam0 + D)
 
 
-def forget_gate(decay, noise, lam_prev):
-    """``f = a / (a^2 + q lam_prev)``: how much of the previous information mean survives."""
-    return decay / (decay * decay + noise * lam_prev)
+NO_NOISE = {torch.float32: 1e-30, torch.float64: 1e-290}  # process noise treated as none
+
+
+def precision_overflows(min_noise, dtype) -> bool:
+    """Whether the information-form recursion (which carries ``lam``) can leave the range of
+    ``dtype``: ``min_noise`` is the smallest process noise among filters with ``decay < 1``.
+
+    With noise ``q`` the precision stays below about ``1/q`` plus the observation precision; below
+    :data:`NO_NOISE` that bound is out of range, and with ``q = 0`` the precision grows like
+    ``decay^(-2t)`` without bound (its exact value overflows). Backends that carry the variance
+    and the mean (the torch ones) are unaffected.
+    """
+    return float(min_noise) < NO_NOISE.get(dtype, NO_NOISE[torch.float32])
+
+
+def readout_var(P, lam0):
+    """``var = (C lam0 + D) / (A lam0 + B)``: the variance ``1 / lam`` after the map ``P`` from
+    ``lam0 > 0``, a ratio of non-negative sums that stays in range when ``lam`` would not."""
+    A, B, C, D = P
+    return (C * lam0 + D) / (A * lam0 + B)
+
+
+def mean_gate(decay, pred_var, phi):
+    """``g = a / (1 + phi pred_var)`` in ``[0, a]``: the weight of the previous mean in the updated
+    mean ``mu = g mu_prev + b var`` (``pred_var = a^2 var_prev + q`` the predicted variance)."""
+    return decay / (1.0 + phi * pred_var)
 
 
 def affine_compose(earlier, later):
-    """``(f, b)`` maps ``eta -> f eta + b`` composed as "earlier then later"."""
+    """``(g, w)`` maps ``x -> g x + w`` composed as "earlier then later"."""
     f1, b1 = earlier
     f2, b2 = later
     return f2 * f1, f2 * b1 + b2

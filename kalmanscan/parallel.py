@@ -1,8 +1,8 @@
 """The ``"torch"`` backend: the time-parallel information-form filter in torch tensor ops.
 
 Two associative scans along time (:mod:`kalmanscan.scan`): the Möbius scan of the precision
-(:mod:`kalmanscan.mobius`), then the affine scan of the information mean whose forget gates need
-the previous precision. Runs on any device, float32 or float64, and is differentiable by autograd
+(:mod:`kalmanscan.mobius`), read out as the variance, then the affine scan of the mean whose gates
+need the previous variance (mean form, so no process noise, ``sigma = 0``, stays in range). Runs on any device, float32 or float64, and is differentiable by autograd
 with respect to ``y`` and every parameter (the power-of-two rescaling in the Möbius products is
 piecewise constant, so those gradients are exact).
 """
@@ -38,22 +38,16 @@ def filter_torch(p: Problem) -> dict:
     a = first_step_identity(decay.expand(shape), 1.0)
     q = first_step_identity(noise.expand(shape), 0.0)
 
-    lam0 = (1.0 / p.init_var).expand(shape[:-2] + (1, shape[-1]))
-    mu0 = (p.init_mean - mean[..., :1, :]).expand(lam0.shape)
+    var0 = p.init_var.expand(shape[:-2] + (1, shape[-1]))
+    mu0 = (p.init_mean - mean[..., :1, :]).expand(var0.shape)
     P = associative_scan(mobius.compose, mobius.leaf(a, q, phi), dim=-2)
-    lam = mobius.readout(P, lam0)
-    lam_prev = torch.cat([lam0, lam[..., :-1, :]], -2)
-    f = mobius.forget_gate(a, q, lam_prev)
-    F, B = associative_scan(mobius.affine_compose, (f, b), dim=-2)
-    eta = F * (lam0 * mu0) + B
-
-    var = 1.0 / lam
-    mu_c = eta * var
-    mu_prev = torch.cat([mu0, mu_c[..., :-1, :]], -2)
-    var_prev = torch.cat([1.0 / lam0, var[..., :-1, :]], -2)
-    pred_mu_c = a * mu_prev
+    var = mobius.readout_var(P, 1.0 / var0)
+    var_prev = torch.cat([var0, var[..., :-1, :]], -2)
     pred_var = a * a * var_prev + q
-    return finish(p, mu_c, lam, pred_mu_c, pred_var, missing, decay, noise)
+    G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=-2)
+    mu_c = G * mu0 + W
+    pred_mu_c = a * torch.cat([mu0, mu_c[..., :-1, :]], -2)
+    return finish(p, mu_c, 1.0 / var, pred_mu_c, pred_var, missing, decay, noise)
 
 
 def finish(p: Problem, mu_c, lam, pred_mu_c, pred_var, missing, decay, noise) -> dict:

@@ -55,8 +55,9 @@ def filter_reference(p: Problem) -> dict:
         out["mean"][..., t, :] = z + mean_t
         out["var"][..., t, :] = P
         out["logliks"][..., t, :] = np.where(seen, stats.norm.logpdf(innovation, 0.0, np.sqrt(S)), 0.0)
-    out["precision"] = 1.0 / out["var"]
-    out["pred_precision"] = 1.0 / out["pred_var"]
+    with np.errstate(divide="ignore", over="ignore"):  # var 0 (no process noise): precision inf
+        out["precision"] = 1.0 / out["var"]
+        out["pred_precision"] = 1.0 / out["pred_var"]
     out["decay"], out["noise"] = decay, noise
     out["missing"] = np.isnan(arr["y"]).astype(np.float64)
     return out

@@ -254,3 +254,21 @@ def test_prefetch_ring(T, split, prefetch, poisoned, monkeypatch, request):
     out = ks.filter(torch.tensor(y), backend="triton", **_tensors(kw))
     err, errs = posterior_error(out, ref)
     assert err < 1e-10, errs
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_no_process_noise_stays_finite(backend):
+    """sigma = 0 with decay < 1: the exact precision grows like decay^(-2t) past float32's range
+    (about 440 steps here); both backends must return the exact, finite answer."""
+    rng = np.random.default_rng(5)
+    y = rng.normal(size=(1000, 3))
+    y[rng.random(y.shape) < 0.1] = np.nan
+    kw = dict(theta=np.array([1.0, 0.1, 0.0]), sigma=0.0, obs_var=0.7, init_var=2.0, mean=0.5)
+    ref = ks.filter(y, backend="reference", **kw)
+    out = ks.filter(torch.tensor(y, dtype=torch.float32), backend=backend,
+                    **{k: torch.tensor(v, dtype=torch.float32) for k, v in kw.items()})
+    for name in ("mean", "var", "pred_mean", "pred_var", "logliks"):
+        got = getattr(out, name).double().numpy()
+        want = np.asarray(getattr(ref, name))
+        assert np.isfinite(got).all(), name
+        assert np.abs(got - want).max() <= 4e-6 * max(np.abs(want).max(), 1.0), name

@@ -42,12 +42,16 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, return_state=F
     Returns ``(y, y_var)``, or ``(y, y_var, (lam, eta))`` with the final state when
     ``return_state`` is true. ``initial_state`` is a pair ``(lam, eta)`` of ``(B, M, S)`` tensors
     with ``lam > 0``. ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton for CUDA
-    tensors, torch otherwise). Raises ``ValueError`` naming the offending argument.
+    tensors, torch otherwise). Filters with ``decay < 1`` and no process noise (``noise`` below
+    :data:`kalmanscan.mobius.NO_NOISE`) run on the torch backend whatever ``backend`` says: their
+    precision grows like ``decay^(-2t)``, past the range of the fused kernels, which carry it,
+    while the torch backend scans the variance and the mean. Raises ``ValueError`` naming the
+    offending argument.
     """
-    lam0, eta0 = _validate(v, lam_v, k, q, decay, noise, initial_state, backend)
+    lam0, eta0, no_noise = _validate(v, lam_v, k, q, decay, noise, initial_state, backend)
     if backend == "auto":
         backend = "triton" if v.is_cuda else "torch"
-    if backend == "triton":
+    if backend == "triton" and not no_noise:
         from .kla_triton import kla_scan_triton
 
         y, y_var, lam, eta = kla_scan_triton(v, lam_v, k, q, decay, noise, lam0, eta0)
@@ -66,6 +70,9 @@ def kla_scan_torch(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
     """Time-parallel KLA scan in torch ops; returns ``(y, y_var, lam, eta)`` in the compute dtype.
 
     ``lam0``/``eta0`` are ``(B, M, S)`` or ``None`` (then 1 and 0). Differentiable by autograd.
+    The precision scan is read out as the variance and the mean is scanned in mean form
+    (:mod:`kalmanscan.mobius`), so ``noise = 0`` (whose exact precision grows like
+    ``decay^(-2t)``) gives finite outputs; only the returned final ``lam``, ``eta`` may then be inf.
     """
     dtype = compute_dtype(v, lam_v, k, q, decay, noise)
     v, lam_v, k, q, decay, noise = (x.to(dtype) for x in (v, lam_v, k, q, decay, noise))
@@ -86,16 +93,16 @@ def kla_scan_torch(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
     a = decay.expand(shape)
     n = noise.expand(shape)
     P = associative_scan(mobius.compose, mobius.leaf(a, n, phi), dim=1)
-    lam = mobius.readout(P, lam0)
-    lam_prev = torch.cat([lam0, lam[:, :-1]], 1)
-    f = mobius.forget_gate(a, n, lam_prev)
-    F, Bsum = associative_scan(mobius.affine_compose, (f, b), dim=1)
-    eta = F * eta0 + Bsum
+    var = mobius.readout_var(P, lam0)
+    var0 = 1.0 / lam0
+    pred_var = a * a * torch.cat([var0, var[:, :-1]], 1) + n
+    G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=1)
+    mu = G * (eta0 * var0) + W
     qq = q.unsqueeze(-2)
-    inv = 1.0 / lam
-    y = (qq * eta * inv).sum(-1)
-    y_var = (qq * qq * inv).sum(-1)
-    return y, y_var, lam[:, -1], eta[:, -1]
+    y = (qq * mu).sum(-1)
+    y_var = (qq * qq * var).sum(-1)
+    lam = 1.0 / var[:, -1]
+    return y, y_var, lam, mu[:, -1] * lam
 
 
 def kla_scan_sequential(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
@@ -162,14 +169,20 @@ def _validate(v, lam_v, k, q, decay, noise, initial_state, backend):
         ranges.append(("initial_state lam", lam0, lambda lo, hi: lo > 0 and hi < math.inf,
                        "positive and finite"))
     ranges = [r for r in ranges if r[1].numel()]
+    no_noise = False
     if ranges and not (v.is_cuda and torch.cuda.is_current_stream_capturing()):
-        # One reduction per tensor and a single device-to-host copy (NaN fails every comparison).
+        # One reduction per tensor and a single device-to-host copy (NaN fails every comparison);
+        # the last row is the smallest noise among decaying filters (see kalmanscan.mobius).
         with torch.no_grad():
-            extrema = torch.stack([torch.stack(torch.aminmax(x.detach())).double() for _, x, _, _ in ranges])
-        for (name, _, ok, what), (lo, hi) in zip(ranges, extrema.tolist()):
+            decaying = torch.where(decay.detach() < 1, noise.detach(), torch.ones_like(noise))
+            rows = [torch.stack(torch.aminmax(x.detach())).double() for _, x, _, _ in ranges]
+            rows.append(torch.stack(torch.aminmax(decaying)).double())
+            extrema = torch.stack(rows).tolist()
+        for (name, _, ok, what), (lo, hi) in zip(ranges, extrema):
             if not ok(lo, hi):
                 raise ValueError(f"{name} must be {what}")
-    return lam0, eta0
+        no_noise = mobius.precision_overflows(extrema[-1][0], noise.dtype)
+    return lam0, eta0, no_noise
 
 
 def _interpreting():
