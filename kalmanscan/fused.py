@@ -263,9 +263,8 @@ def filter_triton(p: Problem, stretch: int | None = None) -> dict:
     init = torch.stack([lam0, lam0 * mu0], 1)
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
-    with torch.no_grad():
-        if mobius.precision_overflows(torch.where(decay < 1, noise, torch.ones_like(noise)).amin(), p.dtype):
-            return filter_torch(p)
+    if mobius.no_process_noise(decay, noise):
+        return filter_torch(p)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         views = {k: _flat(x, shape) for k, x in zip(_ORDER, inputs)}
         out = filter_forward(views, init.contiguous(), stretch=stretch, posterior=True)

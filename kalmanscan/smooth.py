@@ -40,6 +40,11 @@ def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
     rts = rts_reference if resolve_backend(backend, p.y.device) == "reference" else rts_torch
     mean_s, var_s = rts(full, torch.broadcast_to(p.mean, shape))
+    if mobius.no_process_noise(full["decay"], full["noise"]) and not bool(
+            (torch.isfinite(mean_s) & torch.isfinite(var_s)).all()):
+        raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
+                         "noise the smoother's gain is 1/decay and its backward recursion leaves the "
+                         "floating-point range (ks.filter handles sigma = 0)")
     smoothed = dict(out, mean=mean_s, var=var_s, precision=1.0 / var_s)
     return make_posterior(p, smoothed, filtered=make_posterior(p, out))
 

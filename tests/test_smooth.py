@@ -38,3 +38,18 @@ def test_smoother_float32_and_torch_out():
     assert out.mean.dtype == torch.float32 and out.filtered.mean.dtype == torch.float32
     assert max_rel_error(out.mean, ref.mean) < 4e-6
     assert rel_error(out.var, ref.var) < 4e-6
+
+
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_no_process_noise(backend):
+    """sigma = 0: short series smooth exactly (gain 1/decay); where the backward recursion leaves
+    the floating-point range the smoother refuses with a ValueError naming sigma, never NaN."""
+    rng = np.random.default_rng(8)
+    kw = dict(theta=np.array([1.0, 0.3]), sigma=0.0, obs_var=0.7, init_var=2.0)
+    y = rng.normal(size=(20, 2))
+    sm = ks.smooth(y, backend=backend, **kw)
+    ref = ks.smooth(y, backend="reference", **kw)
+    assert np.isfinite(np.asarray(sm.mean)).all() and np.isfinite(np.asarray(sm.var)).all()
+    np.testing.assert_allclose(np.asarray(sm.mean), np.asarray(ref.mean), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="sigma must be > 0"):
+        ks.smooth(rng.normal(size=(2000, 2)), backend=backend, **kw)

@@ -121,7 +121,7 @@ def smooth(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=Non
 def _filter(y, kw, group, backend):
     """Prepare, agree, exchange the summaries and run the local pass.
 
-    Returns ``(problem, outputs, carry, gathered)``: ``carry`` is ``(lam, mu)`` entering this
+    Returns ``(problem, outputs, carry, gathered)``: ``carry`` is ``(var, mu)`` entering this
     rank (``None`` on rank 0), ``gathered`` the stacked summaries ``(world, 7, ..., 1, C)``.
     """
     rank, world = rank_world(group)
@@ -165,8 +165,7 @@ def _filter(y, kw, group, backend):
     gathered = all_gather(local, group)
     carry = None
     if rank > 0:
-        lam, eta = summaries.incoming(gathered, rank)
-        carry = (lam, eta / lam)
+        carry = summaries.incoming_moments(gathered, rank)
         p = _continue_from(p, carry)
     out = run_backend(p, backend)
     if gathered.requires_grad:
@@ -189,12 +188,13 @@ def _boundary_dt(p, rank, group):
 
 
 def _continue_from(p, carry):
-    """``p`` with its initial belief replaced by ``carry = (lam, mu)`` (the filtered precision and
-    centred mean at the previous step) predicted over ``p``'s first transition."""
-    lam, mu = carry
+    """``p`` with its initial belief replaced by ``carry = (var, mu)`` (the filtered variance and
+    centred mean at the previous step) predicted over ``p``'s first transition. A predicted
+    variance that underflowed to 0 (no process noise) becomes the smallest normal number."""
+    var, mu = carry
     decay, noise = (x[..., :1, :] for x in p.decay_noise())
-    return dataclasses.replace(p, init_mean=p.mean[..., :1, :] + decay * mu,
-                               init_var=decay * decay / lam + noise)
+    init_var = torch.clamp_min(decay * decay * var + noise, torch.finfo(var.dtype).tiny)
+    return dataclasses.replace(p, init_mean=p.mean[..., :1, :] + decay * mu, init_var=init_var)
 
 
 def _summary(p, rank, fused: bool):
@@ -277,8 +277,7 @@ def _rts_summary(f, mean_param, carry, last: bool):
     ones, zeros = torch.ones_like(mu[..., -1:, :]), torch.zeros_like(mu[..., -1:, :])
     end_mean = (zeros, mu[..., -1:, :]) if last else (ones, zeros)
     end_var = (zeros, f["var"][..., -1:, :]) if last else (ones, zeros)
-    lam_prev, mu_prev = carry
-    var_prev = 1.0 / lam_prev
+    var_prev, mu_prev = carry
     a0, q0, pv0 = (f[k][..., :1, :] for k in ("decay", "noise", "pred_var"))
     J0 = a0 * var_prev / pv0
     bm0 = mu_prev - J0 * (f["pred_mean"][..., :1, :] - mean_param[..., :1, :])

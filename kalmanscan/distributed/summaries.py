@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import mobius
 
-__all__ = ["step_summaries", "compose", "total", "chunked_total", "initial", "incoming",
+__all__ = ["step_summaries", "compose", "total", "chunked_total", "initial", "incoming", "incoming_moments",
            "affine_total", "CHUNK_ELEMENTS"]
 
 CHUNK_ELEMENTS = 1 << 22  # elements (steps x filters) per chunk of :func:`chunked_total`
@@ -119,11 +119,25 @@ def incoming(gathered, rank: int):
     ``gathered[0]`` must include the initial belief (rank 0 sends ``P_0 K``); ``rank >= 1``.
     The exclusive prefix over ranks is composed in rank order (``rank - 1`` combines).
     """
+    _, B, _, D, _, F, _ = _prefix(gathered, rank)
+    return B / D, F / D
+
+
+def incoming_moments(gathered, rank: int):
+    """``(var, mu)`` entering rank ``rank``: :func:`incoming` read as the variance ``D / B`` and
+    the mean ``F / B``, which stay in range when the precision ``B / D`` would not (no process
+    noise, docs/math.md)."""
+    _, B, _, D, _, F, _ = _prefix(gathered, rank)
+    return D / B, F / B
+
+
+def _prefix(gathered, rank: int):
+    """The exclusive prefix ``P_{rank-1} ... P_0 K`` of the stacked summaries (``rank - 1``
+    combines, in rank order)."""
     prefix = tuple(gathered[0].unbind(0))
     for j in range(1, rank):
         prefix = compose(prefix, tuple(gathered[j].unbind(0)))
-    _, B, _, D, _, F, _ = prefix
-    return B / D, F / D
+    return prefix
 
 
 def affine_total(f, b, dim: int):
