@@ -15,6 +15,7 @@ differentiable by autograd through whichever backend produced the filter.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import mobius
@@ -76,11 +77,12 @@ def rts_reference(f: dict, mean_param):
     mean_param = mean_param.detach().cpu().double().numpy()
     mu, var = g["mean"] - mean_param, g["var"]
     mu_s, var_s = mu.copy(), var.copy()
-    for t in range(mu.shape[-2] - 2, -1, -1):
-        a, pv = g["decay"][..., t + 1, :], g["pred_var"][..., t + 1, :]
-        J = a * var[..., t, :] / pv
-        mu_s[..., t, :] = mu[..., t, :] + J * (mu_s[..., t + 1, :] - (g["pred_mean"][..., t + 1, :] - mean_param[..., t + 1, :]))
-        var_s[..., t, :] = var[..., t, :] + J * J * (var_s[..., t + 1, :] - pv)
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 without process noise: smooth() raises
+        for t in range(mu.shape[-2] - 2, -1, -1):
+            a, pv = g["decay"][..., t + 1, :], g["pred_var"][..., t + 1, :]
+            J = a * var[..., t, :] / pv
+            mu_s[..., t, :] = mu[..., t, :] + J * (mu_s[..., t + 1, :] - (g["pred_mean"][..., t + 1, :] - mean_param[..., t + 1, :]))
+            var_s[..., t, :] = var[..., t, :] + J * J * (var_s[..., t + 1, :] - pv)
     dev = f["mean"].device
     return (torch.as_tensor(mu_s + mean_param, device=dev).to(f["mean"].dtype),
             torch.as_tensor(var_s, device=dev).to(f["mean"].dtype))
