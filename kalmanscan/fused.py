@@ -139,7 +139,7 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
                                       num_warps=CARRY_WARPS)
     dummy = torch.empty(1, dtype=dtype, device=dev)
     names = POSTERIOR if posterior else ("mu", "lam", "pred_mu", "pred_var")
-    out = {k: torch.empty(B, T, C, dtype=dtype, device=dev) for k in (POSTERIOR if posterior else outputs)}
+    out = {k: torch.empty(B, T, C, dtype=dtype, device=dev) for k in (names if posterior else outputs)}
     pointers = [out.get(k, dummy) for k in names] + ([] if posterior else [dummy] * 6)
     filter_fwd_kernel[grid](
         *args, start, *pointers, T, C, ns, L,

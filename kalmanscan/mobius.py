@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["leaf", "compose", "product", "rescale", "readout", "readout_var", "mean_gate", "precision_overflows", "no_process_noise", "NO_NOISE", "affine_compose"]
+__all__ = ["leaf", "compose", "product", "rescale", "readout", "readout_var", "mean_gate",
+           "decaying_noise", "precision_overflows", "no_process_noise", "NO_NOISE", "affine_compose"]
 
 
 def leaf(decay, noise, phi):
@@ -96,11 +97,16 @@ def precision_overflows(min_noise, dtype) -> bool:
     return float(min_noise) < NO_NOISE.get(dtype, NO_NOISE[torch.float32])
 
 
+def decaying_noise(decay, noise):
+    """``noise`` where ``decay < 1``, else 1 (detached): its minimum is what
+    :func:`precision_overflows` takes."""
+    return torch.where(decay.detach() < 1, noise.detach(), torch.ones_like(noise))
+
+
 def no_process_noise(decay, noise) -> bool:
     """:func:`precision_overflows` for broadcastable ``decay`` and ``noise`` tensors (one sync)."""
     with torch.no_grad():
-        decaying = torch.where(decay.detach() < 1, noise.detach(), torch.ones_like(noise))
-        return precision_overflows(decaying.amin(), noise.dtype)
+        return precision_overflows(decaying_noise(decay, noise).amin(), noise.dtype)
 
 
 def readout_var(P, lam0):

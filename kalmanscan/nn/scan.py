@@ -174,9 +174,8 @@ def _validate(v, lam_v, k, q, decay, noise, initial_state, backend):
         # One reduction per tensor and a single device-to-host copy (NaN fails every comparison);
         # the last row is the smallest noise among decaying filters (see kalmanscan.mobius).
         with torch.no_grad():
-            decaying = torch.where(decay.detach() < 1, noise.detach(), torch.ones_like(noise))
             rows = [torch.stack(torch.aminmax(x.detach())).double() for _, x, _, _ in ranges]
-            rows.append(torch.stack(torch.aminmax(decaying)).double())
+            rows.append(torch.stack(torch.aminmax(mobius.decaying_noise(decay, noise))).double())
             extrema = torch.stack(rows).tolist()
         for (name, _, ok, what), (lo, hi) in zip(ranges, extrema):
             if not ok(lo, hi):
