@@ -81,13 +81,22 @@ def bench_triton(T, C, gbps_copy):
         fused.filter_backward(views, init, o["mu"], o["lam"], cot)
 
     both = median_ms(fwd_bwd)
-    ns, L = fused.plan(1, T, C)
-    row = dict(C=C, T=T, stretches=ns, stretch=L, fwd_ms=fwd, fwd_bwd_ms=both, outputs_finite=finite,
+    row = dict(C=C, T=T, **layout(T, C), fwd_ms=fwd, fwd_bwd_ms=both, outputs_finite=finite,
                fwd_GBps=FWD_BYTES * n / fwd / 1e6, fwd_bwd_GBps=FWD_BWD_BYTES * n / both / 1e6)
     row["fwd_pct_copy"] = 100 * row["fwd_GBps"] / gbps_copy
     row["fwd_bwd_pct_copy"] = 100 * row["fwd_bwd_GBps"] / gbps_copy
     row["bwd_over_fwd"] = both / fwd
     return row
+
+
+def layout(T, C):
+    """The forward's layout at ``(T, C)``: time-parallel tiles or walks, and its stretches."""
+    from kalmanscan import fused
+    if fused.uses_tiles(T, C):
+        ns, r = fused.tile_plan(T)
+        return dict(layout="tiles", stretches=ns, stretch=r * fused.TILE)
+    ns, L = fused.plan(1, T, C)
+    return dict(layout="walks", stretches=ns, stretch=L)
 
 
 def bench_torch_backend(T, C):
@@ -132,29 +141,41 @@ def bench_loop(C=4096, T=256):
 
 
 def check_reference():
-    """Float32 and float64 kernels on the GPU against the sequential float64 reference."""
+    """Float32 and float64 kernels on the GPU against the sequential float64 reference: walks over
+    one and many stretches (C = 8), time-parallel tiles at the default and at small tiles (C = 1)."""
+    from kalmanscan import fused
+    rng = np.random.default_rng(0)
+    rows = []
+    for settings, C, batch in (
+            (dict(MIN_STRETCH=64, TARGET_LANES=fused.TARGET_LANES), 8, (2,)),
+            (dict(MIN_STRETCH=8, TARGET_LANES=1 << 30), 8, (2,)),
+            (dict(TILE=fused.TILE, TILE_STRETCHES=fused.TILE_STRETCHES), 1, (3,)),
+            (dict(TILE=64, TILE_STRETCHES=8), 1, (3,))):
+        saved = {k: getattr(fused, k) for k in settings}
+        for k, v in settings.items():
+            setattr(fused, k, v)
+        for per_step, times in ((False, False), (True, True), (True, False)):
+            rows += _reference_rows(rng, C, batch, per_step, times)
+        for k, v in saved.items():
+            setattr(fused, k, v)
+    return rows
+
+
+def _reference_rows(rng, C, batch, per_step, times, T=3001):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
     from helpers import posterior_error, random_problem
 
     import kalmanscan as ks
-    from kalmanscan import fused
+    y, kw = random_problem(rng, T, C=C, batch=batch, per_step=per_step, times=times, missing=0.1, offset=50.0)
+    ref = ks.filter(y, backend="reference", **kw)
     rows = []
-    rng = np.random.default_rng(0)
-    saved = fused.MIN_STRETCH, fused.TARGET_LANES
-    for per_step, times in ((False, False), (True, True), (True, False)):
-        for min_stretch, target in ((64, fused.TARGET_LANES), (8, 1 << 30)):
-            fused.MIN_STRETCH, fused.TARGET_LANES = min_stretch, target
-            y, kw = random_problem(rng, 3001, C=8, batch=(2,), per_step=per_step, times=times,
-                                   missing=0.1, offset=50.0)
-            ref = ks.filter(y, backend="reference", **kw)
-            for dtype in (torch.float32, torch.float64):
-                t = {k: torch.tensor(v, device="cuda", dtype=torch.float64 if k == "times" else dtype)
-                     for k, v in kw.items()}
-                out = ks.filter(torch.tensor(y, device="cuda", dtype=dtype), backend="triton", **t)
-                err, errs = posterior_error(out, ref)
-                rows.append(dict(per_step=per_step, times=times, stretches=fused.plan(2, 3001, 8)[0],
-                                 dtype=str(dtype), max_rel_err=err, worst_field=max(errs, key=errs.get)))
-    fused.MIN_STRETCH, fused.TARGET_LANES = saved
+    for dtype in (torch.float32, torch.float64):
+        t = {k: torch.tensor(v, device="cuda", dtype=torch.float64 if k == "times" else dtype)
+             for k, v in kw.items()}
+        out = ks.filter(torch.tensor(y, device="cuda", dtype=dtype), backend="triton", **t)
+        err, errs = posterior_error(out, ref)
+        rows.append(dict(C=C, per_step=per_step, times=times, **layout(T, C), dtype=str(dtype),
+                         max_rel_err=err, worst_field=max(errs, key=errs.get)))
     return rows
 
 
@@ -162,7 +183,7 @@ def check_regimes():
     """Float32 kernels against the float64 torch backend at the benchmark's regimes (many stretches)."""
     import kalmanscan as ks
     rows = []
-    for C, T in ((4096, 4096), (64, 1 << 16), (1, 1 << 20)):
+    for C, T in ((4096, 4096), (64, 1 << 16), (1, 1 << 20), (1, 1 << 22)):
         g = torch.Generator(device="cuda").manual_seed(C)
         y = torch.randn(T, C, device="cuda", dtype=torch.float64, generator=g)
         kw = dict(theta=torch.rand(C, device="cuda", dtype=torch.float64, generator=g) + 0.05,
@@ -247,10 +268,11 @@ def check_extremes(T=4096):
 
 
 SWEEP = {
-    (4096, 32768): [dict(PREFETCH=p, UNROLL=u) for p in (False, True) for u in (1, 4)]
-    + [dict(PREFETCH=True, TARGET_LANES=1 << 20)],
-    (64, 1 << 20): [dict(PREFETCH=p) for p in (False, True)],
-    (1, 1 << 22): [dict(PREFETCH=p, UNROLL=u) for p in (False, True) for u in (1, 4)],
+    (4096, 32768): [dict(PREFETCH=p, UNROLL=u) for p in (False, True) for u in (1, 4)],
+    (1, 1 << 22): [dict(TILE_MAX_C=0)] + [dict(TILE=n, TILE_WARPS=w) for n in (512, 1024, 2048) for w in (4, 8)]
+    + [dict(TILE_STRETCHES=256), dict(TILE_STRETCHES=4096)],
+    (4, 1 << 20): [dict(TILE_MAX_C=0), dict(TILE_MAX_C=4)],
+    (1, 1 << 24): [dict(TILE_STRETCHES=1024), dict(TILE_STRETCHES=4096)],
 }
 
 
@@ -272,8 +294,10 @@ def sweep():
 
             try:
                 fwd = median_ms(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
+                post = median_ms(lambda: fused.filter_forward(views, init, posterior=True))
                 both = median_ms(fwd_bwd)
-                rows.append(dict(C=C, T=T, **variant, stretches=fused.plan(1, T, C)[0], fwd_ms=fwd, fwd_bwd_ms=both))
+                rows.append(dict(C=C, T=T, **variant, **layout(T, C), fwd_ms=fwd, posterior_ms=post,
+                                 fwd_bwd_ms=both))
             except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
                 rows.append(dict(C=C, T=T, **variant, error=repr(exc)[:300]))
             for k, v in saved.items():

@@ -29,6 +29,7 @@ import triton
 
 from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
 from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel
+from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
 
 from . import mobius, ou
 from .inputs import Problem
@@ -49,6 +50,10 @@ BWD_UNROLL = 1              # the same for the backward walks (unrolling slowed 
 CARRY_CHUNK = 1024          # stretches per step of the carry scan
 CARRY_WARPS = 4
 WIDE_FROM = 1 << 31         # 64-bit offsets from 4 B T C elements on (the backward's cotangent stack)
+TILE = 1024                 # steps per tile of the time-parallel forward (lanes along time)
+TILE_WARPS = 4
+TILE_STRETCHES = 1024       # at most this many stretches of tiles per series (one carry chunk)
+TILE_MAX_C = 1              # the time-parallel forward serves series of at most this many channels
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
 _ORDER = ("y",) + _TRANS + _OBS
@@ -72,6 +77,20 @@ def _flat(x, shape):
     """``x`` (``(..., 1 or T, C or 1)``) broadcast to ``shape`` and viewed as ``(B, T, C)``."""
     B = math.prod(shape[:-2])
     return torch.broadcast_to(x, shape).reshape(B, shape[-2], shape[-1])
+
+
+def tile_plan(T: int) -> tuple[int, int]:
+    """``(NS, R)`` of the time-parallel forward: ``NS`` stretches of ``R`` tiles of ``TILE`` steps,
+    ``NS <= TILE_STRETCHES``."""
+    tiles = triton.cdiv(T, TILE)
+    r = triton.cdiv(tiles, min(tiles, TILE_STRETCHES))
+    return triton.cdiv(tiles, r), r
+
+
+def uses_tiles(T: int, C: int, stretch: int | None = None) -> bool:
+    """Whether the forward runs time-parallel (lanes along time): few channels, at least a tile of
+    steps, and no stretch length forced."""
+    return stretch is None and C <= TILE_MAX_C and T >= TILE
 
 
 def _kernel_args(views):
@@ -125,26 +144,35 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     """
     y = views["y"]
     B, T, C = y.shape
-    ns, L = plan(B, T, C, stretch)
+    tiles = uses_tiles(T, C, stretch)
+    if tiles:
+        ns, r = tile_plan(T)
+        grid = (ns, B * C)
+        opts = dict(TILE=TILE, num_warps=TILE_WARPS, WIDE=B * T * C >= WIDE_FROM)
+        agg_kernel, fwd_kernel = filter_tile_agg_kernel, filter_tile_fwd_kernel
+    else:
+        ns, r = plan(B, T, C, stretch)
+        grid, opts = _launch(B, T, C, ns)
+        opts.update(fwd_opts())
+        agg_kernel, fwd_kernel = filter_agg_kernel, filter_fwd_kernel
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
-    grid, opts = _launch(B, T, C, ns)
     start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
     start[:, :, 0, :] = init
     if ns > 1:
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-        filter_agg_kernel[grid](*args, agg, T, C, ns, L, **flags, **opts, **fwd_opts())
+        agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
         filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
                                       num_warps=CARRY_WARPS)
     dummy = torch.empty(1, dtype=dtype, device=dev)
     names = POSTERIOR if posterior else ("mu", "lam", "pred_mu", "pred_var")
     out = {k: torch.empty(B, T, C, dtype=dtype, device=dev) for k in (names if posterior else outputs)}
     pointers = [out.get(k, dummy) for k in names] + ([] if posterior else [dummy] * 6)
-    filter_fwd_kernel[grid](
-        *args, start, *pointers, T, C, ns, L,
+    fwd_kernel[grid](
+        *args, start, *pointers, T, C, ns, r,
         **flags, WRITE_MU="mu" in out, WRITE_LAM="lam" in out,
-        WRITE_PRED="pred_mu" in out or "pred_var" in out, POSTERIOR=posterior, **opts, **fwd_opts())
+        WRITE_PRED="pred_mu" in out or "pred_var" in out, POSTERIOR=posterior, **opts)
     return out
 
 

@@ -29,7 +29,7 @@ underflow to 0: the initial ``eta0``'s share is then below the float range, as i
 import triton
 import triton.language as tl
 
-from .filter_steps import (index, info_step, lane_coords, load_y, ring_next, ring_start, static_inputs,
+from .filter_steps import (emit_step, index, lane_coords, load_y, ring_next, ring_start, static_inputs,
                            step_inputs)
 
 
@@ -44,6 +44,22 @@ def _compose7(p11, p12, p21, p22, e1, e2, f, q11, q12, q21, q22, g1, g2, h):
     m2 = g1 * p12 + g2 * p22 + h * e2
     inv = 1.0 / (n11 + n22)
     return n11 * inv, n12 * inv, n21 * inv, n22 * inv, m1 * inv, m2 * inv, h * f * inv
+
+
+@triton.jit
+def leaf7(decay, noise, phi, info):
+    """One step's map in the merged form: ``(A, B, C, D, info C, info D, decay)`` (trace >= 1)."""
+    a2 = decay * decay
+    return 1.0 + noise * phi, a2 * phi, noise, a2, info * noise, info * a2, decay
+
+
+@triton.jit
+def last7(p11, p12, p21, p22, e1, e2, f, last):
+    """The 7 numbers of a tile's map at the lane where ``last`` is on, as scalars."""
+    return (tl.sum(tl.where(last, p11, 0.0), axis=0), tl.sum(tl.where(last, p12, 0.0), axis=0),
+            tl.sum(tl.where(last, p21, 0.0), axis=0), tl.sum(tl.where(last, p22, 0.0), axis=0),
+            tl.sum(tl.where(last, e1, 0.0), axis=0), tl.sum(tl.where(last, e2, 0.0), axis=0),
+            tl.sum(tl.where(last, f, 0.0), axis=0))
 
 
 @triton.jit
@@ -82,10 +98,9 @@ def filter_agg_kernel(
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        a2 = decay * decay
-        n11, n12, n21, n22, m1, m2, nf = _compose7(
-            p11, p12, p21, p22, e1, e2, f,
-            1.0 + noise * phi, a2 * phi, noise, a2, info * noise, info * a2, decay)
+        l11, l12, l21, l22, k1, k2, kf = leaf7(decay, noise, phi, info)
+        n11, n12, n21, n22, m1, m2, nf = _compose7(p11, p12, p21, p22, e1, e2, f,
+                                                   l11, l12, l21, l22, k1, k2, kf)
         p11 = tl.where(valid, n11, p11)
         p12 = tl.where(valid, n12, p12)
         p21 = tl.where(valid, n21, p21)
@@ -169,12 +184,9 @@ def filter_total_kernel(agg_ptr, total_ptr, C, NS, CH: tl.constexpr):
              tl.load(o + 2 * stride, mask=m, other=0.0), tl.load(o + 3 * stride, mask=m, other=1.0),
              tl.load(o + 4 * stride, mask=m, other=0.0), tl.load(o + 5 * stride, mask=m, other=0.0),
              tl.load(o + 6 * stride, mask=m, other=1.0)), 0, _compose7)
-        t11, t12, t21, t22, u1, u2, v = _compose7(
-            t11, t12, t21, t22, u1, u2, v,
-            tl.sum(tl.where(last, p11, 0.0), axis=0), tl.sum(tl.where(last, p12, 0.0), axis=0),
-            tl.sum(tl.where(last, p21, 0.0), axis=0), tl.sum(tl.where(last, p22, 0.0), axis=0),
-            tl.sum(tl.where(last, e1, 0.0), axis=0), tl.sum(tl.where(last, e2, 0.0), axis=0),
-            tl.sum(tl.where(last, f, 0.0), axis=0))
+        q11, q12, q21, q22, g1, g2, h = last7(p11, p12, p21, p22, e1, e2, f, last)
+        t11, t12, t21, t22, u1, u2, v = _compose7(t11, t12, t21, t22, u1, u2, v,
+                                                  q11, q12, q21, q22, g1, g2, h)
     tbase = total_ptr + b * 7 * C + c
     tl.store(tbase, t11)
     tl.store(tbase + C, t12)
@@ -196,20 +208,8 @@ def filter_fwd_kernel(
     WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr, POSTERIOR: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    """Walk each lane's stretch from ``start`` and write the outputs ``(B, T, C)``.
-
-    Centred moments (``POSTERIOR`` off): ``mu = eta / lam`` (filtered centred mean), ``lam``
-    (filtered precision), ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise``
-    (the prediction before step ``t``; at ``t = 0`` the initial belief), each only if its flag is on.
-
-    With ``POSTERIOR`` the whole filter result of :func:`kalmanscan.parallel.finish` in one pass:
-    ``mu_ptr`` and ``pred_mu_ptr`` receive the uncentred means ``mu + mean`` and ``pred_mu + mean``,
-    ``lam_ptr`` the precision, ``pred_var_ptr`` the predicted variance, and the other pointers
-    ``var = 1 / lam``, ``pred_precision = 1 / pred_var``, the predictive law of ``y``
-    (``h (pred_mu + mean)``, ``h^2 pred_var + obs_var``), the log-likelihood of ``y`` under it
-    (innovation ``yc - h pred_mu`` on the centred state; 0 when missing) and the missing flag
-    (1.0 where ``y`` is NaN).
-    """
+    """Walk each lane's stretch from ``start`` and write the outputs ``(B, T, C)``
+    (which ones, and how, is :func:`kernels.filter_steps.emit_step`'s contract)."""
     b = index(tl.program_id(1), WIDE)
     g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
     t0 = index(s, WIDE) * L
@@ -237,30 +237,7 @@ def filter_fwd_kernel(
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        o = out + t * C
-        pred_mu = decay * eta / lam
-        pred_var = decay * decay / lam + noise
-        if POSTERIOR:
-            pred_obs_var = h * h * pred_var + obs_var
-            innov = yc - h * pred_mu
-            loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov / pred_obs_var)
-            tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
-            tl.store(pred_var_ptr + o, pred_var, mask=valid)
-            tl.store(pred_prec_ptr + o, 1.0 / pred_var, mask=valid)
-            tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
-            tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
-            tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
-            tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
-        elif WRITE_PRED:
-            tl.store(pred_mu_ptr + o, pred_mu, mask=valid)
-            tl.store(pred_var_ptr + o, pred_var, mask=valid)
-        lam, eta = info_step(lam, eta, decay, noise, phi, info)
-        if POSTERIOR:
-            tl.store(mu_ptr + o, eta / lam + mean, mask=valid)
-            tl.store(var_ptr + o, 1.0 / lam, mask=valid)
-            tl.store(lam_ptr + o, lam, mask=valid)
-        else:
-            if WRITE_MU:
-                tl.store(mu_ptr + o, eta / lam, mask=valid)
-            if WRITE_LAM:
-                tl.store(lam_ptr + o, lam, mask=valid)
+        lam, eta = emit_step(
+            lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, out + t * C, valid,
+            mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
+            pred_obs_var_ptr, loglik_ptr, missing_ptr, WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)

@@ -162,3 +162,53 @@ def info_step(lam, eta, decay, noise, phi, info):
     """
     rho = 1.0 / (decay * decay + noise * lam)
     return rho * lam + phi, decay * rho * eta + info
+
+
+@triton.jit
+def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, o, valid,
+              mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
+              pred_obs_var_ptr, loglik_ptr, missing_ptr,
+              WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
+              POSTERIOR: tl.constexpr):
+    """Write step ``t``'s outputs at offset ``o`` from the state ``(lam, eta)`` before it; returns the
+    state after it (:func:`info_step`).
+
+    Centred moments (``POSTERIOR`` off): ``mu = eta / lam`` (filtered centred mean), ``lam``
+    (filtered precision), ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise``
+    (the prediction before step ``t``; at ``t = 0`` the initial belief), each only if its flag is on.
+
+    With ``POSTERIOR`` the whole filter result of :func:`kalmanscan.parallel.finish`: ``mu_ptr``
+    and ``pred_mu_ptr`` receive the uncentred means ``mu + mean`` and ``pred_mu + mean``,
+    ``lam_ptr`` the precision, ``pred_var_ptr`` the predicted variance, and the other pointers
+    ``var = 1 / lam``, ``pred_precision = 1 / pred_var``, the predictive law of ``y``
+    (``h (pred_mu + mean)``, ``h^2 pred_var + obs_var``), the log-likelihood of ``y`` under it
+    (innovation ``yc - h pred_mu`` on the centred state; 0 when missing) and the missing flag
+    (1.0 where ``y`` is NaN).
+    """
+    pred_mu = decay * eta / lam
+    pred_var = decay * decay / lam + noise
+    if POSTERIOR:
+        pred_obs_var = h * h * pred_var + obs_var
+        innov = yc - h * pred_mu
+        loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov / pred_obs_var)
+        tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
+        tl.store(pred_var_ptr + o, pred_var, mask=valid)
+        tl.store(pred_prec_ptr + o, 1.0 / pred_var, mask=valid)
+        tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
+        tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
+        tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
+        tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
+    elif WRITE_PRED:
+        tl.store(pred_mu_ptr + o, pred_mu, mask=valid)
+        tl.store(pred_var_ptr + o, pred_var, mask=valid)
+    lam, eta = info_step(lam, eta, decay, noise, phi, info)
+    if POSTERIOR:
+        tl.store(mu_ptr + o, eta / lam + mean, mask=valid)
+        tl.store(var_ptr + o, 1.0 / lam, mask=valid)
+        tl.store(lam_ptr + o, lam, mask=valid)
+    else:
+        if WRITE_MU:
+            tl.store(mu_ptr + o, eta / lam, mask=valid)
+        if WRITE_LAM:
+            tl.store(lam_ptr + o, lam, mask=valid)
+    return lam, eta

@@ -33,6 +33,14 @@ def stretches(monkeypatch):
 
 
 @pytest.fixture
+def tiles(monkeypatch):
+    """The time-parallel forward with tiles of 16 steps and at most 4 stretches of them: a series of
+    T >= 16 steps runs as up to 4 stretches of several tiles, the last ones partial."""
+    monkeypatch.setattr(fused, "TILE", 16)
+    monkeypatch.setattr(fused, "TILE_STRETCHES", 4)
+
+
+@pytest.fixture
 def poisoned(monkeypatch):
     """Every buffer the wrappers allocate starts as NaN: an element left unwritten shows."""
     empty = torch.empty
@@ -187,14 +195,18 @@ def test_smoother_on_triton_filter(stretches):
         assert float((a - b).norm() / a.norm()) < 1e-10, name
 
 
-def test_only_requested_outputs_are_written(poisoned):
+@pytest.mark.parametrize("C", [4, 1])
+def test_only_requested_outputs_are_written(C, poisoned, request):
+    if C == 1:
+        request.getfixturevalue("tiles")
     rng = np.random.default_rng(60)
-    y, kw = random_problem(rng, 50, C=4, batch=())
+    y, kw = random_problem(rng, 50, C=C, batch=())
+    assert fused.uses_tiles(50, C) == (C == 1)
     p = prepare(torch.tensor(y), **kw)
     full = make_posterior(p, fused.filter_triton(p))
     views = {k: fused._flat(getattr(p, k), p.shape) for k in fused._ORDER}
-    init = torch.stack([1.0 / p.init_var.reshape(1, 4),
-                        (p.init_mean - p.mean[..., :1, :]).reshape(1, 4) / p.init_var.reshape(1, 4)], 1)
+    init = torch.stack([1.0 / p.init_var.reshape(1, C),
+                        (p.init_mean - p.mean[..., :1, :]).reshape(1, C) / p.init_var.reshape(1, C)], 1)
     out = fused.filter_forward(views, init, outputs=("mu",))
     assert set(out) == {"mu"}
     torch.testing.assert_close(out["mu"][0] + p.mean, full.mean, rtol=1e-12, atol=1e-12)
@@ -272,3 +284,43 @@ def test_no_process_noise_stays_finite(backend):
         want = np.asarray(getattr(ref, name))
         assert np.isfinite(got).all(), name
         assert np.abs(got - want).max() <= 4e-6 * max(np.abs(want).max(), 1.0), name
+
+
+
+@pytest.mark.parametrize("T", [16, 17, 63, 201, 1000])
+@pytest.mark.parametrize("per_step,times", [(False, False), (True, True), (True, False)])
+def test_time_parallel_forward_equals_reference(T, per_step, times, tiles, poisoned):
+    assert fused.uses_tiles(T, 1)
+    rng = np.random.default_rng(700 + T + 10 * per_step + times)
+    y, kw = random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=times, missing=0.15)
+    ref = ks.filter(y, backend="reference", **kw)
+    out = ks.filter(torch.tensor(y), backend="triton", **_tensors(kw))
+    err, errs = posterior_error(out, ref)
+    assert err < 1e-10, errs
+    out32 = ks.filter(torch.tensor(y, dtype=torch.float32), backend="triton", **_tensors(kw, torch.float32))
+    err, errs = posterior_error(out32, ref)
+    assert err < FLOAT32_BOUND, errs
+
+
+def test_time_parallel_plan(tiles):
+    assert fused.tile_plan(16) == (1, 1)
+    assert fused.tile_plan(17) == (2, 1)
+    assert fused.tile_plan(201) == (4, 4)   # 13 tiles: 4 stretches of 4 (the last of 1)
+    assert fused.tile_plan(1000) == (4, 16)
+    assert not fused.uses_tiles(15, 1) and not fused.uses_tiles(64, 2) and not fused.uses_tiles(64, 1, 8)
+
+
+@pytest.mark.parametrize("T", [63, 201])
+def test_time_parallel_gradients_equal_torch_autograd(T, tiles, poisoned):
+    """The autograd path's forward (centred outputs only) on tiles, its backward on the walks."""
+    rng = np.random.default_rng(80 + T)
+    y, kw = random_problem(rng, T, C=1, per_step=True, times=True, missing=0.15)
+    grads = {}
+    for backend in ("torch", "triton"):
+        t = _tensors(kw, grad=True)
+        yt = torch.tensor(y, requires_grad=True)
+        grads[backend] = torch.autograd.grad(_loss(ks.filter(yt, backend=backend, **t)),
+                                             [yt] + [t[k] for k in NAMES])
+    for name, a, b in zip(("y",) + NAMES, grads["torch"], grads["triton"]):
+        assert float((a - b).norm() / a.norm()) < 1e-10, name
+
