@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["leaf", "compose", "product", "rescale", "readout", "readout_var", "mean_gate",
+__all__ = ["leaf", "compose", "product", "rescale", "readout", "readout_var", "propagate_var", "mean_gate",
            "decaying_noise", "precision_overflows", "no_process_noise", "NO_NOISE", "affine_compose"]
 
 
@@ -114,6 +114,14 @@ def readout_var(P, lam0):
     ``lam0 > 0``, a ratio of non-negative sums that stays in range when ``lam`` would not."""
     A, B, C, D = P
     return (C * lam0 + D) / (A * lam0 + B)
+
+
+def propagate_var(P, var0):
+    """``var = (C + D var0) / (A + B var0)``: :func:`readout_var` from the variance ``var0 >= 0``
+    instead of the precision, so ``var0 = 0`` (a precision beyond the floating-point range) gives
+    ``C / A``, not ``inf / inf``."""
+    A, B, C, D = P
+    return (C + D * var0) / (A + B * var0)
 
 
 def mean_gate(decay, pred_var, phi):

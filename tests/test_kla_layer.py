@@ -71,22 +71,27 @@ def test_step_state_has_constant_size():
     assert [tuple(s.shape) for s in state] == shapes == [(2, 3, 8), (2, 8, 3), (2, 8, 3)]
 
 
-@pytest.mark.parametrize("variant", ["plain", "mamba"])
-def test_chunked_prefill_equals_one_shot(variant):
-    layer = make(variant)
-    x = inputs(L=23)
-    y_ref, v_ref = layer(x, return_variance=True)
-    state = layer.init_state(2)
+def assert_prefill_then_step(layer, x, cuts, tol):
+    """Prefill of ``x[:, :-1]`` in the chunks between ``cuts`` equals the one-shot forward, and a
+    decoding step with ``x[:, -1]`` then continues the same sequence."""
+    y_ref, v_ref = layer(x[:, :-1], return_variance=True)
+    state = layer.init_state(x.shape[0])
     ys, vs = [], []
-    for lo, hi in [(0, 1), (1, 3), (3, 10), (10, 23)]:   # chunks shorter and longer than the conv
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
         y, v, state = layer(x[:, lo:hi], state=state, return_variance=True)
         ys.append(y)
         vs.append(v)
-    torch.testing.assert_close(torch.cat(ys, 1), y_ref, **TOL)
-    torch.testing.assert_close(torch.cat(vs, 1), v_ref, **TOL)
-    y_next, _ = layer.step(x[:, -1], state)      # prefill then decode continues the same sequence
-    y_full = layer(torch.cat([x, x[:, -1:]], 1))
-    torch.testing.assert_close(y_next, y_full[:, -1], **TOL)
+    torch.testing.assert_close(torch.cat(ys, 1), y_ref, **tol)
+    torch.testing.assert_close(torch.cat(vs, 1), v_ref, **tol)
+    y_next, _ = layer.step(x[:, -1], state)
+    torch.testing.assert_close(y_next, layer(x)[:, -1], **tol)
+
+
+@pytest.mark.parametrize("variant", ["plain", "mamba"])
+def test_chunked_prefill_equals_one_shot(variant):
+    x = inputs(L=23)
+    # chunks shorter and longer than the conv; the step repeats the last token
+    assert_prefill_then_step(make(variant), torch.cat([x, x[:, -1:]], 1), [0, 1, 3, 10, 23], TOL)
 
 
 def test_forward_matches_float64_sequential_filter():
@@ -185,3 +190,85 @@ def test_bad_inputs_raise():
         layer.step(torch.randn(2, 1, 4, dtype=torch.float64), layer.init_state(2))
     with pytest.raises(ValueError, match="backend"):
         KLA(4, backend="cuda")
+
+
+FLOAT32_TOL = dict(rtol=1.3e-6, atol=1e-5)   # torch.testing's default for float32
+
+
+def noiseless(dtype, d_model=4, d_state=3, seed=0):
+    """A layer without process noise (sigma = 0: the GLA limit) whose decays span [0.2, 0.95]: the
+    exact precision of its fastest-decaying filters leaves float32's range within 30 tokens and
+    float64's within 230."""
+    layer = make(d_model=d_model, d_state=d_state, seed=seed).to(dtype)
+    M, S = layer.d_inner, layer.d_state
+    decay = torch.linspace(0.2, 0.95, M * S, dtype=torch.float64).reshape(M, S)
+    with torch.no_grad():
+        layer.log_sigma.fill_(-math.inf)
+        layer.log_theta.zero_()
+        layer.log_dt.copy_(torch.log(-torch.log(decay)))
+    return layer
+
+
+def decode(layer, x, state):
+    """Token-by-token decoding of ``x`` from ``state``: ``(y, y_var, state)``."""
+    ys, vs = [], []
+    for t in range(x.shape[1]):
+        y_t, v_t, state = layer.step(x[:, t], state, return_variance=True)
+        ys.append(y_t)
+        vs.append(v_t)
+    return torch.stack(ys, 1), torch.stack(vs, 1), state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decoding_without_process_noise_equals_forward(dtype):
+    """noise = 0 for 300 tokens, past the overflow of the exact precision: decoding carries the
+    variance and mean, stays finite, and equals the parallel forward; so does the final state."""
+    layer = noiseless(dtype)
+    x = inputs(L=300).to(dtype)
+    tol = TOL if dtype == torch.float64 else FLOAT32_TOL
+    y, y_var, state = layer(x, state=layer.init_state(2), return_variance=True)
+    y_dec, v_dec, state_dec = decode(layer, x, layer.init_state(2))
+    for out in (y, y_var, y_dec, v_dec):
+        assert torch.isfinite(out).all()
+    torch.testing.assert_close(y_dec, y, **tol)
+    torch.testing.assert_close(v_dec, y_var, **tol)
+    torch.testing.assert_close(state_dec.var, state.var, **tol)
+    torch.testing.assert_close(state_dec.mu, state.mu, **tol)
+    beyond = state.var < 1 / torch.finfo(dtype).max     # the exact precision is out of range
+    assert (state.var == 0).any() and torch.isinf(state.lam[beyond]).all()
+    assert torch.isfinite(state.lam[~beyond]).all() and not torch.isnan(state.eta).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunked_prefill_without_process_noise(dtype):
+    tol = TOL if dtype == torch.float64 else FLOAT32_TOL
+    # cuts before and after the overflow of the exact precision
+    assert_prefill_then_step(noiseless(dtype), inputs(L=301).to(dtype), [0, 1, 40, 250, 300], tol)
+
+
+class PrefillThenDecode(torch.nn.Module):
+    """Prefill of the first ``cut`` tokens, then decoding of the rest, as one module."""
+
+    def __init__(self, layer, cut):
+        super().__init__()
+        self.layer, self.cut = layer, cut
+
+    def forward(self, x):
+        y, y_var, state = self.layer(x[:, :self.cut], self.layer.init_state(x.shape[0]), True)
+        assert (state.var == 0).any()            # the exact precision is beyond the range there
+        y_dec, v_dec, state = decode(self.layer, x[:, self.cut:], state)
+        return y, y_var, y_dec, v_dec, state.var, state.mu
+
+
+def test_gradcheck_prefill_and_decoding_without_process_noise():
+    """Gradients through a prefill past float64's overflow of the precision, then decoding."""
+    model = PrefillThenDecode(noiseless(torch.float64, d_model=2, d_state=2), cut=250)
+    params = dict(model.named_parameters())
+    names = ("layer.log_theta", "layer.log_dt", "layer.skip", "layer.sensor_proj.weight")
+    x = inputs(B=1, L=255, D=2).requires_grad_()
+    chosen = tuple(params[n].detach().clone().requires_grad_() for n in names)
+
+    def f(x, *chosen):
+        return functional_call(model, {**params, **dict(zip(names, chosen))}, (x,))
+
+    assert torch.autograd.gradcheck(f, (x, *chosen), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)

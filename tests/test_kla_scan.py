@@ -241,3 +241,57 @@ def test_no_process_noise_stays_finite(backend):
             bumped[i, j] = h
             fd[i, j] = (functional(bumped) - base) / h
     assert max_rel_error(grads[5], fd) < TOL  # measured 1.4e-7 (float32), 2e-8 (float64: the FD error)
+
+
+def noiseless_inputs(B, L, M, S, seed, dtype):
+    """Inputs without process noise whose decays span [0.2, 0.95]: the exact precision of the
+    fastest-decaying filters leaves float32's range within 30 tokens and float64's within 230."""
+    xs = make_inputs(B, L, M, S, seed=seed, dtype=dtype)
+    xs[4] = torch.linspace(0.2, 0.95, M * S, dtype=dtype).reshape(M, S)
+    xs[5] = torch.zeros_like(xs[4])
+    return xs
+
+
+def split(xs, cut):
+    head = [x[:, :cut] for x in xs[:4]] + xs[4:]
+    tail = [x[:, cut:] for x in xs[:4]] + xs[4:]
+    return head, tail
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_no_process_noise_state_continues(dtype, backend):
+    """noise = 0 past the overflow of the precision: the returned state carries the variance and
+    the mean, so the split scan continues it exactly; its pair ``(lam, eta)`` equals the float64
+    recursion where that is in range and is inf, never NaN, where the exact precision is not."""
+    xs = noiseless_inputs(2, 300, 3, 4, seed=11, dtype=dtype)
+    y, y_var, state = kla_scan(*xs, return_state=True, backend=backend)
+    head, tail = split(xs, 250)
+    y1, v1, mid = kla_scan(*head, return_state=True, backend=backend)
+    y2, v2, end = kla_scan(*tail, initial_state=mid, return_state=True, backend=backend)
+    assert_matches((torch.cat([y1, y2], 1), torch.cat([v1, v2], 1), end.var, end.mu),
+                   (y, y_var, state.var, state.mu), "split and carry without process noise")
+    lam, eta = state
+    lam_ref, eta_ref = kla_scan_sequential(*xs)[2:]       # NaN once past float64's range
+    finite = torch.isfinite(lam)
+    assert finite.any() and not finite.all()
+    assert not (lam_ref[~finite] <= torch.finfo(dtype).max).any()
+    assert not torch.isnan(eta).any() and (state.var[~finite] == 0).all()
+    assert max_rel_error(lam[finite] / lam_ref[finite], torch.ones(int(finite.sum()))) < TOL
+    assert_matches((eta[finite],), (eta_ref[finite],), "eta in range")
+
+
+def test_no_process_noise_state_gradcheck():
+    """Gradients through a state carried past float64's overflow of the precision (noise = 0)."""
+    xs = noiseless_inputs(1, 260, 1, 2, seed=12, dtype=torch.float64)
+
+    def fn(v, lam_v, k, q, decay):
+        first = kla_scan(v[:, :250], lam_v[:, :250], k[:, :250], q[:, :250], decay, xs[5],
+                         return_state=True, backend="torch")
+        y, y_var, end = kla_scan(v[:, 250:], lam_v[:, 250:], k[:, 250:], q[:, 250:], decay, xs[5],
+                                 initial_state=first[2], return_state=True, backend="torch")
+        assert (first[2].var == 0).any()
+        return first[0], first[1], y, y_var, end.var, end.mu
+
+    args = [x.requires_grad_() for x in xs[:5]]
+    assert torch.autograd.gradcheck(fn, args, fast_mode=True)

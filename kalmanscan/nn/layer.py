@@ -7,8 +7,11 @@
     (v, lam_v, k, q, decay, noise) -> kla_scan -> y, y_var (B, L, M)
     (y + D_skip * z) * SiLU(gate) -> out_proj -> (B, L, D)
 
-Recurrent decoding carries :class:`KLAState` ``(conv, lam, eta)``: the last ``d_conv - 1`` pre-conv
-inputs ``(B, d_conv - 1, M)`` and the filter precision and information mean ``(B, M, S)``.
+Recurrent decoding carries :class:`KLAState` ``(conv, var, mu)``: the last ``d_conv - 1`` pre-conv
+inputs ``(B, d_conv - 1, M)`` and the filters' variance and mean ``(B, M, S)``, with the precision
+and information mean ``lam = 1/var``, ``eta = mu/var`` as properties. The variance and mean stay in
+range at every length, also without process noise, where the precision overflows
+(:mod:`kalmanscan.nn.scan`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ou
-from .scan import KLA_BACKENDS, kla_scan
+from .scan import KLA_BACKENDS, FilterState, information, kla_scan, kla_step
 
 __all__ = ["KLA", "KLAState", "l2_normalize", "causal_conv", "scan_dtype"]
 
@@ -32,13 +35,25 @@ _VARIANTS = ("plain", "mamba")
 class KLAState(NamedTuple):
     """Recurrent state of one :class:`KLA` layer.
 
-    ``conv`` (B, d_conv - 1, M): the last pre-conv inputs; ``lam``, ``eta`` (B, M, S): the filter
-    precision and information mean (float32, or float64 for a float64 layer).
+    ``conv`` (B, d_conv - 1, M): the last pre-conv inputs; ``var``, ``mu`` (B, M, S): the filters'
+    variance and mean (float32, or float64 for a float64 layer). Without process noise and with
+    ``decay < 1`` they only underflow towards their exact limit 0, so decoding and chunked prefill
+    stay exact at every length. ``lam`` and ``eta`` are the precision and information mean
+    ``1/var``, ``mu/var``: exact where in range, ``inf`` (never NaN) where the exact precision is
+    beyond it (:func:`kalmanscan.nn.scan.information`).
     """
 
     conv: torch.Tensor
-    lam: torch.Tensor
-    eta: torch.Tensor
+    var: torch.Tensor
+    mu: torch.Tensor
+
+    @property
+    def lam(self):
+        return information(self.var, self.mu)[0]
+
+    @property
+    def eta(self):
+        return information(self.var, self.mu)[1]
 
 
 def l2_normalize(x, eps: float = 1e-12):
@@ -183,13 +198,13 @@ class KLA(nn.Module):
         return ou.discretize(*self.ou_params(), method=self.discretization)
 
     def init_state(self, batch: int, device=None) -> KLAState:
-        """The state before the first token: zero conv window, ``lam = 1``, ``eta = 0``."""
+        """The state before the first token: zero conv window, ``var = 1``, ``mu = 0``."""
         device = self.log_dt.device if device is None else device
         dtype = scan_dtype(self.log_dt)
         conv = torch.zeros(batch, self.d_conv - 1, self.d_inner, device=device,
                            dtype=self.in_proj.weight.dtype)
-        lam = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
-        return KLAState(conv, lam, torch.zeros_like(lam))
+        var = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
+        return KLAState(conv, var, torch.zeros_like(var))
 
     def _sensors(self, z):
         """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype."""
@@ -240,23 +255,22 @@ class KLA(nn.Module):
         z = F.silu(z)
         v, lam_v, k, q = self._sensors(z)
         decay, noise = self.discretized()
-        initial = None if state is None else (state.lam, state.eta)
+        initial = None if state is None else FilterState.from_moments(state.var, state.mu)
         with torch.autocast(x.device.type, enabled=False):
-            y, y_var, (lam, eta) = kla_scan(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
+            y, y_var, final = kla_scan(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
                                             initial_state=initial, return_state=True,
                                             backend=self.backend)
         out = self._output(y, y_var, z, gate, return_variance)
         if state is not None:
-            out = out + (KLAState(window, lam, eta),)
+            out = out + (KLAState(window, final.var, final.mu),)
         return out if len(out) > 1 else out[0]
 
     def step(self, x_t, state: KLAState, return_variance: bool = False):
         """Advance by one token in O(M S) work: x_t (B, D) -> ``(y_t, state)`` (or ``(y_t, y_var_t,
         state)``), y_t (B, D).
 
-        The same predict-then-update as the scan for one token:
-        ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``,
-        ``eta <- rho decay eta + lam_v v k``, ``y = sum_s q eta / lam``, ``y_var = sum_s q^2 / lam``.
+        The same predict-then-update as the scan for one token, in the mean form of
+        :func:`kalmanscan.nn.scan.kla_step` (variance and mean, finite without process noise).
         """
         self._check(x_t, 2, "x_t")
         z, gate = self.in_proj(x_t).chunk(2, -1)
@@ -265,11 +279,7 @@ class KLA(nn.Module):
         v, lam_v, k, q = self._sensors(z)
         decay, noise = self.discretized()
         with torch.autocast(x_t.device.type, enabled=False):
-            lam, eta = state.lam.to(v.dtype), state.eta.to(v.dtype)
-            rho = 1.0 / (decay * decay + noise * lam)
-            lam = rho * lam + lam_v[..., None] * (k * k)[:, None, :]
-            eta = rho * decay * eta + (lam_v * v)[..., None] * k[:, None, :]
-            y = (q[:, None, :] * eta / lam).sum(-1)
-            y_var = (q * q)[:, None, :].div(lam).sum(-1)
+            y, y_var, var, mu = kla_step(v, lam_v, k, q, decay, noise, state.var.to(v.dtype),
+                                         state.mu.to(v.dtype))
         out = self._output(y, y_var, z, gate, return_variance)
-        return out + (KLAState(window, lam, eta),)
+        return out + (KLAState(window, var, mu),)

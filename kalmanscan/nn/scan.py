@@ -16,6 +16,14 @@ This is the filter of DESIGN.md section 2 with ``a = decay``, ``q = noise``, ``p
 It materialises ``(B, L, M, S)`` tensors (memory ``O(B L M S)``) and is the differentiable oracle of
 the fused ``"triton"`` backend (:mod:`kalmanscan.nn.kla_triton`), which keeps the state in registers.
 
+The state. Without process noise (``noise = 0``, the gated-linear-attention limit) and with
+``decay < 1`` the exact precision grows like ``decay^(-2t)`` and ``eta`` like ``decay^(-t)``: both
+leave float32's range within tens to hundreds of tokens (float64's later). The torch backend
+therefore scans the variance ``var = 1/lam`` and the mean ``mu = eta/lam``, which only underflow
+towards their exact limit 0, and the returned :class:`FilterState` carries them: continuing from
+it (``initial_state=state``, chunked prefill) or stepping it (:func:`kla_step`, decoding) is exact
+at every length. The state also unpacks as the pair ``(lam, eta)``.
+
 Dtypes: half-precision inputs compute in float32 and return their dtype; the torch backend computes
 in float64 when any input is float64; the triton backend always computes in float32. The returned
 state is in the compute dtype (keep it in float32 or better when decoding).
@@ -31,34 +39,80 @@ import torch
 from .. import mobius
 from ..scan import associative_scan
 
-__all__ = ["kla_scan", "kla_scan_sequential", "KLA_BACKENDS"]
+__all__ = ["kla_scan", "kla_step", "kla_scan_sequential", "FilterState", "KLA_BACKENDS"]
 
 KLA_BACKENDS = ("auto", "torch", "triton")
+
+
+def information(var, mu):
+    """``(lam, eta) = (1 / var, mu / var)`` from the variance ``var >= 0`` and the mean ``mu``.
+
+    Where ``var`` underflowed to 0 the exact precision is beyond the range: ``lam = inf`` and
+    ``eta = +-inf``, or 0 where ``mu`` underflowed to 0 as well (their ratio is lost; never NaN).
+    """
+    return 1.0 / var, torch.where(mu == 0, mu, mu / var)
+
+
+class FilterState(tuple):
+    """The ``(B, M, S)`` filters' state returned by :func:`kla_scan`: a pair that unpacks as the
+    precision and information mean ``(lam, eta)``, and carries the variance and mean ``var``,
+    ``mu`` that :func:`kla_scan` continues from when given it as ``initial_state``.
+
+    ``var`` and ``mu`` stay exact in the floating-point range at every length (they only
+    underflow towards 0); ``lam`` and ``eta`` are exact where in range and follow
+    :func:`information` beyond it (``inf``, never NaN).
+    """
+
+    def __new__(cls, lam, eta, var, mu):
+        state = super().__new__(cls, (lam, eta))
+        state.var, state.mu = var, mu
+        return state
+
+    def __getnewargs__(self):
+        return (*self, self.var, self.mu)
+
+    @classmethod
+    def from_moments(cls, var, mu):
+        """The state of variance ``var >= 0`` and mean ``mu``."""
+        return cls(*information(var, mu), var, mu)
+
+    @classmethod
+    def from_information(cls, lam, eta):
+        """The state of precision ``lam > 0`` and information mean ``eta``."""
+        var = 1.0 / lam
+        return cls(lam, eta, var, eta * var)
+
+    def to(self, dtype):
+        """The four tensors cast to ``dtype``."""
+        return FilterState(*(x.to(dtype) for x in (*self, self.var, self.mu)))
 
 
 def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, return_state=False, backend="auto"):
     """Run the KLA filters over the sequence (see the module docstring for shapes and numerics).
 
-    Returns ``(y, y_var)``, or ``(y, y_var, (lam, eta))`` with the final state when
-    ``return_state`` is true. ``initial_state`` is a pair ``(lam, eta)`` of ``(B, M, S)`` tensors
-    with ``lam > 0``. ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton for CUDA
-    tensors, torch otherwise). Filters with ``decay < 1`` and no process noise (``noise`` below
-    :data:`kalmanscan.mobius.NO_NOISE`) run on the torch backend whatever ``backend`` says: their
-    precision grows like ``decay^(-2t)``, past the range of the fused kernels, which carry it,
-    while the torch backend scans the variance and the mean. Raises ``ValueError`` naming the
-    offending argument.
+    Returns ``(y, y_var)``, or ``(y, y_var, state)`` with the final :class:`FilterState` (it
+    unpacks as ``(lam, eta)``) when ``return_state`` is true. ``initial_state`` is a pair
+    ``(lam, eta)`` of ``(B, M, S)`` tensors with ``lam > 0``, or a :class:`FilterState` (continued
+    from its ``var`` and ``mu``). ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton
+    for CUDA tensors, torch otherwise). Filters with ``decay < 1`` and no process noise (``noise``
+    below :data:`kalmanscan.mobius.NO_NOISE`), and initial states whose variance is below it, run
+    on the torch backend whatever ``backend`` says: their precision is past the range of the fused
+    kernels, which carry it, while the torch backend scans the variance and the mean. Raises
+    ``ValueError`` naming the offending argument.
     """
-    lam0, eta0, no_noise = _validate(v, lam_v, k, q, decay, noise, initial_state, backend)
+    mean_form = _validate(v, lam_v, k, q, decay, noise, initial_state, backend)
     if backend == "auto":
         backend = "triton" if v.is_cuda else "torch"
-    if backend == "triton" and not no_noise:
+    if backend == "triton" and not mean_form:
         from .kla_triton import kla_scan_triton
 
+        lam0, eta0 = (None, None) if initial_state is None else initial_state
         y, y_var, lam, eta = kla_scan_triton(v, lam_v, k, q, decay, noise, lam0, eta0)
+        state = FilterState.from_information(lam, eta)
     else:
-        y, y_var, lam, eta = kla_scan_torch(v, lam_v, k, q, decay, noise, lam0, eta0)
+        y, y_var, state = kla_scan_torch(v, lam_v, k, q, decay, noise, initial_state)
     y, y_var = y.to(v.dtype), y_var.to(v.dtype)
-    return (y, y_var, (lam, eta)) if return_state else (y, y_var)
+    return (y, y_var, state) if return_state else (y, y_var)
 
 
 def compute_dtype(*tensors):
@@ -66,26 +120,30 @@ def compute_dtype(*tensors):
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def kla_scan_torch(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
-    """Time-parallel KLA scan in torch ops; returns ``(y, y_var, lam, eta)`` in the compute dtype.
+def kla_scan_torch(v, lam_v, k, q, decay, noise, initial_state=None):
+    """Time-parallel KLA scan in torch ops; returns ``(y, y_var, state)`` in the compute dtype.
 
-    ``lam0``/``eta0`` are ``(B, M, S)`` or ``None`` (then 1 and 0). Differentiable by autograd.
-    The precision scan is read out as the variance and the mean is scanned in mean form
-    (:mod:`kalmanscan.mobius`), so ``noise = 0`` (whose exact precision grows like
-    ``decay^(-2t)``) gives finite outputs; only the returned final ``lam``, ``eta`` may then be inf.
+    ``initial_state`` is a pair ``(lam, eta)``, a :class:`FilterState` or ``None`` (``lam = 1,
+    eta = 0``); ``state`` is a :class:`FilterState`. Differentiable by autograd. The precision
+    scan is read out as the variance (:func:`kalmanscan.mobius.propagate_var`, from the initial
+    variance) and the mean is scanned in mean form (:mod:`kalmanscan.mobius`), so ``noise = 0``
+    (whose exact precision grows like ``decay^(-2t)``) gives finite outputs and a final ``var``,
+    ``mu`` that continue exactly; only the state's pair ``(lam, eta)`` may then be inf.
     """
     dtype = compute_dtype(v, lam_v, k, q, decay, noise)
     v, lam_v, k, q, decay, noise = (x.to(dtype) for x in (v, lam_v, k, q, decay, noise))
     B, L, M = v.shape
     S = k.shape[-1]
-    if lam0 is None:
-        lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device)
-    if eta0 is None:
-        eta0 = torch.zeros(B, M, S, dtype=dtype, device=v.device)
+    if initial_state is None:
+        ones = torch.ones(B, M, S, dtype=dtype, device=v.device)
+        zeros = torch.zeros_like(ones)
+        initial_state = FilterState(ones, zeros, ones, zeros)
+    elif not isinstance(initial_state, FilterState):
+        initial_state = FilterState.from_information(*(x.to(dtype) for x in initial_state))
     if L == 0:
         empty = v.new_zeros(B, 0, M)
-        return empty, empty, lam0.to(dtype), eta0.to(dtype)
-    lam0, eta0 = lam0.to(dtype).unsqueeze(1), eta0.to(dtype).unsqueeze(1)
+        return empty, empty, initial_state.to(dtype)
+    var0, mu0 = (x.to(dtype).unsqueeze(1) for x in (initial_state.var, initial_state.mu))
     shape = (B, L, M, S)
     kk = k.unsqueeze(-2)
     phi = lam_v.unsqueeze(-1) * kk * kk
@@ -93,16 +151,38 @@ def kla_scan_torch(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
     a = decay.expand(shape)
     n = noise.expand(shape)
     P = associative_scan(mobius.compose, mobius.leaf(a, n, phi), dim=1)
-    var = mobius.readout_var(P, lam0)
-    var0 = 1.0 / lam0
+    var = mobius.propagate_var(P, var0)
     pred_var = a * a * torch.cat([var0, var[:, :-1]], 1) + n
     G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=1)
-    mu = G * (eta0 * var0) + W
+    mu = G * mu0 + W
     qq = q.unsqueeze(-2)
     y = (qq * mu).sum(-1)
     y_var = (qq * qq * var).sum(-1)
-    lam = 1.0 / var[:, -1]
-    return y, y_var, lam, mu[:, -1] * lam
+    return y, y_var, FilterState.from_moments(var[:, -1], mu[:, -1])
+
+
+def kla_step(v, lam_v, k, q, decay, noise, var, mu):
+    """One token of the scan in mean form, for decoding: ``(y, y_var, var, mu)``.
+
+    ``v``, ``lam_v`` ``(B, M)``; ``k``, ``q`` ``(B, S)``; ``decay``, ``noise`` ``(M, S)``; the
+    variance and mean ``var``, ``mu`` ``(B, M, S)`` before the token and after it; ``y``,
+    ``y_var`` ``(B, M)``. With ``phi = lam_v k^2`` and ``pred_var = decay^2 var + noise``:
+
+        var <- pred_var / (1 + phi pred_var),   mu <- g mu + lam_v v k var
+        g = decay / (1 + phi pred_var)          (kalmanscan.mobius.mean_gate, in [0, decay])
+        y = sum_s q mu,   y_var = sum_s q^2 var
+
+    the same filter as the precision recursion of :func:`kla_scan_sequential`
+    (``var = 1/lam``, ``mu = eta/lam``), but without its overflow: with ``noise = 0`` the
+    variance and mean only underflow towards their exact limit 0, and a variance of 0 stays 0.
+    """
+    kk = k.unsqueeze(-2)
+    phi = lam_v.unsqueeze(-1) * kk * kk
+    pred_var = decay * decay * var + noise
+    var = pred_var / (1.0 + phi * pred_var)
+    mu = mobius.mean_gate(decay, pred_var, phi) * mu + (lam_v * v).unsqueeze(-1) * kk * var
+    qq = q.unsqueeze(-2)
+    return (qq * mu).sum(-1), (qq * qq * var).sum(-1), var, mu
 
 
 def kla_scan_sequential(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
@@ -130,7 +210,8 @@ def kla_scan_sequential(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
 
 
 def _validate(v, lam_v, k, q, decay, noise, initial_state, backend):
-    """Check shapes, dtypes, devices and value ranges; return ``(lam0, eta0)`` (or ``None``s)."""
+    """Check shapes, dtypes, devices and value ranges; return whether the filters need the mean
+    form of the torch backend (a precision past the fused kernels' range, see :func:`kla_scan`)."""
     if backend not in KLA_BACKENDS:
         raise ValueError(f"backend must be one of {KLA_BACKENDS}, got {backend!r}")
     named = dict(v=v, lam_v=lam_v, k=k, q=q, decay=decay, noise=noise)
@@ -154,22 +235,23 @@ def _validate(v, lam_v, k, q, decay, noise, initial_state, backend):
             raise ValueError(f"{name} must have shape (M, S) = ({M}, {S}), got {tuple(named[name].shape)}")
     if backend == "triton" and not v.is_cuda and not _interpreting():
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1)")
-    lam0 = eta0 = None
-    if initial_state is not None:
-        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
-            raise ValueError("initial_state must be a pair (lam, eta) of (B, M, S) tensors")
-        lam0, eta0 = initial_state
-        for name, x in (("initial_state lam", lam0), ("initial_state eta", eta0)):
-            if not isinstance(x, torch.Tensor) or x.shape != (B, M, S) or x.device != v.device:
-                raise ValueError(f"{name} must be a ({B}, {M}, {S}) tensor on {v.device}")
     ranges = [("lam_v", lam_v, lambda lo, hi: lo > 0 and hi < math.inf, "positive and finite"),
               ("decay", decay, lambda lo, hi: lo > 0 and hi <= 1, "in (0, 1]"),
               ("noise", noise, lambda lo, hi: lo >= 0 and hi < math.inf, "finite and >= 0")]
-    if lam0 is not None:
-        ranges.append(("initial_state lam", lam0, lambda lo, hi: lo > 0 and hi < math.inf,
-                       "positive and finite"))
+    if initial_state is not None:
+        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
+            raise ValueError("initial_state must be a pair (lam, eta) of (B, M, S) tensors")
+        for name, x in (("initial_state lam", initial_state[0]), ("initial_state eta", initial_state[1])):
+            if not isinstance(x, torch.Tensor) or x.shape != (B, M, S) or x.device != v.device:
+                raise ValueError(f"{name} must be a ({B}, {M}, {S}) tensor on {v.device}")
+        if isinstance(initial_state, FilterState):
+            ranges.append(("initial_state var", initial_state.var,
+                           lambda lo, hi: lo >= 0 and hi < math.inf, "finite and >= 0"))
+        else:
+            ranges.append(("initial_state lam", initial_state[0],
+                           lambda lo, hi: lo > 0 and hi < math.inf, "positive and finite"))
     ranges = [r for r in ranges if r[1].numel()]
-    no_noise = False
+    mean_form = False
     if ranges and not (v.is_cuda and torch.cuda.is_current_stream_capturing()):
         # One reduction per tensor and a single device-to-host copy (NaN fails every comparison);
         # the last row is the smallest noise among decaying filters (see kalmanscan.mobius).
@@ -177,11 +259,14 @@ def _validate(v, lam_v, k, q, decay, noise, initial_state, backend):
             rows = [torch.stack(torch.aminmax(x.detach())).double() for _, x, _, _ in ranges]
             rows.append(torch.stack(torch.aminmax(mobius.decaying_noise(decay, noise))).double())
             extrema = torch.stack(rows).tolist()
+        smallest = extrema[-1][0]
         for (name, _, ok, what), (lo, hi) in zip(ranges, extrema):
             if not ok(lo, hi):
                 raise ValueError(f"{name} must be {what}")
-        no_noise = mobius.precision_overflows(extrema[-1][0], noise.dtype)
-    return lam0, eta0, no_noise
+            if name == "initial_state var":  # a precision the noise bound 1/NO_NOISE exceeds
+                smallest = min(smallest, lo)
+        mean_form = mobius.precision_overflows(smallest, noise.dtype)
+    return mean_form
 
 
 def _interpreting():
