@@ -272,13 +272,15 @@ def main():
 
     save(args.out, result)
     if args.sweep:
-        fwd_cfgs = [KLAConfig(block_m=bm, num_warps=2, stages=st, unroll=u)
-                    for bm, st, u in ((16, 3, 1), (16, 3, 2), (16, 3, 4), (16, 1, 4), (32, 3, 2))]
+        fwd_cfgs = [KLAConfig(block_m=bm, num_warps=w, pieces=p)
+                    for bm, w, p in ((16, 2, None), (16, 4, None), (16, 8, None), (8, 2, None), (8, 4, None),
+                                     (32, 4, None), (32, 8, None), (16, 2, 2), (16, 4, 2))]
         result["sweep_fwd"] = sweep(SHAPES[0], fwd_cfgs, rate, time_bwd=False)
         best = fastest(result["sweep_fwd"], "fwd_ms")
         save(args.out, result)
-        bwd_cfgs = [KLAConfig(**{**best, "bwd_stages": st, "bwd_unroll": u})
-                    for st, u in ((3, 1), (3, 2), (1, 2))]
+        bwd_cfgs = [KLAConfig(**{**best, "bwd_block_m": bm, "bwd_num_warps": w, "bwd_pieces": p})
+                    for bm, w, p in ((8, 1, None), (8, 2, None), (8, 4, None), (16, 2, None), (16, 4, None),
+                                     (4, 1, None), (8, 1, 2), (8, 2, 2))]
         result["sweep_fwd_bwd"] = sweep(SHAPES[0], bwd_cfgs, rate, time_bwd=True)
         result["best_config"] = fastest(result["sweep_fwd_bwd"], "fwd_bwd_ms")
         config = KLAConfig(**result["best_config"])

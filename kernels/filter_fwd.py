@@ -54,6 +54,22 @@ def leaf7(decay, noise, phi, info):
 
 
 @triton.jit
+def _step_after(p11, p12, p21, p22, e1, e2, f, decay, noise, phi, info):
+    """One step's map composed after the product ``p``: :func:`_compose7` of ``p`` and
+    :func:`leaf7`, with the leaf's 2x2 block factored as the update ``[[1, phi], [0, 1]]`` after the
+    prediction ``[[1, 0], [noise, decay^2]]`` (about a third fewer operations). A step with
+    ``decay = 1, noise = phi = info = 0`` leaves ``p`` unchanged up to its scale."""
+    a2 = decay * decay
+    x21 = noise * p11 + a2 * p21
+    x22 = noise * p12 + a2 * p22
+    n11 = p11 + phi * x21
+    n12 = p12 + phi * x22
+    inv = 1.0 / (n11 + x22)
+    return (n11 * inv, n12 * inv, x21 * inv, x22 * inv, (info * x21 + decay * e1) * inv,
+            (info * x22 + decay * e2) * inv, decay * f * inv)
+
+
+@triton.jit
 def last7(p11, p12, p21, p22, e1, e2, f, last):
     """The 7 numbers of a tile's map at the lane where ``last`` is on, as scalars."""
     return (tl.sum(tl.where(last, p11, 0.0), axis=0), tl.sum(tl.where(last, p12, 0.0), axis=0),
@@ -98,16 +114,8 @@ def filter_agg_kernel(
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        l11, l12, l21, l22, k1, k2, kf = leaf7(decay, noise, phi, info)
-        n11, n12, n21, n22, m1, m2, nf = _compose7(p11, p12, p21, p22, e1, e2, f,
-                                                   l11, l12, l21, l22, k1, k2, kf)
-        p11 = tl.where(valid, n11, p11)
-        p12 = tl.where(valid, n12, p12)
-        p21 = tl.where(valid, n21, p21)
-        p22 = tl.where(valid, n22, p22)
-        e1 = tl.where(valid, m1, e1)
-        e2 = tl.where(valid, m2, e2)
-        f = tl.where(valid, nf, f)
+        p11, p12, p21, p22, e1, e2, f = _step_after(
+            p11, p12, p21, p22, e1, e2, f, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0), phi, info)
     base = agg_ptr + b * 7 * NS * C + g
     stride = NS * C
     tl.store(base, p11, mask=lane_ok)
