@@ -45,6 +45,7 @@ SMALL_C_BLOCK = 32          # lanes per program when C < 32 (lanes are then most
 NUM_WARPS = 1
 NUM_STAGES = None           # software-pipelining depth of the walks (None: Triton's default)
 PREFETCH = True             # forward walks load y four steps ahead (a register ring)
+POSTERIOR_PREFETCH = False  # ... but not the one-pass posterior walk (ten outputs: the ring slowed it)
 UNROLL = 4                  # unrolling of the forward walks' time loops
 BWD_UNROLL = 1              # the same for the backward walks (unrolling slowed them)
 CARRY_CHUNK = 1024          # stretches per step of the carry scan
@@ -117,9 +118,9 @@ def _launch(B, T, C, ns):
     return (triton.cdiv(ns * C, block), B), opts
 
 
-def fwd_opts():
+def fwd_opts(posterior=False):
     """Constexpr options of the forward walks (read at launch, so the benchmarks can sweep them)."""
-    return dict(UNROLL=UNROLL, PREFETCH=PREFETCH)
+    return dict(UNROLL=UNROLL, PREFETCH=POSTERIOR_PREFETCH if posterior else PREFETCH)
 
 
 def _check_device(y):
@@ -153,7 +154,7 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     else:
         ns, r = plan(B, T, C, stretch)
         grid, opts = _launch(B, T, C, ns)
-        opts.update(fwd_opts())
+        opts.update(fwd_opts(posterior))
         agg_kernel, fwd_kernel = filter_agg_kernel, filter_fwd_kernel
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)

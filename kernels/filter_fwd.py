@@ -29,6 +29,7 @@ underflow to 0: the initial ``eta0``'s share is then below the float range, as i
 import triton
 import triton.language as tl
 
+from .fast_math import rcp
 from .filter_steps import (emit_step, index, lane_coords, load_y, ring_next, ring_start, static_inputs,
                            step_inputs)
 
@@ -42,7 +43,7 @@ def _compose7(p11, p12, p21, p22, e1, e2, f, q11, q12, q21, q22, g1, g2, h):
     n22 = q21 * p12 + q22 * p22
     m1 = g1 * p11 + g2 * p21 + h * e1
     m2 = g1 * p12 + g2 * p22 + h * e2
-    inv = 1.0 / (n11 + n22)
+    inv = rcp(n11 + n22)
     return n11 * inv, n12 * inv, n21 * inv, n22 * inv, m1 * inv, m2 * inv, h * f * inv
 
 
@@ -64,7 +65,7 @@ def _step_after(p11, p12, p21, p22, e1, e2, f, decay, noise, phi, info):
     x22 = noise * p12 + a2 * p22
     n11 = p11 + phi * x21
     n12 = p12 + phi * x22
-    inv = 1.0 / (n11 + x22)
+    inv = rcp(n11 + x22)
     return (n11 * inv, n12 * inv, x21 * inv, x22 * inv, (info * x21 + decay * e1) * inv,
             (info * x22 + decay * e2) * inv, decay * f * inv)
 

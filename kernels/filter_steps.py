@@ -16,6 +16,8 @@ Arithmetic is in the dtype of the pointers (float32 in production, float64 in th
 import triton
 import triton.language as tl
 
+from .fast_math import rcp
+
 
 @triton.jit
 def lane_coords(C, NS, BLOCK: tl.constexpr):
@@ -160,7 +162,7 @@ def info_step(lam, eta, decay, noise, phi, info):
     ``rho = 1 / (decay^2 + noise lam) > 0``; ``lam' = rho lam + phi``,
     ``eta' = decay rho eta + info``. Every term of ``lam'`` is non-negative.
     """
-    rho = 1.0 / (decay * decay + noise * lam)
+    rho = rcp(decay * decay + noise * lam)
     return rho * lam + phi, decay * rho * eta + info
 
 
@@ -185,15 +187,16 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
     (innovation ``yc - h pred_mu`` on the centred state; 0 when missing) and the missing flag
     (1.0 where ``y`` is NaN).
     """
-    pred_mu = decay * eta / lam
-    pred_var = decay * decay / lam + noise
+    inv = rcp(lam)
+    pred_mu = decay * eta * inv
+    pred_var = decay * decay * inv + noise
     if POSTERIOR:
         pred_obs_var = h * h * pred_var + obs_var
         innov = yc - h * pred_mu
-        loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov / pred_obs_var)
+        loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
         tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
         tl.store(pred_var_ptr + o, pred_var, mask=valid)
-        tl.store(pred_prec_ptr + o, 1.0 / pred_var, mask=valid)
+        tl.store(pred_prec_ptr + o, rcp(pred_var), mask=valid)
         tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
         tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
         tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
@@ -202,13 +205,14 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
         tl.store(pred_mu_ptr + o, pred_mu, mask=valid)
         tl.store(pred_var_ptr + o, pred_var, mask=valid)
     lam, eta = info_step(lam, eta, decay, noise, phi, info)
+    var = rcp(lam)
     if POSTERIOR:
-        tl.store(mu_ptr + o, eta / lam + mean, mask=valid)
-        tl.store(var_ptr + o, 1.0 / lam, mask=valid)
+        tl.store(mu_ptr + o, eta * var + mean, mask=valid)
+        tl.store(var_ptr + o, var, mask=valid)
         tl.store(lam_ptr + o, lam, mask=valid)
     else:
         if WRITE_MU:
-            tl.store(mu_ptr + o, eta / lam, mask=valid)
+            tl.store(mu_ptr + o, eta * var, mask=valid)
         if WRITE_LAM:
             tl.store(lam_ptr + o, lam, mask=valid)
     return lam, eta

@@ -22,6 +22,7 @@ combine; the information mean's may cancel, as a walk's sum of information does.
 import triton
 import triton.language as tl
 
+from .fast_math import rcp
 from .filter_fwd import _compose7, last7, leaf7
 from .filter_steps import emit_step, index, load_y, static_inputs, step_inputs
 
@@ -135,9 +136,9 @@ def filter_tile_fwd_kernel(
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP), 0, _compose7)
-        w0 = p21 * lam + p22
-        lam_t = (p11 * lam + p12) / w0
-        eta_t = (e1 * lam + e2 + f * eta) / w0
+        inv_w0 = rcp(p21 * lam + p22)
+        lam_t = (p11 * lam + p12) * inv_w0
+        eta_t = (e1 * lam + e2 + f * eta) * inv_w0
         y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
         decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
             t, valid, b, c, y,

@@ -36,6 +36,7 @@ program of stretch ``p`` first carries the final adjoint through the maps of str
 import triton
 import triton.language as tl
 
+from .fast_math import rcp
 from .kla_common import kla_step, kla_tile, kla_token
 
 
@@ -115,11 +116,11 @@ def kla_bwd_kernel(
                 v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
                 row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s)
 
-            inv = 1.0 / lam
+            inv = rcp(lam)
             gyq = gy[:, None] * qt[None, :]
             s_e = gyq * inv
             s_l = -(gyq * eta + gyv[:, None] * (qt * qt)[None, :]) * (inv * inv)
-            rho = 1.0 / (a2 + noise * lam_p)
+            rho = rcp(a2 + noise * lam_p)
             if MAP:
                 j11 = rho - noise * lam_p * (rho * rho)
                 j12 = -noise * decay * eta_p * (rho * rho)

@@ -1,12 +1,15 @@
 """Building blocks shared by the KLA kernels (``kla_fwd``, ``kla_bwd``, ``kla_split``).
 
 A program owns the ``[BLOCK_M, BLOCK_S]`` grid of filters ``(m, s)`` of one batch row; per-channel
-token inputs are ``[BLOCK_M]`` vectors, per-state ones ``[BLOCK_S]``. Arithmetic is float32.
+token inputs are ``[BLOCK_M]`` vectors, per-state ones ``[BLOCK_S]``. Arithmetic is float32;
+reciprocals are the hardware instruction (:func:`kernels.fast_math.rcp`, at most one ulp off).
 Padding lanes (``m >= M`` or ``s >= S``) carry ``decay = 1, noise = 0, k = q = 0`` and stay inert.
 """
 
 import triton
 import triton.language as tl
+
+from .fast_math import rcp
 
 
 @triton.jit
@@ -14,7 +17,7 @@ def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
     """One predict-then-update step of the filter grid (DESIGN.md section 3):
     ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``,
     ``eta <- rho decay eta + lam_v v k``."""
-    rho = 1.0 / (a2 + noise * lam)
+    rho = rcp(a2 + noise * lam)
     lam = rho * lam + lv[:, None] * (kt * kt)[None, :]
     eta = (rho * decay) * eta + lvv[:, None] * kt[None, :]
     return lam, eta
@@ -72,7 +75,7 @@ def kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt):
     D1 = noise * B + a2 * D
     x1 = decay * x + b * C1
     y1 = decay * y + b * D1
-    r = 1.0 / (A1 + D1)
+    r = rcp(A1 + D1)
     return A1 * r, B1 * r, C1 * r, D1 * r, x1 * r, y1 * r, (decay * z) * r
 
 
@@ -80,5 +83,5 @@ def kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt):
 def kla_map_apply(lam, eta, A, B, C, D, x, y, z):
     """The state after a stretch with map ``(A, B, C, D, x, y, z)`` from the state ``(lam, eta)``:
     ``lam' = (A lam + B) / (C lam + D)``, ``eta' = (x lam + y + z eta) / (C lam + D)``."""
-    r = 1.0 / (C * lam + D)
+    r = rcp(C * lam + D)
     return (A * lam + B) * r, (x * lam + y + z * eta) * r

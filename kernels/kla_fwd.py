@@ -25,6 +25,7 @@ stays bounded; with ``noise = 0`` and ``decay < 1`` the exact ``lam`` grows like
 import triton
 import triton.language as tl
 
+from .fast_math import rcp
 from .kla_common import kla_map_apply, kla_step, kla_tile, kla_token
 
 
@@ -64,7 +65,7 @@ def kla_fwd_kernel(
                 tl.store(ckpt_eta_ptr + ck, eta, mask=mask)
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
         lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt)
-        inv = 1.0 / lam
+        inv = rcp(lam)
         qi = qt[None, :] * inv
         y = tl.sum(qi * eta, axis=1)
         y_var = tl.sum(qi * qt[None, :], axis=1)

@@ -255,11 +255,12 @@ def test_stretch_total_kernel_equals_torch_products(stretches, monkeypatch):
 @pytest.mark.parametrize("T,split", [(1, False), (3, False), (63, False), (5, True), (201, True)])
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_prefetch_ring(T, split, prefetch, poisoned, monkeypatch, request):
-    """The forward walks with y loaded four steps ahead (the default; stretches shorter and longer
-    than 4) and with plain loads."""
+    """The forward walks with y loaded four steps ahead (the default without the posterior;
+    stretches shorter and longer than 4) and with plain loads."""
     if split:
         request.getfixturevalue("stretches")
     monkeypatch.setattr(fused, "PREFETCH", prefetch)
+    monkeypatch.setattr(fused, "POSTERIOR_PREFETCH", prefetch)
     rng = np.random.default_rng(30 + T)
     y, kw = random_problem(rng, T, per_step=split, times=split, missing=0.15)
     ref = ks.filter(y, backend="reference", **kw)

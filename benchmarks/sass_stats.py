@@ -1,0 +1,137 @@
+"""Compile kernels for a GPU target without a GPU and count the instructions of their loops.
+
+    python -m benchmarks.sass_stats                 # every kernel below, for sm_90 (H100/H200)
+    python -m benchmarks.sass_stats kla_fwd --dump  # one kernel, its SASS printed
+
+Uses Triton's bundled ``ptxas`` and ``nvdisasm``, so it runs on a CPU-only machine: a kernel that
+does not compile for the GPU fails here, and the instruction mix of each loop body (the code between
+a loop label and its backward branch) shows what a change to a kernel costs before any GPU time.
+Static counts, not timings: a loop's count is per iteration of its body as compiled (after
+unrolling), for each thread. The test suite runs it (``tests/test_gpu_compile.py``), so a kernel
+that compiles only under the interpreter fails CI.
+"""
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+
+def _signature(fn, const):
+    """Triton signature of ``fn``: ``*fp32`` for ``*_ptr`` arguments, ``i32`` for the other runtime
+    ones, ``constexpr`` for the compile-time ones (``const`` keeps only those ``fn`` takes)."""
+    sig = {}
+    for name, p in zip(fn.arg_names, fn.params):
+        sig[name] = "constexpr" if p.is_constexpr else ("*fp32" if name.endswith("_ptr") else "i32")
+    return sig, {k: v for k, v in const.items() if sig.get(k) == "constexpr"}
+
+
+def kernels():
+    """``name -> (jit function, constexprs, num_warps)``: every kernel at its production launch shape,
+    and the hot ones again with the other values of their feature switches (``*_variants``)."""
+    from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
+    from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel, filter_total_kernel
+    from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
+    from kernels.kla_bwd import kla_bwd_kernel
+    from kernels.kla_fwd import kla_fwd_kernel
+    from kernels.kla_split import kla_piece_map_kernel
+    from kalmanscan import fused
+    from kalmanscan.nn.kla_triton import DEFAULT_CONFIG as cfg
+    common = dict(TRANS_STEP=False, OBS_STEP=False, WIDE=False, WRITE_MU=True, WRITE_LAM=True,
+                  WRITE_PRED=False, POSTERIOR=False)
+    other = dict(TRANS_STEP=True, OBS_STEP=True, WIDE=True, POSTERIOR=True)
+    walk = dict(common, BLOCK=fused.BLOCK, UNROLL=fused.UNROLL, PREFETCH=fused.PREFETCH)
+    tile = dict(common, TILE=fused.TILE)
+    bwd = dict(common, BLOCK=fused.BLOCK, UNROLL=fused.BWD_UNROLL)
+    kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, MAP=False)
+    kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
+    kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
+    carry = dict(CH=fused.CARRY_CHUNK)
+    return {
+        "filter_agg": (filter_agg_kernel, walk, fused.NUM_WARPS),
+        "filter_fwd": (filter_fwd_kernel, walk, fused.NUM_WARPS),
+        "filter_tile_agg": (filter_tile_agg_kernel, tile, fused.TILE_WARPS),
+        "filter_tile_fwd": (filter_tile_fwd_kernel, tile, fused.TILE_WARPS),
+        "filter_bwd_agg": (filter_bwd_agg_kernel, bwd, fused.NUM_WARPS),
+        "filter_bwd": (filter_bwd_kernel, bwd, fused.NUM_WARPS),
+        "filter_carry": (filter_carry_kernel, carry, fused.CARRY_WARPS),
+        "filter_bwd_carry": (filter_bwd_carry_kernel, carry, fused.CARRY_WARPS),
+        "filter_total": (filter_total_kernel, carry, fused.CARRY_WARPS),
+        "kla_fwd": (kla_fwd_kernel, kla_fwd, cfg.num_warps),
+        "kla_bwd": (kla_bwd_kernel, kla_bwd, cfg.bwd_num_warps),
+        "kla_piece_map": (kla_piece_map_kernel, kla_fwd, cfg.num_warps),
+        "filter_fwd_variants": (filter_fwd_kernel, dict(walk, **other, PREFETCH=False), fused.NUM_WARPS),
+        "filter_tile_fwd_variants": (filter_tile_fwd_kernel, dict(tile, **other), fused.TILE_WARPS),
+        "filter_bwd_variants": (filter_bwd_kernel, dict(bwd, **other), fused.NUM_WARPS),
+        "kla_fwd_variants": (kla_fwd_kernel, dict(kla_fwd, HAS_INIT=True, SAVE=True), cfg.num_warps),
+        "kla_bwd_variants": (kla_bwd_kernel, dict(kla_bwd, HAS_INIT=True, MAP=True), cfg.bwd_num_warps),
+    }
+
+
+def sass(fn, const, num_warps, arch=90):
+    """SASS text of ``fn`` compiled for ``sm_<arch>``."""
+    sig, const = _signature(fn, const)
+    compiled = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=num_warps))
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    path = f"/tmp/sass_stats_{os.getpid()}.cubin"
+    with open(path, "wb") as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        return subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.remove(path)
+
+
+_INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
+
+
+def loops(text):
+    """``[(label, Counter of opcodes)]`` for each loop: a label with a later branch back to it."""
+    lines = text.splitlines()
+    where = {}
+    for i, line in enumerate(lines):
+        m = _LABEL.match(line.strip())
+        if m:
+            where[m.group(1)] = i
+    out = []
+    for i, line in enumerate(lines):
+        m = _BRANCH.search(line)
+        if m and m.group(1) in where and where[m.group(1)] < i:
+            body = lines[where[m.group(1)]:i + 1]
+            out.append((m.group(1), collections.Counter(
+                x.group(1) for x in map(_INSTR.search, body) if x)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="kernels to compile (default: all)")
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--dump", action="store_true", help="print the SASS")
+    ap.add_argument("--list", action="store_true", help="only print the kernels' names")
+    args = ap.parse_args()
+    table = kernels()
+    if args.list:
+        print("\n".join(table))
+        return
+    for name in args.names or table:
+        text = sass(*table[name], arch=args.arch)
+        if args.dump:
+            print(text)
+        for label, ops in loops(text):
+            top = ", ".join(f"{k} {v}" for k, v in ops.most_common(10))
+            print(f"{name:16s} loop {label:8s} {sum(ops.values()):5d} instructions: {top}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Every kernel compiles for the GPU (sm_90, the H100/H200), not only under the interpreter.
+
+The interpreter runs the kernels' Python; some code it accepts does not compile (a jit function
+returning different types from two branches, say). ``benchmarks.sass_stats`` compiles every kernel
+and the other values of its feature switches with Triton's bundled ``ptxas``, no GPU needed, in a
+process without ``TRITON_INTERPRET`` (the hardware reciprocal of :mod:`kernels.fast_math` is chosen
+at import).
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_kernel_compiles_for_sm90(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=ROOT)
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.sass_stats", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    names = set(run("--list").split())
+    out = run()
+    assert {line.split()[0] for line in out.splitlines() if " loop " in line} == names
+    assert len(names) >= 17 and "MUFU" in out
