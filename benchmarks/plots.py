@@ -95,23 +95,26 @@ def min_depth_markdown(results, task: str = "a5") -> str:
     return "\n".join(lines)
 
 
-def calibration_markdown(results, task: str = "a5") -> str:
+def calibration_markdown(results, task: str = "a5", tasks: tuple = ()) -> str:
     """Markdown: per KLA run, the final model's error rate and how well the last KLA layer's
     output variance flags its errors (AUROC; 0.5 = no better than chance), beside the softmax
-    confidence's AUROC."""
-    lines = ["| mixer | depth | L | error rate | mean var (wrong / right) | AUROC var | "
-             "AUROC var within position | AUROC softmax |", "|---|---|---|---|---|---|---|---|"]
+    confidence's AUROC. With ``tasks``, one table over those tasks with a task column."""
+    head = "| task " if tasks else ""
+    lines = [head + "| mixer | depth | L | error rate | mean var (wrong / right) | AUROC var | "
+             "AUROC var within position | AUROC softmax |", "|---" * (8 + bool(tasks)) + "|"]
     num = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
-    for (mixer, depth, length), r in sorted(index(results, task).items()):
-        run = next((x for x in r.get("runs", []) if x["lr"] == r.get("best_lr")), None)
-        cal = run.get("calibration") if run else None
-        if not cal:
-            continue
-        lines.append(
-            f"| {mixer} | {depth} | {length} | {num(cal['error_rate'], '.3f')} | "
-            f"{num(cal['mean_var_wrong'], '.3g')} / {num(cal['mean_var_correct'], '.3g')} | "
-            f"{num(cal['auroc_var'], '.3f')} | {num(cal['auroc_var_by_position'], '.3f')} | "
-            f"{num(cal['auroc_confidence'], '.3f')} |")
+    for name in tasks or (task,):
+        for (mixer, depth, length), r in sorted(index(results, name).items()):
+            run = next((x for x in r.get("runs", []) if x["lr"] == r.get("best_lr")), None)
+            cal = run.get("calibration") if run else None
+            if not cal:
+                continue
+            lines.append(
+                (f"| {name} " if tasks else "") +
+                f"| {mixer} | {depth} | {length} | {num(cal['error_rate'], '.3f')} | "
+                f"{num(cal['mean_var_wrong'], '.3g')} / {num(cal['mean_var_correct'], '.3g')} | "
+                f"{num(cal['auroc_var'], '.3f')} | {num(cal['auroc_var_by_position'], '.3f')} | "
+                f"{num(cal['auroc_confidence'], '.3f')} |")
     return "\n".join(lines)
 
 
@@ -283,7 +286,7 @@ def main(argv=None) -> str:
     a = p.parse_args(argv)
     results = load(a.directory)
     if a.task == "mad":
-        text = mad_markdown(results)
+        text = mad_markdown(results) + "\n\n" + calibration_markdown(results, tasks=MAD_ORDER)
         if a.png:
             plot_mad(results, a.png)
         print(text)

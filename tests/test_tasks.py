@@ -354,6 +354,9 @@ def test_min_depth_table_and_plot(tmp_path):
            "auroc_var_by_position": 0.6, "auroc_confidence": None}
     results[0]["runs"][0]["calibration"] = cal
     assert "| kla | 1 | 16 | 0.200 | 0.5 / 0.25 | 0.700 | 0.600 | – |" in plots.calibration_markdown(results)
+    several = plots.calibration_markdown(results, tasks=("z60", "a5")).splitlines()
+    assert several[0].startswith("| task | mixer |") and several[1].count("|---") == 9
+    assert several[2:] == ["| a5 | kla | 1 | 16 | 0.200 | 0.5 / 0.25 | 0.700 | 0.600 | – |"]
     png = tmp_path / "a5.png"
     for r in results:
         r["runs"][0]["history"] = [[50, 4.0, 0.05], [100, 3.0, r["best_token_acc"]]]
