@@ -31,7 +31,7 @@ walk that writes the gradients (:func:`filter_bwd_kernel`).
 import triton
 import triton.language as tl
 
-from .filter_steps import index, lane_coords, load_y, static_inputs, step_inputs
+from .filter_steps import index, lane_setup, load_y, step_inputs
 
 
 @triton.jit
@@ -89,13 +89,10 @@ def filter_bwd_agg_kernel(
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Each lane's reverse map over its stretch (5 numbers) into ``agg[b, k, s, c]``."""
-    b = index(tl.program_id(1), WIDE)
-    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
-    t0 = index(s, WIDE) * L
-    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
-        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
+        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c)
+        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
     lam0 = tl.load(init_ptr + b * 2 * C + c, mask=lane_ok, other=1.0)
     mu0 = tl.load(init_ptr + b * 2 * C + C + c, mask=lane_ok, other=0.0) / lam0
     one = tl.full((BLOCK,), 1.0, decay_s.dtype)
@@ -187,13 +184,10 @@ def filter_bwd_kernel(
     step to ``trans_grad[k, b, t, c]`` when ``TRANS_STEP``, else to ``sums[b, 3 + k, s, c]``.
     Lanes of stretch 0 write the initial state's adjoints ``grad_init[b, 0/1, c]``.
     """
-    b = index(tl.program_id(1), WIDE)
-    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
-    t0 = index(s, WIDE) * L
-    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
-        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
+        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c)
+        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
     lam0 = tl.load(init_ptr + b * 2 * C + c, mask=lane_ok, other=1.0)
     mu0 = tl.load(init_ptr + b * 2 * C + C + c, mask=lane_ok, other=0.0) / lam0
     tbase = top_ptr + b * 2 * NS * C + g

@@ -30,8 +30,7 @@ import triton
 import triton.language as tl
 
 from .fast_math import rcp
-from .filter_steps import (emit_step, index, lane_coords, load_y, ring_next, ring_start, static_inputs,
-                           step_inputs)
+from .filter_steps import emit_step, lane_setup, ring_start, walk_inputs
 
 
 @triton.jit
@@ -89,32 +88,25 @@ def filter_agg_kernel(
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``."""
-    b = index(tl.program_id(1), WIDE)
-    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
-    t0 = index(s, WIDE) * L
-    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
-        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
+        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c)
+        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
     one = tl.full((BLOCK,), 1.0, decay_s.dtype)
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
     end = tl.minimum(t0 + L, T)
     if PREFETCH:  # y of the next four steps in flight (loads issued ahead of the dependent chain)
         y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end)
+    else:
+        y_a, y_b, y_c, y_d = decay_s, decay_s, decay_s, decay_s  # unused: the ring is off
     for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
-        valid = lane_ok & (t < T)
-        if PREFETCH:
-            y, y_a, y_b, y_c, y_d = ring_next(
-                y_a, y_b, y_c, y_d, y_ptr, b, t, c, sy_b, sy_t, sy_c, lane_ok, end)
-        else:
-            y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
-        decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-            t, valid, b, c, y,
+        valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = walk_inputs(
+            t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
         p11, p12, p21, p22, e1, e2, f = _step_after(
             p11, p12, p21, p22, e1, e2, f, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0), phi, info)
     base = agg_ptr + b * 7 * NS * C + g
@@ -219,13 +211,10 @@ def filter_fwd_kernel(
 ):
     """Walk each lane's stretch from ``start`` and write the outputs ``(B, T, C)``
     (which ones, and how, is :func:`kernels.filter_steps.emit_step`'s contract)."""
-    b = index(tl.program_id(1), WIDE)
-    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
-    t0 = index(s, WIDE) * L
-    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
-        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
+        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c)
+        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
     sbase = start_ptr + b * 2 * NS * C + g
     lam = tl.load(sbase, mask=lane_ok, other=1.0)
     eta = tl.load(sbase + NS * C, mask=lane_ok, other=0.0)
@@ -233,19 +222,15 @@ def filter_fwd_kernel(
     end = tl.minimum(t0 + L, T)
     if PREFETCH:  # y of the next four steps in flight (loads issued ahead of the dependent chain)
         y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end)
+    else:
+        y_a, y_b, y_c, y_d = decay_s, decay_s, decay_s, decay_s  # unused: the ring is off
     for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
-        valid = lane_ok & (t < T)
-        if PREFETCH:
-            y, y_a, y_b, y_c, y_d = ring_next(
-                y_a, y_b, y_c, y_d, y_ptr, b, t, c, sy_b, sy_t, sy_c, lane_ok, end)
-        else:
-            y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
-        decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-            t, valid, b, c, y,
+        valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = walk_inputs(
+            t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
         lam, eta = emit_step(
             lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, out + t * C, valid,
             mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,

@@ -139,6 +139,47 @@ def step_inputs(t, valid, b, c, y,
 
 
 @triton.jit
+def lane_setup(C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+               dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+               h_ptr, sh_b, sh_t, sh_c, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """Prologue of a walking kernel: ``(b, g, lane_ok, s, c, t0, *statics)``: batch row
+    ``program_id(1)``, the program's lanes (:func:`lane_coords`), each lane's first step and its
+    static parameters (:func:`static_inputs`)."""
+    b = index(tl.program_id(1), WIDE)
+    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
+    t0 = index(s, WIDE) * L
+    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
+        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+        h_ptr, sh_b, sh_t, sh_c)
+    return b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s
+
+
+@triton.jit
+def walk_inputs(t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
+                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+                dt_ptr, sdt_b, sdt_t, sdt_c,
+                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+                h_ptr, sh_b, sh_t, sh_c,
+                decay_s, noise_s, obs_var_s, mean_s, h_s,
+                TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, PREFETCH: tl.constexpr):
+    """A forward walk's step ``t``: ``(valid, ring, *step_inputs)``; ``y`` out of the ring
+    ``(y_a, .., y_d)`` of :func:`ring_start` when ``PREFETCH`` (the ring moved on), else loaded now
+    (the ring passed through unused)."""
+    valid = lane_ok & (t < T)
+    if PREFETCH:
+        y, y_a, y_b, y_c, y_d = ring_next(y_a, y_b, y_c, y_d, y_ptr, b, t, c, sy_b, sy_t, sy_c, lane_ok, end)
+    else:
+        y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
+    decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
+        t, valid, b, c, y,
+        theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+        obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+        decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+    return valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h
+
+
+@triton.jit
 def static_inputs(t0, lane_ok, b, c,
                   theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
                   dt_ptr, sdt_b, sdt_t, sdt_c,
