@@ -1,0 +1,65 @@
+"""The "gla" mixer on a GPU with fla installed: fla's ``chunk_gla`` against the torch fallback.
+
+Skipped where there is no CUDA device, no fla, or the kernels run under ``TRITON_INTERPRET=1``
+(as in CI); on the GPU machine: ``TRITON_INTERPRET=0 python -m pytest tests/test_gla_gpu.py``.
+fla's float32 kernels multiply in TF32 (10-bit mantissa, relative rounding ~5e-4 per product),
+so outputs and gradients are compared to ``TF32_BOUND``, not to float32 rounding.
+"""
+
+import os
+
+import pytest
+import torch
+
+from kalmanscan.nn import SequenceModel
+from kalmanscan.nn.mixers import GatedLinearAttention, _fla_chunk_gla
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" or _fla_chunk_gla() is None,
+    reason="needs a CUDA device, fla, and compiled (not interpreted) Triton kernels")
+
+TF32_BOUND = 1e-2
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def _run(layer, x, state):
+    y, final = layer(x, state.clone())
+    grads = torch.autograd.grad((y.square().sum() + final.square().sum()), [x, *layer.parameters()])
+    return y, final, grads
+
+
+@pytest.mark.parametrize("L", [1, 63, 200])
+def test_fla_chunk_gla_equals_torch_fallback(L):
+    torch.manual_seed(L)
+    layer = GatedLinearAttention(64, n_heads=4).cuda()
+    x = torch.randn(2, L, 64, device="cuda", requires_grad=True)
+    state = 0.1 * torch.randn(2, 4, 16, 16, device="cuda")
+    y, final, grads = _run(layer, x, state)
+    layer.use_fla = False
+    y_ref, final_ref, grads_ref = _run(layer, x, state)
+    errors = {"y": _rel(y, y_ref), "state": _rel(final, final_ref)}
+    errors.update({f"grad{i}": _rel(a, b) for i, (a, b) in enumerate(zip(grads, grads_ref))})
+    print(L, {k: f"{v:.1e}" for k, v in errors.items()})
+    assert max(errors.values()) < TF32_BOUND, errors
+
+
+def test_gla_model_trains_on_gpu():
+    """A 2-layer gla model under bf16 autocast learns to copy the previous token."""
+    torch.manual_seed(0)
+    model = SequenceModel(16, 64, 2, mixer="gla").cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(150):
+        tokens = torch.randint(0, 16, (32, 64), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens)
+        loss = torch.nn.functional.cross_entropy(logits[:, 1:].float().flatten(0, 1), tokens[:, :-1].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    print("loss", losses[0], losses[-1])
+    assert losses[-1] < 0.1 * losses[0]
