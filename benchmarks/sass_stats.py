@@ -42,6 +42,7 @@ def kernels():
     from kernels.kla_bwd import kla_bwd_kernel
     from kernels.kla_fwd import kla_fwd_kernel
     from kernels.kla_split import kla_piece_map_kernel
+    from kernels.smooth_rts import rts_agg_kernel, rts_kernel
     from kalmanscan import fused
     from kalmanscan.nn.kla_triton import DEFAULT_CONFIG as cfg
     common = dict(TRANS_STEP=False, OBS_STEP=False, WIDE=False, WRITE_MU=True, WRITE_LAM=True,
@@ -67,6 +68,9 @@ def kernels():
         "kla_fwd": (kla_fwd_kernel, kla_fwd, cfg.num_warps),
         "kla_bwd": (kla_bwd_kernel, kla_bwd, cfg.bwd_num_warps),
         "kla_piece_map": (kla_piece_map_kernel, kla_fwd, cfg.num_warps),
+        "rts_agg": (rts_agg_kernel, walk, fused.NUM_WARPS),
+        "rts": (rts_kernel, walk, fused.NUM_WARPS),
+        "rts_wide": (rts_kernel, dict(walk, WIDE=True), fused.NUM_WARPS),
         "filter_fwd_variants": (filter_fwd_kernel, dict(walk, **other, PREFETCH=False), fused.NUM_WARPS),
         "filter_tile_fwd_variants": (filter_tile_fwd_kernel, dict(tile, **other), fused.TILE_WARPS),
         "filter_bwd_variants": (filter_bwd_kernel, dict(bwd, **other), fused.NUM_WARPS),

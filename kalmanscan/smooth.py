@@ -10,7 +10,8 @@ and ``mu_s_{T-1} = mu_{T-1}``, ``var_s_{T-1} = var_{T-1}``. The variance recursi
 ``var_t - J_t^2 pred_var_{t+1} = var_t q_{t+1} / pred_var_{t+1} >= 0``, so every term is
 non-negative and nothing cancels. Both are affine recursions run backwards in time by
 :func:`kalmanscan.scan.associative_scan` (``reverse=True``): O(T) work, O(log T) depth,
-differentiable by autograd through whichever backend produced the filter.
+differentiable by autograd through whichever backend produced the filter. On the triton backend
+without gradients, fused reverse walks (:mod:`kalmanscan.fused_smooth`) run them instead.
 """
 
 from __future__ import annotations
@@ -39,14 +40,20 @@ def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     out = run_backend(p, backend)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
-    rts = rts_reference if resolve_backend(backend, p.y.device) == "reference" else rts_torch
-    mean_s, var_s = rts(full, torch.broadcast_to(p.mean, shape))
+    name = resolve_backend(backend, p.y.device)
+    mean_param = torch.broadcast_to(p.mean, shape)
+    if name == "triton" and not (torch.is_grad_enabled() and any(x.requires_grad for x in full.values())):
+        from .fused_smooth import rts_triton
+        mean_s, var_s, precision_s = rts_triton(full, mean_param)
+    else:
+        mean_s, var_s = (rts_reference if name == "reference" else rts_torch)(full, mean_param)
+        precision_s = 1.0 / var_s
     if mobius.no_process_noise(full["decay"], full["noise"]) and not bool(
             (torch.isfinite(mean_s) & torch.isfinite(var_s)).all()):
         raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
                          "noise the smoother's gain is 1/decay and its backward recursion leaves the "
                          "floating-point range (ks.filter handles sigma = 0)")
-    smoothed = dict(out, mean=mean_s, var=var_s, precision=1.0 / var_s)
+    smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     return make_posterior(p, smoothed, filtered=make_posterior(p, out))
 
 

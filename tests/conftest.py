@@ -1,6 +1,22 @@
+import math
 import os
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 os.environ.setdefault("MPLBACKEND", "Agg")
 sys.path.insert(0, os.path.dirname(__file__))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every buffer the wrappers allocate starts as NaN: an element left unwritten shows."""
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        x = empty(*args, **kwargs)
+        return x.fill_(math.nan) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty", nan_empty)

@@ -40,18 +40,6 @@ def tiles(monkeypatch):
     monkeypatch.setattr(fused, "TILE_STRETCHES", 4)
 
 
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Every buffer the wrappers allocate starts as NaN: an element left unwritten shows."""
-    empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        x = empty(*args, **kwargs)
-        return x.fill_(math.nan) if x.is_floating_point() else x
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
-
-
 def _tensors(kw, dtype=torch.float64, grad=False):
     out = {}
     for k, v in kw.items():

@@ -1,0 +1,114 @@
+"""Rauch–Tung–Striebel smoothing over the filter's outputs: fused reverse walks.
+
+Lanes and stretches are those of :mod:`kernels.filter_steps`. With ``mu_t = mean_t - m_t`` (the
+filtered centred mean; ``m`` the model's mean parameter) and the next step's transition and
+prediction, step ``t`` of the smoother is the pair of affine maps
+
+    x_t = J_t x_{t+1} + (mu_t - J_t pmu_{t+1}),     v_t = J_t^2 v_{t+1} + var_t q_{t+1} / pv_{t+1}
+
+with ``J_t = a_{t+1} var_t / pv_{t+1}`` (:mod:`kalmanscan.smooth`); the last step is the constant
+``(mu_{T-1}, var_{T-1})`` and steps past ``T`` are the identity. As the maps act on the pair
+``(x, v)`` with a diagonal matrix ``diag(J, J^2)``, they are the five-number affine maps of
+:mod:`kernels.filter_bwd` with a zero corner, and time splits the same way:
+
+1. :func:`rts_agg_kernel` walks each stretch backwards and writes its composed map
+   ``agg[b, 0..4, s, c] = (P, 0, P_v, B, B_v)``;
+2. :func:`kernels.filter_bwd.filter_bwd_carry_kernel` scans them from the last stretch to the
+   first, giving the smoothed pair entering each stretch from above;
+3. :func:`rts_kernel` walks each stretch backwards from there and writes the smoothed mean
+   ``x_t + m_t``, variance ``v_t`` and precision ``1 / v_t``.
+
+Every term of the variance recursion is non-negative (no cancellation). Arithmetic in the
+pointers' dtype.
+"""
+
+import triton
+import triton.language as tl
+
+from .fast_math import rcp
+from .filter_steps import index, lane_coords, load_param
+
+
+@triton.jit
+def rts_step(t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
+             pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
+             decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c):
+    """``(J, bm, bv, m_t, valid)`` of step ``t``: the maps ``x -> J x + bm``, ``v -> J^2 v + bv``
+    (constant at ``T - 1``, identity past ``T``) and the mean parameter at ``t``."""
+    valid = lane_ok & (t < T)
+    inner = lane_ok & (t < T - 1)
+    m_t = load_param(m_ptr, b, t, c, sm_b, sm_t, sm_c, valid, 0.0)
+    mu = load_param(mean_ptr, b, t, c, smu_b, smu_t, smu_c, valid, 0.0) - m_t
+    var = load_param(var_ptr, b, t, c, svr_b, svr_t, svr_c, valid, 0.0)
+    a = load_param(decay_ptr, b, t + 1, c, sdc_b, sdc_t, sdc_c, inner, 0.0)
+    q = load_param(noise_ptr, b, t + 1, c, snz_b, snz_t, snz_c, inner, 0.0)
+    pv = load_param(pvar_ptr, b, t + 1, c, spv_b, spv_t, spv_c, inner, 1.0)
+    pmu = (load_param(pmean_ptr, b, t + 1, c, spm_b, spm_t, spm_c, inner, 0.0)
+           - load_param(m_ptr, b, t + 1, c, sm_b, sm_t, sm_c, inner, 0.0))
+    var_pv = var * rcp(pv)
+    J = a * var_pv
+    J = tl.where(valid, J, 1.0)
+    bm = tl.where(inner, mu - J * pmu, tl.where(valid, mu, 0.0))
+    bv = tl.where(inner, var_pv * q, tl.where(valid, var, 0.0))
+    return J, bm, bv, m_t, valid
+
+
+@triton.jit
+def rts_agg_kernel(
+    mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c, pmean_ptr, spm_b, spm_t, spm_c,
+    pvar_ptr, spv_b, spv_t, spv_c, decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c,
+    m_ptr, sm_b, sm_t, sm_c,
+    agg_ptr, T, C, NS, L, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+):
+    """Each lane's stretch map ``(P, 0, P_v, B, B_v)`` into ``agg[b, k, s, c]``: the pair at the
+    stretch's first step is ``(P x + B, P_v v + B_v)`` of the pair ``(x, v)`` entering from above."""
+    b = index(tl.program_id(1), WIDE)
+    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
+    t0 = index(s, WIDE) * L
+    one = tl.full((BLOCK,), 1.0, agg_ptr.dtype.element_ty)
+    zero = tl.zeros((BLOCK,), agg_ptr.dtype.element_ty)
+    P, Pv, B, Bv = one, one, zero, zero
+    for k in range(0, L):
+        J, bm, bv, m_t, valid = rts_step(
+            t0 + L - 1 - k, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
+            pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
+            decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c)
+        J2 = J * J
+        P, B, Pv, Bv = J * P, J * B + bm, J2 * Pv, J2 * Bv + bv
+    base = agg_ptr + b * 5 * NS * C + g
+    stride = NS * C
+    tl.store(base, P, mask=lane_ok)
+    tl.store(base + stride, zero, mask=lane_ok)
+    tl.store(base + 2 * stride, Pv, mask=lane_ok)
+    tl.store(base + 3 * stride, B, mask=lane_ok)
+    tl.store(base + 4 * stride, Bv, mask=lane_ok)
+
+
+@triton.jit
+def rts_kernel(
+    mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c, pmean_ptr, spm_b, spm_t, spm_c,
+    pvar_ptr, spv_b, spv_t, spv_c, decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c,
+    m_ptr, sm_b, sm_t, sm_c,
+    top_ptr, mean_s_ptr, var_s_ptr, prec_s_ptr, T, C, NS, L, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+):
+    """Walk each stretch backwards from ``top[b, 0/1, s, c]`` (the smoothed centred mean and
+    variance entering from above) and write the smoothed ``mean, var, precision`` ``(B, T, C)``."""
+    b = index(tl.program_id(1), WIDE)
+    g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
+    t0 = index(s, WIDE) * L
+    tbase = top_ptr + b * 2 * NS * C + g
+    x = tl.load(tbase, mask=lane_ok, other=0.0)
+    v = tl.load(tbase + NS * C, mask=lane_ok, other=0.0)
+    out = b * T * C + c
+    for k in range(0, L):
+        t = t0 + L - 1 - k
+        J, bm, bv, m_t, valid = rts_step(
+            t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
+            pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
+            decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c)
+        x = J * x + bm
+        v = J * J * v + bv
+        o = out + t * C
+        tl.store(mean_s_ptr + o, x + m_t, mask=valid)
+        tl.store(var_s_ptr + o, v, mask=valid)
+        tl.store(prec_s_ptr + o, 1.0 / tl.where(valid, v, 1.0), mask=valid)
