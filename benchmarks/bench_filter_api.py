@@ -4,6 +4,8 @@ The kernel benchmark (``bench_filter.py``) times the fused kernels alone; this s
 user pays for ``ks.filter(y, ...)`` returning the full :class:`~kalmanscan.Posterior` (filtered and
 predicted moments, the predictive law of ``y`` and the log-likelihoods), and the fused kernels that
 write it alone, against the copy bandwidth measured in the same run, and checks the triton result against the float64 torch backend.
+It also times ``ks.smooth`` and its two smoothers alone on the filter's output: the fused reverse
+walks (``kalmanscan.fused_smooth``) and the torch reverse scans.
 
     python -m benchmarks.bench_filter_api --out results.json
 """
@@ -19,7 +21,9 @@ from benchmarks.bench_filter import copy_bandwidth, median_ms
 
 import kalmanscan as ks
 from kalmanscan import fused
+from kalmanscan.fused_smooth import rts_triton
 from kalmanscan.inputs import prepare
+from kalmanscan.smooth import rts_torch
 
 SHAPES = [(4096, 32768), (64, 1 << 22)]
 OUT_FIELDS = 10  # (..., T, C) arrays a Posterior holds: each written once, 4 bytes per element
@@ -55,14 +59,30 @@ def main():
         views, init = _kernel_inputs(y, kw)
         kernel = median_ms(lambda: fused.filter_forward(views, init, posterior=True))
         floor = (4 + 4 * OUT_FIELDS) * T * C / bw / 1e6
+        post = ks.filter(y, backend="triton", **kw)
+        f = {k: torch.broadcast_to(v, post.mean.shape) for k, v in dict(
+            mean=post.mean, var=post.var, pred_mean=post.pred_mean, pred_var=post.pred_var,
+            decay=post.decay, noise=post.noise).items()}
+        m = torch.zeros_like(post.mean)
+        rts_fused = median_ms(lambda: rts_triton(f, m))
+        rts_scans = median_ms(lambda: rts_torch(f, m))
+        smooth_ms = median_ms(lambda: ks.smooth(y, backend="triton", **kw))
         rows.append(dict(C=C, T=T, ms=ms, kernel_ms=kernel, floor_ms=floor, fraction_of_copy=floor / ms,
-                         kernel_fraction_of_copy=floor / kernel))
+                         kernel_fraction_of_copy=floor / kernel, smooth_ms=smooth_ms,
+                         rts_fused_ms=rts_fused, rts_torch_ms=rts_scans,
+                         rts_floor_ms=(4 * 4 + 3 * 4) * T * C / bw / 1e6))
+        del post, f
     result = dict(device=torch.cuda.get_device_name(), copy_GBps=bw, max_rel_error_vs_float64=err, rows=rows)
     print(f"device {result['device']}, copy {bw:.0f} GB/s, triton vs float64 torch: {err:.1e}")
     print(f"{'C':>6} {'T':>9} {'ks.filter ms':>13} {'kernels ms':>11} {'floor ms':>9} {'% copy':>7}")
     for r in rows:
         print(f"{r['C']:>6} {r['T']:>9} {r['ms']:>13.2f} {r['kernel_ms']:>11.2f} {r['floor_ms']:>9.2f} "
               f"{100 * r['fraction_of_copy']:>6.1f}%")
+    print("smoother: ks.smooth ms, fused RTS kernels ms, torch reverse scans ms, RTS floor ms "
+          "(4 inputs and 3 outputs, 4 bytes each)")
+    for r in rows:
+        print(f"{r['C']:>6} {r['T']:>9} {r['smooth_ms']:>8.2f} {r['rts_fused_ms']:>8.2f} "
+              f"{r['rts_torch_ms']:>8.2f} {r['rts_floor_ms']:>8.2f}")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
