@@ -96,10 +96,8 @@ def filter_agg_kernel(
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
     end = tl.minimum(t0 + L, T)
-    if PREFETCH:  # y of the next four steps in flight (loads issued ahead of the dependent chain)
-        y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end)
-    else:
-        y_a, y_b, y_c, y_d = decay_s, decay_s, decay_s, decay_s  # unused: the ring is off
+    # with PREFETCH, y of the next four steps in flight (loads issued ahead of the dependent chain)
+    y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
     for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
         valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = walk_inputs(
@@ -220,10 +218,8 @@ def filter_fwd_kernel(
     eta = tl.load(sbase + NS * C, mask=lane_ok, other=0.0)
     out = b * T * C + c
     end = tl.minimum(t0 + L, T)
-    if PREFETCH:  # y of the next four steps in flight (loads issued ahead of the dependent chain)
-        y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end)
-    else:
-        y_a, y_b, y_c, y_d = decay_s, decay_s, decay_s, decay_s  # unused: the ring is off
+    # with PREFETCH, y of the next four steps in flight (loads issued ahead of the dependent chain)
+    y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
     for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
         valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = walk_inputs(

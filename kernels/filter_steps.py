@@ -87,12 +87,17 @@ def load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, mask):
 
 
 @triton.jit
-def ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end):
-    """``y`` at steps ``t0 .. t0 + 3`` (NaN at or past ``end``): a ring of loads issued ahead."""
-    return (load_y(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok & (t0 < end)),
-            load_y(y_ptr, b, t0 + 1, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 1 < end)),
-            load_y(y_ptr, b, t0 + 2, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 2 < end)),
-            load_y(y_ptr, b, t0 + 3, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 3 < end)))
+def ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, fill, PREFETCH: tl.constexpr):
+    """``y`` at steps ``t0 .. t0 + 3`` (NaN at or past ``end``): a ring of loads issued ahead.
+    Without ``PREFETCH`` no load: four copies of ``fill``, which :func:`walk_inputs` passes through."""
+    if PREFETCH:
+        ring = (load_y(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok & (t0 < end)),
+                load_y(y_ptr, b, t0 + 1, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 1 < end)),
+                load_y(y_ptr, b, t0 + 2, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 2 < end)),
+                load_y(y_ptr, b, t0 + 3, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 3 < end)))
+    else:
+        ring = (fill, fill, fill, fill)
+    return ring
 
 
 @triton.jit
