@@ -22,6 +22,7 @@ from benchmarks.bench_filter import copy_bandwidth, median_ms
 import kalmanscan as ks
 from kalmanscan import fused
 from kalmanscan.fused_smooth import rts_triton
+from kalmanscan.filtering import run_backend
 from kalmanscan.inputs import prepare
 from kalmanscan.smooth import rts_torch
 
@@ -67,11 +68,11 @@ def main():
         views, init = _kernel_inputs(y, kw)
         kernel = median_ms(lambda: fused.filter_forward(views, init, posterior=True))
         floor = (4 + 4 * OUT_FIELDS) * T * C / bw / 1e6
-        post = ks.filter(y, backend="triton", **kw)
-        f = {k: torch.broadcast_to(v, post.mean.shape) for k, v in dict(
-            mean=post.mean, var=post.var, pred_mean=post.pred_mean, pred_var=post.pred_var,
-            decay=post.decay, noise=post.noise).items()}
-        m = torch.zeros_like(post.mean)
+        p = prepare(y, backend="triton", **kw)
+        out = run_backend(p, "triton")
+        f = {k: torch.broadcast_to(out[k], p.shape)
+             for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
+        m = torch.broadcast_to(p.mean, p.shape)
         rts_fused = median_ms(lambda: rts_triton(f, m))
         rts_scans = median_ms(lambda: rts_torch(f, m))
         smooth_ms = median_ms(lambda: ks.smooth(y, backend="triton", **kw))
@@ -79,7 +80,7 @@ def main():
                          kernel_fraction_of_copy=floor / kernel, smooth_ms=smooth_ms,
                          rts_fused_ms=rts_fused, rts_torch_ms=rts_scans,
                          rts_floor_ms=(4 * 4 + 3 * 4) * T * C / bw / 1e6))
-        del post, f
+        del out, f
     result = dict(device=torch.cuda.get_device_name(), copy_GBps=bw, max_rel_error_vs_float64=err,
                   smooth_max_rel_error_vs_float64=smooth_err, rows=rows)
     print(f"device {result['device']}, copy {bw:.0f} GB/s, triton vs float64 torch: filter {err:.1e}, "

@@ -235,7 +235,7 @@ def main(argv=None) -> list:
         raise ValueError("--task is for the ou protocol; use --tasks for mad")
     fn = PROTOCOLS[a.protocol]
     accepted = fn.__code__.co_varnames[: fn.__code__.co_argcount]
-    given = {k: v for k, v in names.items() if v is not None or k == "length"}
+    given = {k: v for k, v in names.items() if v is not None or k in ("length", "control")}
     unknown = sorted(k for k in given if k not in accepted and k != "control")
     if unknown:
         raise ValueError(f"protocol {a.protocol!r} takes no option(s) {unknown}")

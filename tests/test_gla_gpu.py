@@ -38,7 +38,7 @@ def test_fla_chunk_gla_equals_torch_fallback(L):
     torch.manual_seed(L)
     layer = GatedLinearAttention(64, n_heads=4).cuda()
     x = torch.randn(2, L, 64, device="cuda", requires_grad=True)
-    state = 0.1 * torch.randn(2, 4, 16, 16, device="cuda")
+    state = 0.1 * torch.randn_like(layer.init_state(2))
     y, final, grads = _run(layer, x, state)
     layer.use_fla = False
     y_ref, final_ref, grads_ref = _run(layer, x, state)

@@ -173,3 +173,15 @@ def test_bad_tokens_raise():
         model.step(torch.zeros(3, 1, dtype=torch.long), model.init_state(3))
     with pytest.raises(ValueError, match="name"):
         register_mixer("")
+
+
+def test_gla_rejects_a_state_of_the_wrong_shape():
+    layer = GatedLinearAttention(16, n_heads=2)
+    x = torch.randn(3, 5, 16)
+    good = layer.init_state(3)
+    assert layer(x, good)[1].shape == good.shape
+    for bad in (torch.zeros(3, 2, 8, 16), torch.zeros(2, 2, 4, 16)):
+        with pytest.raises(ValueError, match="state"):
+            layer(x, bad)
+        with pytest.raises(ValueError, match="state"):
+            layer.step(x[:, 0], bad)

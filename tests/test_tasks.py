@@ -296,6 +296,15 @@ def test_protocol_commands():
     assert all(("backend=torch" in r.argv) == ("kla" in r.argv) for r in tagged)
 
 
+def test_a5_protocol_no_control(capsys):
+    base = ["a5", "--lengths", "16", "--depths", "1", "--mixers", "kla", "attention", "--dry-run"]
+    protocols.main(base)
+    assert sum("--task z60" in line for line in capsys.readouterr().out.splitlines()) == 2
+    protocols.main([*base, "--no-control"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("--task a5" in line for line in lines)
+
+
 def test_ou_protocol_task_option(capsys):
     protocols.main(["ou", "--dry-run"])
     lines = capsys.readouterr().out.splitlines()

@@ -202,6 +202,12 @@ class GatedLinearAttention(nn.Module):
         return torch.zeros(batch, self.n_heads, self.d_key, self.d_value,
                            device=device or w.device, dtype=scan_dtype(w))
 
+    def _check_state(self, state, batch: int):
+        want = (batch, self.n_heads, self.d_key, self.d_value)
+        if state is not None and tuple(state.shape) != want:
+            raise ValueError(f"state must have shape (batch, n_heads, d_key, d_value) = {want}, "
+                             f"got {tuple(state.shape)}")
+
     def _qkvg(self, x):
         H = self.n_heads
         q, k, v = (_heads(p(x), H) for p in (self.q_proj, self.k_proj, self.v_proj))
@@ -212,6 +218,7 @@ class GatedLinearAttention(nn.Module):
         return self.o_proj((self.o_norm(o.to(x.dtype)) * _heads(F.silu(self.g_proj(x)), self.n_heads)).flatten(-2))
 
     def forward(self, x, state=None):
+        self._check_state(state, x.shape[0])
         q, k, v, g = self._qkvg(x)
         scale = self.d_key ** -0.5
         fla = _fla_chunk_gla() if self.use_fla and x.is_cuda else None
@@ -227,6 +234,7 @@ class GatedLinearAttention(nn.Module):
         return y if state is None else (y, final)
 
     def step(self, x_t, state):
+        self._check_state(state, x_t.shape[0])
         q, k, v, g = (t.to(state.dtype) for t in self._qkvg(x_t))   # (B, H, K) / (B, H, V)
         state = g.exp()[..., None] * state + k[..., None] * v[..., None, :]
         o = (q[..., None] * state).sum(-2) * self.d_key ** -0.5
