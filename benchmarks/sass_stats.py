@@ -7,8 +7,9 @@ Uses Triton's bundled ``ptxas`` and ``nvdisasm``, so it runs on a CPU-only machi
 does not compile for the GPU fails here, and the instruction mix of each loop body (the code between
 a loop label and its backward branch) shows what a change to a kernel costs before any GPU time.
 Static counts, not timings: a loop's count is per iteration of its body as compiled (after
-unrolling), for each thread. The test suite runs it (``tests/test_gpu_compile.py``), so a kernel
-that compiles only under the interpreter fails CI.
+unrolling), for each thread; each kernel's registers per thread and local memory (spills) come
+first. The test suite runs it (``tests/test_gpu_compile.py``), so a kernel that compiles only under
+the interpreter fails CI.
 """
 
 import argparse
@@ -24,13 +25,25 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 
+ALIGNED = "aligned"  # a runtime argument specialised as divisible by 16 (a pointer: 16-byte aligned)
+
+
 def _signature(fn, const):
-    """Triton signature of ``fn``: ``*fp32`` for ``*_ptr`` arguments, ``i32`` for the other runtime
-    ones, ``constexpr`` for the compile-time ones (``const`` keeps only those ``fn`` takes)."""
-    sig = {}
-    for name, p in zip(fn.arg_names, fn.params):
-        sig[name] = "constexpr" if p.is_constexpr else ("*fp32" if name.endswith("_ptr") else "i32")
-    return sig, {k: v for k, v in const.items() if sig.get(k) == "constexpr"}
+    """Triton signature, constexprs and attributes of ``fn``: ``*fp32`` for ``*_ptr`` arguments,
+    ``i32`` for the other runtime ones, ``constexpr`` for the compile-time ones (``const`` keeps only
+    those ``fn`` takes). ``const`` may also specialise runtime arguments as a launch does: a value
+    makes it a constexpr (Triton specialises integers equal to 1), :data:`ALIGNED` marks it divisible
+    by 16, and ``"*_ptr": ALIGNED`` marks every pointer 16-byte aligned."""
+    sig, attrs = {}, {}
+    for i, (name, p) in enumerate(zip(fn.arg_names, fn.params)):
+        ptr = name.endswith("_ptr")
+        if p.is_constexpr or (name in const and const[name] != ALIGNED):
+            sig[name] = "constexpr"
+        else:
+            sig[name] = "*fp32" if ptr else "i32"
+            if const.get(name) == ALIGNED or (ptr and const.get("*_ptr") == ALIGNED):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, {k: v for k, v in const.items() if sig.get(k) == "constexpr"}, attrs
 
 
 def kernels():
@@ -41,18 +54,28 @@ def kernels():
     from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
     from kernels.kla_bwd import kla_bwd_kernel
     from kernels.kla_fwd import kla_fwd_kernel
+    from kernels.kla_fwd_sit import kla_fwd_sit_kernel
     from kernels.kla_split import kla_piece_map_kernel
     from kernels.smooth_rts import rts_agg_kernel, rts_kernel
     from kalmanscan import fused
     from kalmanscan.nn.kla_triton import DEFAULT_CONFIG as cfg
+    from kalmanscan.nn.kla_triton import KLAConfig
     common = dict(TRANS_STEP=False, OBS_STEP=False, WIDE=False, WRITE_MU=True, WRITE_LAM=True,
                   WRITE_PRED=False, POSTERIOR=False)
     other = dict(TRANS_STEP=True, OBS_STEP=True, WIDE=True, POSTERIOR=True)
     walk = dict(common, BLOCK=fused.BLOCK, UNROLL=fused.UNROLL, PREFETCH=fused.PREFETCH)
-    tile = dict(common, TILE=fused.TILE)
-    bwd = dict(common, BLOCK=fused.BLOCK, UNROLL=fused.BWD_UNROLL)
+    # tiles as launched for one contiguous series (C = 1, unit strides, aligned, T a multiple of 16):
+    # the loads and stores of y and the outputs are then vectors (unspecialised, they are not, and
+    # the old one-step-per-lane tile scan compiled to about 2.5x its launched instruction count)
+    tile = dict(common, TILE=fused.TILE, ROW=fused.TILE_ROW, C=1, sy_b=ALIGNED, sy_t=1, sy_c=1, T=ALIGNED,
+                **{"*_ptr": ALIGNED})
+    bwd = dict(common, BLOCK=fused.BLOCK, UNROLL=fused.BWD_UNROLL,
+               HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
+    loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
     kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, MAP=False)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
+    sit = KLAConfig(layout="s_in_thread")
+    kla_sit = dict(kla_fwd, BLOCK_M=sit.fwd_block_m, FULL_S=True)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     carry = dict(CH=fused.CARRY_CHUNK)
     return {
@@ -73,27 +96,44 @@ def kernels():
         "rts_wide": (rts_kernel, dict(walk, WIDE=True), fused.NUM_WARPS),
         "filter_fwd_variants": (filter_fwd_kernel, dict(walk, **other, PREFETCH=False), fused.NUM_WARPS),
         "filter_tile_fwd_variants": (filter_tile_fwd_kernel, dict(tile, **other), fused.TILE_WARPS),
+        "filter_tile_posterior": (filter_tile_fwd_kernel, dict(tile, POSTERIOR=True), fused.TILE_WARPS),
         "filter_bwd_variants": (filter_bwd_kernel, dict(bwd, **other), fused.NUM_WARPS),
+        "filter_bwd_agg_loglik": (filter_bwd_agg_kernel, loglik, fused.NUM_WARPS),
+        "filter_bwd_loglik": (filter_bwd_kernel, loglik, fused.NUM_WARPS),
+        "filter_bwd_mean": (filter_bwd_kernel, dict(bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False),
+                            fused.NUM_WARPS),
         "kla_fwd_variants": (kla_fwd_kernel, dict(kla_fwd, HAS_INIT=True, SAVE=True), cfg.num_warps),
+        "kla_fwd_sit": (kla_fwd_sit_kernel, kla_sit, sit.num_warps),
+        "kla_fwd_sit_variants": (kla_fwd_sit_kernel, dict(kla_sit, HAS_INIT=True, SAVE=True), sit.num_warps),
         "kla_bwd_variants": (kla_bwd_kernel, dict(kla_bwd, HAS_INIT=True, MAP=True), cfg.bwd_num_warps),
     }
 
 
+def _tool(name):
+    """Path of one of Triton's bundled CUDA tools."""
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
 def sass(fn, const, num_warps, arch=90):
-    """SASS text of ``fn`` compiled for ``sm_<arch>``."""
-    sig, const = _signature(fn, const)
-    compiled = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", arch, 32),
+    """``(SASS text, resources)`` of ``fn`` compiled for ``sm_<arch>``; ``resources`` is
+    ``cuobjdump -res-usage``'s line for it (``REG``: registers per thread, ``LOCAL``: bytes of
+    local memory per thread, that is spills when the kernel has no local arrays)."""
+    sig, const, attrs = _signature(fn, const)
+    compiled = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=num_warps))
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     path = f"/tmp/sass_stats_{os.getpid()}.cubin"
     with open(path, "wb") as f:
         f.write(compiled.asm["cubin"])
     try:
-        return subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run([_tool("nvdisasm"), "-c", path], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True,
+                               check=True).stdout
     finally:
         os.remove(path)
+    return text, dict(_RESOURCE.findall(usage.split("Function", 1)[-1].splitlines()[1]))
 
 
+_RESOURCE = re.compile(r"(REG|STACK|SHARED|LOCAL):(\d+)")
 _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
@@ -129,9 +169,10 @@ def main():
         print("\n".join(table))
         return
     for name in args.names or table:
-        text = sass(*table[name], arch=args.arch)
+        text, res = sass(*table[name], arch=args.arch)
         if args.dump:
             print(text)
+        print(f"{name:16s} registers {res['REG']}, local (spills) {res['LOCAL']} B, shared {res['SHARED']} B")
         for label, ops in loops(text):
             top = ", ".join(f"{k} {v}" for k, v in ops.most_common(10))
             print(f"{name:16s} loop {label:8s} {sum(ops.values()):5d} instructions: {top}")

@@ -15,8 +15,9 @@ user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
 
 Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
 :mod:`kalmanscan.inputs`), or float64 for float64 inputs. Runs on CUDA tensors, or on the CPU under
-``TRITON_INTERPRET=1`` (the tests). Index arithmetic is 32-bit while the backward's stack of four
-``(B, T, C)`` arrays has fewer than ``WIDE_FROM = 2^31`` elements, 64-bit from there on.
+``TRITON_INTERPRET=1`` (the tests). Index arithmetic is 32-bit while ``4 B T C`` (more than the largest
+array a walking kernel indexes, the backward's ``(3, B, T, C)`` per-step observation adjoints) is
+below ``WIDE_FROM = 2^31``, 64-bit from there on.
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ UNROLL = 4                  # unrolling of the forward walks' time loops
 BWD_UNROLL = 1              # the same for the backward walks (unrolling slowed them)
 CARRY_CHUNK = 1024          # stretches per step of the carry scan
 CARRY_WARPS = 4
-WIDE_FROM = 1 << 31         # 64-bit offsets from 4 B T C elements on (the backward's cotangent stack)
+WIDE_FROM = 1 << 31         # 64-bit offsets once 4 B T C reaches this (bounds every array a walk indexes)
 TILE = 1024                 # steps per tile of the time-parallel forward (lanes along time)
+TILE_ROW = 8                # steps per row of a tile, composed in-thread before the scan over rows (a
+                            # power of two dividing TILE; 8: 128 rows, one per thread of the 4 warps,
+                            # the fewest sm_90 instructions per step, no spills: benchmarks.sass_stats)
 TILE_WARPS = 4
 TILE_STRETCHES = 1024       # at most this many stretches of tiles per series (one carry chunk)
 TILE_MAX_C = 1              # the time-parallel forward serves series of at most this many channels
@@ -149,7 +153,7 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     if tiles:
         ns, r = tile_plan(T)
         grid = (ns, B * C)
-        opts = dict(TILE=TILE, num_warps=TILE_WARPS, WIDE=B * T * C >= WIDE_FROM)
+        opts = dict(TILE=TILE, ROW=TILE_ROW, num_warps=TILE_WARPS, WIDE=B * T * C >= WIDE_FROM)
         agg_kernel, fwd_kernel = filter_tile_agg_kernel, filter_tile_fwd_kernel
     else:
         ns, r = plan(B, T, C, stretch)
@@ -180,23 +184,33 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
 def filter_backward(views, init, mu, lam, cot, stretch=None):
     """Launch the backward; returns ``grad_y``, the observation and transition adjoints, init's.
 
-    ``cot`` is ``(4, B, T, C)``: cotangents of ``(mu, lam, pred_mu, pred_var)``. The observation
-    adjoints ``(d phi, d info, d info * yc)`` come as ``(3, B, T, C)`` when any of ``obs_var,
-    mean, h`` is per step, else ``(3, B, 1, C)`` summed over time; likewise the transition adjoints
-    ``(d decay, d noise)`` (zero at step 0).
+    ``cot`` is a sequence of four cotangents, of ``(mu, lam, pred_mu, pred_var)``: each a
+    ``(B, T, C)`` tensor or ``None`` (absent: the output was not used; a ``(4, B, T, C)`` stack is
+    also a sequence of four). Absent ones are never read (the kernels' ``HAS_G_*`` flags); present
+    ones are passed as they are when contiguous, else copied. With all four absent every gradient
+    is zero and no kernel runs. The observation adjoints ``(d phi, d info, d info * yc)`` come as
+    ``(3, B, T, C)`` when any of ``obs_var, mean, h`` is per step, else ``(3, B, 1, C)`` summed over
+    time; likewise the transition adjoints ``(d decay, d noise)`` (zero at step 0).
     """
     y = views["y"]
     B, T, C = y.shape
-    ns, L = plan(B, T, C, stretch)
     dtype, dev = y.dtype, y.device
-    args = _kernel_args(views)
     trans_step, obs_step = _steps(views, _TRANS), _steps(views, _OBS)
-    flags = dict(TRANS_STEP=trans_step, OBS_STEP=obs_step)
+    if all(g is None for g in cot):
+        like = dict(dtype=dtype, device=dev)
+        return (torch.zeros(B, T, C, **like), torch.zeros(3, B, T if obs_step else 1, C, **like),
+                torch.zeros(2, B, T if trans_step else 1, C, **like), torch.zeros(B, 2, C, **like))
+    ns, L = plan(B, T, C, stretch)
+    args = _kernel_args(views)
+    dummy = torch.empty(1, dtype=dtype, device=dev)
+    g = [dummy if x is None else x.contiguous() for x in cot]
+    flags = dict(TRANS_STEP=trans_step, OBS_STEP=obs_step, HAS_G_MU=cot[0] is not None,
+                 HAS_G_LAM=cot[1] is not None, HAS_G_PM=cot[2] is not None, HAS_G_PV=cot[3] is not None)
     grid, opts = _launch(B, T, C, ns)
     top = torch.zeros(B, 2, ns, C, dtype=dtype, device=dev)
     if ns > 1:
         agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
-        filter_bwd_agg_kernel[grid](*args, mu, lam, init, cot, agg, B, T, C, ns, L, **flags, **opts,
+        filter_bwd_agg_kernel[grid](*args, mu, lam, init, *g, agg, T, C, ns, L, **flags, **opts,
                                     UNROLL=BWD_UNROLL)
         filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
                                           num_warps=CARRY_WARPS)
@@ -205,7 +219,7 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     trans_grad = torch.empty((2, B, T, C) if trans_step else (1,), dtype=dtype, device=dev)
     sums = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
     grad_init = torch.empty(B, 2, C, dtype=dtype, device=dev)
-    filter_bwd_kernel[grid](*args, mu, lam, init, cot, top, grad_y, obs_grad, trans_grad, sums, grad_init,
+    filter_bwd_kernel[grid](*args, mu, lam, init, *g, top, grad_y, obs_grad, trans_grad, sums, grad_init,
                             B, T, C, ns, L, **flags, **opts, UNROLL=BWD_UNROLL)
     totals = sums.sum(2, keepdim=True).transpose(0, 1)
     obs_grad = obs_grad if obs_step else totals[:3]
@@ -214,7 +228,11 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
 
 
 class _FusedFilter(torch.autograd.Function):
-    """``(y, theta, sigma, dt, obs_var, mean, h, init) -> (mu, lam, pred_mu, pred_var)``, centred."""
+    """``(y, theta, sigma, dt, obs_var, mean, h, init) -> (mu, lam, pred_mu, pred_var)``, centred.
+
+    Gradients are not materialised: an output the loss does not use reaches :meth:`backward` as
+    ``None`` and the kernels skip its cotangent.
+    """
 
     @staticmethod
     def forward(ctx, y, theta, sigma, dt, obs_var, mean, h, init, shape, stretch):
@@ -223,6 +241,7 @@ class _FusedFilter(torch.autograd.Function):
         init = init.detach().contiguous()
         out = filter_forward(views, init, stretch=stretch)
         ctx.shape, ctx.stretch = shape, stretch
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(*inputs, init, out["mu"], out["lam"])
         return out["mu"], out["lam"], out["pred_mu"], out["pred_var"]
 
@@ -231,8 +250,7 @@ class _FusedFilter(torch.autograd.Function):
         *inputs, init, mu, lam = ctx.saved_tensors
         shape = ctx.shape
         views = {k: _flat(x, shape) for k, x in zip(_ORDER, inputs)}
-        cot = torch.stack([torch.zeros_like(mu) if g is None else g for g in grads]).contiguous()
-        grad_y, obs_grad, trans_grad, grad_init = filter_backward(views, init, mu, lam, cot, ctx.stretch)
+        grad_y, obs_grad, trans_grad, grad_init = filter_backward(views, init, mu, lam, grads, ctx.stretch)
         y, theta, sigma, dt, obs_var, mean, h = inputs
         param_grads = _chain(shape, dict(theta=theta, sigma=sigma, dt=dt, obs_var=obs_var, mean=mean, h=h),
                              obs_grad, trans_grad, ctx.needs_input_grad[1:7])

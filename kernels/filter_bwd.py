@@ -21,6 +21,12 @@ and the step's inputs get ``d phi = L``, ``d info = E`` (0 when ``y`` is missing
 ``lam_p rho`` is bounded (by ``1/decay``, 1 and ``1/noise``), so nothing cancels or overflows
 that the exact derivative does not.
 
+Each cotangent is optional: the kernels take one ``(B, T, C)`` array per output and a
+``HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV`` constexpr flag each. An absent one (flag off: the
+output was not used) is never read and its terms are not compiled, so a loss on the
+log-likelihood alone (``g_pm, g_pv``) or on the mean alone (``g_mu``) reads 8 or 4 bytes of
+cotangents per element and pass, not 16.
+
 The map ``(gl, ge) -> (gl', ge')`` is affine with an upper-triangular matrix: five numbers
 ``(g11, g12, g22, v1, v2)``. Time splits across programs as in the forward: per-stretch maps
 (:func:`filter_bwd_agg_kernel`), a reverse scan of them over stretches
@@ -59,24 +65,47 @@ def _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_next,
 
 
 @triton.jit
-def _adjoint_terms(lam, mu, lam_p, mu_p, g_mu, g_lam, g_pm, g_pv, decay, noise):
-    """``(c_l, c_e, alpha, beta, gamma, delta, eps, rho)`` of one step (module docstring)."""
-    inv_lam = 1.0 / lam
+def _adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
+                  g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
+                  HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr, HAS_G_PM: tl.constexpr,
+                  HAS_G_PV: tl.constexpr):
+    """Step ``t`` of the reverse walk (module docstring): ``(L, E, gl', ge', d decay, d noise,
+    alpha, beta, delta)`` from the adjoints ``(gl, ge)`` of ``(lam_t, eta_t)`` from later steps.
+
+    The cotangents are read at offset ``o`` of ``(B, T, C)`` arrays; one whose ``HAS_G_*`` flag is
+    off is never loaded and its terms are not compiled (a zero cotangent).
+    """
     inv_lam_p = 1.0 / lam_p
     rho = 1.0 / (decay * decay + noise * lam_p)
     delta = decay * rho
-    beta = -delta * (noise * lam_p * rho) * mu_p
-    gamma = -decay * (g_pm * mu_p + g_pv * decay * inv_lam_p) * inv_lam_p
-    eps = g_pm * decay * inv_lam_p
-    return (g_lam - g_mu * mu * inv_lam, g_mu * inv_lam, delta * delta, beta, gamma, delta, eps, rho)
-
-
-@triton.jit
-def _cotangents(g_ptr, o, valid, TC):
-    """The four cotangents ``(g_mu, g_lam, g_pm, g_pv)`` stacked as ``g[k, b, t, c]``."""
-    return (tl.load(g_ptr + o, mask=valid, other=0.0), tl.load(g_ptr + TC + o, mask=valid, other=0.0),
-            tl.load(g_ptr + 2 * TC + o, mask=valid, other=0.0),
-            tl.load(g_ptr + 3 * TC + o, mask=valid, other=0.0))
+    lr = lam_p * rho
+    beta = -delta * (noise * lr) * mu_p
+    tot_l = gl
+    tot_e = ge
+    if HAS_G_LAM:
+        tot_l += tl.load(g_lam_ptr + o, mask=valid, other=0.0)
+    if HAS_G_MU:
+        g_mu_inv_lam = tl.load(g_mu_ptr + o, mask=valid, other=0.0) / lam
+        tot_l -= g_mu_inv_lam * mu
+        tot_e += g_mu_inv_lam
+    gl_next = delta * delta * tot_l + beta * tot_e
+    ge_next = delta * tot_e
+    d_decay = -2.0 * delta * lr * tot_l + mu_p * lr * (noise * lam_p - decay * decay) * rho * tot_e
+    d_noise = -lr * lr * (tot_l + decay * mu_p * tot_e)
+    if HAS_G_PM:
+        g_pm = tl.load(g_pm_ptr + o, mask=valid, other=0.0)
+        eps = g_pm * decay * inv_lam_p
+        gl_next -= eps * mu_p
+        ge_next += eps
+        d_decay += g_pm * mu_p
+    if HAS_G_PV:
+        g_pv = tl.load(g_pv_ptr + o, mask=valid, other=0.0)
+        gl_next -= g_pv * decay * decay * inv_lam_p * inv_lam_p
+        d_decay += 2.0 * decay * g_pv * inv_lam_p
+        d_noise += g_pv
+    moving = t > 0
+    return (tot_l, tot_e, gl_next, ge_next, tl.where(moving, d_decay, 0.0), tl.where(moving, d_noise, 0.0),
+            delta * delta, beta, delta)
 
 
 @triton.jit
@@ -84,11 +113,17 @@ def filter_bwd_agg_kernel(
     y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
-    mu_ptr, lam_ptr, init_ptr, g_ptr, agg_ptr, B, T, C, NS, L,
+    mu_ptr, lam_ptr, init_ptr, g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr, agg_ptr, T, C, NS, L,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+    HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr, HAS_G_PM: tl.constexpr, HAS_G_PV: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    """Each lane's reverse map over its stretch (5 numbers) into ``agg[b, k, s, c]``."""
+    """Each lane's reverse map over its stretch (5 numbers) into ``agg[b, k, s, c]``.
+
+    The map ``x -> G x + v`` is built step by step: ``G`` by the step's upper-triangular matrix,
+    ``v`` by the whole step (:func:`_adjoint_step` applied to ``v``). Cotangents as in
+    :func:`filter_bwd_kernel`.
+    """
     b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
         C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
@@ -108,15 +143,12 @@ def filter_bwd_agg_kernel(
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
-        g_mu, g_lam, g_pm, g_pv = _cotangents(g_ptr, b * T * C + t * C + c, valid, index(B, WIDE) * T * C)
-        c_l, c_e, alpha, beta, gamma, delta, eps, rho = _adjoint_terms(
-            lam, mu, lam_p, mu_p, g_mu, g_lam, g_pm, g_pv, decay, noise)
-        n11, n12, n22, n1, n2 = _compose5(
-            g11, g12, g22, v1, v2,
-            alpha, beta, delta, alpha * c_l + beta * c_e + gamma, delta * c_e + eps)
-        g11 = tl.where(valid, n11, g11)
-        g12 = tl.where(valid, n12, g12)
-        g22 = tl.where(valid, n22, g22)
+        _, _, n1, n2, _, _, alpha, beta, delta = _adjoint_step(
+            v1, v2, lam, mu, lam_p, mu_p, decay, noise, t, b * T * C + t * C + c, valid,
+            g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV)
+        g11 = tl.where(valid, alpha * g11, g11)
+        g12 = tl.where(valid, alpha * g12 + beta * g22, g12)
+        g22 = tl.where(valid, delta * g22, g22)
         v1 = tl.where(valid, n1, v1)
         v2 = tl.where(valid, n2, v2)
     base = agg_ptr + b * 5 * NS * C + g
@@ -170,14 +202,17 @@ def filter_bwd_kernel(
     y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
-    mu_ptr, lam_ptr, init_ptr, g_ptr, top_ptr,
+    mu_ptr, lam_ptr, init_ptr, g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr, top_ptr,
     grad_y_ptr, obs_grad_ptr, trans_grad_ptr, sums_ptr, grad_init_ptr,
     B, T, C, NS, L,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+    HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr, HAS_G_PM: tl.constexpr, HAS_G_PV: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Walk each stretch backwards from its ``top`` adjoints and write the gradients.
 
+    The cotangents ``g_mu, g_lam, g_pm, g_pv`` of ``(mu, lam, pred_mu, pred_var)`` are contiguous
+    ``(B, T, C)`` arrays, each read only when its ``HAS_G_*`` flag is on (else zero; any pointer).
     ``grad_y[b, t, c] = E hr`` (0 when missing). Observation adjoints ``(d phi, d info,
     d info * yc)`` go per step to ``obs_grad[k, b, t, c]`` when ``OBS_STEP``, else summed over the
     stretch to ``sums[b, k, s, c]`` (k = 0, 1, 2); transition adjoints ``(d decay, d noise)`` per
@@ -207,20 +242,12 @@ def filter_bwd_kernel(
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
         o = b * T * C + t * C + c
-        g_mu, g_lam, g_pm, g_pv = _cotangents(g_ptr, o, valid, TC)
-        c_l, c_e, alpha, beta, gamma, delta, eps, rho = _adjoint_terms(
-            lam, mu, lam_p, mu_p, g_mu, g_lam, g_pm, g_pv, decay, noise)
-        tot_l = gl + c_l
-        tot_e = ge + c_e
+        tot_l, tot_e, gl_next, ge_next, d_decay, d_noise, _, _, _ = _adjoint_step(
+            gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
+            g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV)
         d_phi = tl.where(observed, tot_l, 0.0)
         d_info = tl.where(observed, tot_e, 0.0)
         tl.store(grad_y_ptr + o, d_info * hr, mask=valid)
-        lr = lam_p * rho
-        moving = t > 0
-        d_decay = tl.where(moving, -2.0 * delta * lr * tot_l
-                           + mu_p * lr * (noise * lam_p - decay * decay) * rho * tot_e
-                           + g_pm * mu_p + 2.0 * decay * g_pv / lam_p, 0.0)
-        d_noise = tl.where(moving, g_pv - lr * lr * (tot_l + decay * mu_p * tot_e), 0.0)
         if OBS_STEP:
             tl.store(obs_grad_ptr + o, d_phi, mask=valid)
             tl.store(obs_grad_ptr + TC + o, d_info, mask=valid)
@@ -235,8 +262,8 @@ def filter_bwd_kernel(
         else:
             s_decay += tl.where(valid, d_decay, 0.0)
             s_noise += tl.where(valid, d_noise, 0.0)
-        gl = tl.where(valid, alpha * tot_l + beta * tot_e + gamma, gl)
-        ge = tl.where(valid, delta * tot_e + eps, ge)
+        gl = tl.where(valid, gl_next, gl)
+        ge = tl.where(valid, ge_next, ge)
     sbase = sums_ptr + b * 5 * NS * C + g
     stride = NS * C
     if not OBS_STEP:

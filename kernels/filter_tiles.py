@@ -2,50 +2,109 @@
 
 The walks of :mod:`kernels.filter_fwd` give each lane one (stretch, channel) pair; with one
 channel their loads are strided and a few thousand lanes leave the GPU idle. Here a program owns
-one series' *stretch* of ``R`` tiles of ``TILE`` consecutive steps, and the lanes of a tile are its
-steps: loads and stores are contiguous along time (for ``C = 1``). Within a tile the steps' maps
-(the merged homogeneous form of :mod:`kernels.filter_fwd`, seven numbers, trace-normalised) are
-combined by ``tl.associative_scan``; tiles within a stretch are visited in order, carrying the state.
+one series' *stretch* of ``R`` tiles of ``TILE`` consecutive steps, visited in order, carrying the
+state. A tile is a block ``[NT, ROW]`` of steps, ``NT = TILE / ROW`` *rows* of ``ROW`` consecutive
+steps (``ROW`` a power of two dividing ``TILE``): loaded, stored and turned into step inputs
+(:func:`kernels.filter_steps.step_inputs`) as a block, contiguous along time for ``C = 1``. Each
+lane composes its row's steps in registers (the merged homogeneous form of
+:mod:`kernels.filter_fwd`: seven numbers, trace-normalised, with the factored step
+:func:`kernels.filter_fwd._step_after`), and only the ``NT`` row maps are combined across lanes by
+``tl.associative_scan``: ``ROW`` times fewer scan elements than one per step.
 
 1. :func:`filter_tile_agg_kernel` writes each stretch's product ``agg[b, k, s, c]``;
 2. :func:`kernels.filter_fwd.filter_carry_kernel` scans them into each stretch's starting state;
-3. :func:`filter_tile_fwd_kernel` scans, in every tile, the maps of the steps *before* each step
-   (an inclusive scan of the maps shifted by one step, the identity first), reads the state before
-   each step out of it projectively (``lam = (p11 lam0 + p12) / w0``, ``eta = (e1 lam0 + e2 +
-   f eta0) / w0``, ``w0 = p21 lam0 + p22``), and from there does what a walk does at that step
-   (:func:`kernels.filter_steps.emit_step`); the state after the tile's last step starts the next.
+3. :func:`filter_tile_fwd_kernel` scans, in every tile, the row maps (inclusive), reads the state
+   after each row out of it projectively (``lam = (p11 lam0 + p12) / w0``, ``eta = (e1 lam0 + e2 +
+   f eta0) / w0``, ``w0 = p21 lam0 + p22``, from the tile's starting state ``(lam0, eta0)``), moves
+   it one row on (``tl.gather``: the state before row ``k`` is the one after row ``k - 1``, the
+   tile's starting state before row 0), walks each row from there with the plain recursion
+   (:func:`kernels.filter_steps.info_step`) for the state before each of its steps, and writes the
+   tile's outputs from those states as a block (:func:`kernels.filter_steps.emit_step`); the state
+   after the tile's last row starts the next.
 
 Every term of the precision's read-out is non-negative, so it is accurate to a few ulps per
-combine; the information mean's may cancel, as a walk's sum of information does.
+combine; the information mean's may cancel, as a walk's sum of information does. Within a row the
+numerics are those of the walks.
 """
 
 import triton
 import triton.language as tl
 
 from .fast_math import rcp
-from .filter_fwd import _compose7, last7, leaf7
-from .filter_steps import emit_step, index, load_y, static_inputs, step_inputs
+from .filter_fwd import _compose7, _step_after, last7, leaf7
+from .filter_steps import emit_step, index, info_step, load_y, static_inputs, step_inputs
 
 
 @triton.jit
-def tile_leaves(t, valid, b, c, y_ptr, sy_b, sy_t, sy_c,
+def row_columns(x, ROW: tl.constexpr):
+    """The ``ROW`` columns of ``x`` (``[NT, ROW]``, ``ROW`` a power of two) as a tuple of ``[NT]``
+    vectors, by halving: each part ``[NT, m]`` is cut into its first and second ``m / 2`` columns.
+    Values are moved, not computed (register renaming where a thread holds its row)."""
+    NT: tl.constexpr = x.shape[0]
+    parts = (x,)
+    for level in tl.static_range(ROW.bit_length() - 1):
+        halves = ()
+        for i in tl.static_range(1 << level):
+            lo, hi = tl.split(tl.permute(tl.reshape(parts[i], [NT, 2, (ROW >> level) // 2]), (0, 2, 1)))
+            halves = halves + (lo, hi)
+        parts = halves
+    cols = ()
+    for j in tl.static_range(ROW):
+        cols = cols + (tl.reshape(parts[j], [NT]),)
+    return cols
+
+
+@triton.jit
+def join_columns(cols, ROW: tl.constexpr):
+    """The ``[NT, ROW]`` block whose columns are the tuple ``cols`` of ``[NT]`` vectors (the
+    inverse of :func:`row_columns`)."""
+    NT: tl.constexpr = cols[0].shape[0]
+    parts = ()
+    for j in tl.static_range(ROW):
+        parts = parts + (tl.reshape(cols[j], [NT, 1]),)
+    for level in tl.static_range(ROW.bit_length() - 1):
+        pairs = ()
+        for i in tl.static_range(ROW >> (level + 1)):
+            pairs = pairs + (tl.reshape(tl.permute(tl.join(parts[2 * i], parts[2 * i + 1]), (0, 2, 1)),
+                                        [NT, 2 << level]),)
+        parts = pairs
+    return parts[0]
+
+
+@triton.jit
+def tile_inputs(t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
                 theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
                 dt_ptr, sdt_b, sdt_t, sdt_c,
                 obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
                 h_ptr, sh_b, sh_t, sh_c,
                 decay_s, noise_s, obs_var_s, mean_s, h_s,
                 TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
-    """The maps of steps ``t`` (a tile), the identity where ``valid`` is off."""
+    """``(valid, decay, noise, observed, yc, phi, info, obs_var, mean, h)`` of the steps ``t`` (a
+    block ``[NT, ROW]``, :func:`kernels.filter_steps.step_inputs`); at or past ``T`` the identity
+    step: ``decay = 1``, ``noise = 0``, and ``y`` reads as missing (``phi = info = 0``)."""
+    valid = t < T
     y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
     decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
         t, valid, b, c, y,
         theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
         obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
         decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-    p11, p12, p21, p22, e1, e2, f = leaf7(decay, noise, phi, info)
-    return (tl.where(valid, p11, 1.0), tl.where(valid, p12, 0.0), tl.where(valid, p21, 0.0),
-            tl.where(valid, p22, 1.0), tl.where(valid, e1, 0.0), tl.where(valid, e2, 0.0),
-            tl.where(valid, f, 1.0))
+    return (valid, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0), observed, yc, phi, info,
+            obs_var, mean, h)
+
+
+@triton.jit
+def row_maps(decay, noise, phi, info, ROW: tl.constexpr):
+    """The map of each row (vectors ``[NT]``, 7 numbers) from the row's ``ROW`` steps, given as
+    tuples of columns (:func:`row_columns`): the product of the steps in order, composed in-thread:
+    the first step's :func:`kernels.filter_fwd.leaf7`, then :func:`kernels.filter_fwd._step_after`
+    for each of the others (trace 1 from the second step on). A step with ``decay = 1``,
+    ``noise = phi = info = 0`` is the identity."""
+    p11, p12, p21, p22, e1, e2, f = leaf7(decay[0], noise[0], phi[0], info[0])
+    for j in tl.static_range(1, ROW):
+        p11, p12, p21, p22, e1, e2, f = _step_after(p11, p12, p21, p22, e1, e2, f,
+                                                    decay[j], noise[j], phi[j], info[j])
+    return p11, p12, p21, p22, e1, e2, f
 
 
 @triton.jit
@@ -72,25 +131,31 @@ def filter_tile_agg_kernel(
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
     agg_ptr, T, C, NS, R,
-    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, TILE: tl.constexpr, ROW: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     """Stretch ``program_id(0)`` of series ``program_id(1) = b C + c``: its product into
     ``agg[b, k, s, c]`` (7 numbers, trace 1)."""
+    tl.static_assert(TILE % ROW == 0)
     s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = stretch_setup(
         T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
         h_ptr, sh_b, sh_t, sh_c, TILE, WIDE)
-    idx = tl.arange(0, TILE)
-    last = idx == TILE - 1
+    rows = tl.arange(0, TILE // ROW)
+    last = rows == TILE // ROW - 1
+    steps = rows[:, None] * ROW + tl.arange(0, ROW)[None, :]
     zero = tl.zeros([], decay_s.dtype)
     t11, t12, t21, t22, u1, u2, v = zero + 1.0, zero, zero, zero + 1.0, zero, zero, zero + 1.0
     for r in range(R):
-        t = t0 + r * TILE + idx
-        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(tile_leaves(
-            t, t < T, b, c, y_ptr, sy_b, sy_t, sy_c,
+        t = t0 + r * TILE + steps
+        valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
+            t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP), 0, _compose7)
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(
+            row_columns(decay, ROW), row_columns(noise, ROW), row_columns(phi, ROW), row_columns(info, ROW),
+            ROW), 0, _compose7)
         q11, q12, q21, q22, g1, g2, h = last7(p11, p12, p21, p22, e1, e2, f, last)
         t11, t12, t21, t22, u1, u2, v = _compose7(t11, t12, t21, t22, u1, u2, v,
                                                   q11, q12, q21, q22, g1, g2, h)
@@ -114,10 +179,12 @@ def filter_tile_fwd_kernel(
     var_ptr, pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr, T, C, NS, R,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr, POSTERIOR: tl.constexpr,
-    TILE: tl.constexpr, WIDE: tl.constexpr,
+    TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Stretch ``program_id(0)`` of series ``program_id(1)`` from ``start[b, :, s, c]``: the outputs
-    ``(B, T, C)`` of :func:`kernels.filter_steps.emit_step`, a tile at a time."""
+    ``(B, T, C)`` of :func:`kernels.filter_steps.emit_step`, a tile at a time: the state before
+    every step (``[NT, ROW]``, each row walked from the state before it), then the tile's outputs."""
+    tl.static_assert(TILE % ROW == 0)
     s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = stretch_setup(
         T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
@@ -126,28 +193,35 @@ def filter_tile_fwd_kernel(
     lam = tl.load(sbase)
     eta = tl.load(sbase + NS * C)
     out = b * T * C + c
-    idx = tl.arange(0, TILE)
-    last = idx == TILE - 1
+    rows = tl.arange(0, TILE // ROW)
+    first = rows == 0
+    last = rows == TILE // ROW - 1
+    before = tl.maximum(rows - 1, 0)
+    steps = rows[:, None] * ROW + tl.arange(0, ROW)[None, :]
     for r in range(R):
-        t = t0 + r * TILE + idx
-        valid = t < T
-        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(tile_leaves(
-            t - 1, valid & (idx > 0), b, c, y_ptr, sy_b, sy_t, sy_c,
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP), 0, _compose7)
-        inv_w0 = rcp(p21 * lam + p22)
-        lam_t = (p11 * lam + p12) * inv_w0
-        eta_t = (e1 * lam + e2 + f * eta) * inv_w0
-        y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
-        decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-            t, valid, b, c, y,
+        t = t0 + r * TILE + steps
+        valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
+            t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        lam_t, eta_t = emit_step(
-            lam_t, eta_t, decay, noise, observed, yc, phi, info, obs_var, mean, h, out + t * C, valid,
-            mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
-            pred_obs_var_ptr, loglik_ptr, missing_ptr, WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
-        lam = tl.sum(tl.where(last, lam_t, 0.0), axis=0)
-        eta = tl.sum(tl.where(last, eta_t, 0.0), axis=0)
+        d = row_columns(decay, ROW)
+        n = row_columns(noise, ROW)
+        ph = row_columns(phi, ROW)
+        inf = row_columns(info, ROW)
+        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(d, n, ph, inf, ROW), 0, _compose7)
+        inv_w0 = rcp(p21 * lam + p22)
+        lam_r = tl.where(first, lam, tl.gather((p11 * lam + p12) * inv_w0, before, 0))
+        eta_r = tl.where(first, eta, tl.gather((e1 * lam + e2 + f * eta) * inv_w0, before, 0))
+        lams = ()
+        etas = ()
+        for j in tl.static_range(ROW):
+            lams = lams + (lam_r,)
+            etas = etas + (eta_r,)
+            lam_r, eta_r = info_step(lam_r, eta_r, d[j], n[j], ph[j], inf[j])
+        emit_step(join_columns(lams, ROW), join_columns(etas, ROW), decay, noise, observed, yc, phi, info,
+                  obs_var, mean, h, out + t * C, valid, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr,
+                  pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
+                  WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+        lam = tl.sum(tl.where(last, lam_r, 0.0), axis=0)
+        eta = tl.sum(tl.where(last, eta_r, 0.0), axis=0)

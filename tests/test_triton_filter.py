@@ -281,7 +281,13 @@ def test_no_process_noise_stays_finite(backend):
 def test_time_parallel_forward_equals_reference(T, per_step, times, tiles, poisoned):
     assert fused.uses_tiles(T, 1)
     rng = np.random.default_rng(700 + T + 10 * per_step + times)
-    y, kw = random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=times, missing=0.15)
+    _assert_equals_reference_both_dtypes(*random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=times,
+                                                         missing=0.15))
+
+
+def _assert_equals_reference_both_dtypes(y, kw):
+    """The triton backend's filter of ``y`` within 1e-10 of the reference in float64 and within
+    :data:`FLOAT32_BOUND` in float32."""
     ref = ks.filter(y, backend="reference", **kw)
     out = ks.filter(torch.tensor(y), backend="triton", **_tensors(kw))
     err, errs = posterior_error(out, ref)
@@ -296,7 +302,20 @@ def test_time_parallel_plan(tiles):
     assert fused.tile_plan(17) == (2, 1)
     assert fused.tile_plan(201) == (4, 4)   # 13 tiles: 4 stretches of 4 (the last of 1)
     assert fused.tile_plan(1000) == (4, 16)
+    assert fused.TILE % fused.TILE_ROW == 0 and fused.TILE_ROW & (fused.TILE_ROW - 1) == 0
     assert not fused.uses_tiles(15, 1) and not fused.uses_tiles(64, 2) and not fused.uses_tiles(64, 1, 8)
+
+
+@pytest.mark.parametrize("row", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("T,per_step", [(37, False), (131, True)])
+def test_time_parallel_rows_equal_reference(T, per_step, row, tiles, poisoned, monkeypatch):
+    """Tiles of 16 steps cut into rows of ``row`` steps (16 rows of one step up to one row of 16): T
+    is no multiple of the row, so the series' last tile ends mid-row (37 = 2 tiles + 5 steps: 3
+    stretches of one tile; 131 = 8 tiles + 3: 3 stretches of 3 tiles, the last of 3 steps)."""
+    monkeypatch.setattr(fused, "TILE_ROW", row)
+    rng = np.random.default_rng(900 + T + row)
+    _assert_equals_reference_both_dtypes(*random_problem(rng, T, C=1, batch=(2,), per_step=per_step,
+                                                         times=per_step, missing=0.15))
 
 
 @pytest.mark.parametrize("T", [63, 201])
@@ -313,3 +332,98 @@ def test_time_parallel_gradients_equal_torch_autograd(T, tiles, poisoned):
     for name, a, b in zip(("y",) + NAMES, grads["torch"], grads["triton"]):
         assert float((a - b).norm() / a.norm()) < 1e-10, name
 
+
+
+# Fields of the filter's result a loss may use -> which cotangents of the kernels' centred outputs
+# (mu, lam, pred_mu, pred_var) it makes present.
+COTANGENT_PATTERNS = {
+    ("mean",): (True, False, False, False),
+    ("precision",): (False, True, False, False),
+    ("logliks",): (False, False, True, True),
+    ("pred_mean",): (False, False, True, False),
+    ("pred_var",): (False, False, False, True),
+    ("mean", "precision", "pred_mean", "pred_var"): (True, True, True, True),
+}
+
+
+def _assert_gradients_equal(want, got):
+    """Gradients of ``y`` and :data:`NAMES` as in the other gradient tests; where the loss does not
+    depend on an input (torch's gradient is None: the precision alone does not depend on ``y``),
+    the triton backend's must be None or zero."""
+    for name, a, b in zip(("y",) + NAMES, want, got):
+        if a is None:
+            assert b is None or torch.all(b == 0), name
+            continue
+        assert torch.all(torch.isfinite(b)), name
+        assert float((a - b).norm() / a.norm()) < 1e-10, name
+
+
+@pytest.mark.parametrize("fields", list(COTANGENT_PATTERNS))
+@pytest.mark.parametrize("T,stretch,per_step", [(63, 63, False), (63, 4, True), (201, 201, True), (201, 7, False)])
+def test_absent_cotangents_gradients_equal_torch_autograd(fields, T, stretch, per_step, poisoned, monkeypatch):
+    """A loss on some outputs only: the backward gets the others' cotangents as None, reads none of
+    them (one stretch, and several through ``stretch``), and the gradients stay exact."""
+    seen = []
+    backward = fused.filter_backward
+
+    def spy(views, init, mu, lam, cot, stretch=None):
+        seen.append(tuple(g is not None for g in cot))
+        return backward(views, init, mu, lam, cot, stretch)
+
+    monkeypatch.setattr(fused, "filter_backward", spy)
+    rng = np.random.default_rng(90 + T + per_step)
+    y, kw = random_problem(rng, T, C=3, batch=(2,), per_step=per_step, times=per_step, missing=0.15)
+    weights = {k: torch.tensor(rng.normal(size=(2, T, 3))) for k in fields}
+    grads = {}
+    for backend in ("torch", "triton"):
+        t = _tensors(kw, grad=True)
+        y_t = torch.tensor(y, requires_grad=True)
+        p = prepare(y_t, backend=backend, **t)
+        out = fused.filter_triton(p, stretch=stretch) if backend == "triton" else fused.filter_torch(p)
+        loss = sum((out[k] * w).sum() for k, w in weights.items())
+        grads[backend] = torch.autograd.grad(loss, [y_t] + [t[k] for k in NAMES], allow_unused=True)
+    assert seen == [COTANGENT_PATTERNS[fields]]
+    _assert_gradients_equal(grads["torch"], grads["triton"])
+
+
+@pytest.mark.parametrize("field", ["logliks", "mean", "var"])
+def test_filter_loss_on_one_field_gradients_equal_torch_autograd(field, stretches, poisoned):
+    """Through ``ks.filter``: a plain sum of one field (a broadcast cotangent for ``mean``)."""
+    rng = np.random.default_rng(95)
+    y, kw = random_problem(rng, 63, C=3, batch=(2,), per_step=True, times=True, missing=0.15)
+    grads = {}
+    for backend in ("torch", "triton"):
+        t = _tensors(kw, grad=True)
+        y_t = torch.tensor(y, requires_grad=True)
+        post = ks.filter(y_t, backend=backend, **t)
+        grads[backend] = torch.autograd.grad(getattr(post, field).sum(), [y_t] + [t[k] for k in NAMES],
+                                             allow_unused=True)
+    _assert_gradients_equal(grads["torch"], grads["triton"])
+
+
+def _backward_problem(T=23, C=3, stretch=4):
+    """``(views, init, mu, lam, cot)`` of a per-step problem for :func:`fused.filter_backward`."""
+    rng = np.random.default_rng(97)
+    y, kw = random_problem(rng, T, C=C, batch=(), per_step=True, times=True, missing=0.15)
+    p = prepare(torch.tensor(y), **_tensors(kw))
+    views = {k: fused._flat(getattr(p, k), p.shape) for k in fused._ORDER}
+    init = torch.stack([1.0 / p.init_var.reshape(1, C),
+                        (p.init_mean - p.mean[..., :1, :]).reshape(1, C) / p.init_var.reshape(1, C)], 1)
+    out = fused.filter_forward(views, init, stretch=stretch)
+    return views, init, out["mu"], out["lam"], torch.tensor(rng.normal(size=(4, 1, T, C)))
+
+
+def test_backward_without_cotangents_is_zero(poisoned):
+    views, init, mu, lam, _ = _backward_problem()
+    for g in fused.filter_backward(views, init, mu, lam, (None,) * 4, stretch=4):
+        assert torch.all(g == 0)
+
+
+def test_backward_absent_cotangent_equals_zero_cotangent(poisoned):
+    """``None`` gives the gradients of a zero cotangent; a ``(4, B, T, C)`` stack is four cotangents."""
+    views, init, mu, lam, cot = _backward_problem()
+    cot[1:3] = 0.0
+    got = fused.filter_backward(views, init, mu, lam, (cot[0], None, None, cot[3]), stretch=4)
+    want = fused.filter_backward(views, init, mu, lam, cot, stretch=4)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
