@@ -85,3 +85,46 @@ def kla_map_apply(lam, eta, A, B, C, D, x, y, z):
     ``lam' = (A lam + B) / (C lam + D)``, ``eta' = (x lam + y + z eta) / (C lam + D)``."""
     r = rcp(C * lam + D)
     return (A * lam + B) * r, (x * lam + y + z * eta) * r
+
+
+@triton.jit
+def kla_step_sm(lam, eta, decay, a2, noise, lv, lvv, kt):
+    """:func:`kla_step` for a ``[BLOCK_S, BLOCK_M]`` grid (state first, channel last;
+    ``kernels.kla_fwd_sit``): ``lv``/``lvv`` are per channel, ``kt`` per state."""
+    rho = rcp(a2 + noise * lam)
+    lam = rho * lam + (kt * kt)[:, None] * lv[None, :]
+    eta = (rho * decay) * eta + kt[:, None] * lvv[None, :]
+    return lam, eta
+
+
+@triton.jit
+def kla_enter(lam0_ptr, eta0_ptr, maps_ptr, state, ms, mask, pid_b, pid_p, n_pieces, M, S,
+              HAS_INIT: tl.constexpr):
+    """The state ``(lam, eta)`` at the start of stretch ``pid_p``: the initial state at offsets
+    ``state`` (``lam = 1, eta = 0`` without ``HAS_INIT``) carried through the maps of stretches
+    ``0 .. pid_p - 1`` (``maps[b, piece, 7, m, s]`` at offsets ``ms``, see ``kla_split``)."""
+    if HAS_INIT:
+        lam = tl.load(lam0_ptr + state, mask=mask, other=1.0)
+        eta = tl.load(eta0_ptr + state, mask=mask, other=0.0)
+    else:
+        lam = tl.full(mask.shape, 1.0, tl.float32)
+        eta = tl.zeros(mask.shape, tl.float32)
+    for p in range(pid_p):
+        at = maps_ptr + (pid_b * n_pieces + p) * 7 * M * S + ms
+        lam, eta = kla_map_apply(
+            lam, eta, tl.load(at, mask=mask, other=1.0), tl.load(at + M * S, mask=mask, other=0.0),
+            tl.load(at + 2 * M * S, mask=mask, other=0.0), tl.load(at + 3 * M * S, mask=mask, other=1.0),
+            tl.load(at + 4 * M * S, mask=mask, other=0.0), tl.load(at + 5 * M * S, mask=mask, other=0.0),
+            tl.load(at + 6 * M * S, mask=mask, other=1.0))
+    return lam, eta
+
+
+@triton.jit
+def kla_checkpoint(ckpt_lam_ptr, ckpt_eta_ptr, lam, eta, t, pid_b, n_chunks, ms, mask, M, S,
+                   CHUNK: tl.constexpr):
+    """At a chunk start (``t % CHUNK == 0``) store the state before token ``t`` to
+    ``ckpt_lam/ckpt_eta[b, t // CHUNK, m, s]`` (offsets ``ms`` within a batch's ``(M, S)``)."""
+    if t % CHUNK == 0:
+        ck = (pid_b * n_chunks + t // CHUNK) * M * S + ms
+        tl.store(ckpt_lam_ptr + ck, lam, mask=mask)
+        tl.store(ckpt_eta_ptr + ck, eta, mask=mask)

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .fast_math import rcp
-from .kla_common import kla_map_apply, kla_step, kla_tile, kla_token
+from .kla_common import kla_checkpoint, kla_enter, kla_step, kla_tile, kla_token
 
 
 @triton.jit
@@ -41,28 +41,13 @@ def kla_fwd_kernel(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
     pid_p = tl.program_id(2)
     state = pid_b * M * S + ms
-    if HAS_INIT:
-        lam = tl.load(lam0_ptr + state, mask=mask, other=1.0)
-        eta = tl.load(eta0_ptr + state, mask=mask, other=0.0)
-    else:
-        lam = tl.full((BLOCK_M, BLOCK_S), 1.0, tl.float32)
-        eta = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
-    for p in range(pid_p):
-        at = maps_ptr + (pid_b * n_pieces + p) * 7 * M * S + ms
-        lam, eta = kla_map_apply(
-            lam, eta, tl.load(at, mask=mask, other=1.0), tl.load(at + M * S, mask=mask, other=0.0),
-            tl.load(at + 2 * M * S, mask=mask, other=0.0), tl.load(at + 3 * M * S, mask=mask, other=1.0),
-            tl.load(at + 4 * M * S, mask=mask, other=0.0), tl.load(at + 5 * M * S, mask=mask, other=0.0),
-            tl.load(at + 6 * M * S, mask=mask, other=1.0))
+    lam, eta = kla_enter(lam0_ptr, eta0_ptr, maps_ptr, state, ms, mask, pid_b, pid_p, n_pieces, M, S, HAS_INIT)
 
     t_begin = pid_p * piece_len
     t_end = tl.minimum(t_begin + piece_len, L)
     for t in tl.range(t_begin, t_end, num_stages=STAGES, loop_unroll_factor=UNROLL):
         if SAVE:
-            if t % CHUNK == 0:
-                ck = (pid_b * n_chunks + t // CHUNK) * M * S + ms
-                tl.store(ckpt_lam_ptr + ck, lam, mask=mask)
-                tl.store(ckpt_eta_ptr + ck, eta, mask=mask)
+            kla_checkpoint(ckpt_lam_ptr, ckpt_eta_ptr, lam, eta, t, pid_b, n_chunks, ms, mask, M, S, CHUNK)
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
         lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt)
         inv = rcp(lam)

@@ -295,3 +295,41 @@ def test_no_process_noise_state_gradcheck():
 
     args = [x.requires_grad_() for x in xs[:5]]
     assert torch.autograd.gradcheck(fn, args, fast_mode=True)
+
+
+def in_thread(pieces=1):
+    """The forward with the state dimension in each thread (``kernels.kla_fwd_sit``): 32 channels
+    per program (one warp), chunks of 8 tokens, the map pre-pass in blocks of 4 channels."""
+    return KLAConfig(layout="s_in_thread", num_warps=1, chunk=8, block_m=4, bwd_block_m=4, pieces=pieces)
+
+
+@pytest.mark.parametrize("L, S, with_state, pieces", [(1, 16, False, 1), (63, 5, True, 3), (200, 16, True, 4),
+                                                      (200, 5, False, 2), (63, 16, False, 1)])
+def test_in_thread_forward_matches_sequential(L, S, with_state, pieces):
+    xs = make_inputs(2, L, 45, S, seed=30 + L + S, with_state=with_state)
+    ref = kla_scan_sequential(*xs)
+    with torch.no_grad():
+        out = run_triton([x.float() for x in xs], in_thread(pieces))
+    assert_matches(out, ref, "s_in_thread outputs")
+
+
+@pytest.mark.parametrize("S", [16, 5])
+def test_in_thread_checkpoints_feed_the_backward(S, poisoned):
+    xs = make_inputs(2, 41, 37, S, seed=40 + S, with_state=True)
+    ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
+    out, grads = outputs_and_grads(lambda a: run_triton(a, in_thread(3)), [x.float() for x in xs])
+    assert_matches(out, ref_out, "s_in_thread outputs")
+    assert_matches(grads, ref_grads, "s_in_thread grads")
+
+
+def test_in_thread_poisoned_outputs(poisoned):
+    xs = make_inputs(2, 63, 45, 16, seed=50, with_state=True)
+    ref = kla_scan_sequential(*xs)
+    with torch.no_grad():
+        out = run_triton([x.float() for x in xs], in_thread(4))
+    assert_matches(out, ref, "s_in_thread outputs")
+
+
+def test_bad_layout_raises():
+    with pytest.raises(ValueError, match="layout"):
+        KLAConfig(layout="s_in_lane")
