@@ -4,8 +4,7 @@
 
 1. Checks the triton backend against the float64 sequential recursion ON THE GPU (values and the
    gradients of all eight inputs), at shapes with several chunks, ragged channel blocks and a
-   non-power-of-two state size, for every launch shape it later times (both forward layouts,
-   ``KLAConfig.layout``).
+   non-power-of-two state size, for every launch shape it later times.
 2. Measures the FP32 rate of this GPU in the same run: a Triton kernel of independent FMA chains and
    a float32 matrix product with TF32 off; the higher is the reference "FP32 issue rate".
 3. Times forward (no grad) and forward+backward (median of CUDA-event timings), peak extra memory,
@@ -265,9 +264,6 @@ def main():
         "default B3 L129 M37 S5": ((3, 129, 37, 5), DEFAULT_CONFIG),
         "unrolled x2 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(unroll=2, bwd_unroll=2)),
         "time split x4 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(pieces=4, bwd_pieces=4)),
-        "s_in_thread B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(layout="s_in_thread", pieces=1)),
-        "s_in_thread 1 warp, x4 B3 L129 M37 S5": ((3, 129, 37, 5), KLAConfig(layout="s_in_thread", num_warps=1,
-                                                                              pieces=4)),
     }.items():
         checks[name] = check(*shape, cfg)
     result["gpu_check"] = {k: dict(max_rel_err=v[0], errors=v[1], passed=v[0] < TOL)
@@ -276,14 +272,16 @@ def main():
 
     save(args.out, result)
     if args.sweep:
-        fwd_cfgs = [KLAConfig(block_m=bm, num_warps=w, pieces=p)
-                    for bm, w, p in ((16, 2, None), (16, 4, None), (8, 2, None), (32, 4, None), (16, 2, 2))]
-        fwd_cfgs += [KLAConfig(layout="s_in_thread", num_warps=w, pieces=p) for w in (1, 2, 4) for p in (1, 2, 4)]
+        fwd_cfgs = [KLAConfig(block_m=bm, num_warps=w, pieces=p, stages=st)
+                    for bm, w, p, st in ((16, 2, None, 5), (16, 2, None, 3), (16, 2, None, 4), (16, 2, None, 6),
+                                         (16, 2, None, 8), (16, 4, None, 5), (8, 2, None, 5), (32, 4, None, 5),
+                                         (16, 2, 2, 5))]
         result["sweep_fwd"] = sweep(SHAPES[0], fwd_cfgs, rate, time_bwd=False)
         best = fastest(result["sweep_fwd"], "fwd_ms")
         save(args.out, result)
-        bwd_cfgs = [KLAConfig(**{**best, "bwd_block_m": bm, "bwd_num_warps": w, "bwd_pieces": p})
-                    for bm, w, p in ((8, 1, None), (8, 2, None), (16, 2, None), (8, 1, 2))]
+        bwd_cfgs = [KLAConfig(**{**best, "bwd_block_m": bm, "bwd_num_warps": w, "bwd_pieces": p, "bwd_stages": st})
+                    for bm, w, p, st in ((8, 1, None, 6), (8, 1, None, 3), (8, 1, None, 5), (8, 1, None, 8),
+                                         (8, 2, None, 6), (16, 2, None, 6), (8, 1, 2, 6))]
         result["sweep_fwd_bwd"] = sweep(SHAPES[0], bwd_cfgs, rate, time_bwd=True)
         result["best_config"] = fastest(result["sweep_fwd_bwd"], "fwd_bwd_ms")
         config = KLAConfig(**result["best_config"])

@@ -54,12 +54,10 @@ def kernels():
     from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
     from kernels.kla_bwd import kla_bwd_kernel
     from kernels.kla_fwd import kla_fwd_kernel
-    from kernels.kla_fwd_sit import kla_fwd_sit_kernel
     from kernels.kla_split import kla_piece_map_kernel
     from kernels.smooth_rts import rts_agg_kernel, rts_kernel
     from kalmanscan import fused
     from kalmanscan.nn.kla_triton import DEFAULT_CONFIG as cfg
-    from kalmanscan.nn.kla_triton import KLAConfig
     common = dict(TRANS_STEP=False, OBS_STEP=False, WIDE=False, WRITE_MU=True, WRITE_LAM=True,
                   WRITE_PRED=False, POSTERIOR=False)
     other = dict(TRANS_STEP=True, OBS_STEP=True, WIDE=True, POSTERIOR=True)
@@ -74,8 +72,6 @@ def kernels():
     loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
     kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, MAP=False)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
-    sit = KLAConfig(layout="s_in_thread")
-    kla_sit = dict(kla_fwd, BLOCK_M=sit.fwd_block_m, FULL_S=True)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     carry = dict(CH=fused.CARRY_CHUNK)
     return {
@@ -103,8 +99,6 @@ def kernels():
         "filter_bwd_mean": (filter_bwd_kernel, dict(bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False),
                             fused.NUM_WARPS),
         "kla_fwd_variants": (kla_fwd_kernel, dict(kla_fwd, HAS_INIT=True, SAVE=True), cfg.num_warps),
-        "kla_fwd_sit": (kla_fwd_sit_kernel, kla_sit, sit.num_warps),
-        "kla_fwd_sit_variants": (kla_fwd_sit_kernel, dict(kla_sit, HAS_INIT=True, SAVE=True), sit.num_warps),
         "kla_bwd_variants": (kla_bwd_kernel, dict(kla_bwd, HAS_INIT=True, MAP=True), cfg.bwd_num_warps),
     }
 

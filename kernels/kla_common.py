@@ -88,16 +88,6 @@ def kla_map_apply(lam, eta, A, B, C, D, x, y, z):
 
 
 @triton.jit
-def kla_step_sm(lam, eta, decay, a2, noise, lv, lvv, kt):
-    """:func:`kla_step` for a ``[BLOCK_S, BLOCK_M]`` grid (state first, channel last;
-    ``kernels.kla_fwd_sit``): ``lv``/``lvv`` are per channel, ``kt`` per state."""
-    rho = rcp(a2 + noise * lam)
-    lam = rho * lam + (kt * kt)[:, None] * lv[None, :]
-    eta = (rho * decay) * eta + kt[:, None] * lvv[None, :]
-    return lam, eta
-
-
-@triton.jit
 def kla_enter(lam0_ptr, eta0_ptr, maps_ptr, state, ms, mask, pid_b, pid_p, n_pieces, M, S,
               HAS_INIT: tl.constexpr):
     """The state ``(lam, eta)`` at the start of stretch ``pid_p``: the initial state at offsets

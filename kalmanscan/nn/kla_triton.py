@@ -1,7 +1,6 @@
 """The ``"triton"`` backend of :func:`kalmanscan.nn.kla_scan`: launch wrappers and autograd.
 
-Forward (:mod:`kernels.kla_fwd`, or with ``KLAConfig(layout="s_in_thread")``
-:mod:`kernels.kla_fwd_sit`): one program per ``(batch, BLOCK_M channels)``, the
+Forward (:mod:`kernels.kla_fwd`): one program per ``(batch, BLOCK_M channels)``, the
 ``[BLOCK_M, S]`` state grid in registers, time walked sequentially (optionally split into stretches
 run by separate programs, :mod:`kernels.kla_split`); under autograd it saves only the state at each
 chunk start (``2 B M S ceil(L / CHUNK)`` floats).
@@ -23,7 +22,6 @@ import triton
 
 from kernels.kla_bwd import kla_bwd_kernel
 from kernels.kla_fwd import kla_fwd_kernel
-from kernels.kla_fwd_sit import kla_fwd_sit_kernel
 from kernels.kla_split import kla_piece_map_kernel
 
 __all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
@@ -37,39 +35,21 @@ class KLAConfig:
     and the backward's time axis into that many stretches run by separate programs
     (``kernels.kla_split``, ``kernels.kla_bwd``); ``None`` splits only
     when there are at most ``2 x SMs`` channel-block programs, into ``floor(4 x SMs / programs)``
-    stretches; 1 walks all of time in one program per channel block.
-
-    ``layout`` picks the forward kernel: ``"grid"`` (:mod:`kernels.kla_fwd`, ``block_m`` channels
-    per program, the ``[block_m, S]`` grid spread over lanes) or ``"s_in_thread"``
-    (:mod:`kernels.kla_fwd_sit`, experimental: one channel per thread with all its ``S`` filters in
-    that thread's registers, ``32 x num_warps`` channels per program; ``block_m`` then only sets the
-    channel block of the time split's map pre-pass, :mod:`kernels.kla_split`). Checkpoints, and so
-    the backward, are the same for both."""
+    stretches; 1 walks all of time in one program per channel block."""
 
     block_m: int = 16
     chunk: int = 32
     num_warps: int = 2
     bwd_block_m: int = 8
     bwd_num_warps: int = 1
-    stages: int = 3
-    bwd_stages: int = 3
+    stages: int = 5          # H200, B=8 L=2048 M=1024: 3 -> 5 stages took the forward 0.85-1.03 -> 0.69-0.83 ms
+    bwd_stages: int = 6      # and forward+backward 2.99-3.05 -> 2.47-2.63 ms (docs/performance.md)
     unroll: int | None = None
     bwd_unroll: int | None = None
     pieces: int | None = None
     bwd_pieces: int | None = None
-    layout: str = "grid"
-
-    def __post_init__(self):
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"KLAConfig.layout must be one of {LAYOUTS}, got {self.layout!r}")
-
-    @property
-    def fwd_block_m(self):
-        """Channels per forward program."""
-        return 32 * self.num_warps if self.layout == "s_in_thread" else self.block_m
 
 
-LAYOUTS = ("grid", "s_in_thread")
 DEFAULT_CONFIG = KLAConfig()
 
 
@@ -95,7 +75,7 @@ def _grid_args(B, M, S, block_m):
 def _largest_buffer(config, B, L, M, S, device):
     """Elements in the largest tensor a kernel indexes (the kernels use int32 offsets)."""
     n_mblocks = triton.cdiv(M, config.bwd_block_m)
-    fwd_pieces = _pieces(config.pieces, config.fwd_block_m, config.chunk, B, L, M, device)[0]
+    fwd_pieces = _pieces(config.pieces, config.block_m, config.chunk, B, L, M, device)[0]
     bwd_pieces = _pieces(config.bwd_pieces, config.bwd_block_m, config.chunk, B, L, M, device)[0]
     return max(B * L * M, B * L * n_mblocks * S, B * (triton.cdiv(L, config.chunk) + 1) * M * S,
                B * max(7 * fwd_pieces, 5 * bwd_pieces) * M * S,
@@ -133,25 +113,23 @@ class _KLAScan(torch.autograd.Function):
         eta = torch.empty_like(lam)
         ckpt = [torch.empty((B, n_chunks, M, S) if save else (1,), dtype=torch.float32, device=dev)
                 for _ in range(2)]
-        grid, n_mblocks, block_s = _grid_args(B, M, S, config.fwd_block_m)
-        n_pieces, piece_len = _pieces(config.pieces, config.fwd_block_m, chunk, B, L, M, dev)
+        grid, n_mblocks, block_s = _grid_args(B, M, S, config.block_m)
+        n_pieces, piece_len = _pieces(config.pieces, config.block_m, chunk, B, L, M, dev)
         maps = decay32
         if n_pieces > 1:
             maps = torch.empty(B, n_pieces, 7, M, S, dtype=torch.float32, device=dev)
-            kla_piece_map_kernel[(B, triton.cdiv(M, config.block_m), n_pieces - 1)](
+            kla_piece_map_kernel[(B, n_mblocks, n_pieces - 1)](
                 v, lam_v, k, q, decay32, noise32, maps, L, M, S, piece_len, n_pieces,
                 BLOCK_M=config.block_m, BLOCK_S=block_s, STAGES=config.stages,
                 num_warps=config.num_warps,
             )
-        in_thread = config.layout == "s_in_thread"
-        kernel = kla_fwd_sit_kernel if in_thread else kla_fwd_kernel
-        kernel[grid + (n_pieces,)](
+        kla_fwd_kernel[grid + (n_pieces,)](
             v, lam_v, k, q, decay32, noise32, state0[0], state0[1], maps,
             y, y_var, lam, eta, ckpt[0], ckpt[1],
             L, M, S, n_chunks, piece_len, n_pieces,
-            CHUNK=chunk, BLOCK_M=config.fwd_block_m, BLOCK_S=block_s,
+            CHUNK=chunk, BLOCK_M=config.block_m, BLOCK_S=block_s,
             HAS_INIT=has_init, SAVE=save, STAGES=config.stages, UNROLL=config.unroll,
-            num_warps=config.num_warps, **(dict(FULL_S=S == block_s) if in_thread else {}),
+            num_warps=config.num_warps,
         )
         if save:
             ctx.save_for_backward(v, lam_v, k, q, decay32, noise32, ckpt[0], ckpt[1])
