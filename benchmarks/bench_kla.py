@@ -20,13 +20,13 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 
 import torch
 import triton
 import triton.language as tl
 
 import kalmanscan.nn.kla_triton as kla_triton
+from benchmarks.train import commit
 from kalmanscan.nn.kla_triton import DEFAULT_CONFIG, KLAConfig, kla_scan_triton
 from kalmanscan.nn.scan import kla_scan, kla_scan_sequential
 
@@ -251,8 +251,7 @@ def main():
     props = torch.cuda.get_device_properties(0)
     result = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
                   triton=triton.__version__, python=platform.python_version(),
-                  commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                        text=True).stdout.strip(),
+                  commit=commit(),
                   default_config=DEFAULT_CONFIG.__dict__)
     result["fp32"] = fp32_rates()
     rate = result["fp32"]["fp32_instr_per_s"]
