@@ -20,12 +20,25 @@ prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
 
 Every mixer gets the same budget and the same learning rates (``MIXER_SPECS``; ``kla_noise0`` is
 KLA with the process noise fixed at 0, its gated-linear-attention limit).
+
+A protocol longer than one sitting runs over several calls of the same command (one learning
+rate per run, no ``--time-limit``):
+
+    python -m benchmarks.protocols a5 --lengths 16 --steps 40000 --parallel 8 \
+        --out-dir benchmarks/results/a5 --checkpoint-dir ck/a5 --stop-after 540
+
+``--checkpoint-dir DIR`` gives each run ``--checkpoint DIR/<label>.pt``; ``--stop-after SECONDS``
+is the whole launch's budget: each run starts with the seconds left as its ``--stop-after`` (it
+pauses and saves then), and none starts with less than ``MIN_START_S`` left. Runs are started in
+the protocol's order, so each call resumes the paused ones first; a finished run's checkpoint
+answers at once with its result.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -42,6 +55,7 @@ MIXER_SPECS = {
     "mamba": ["--mixer", "mamba"],
 }
 BASELINE_MIXERS = ("kla", "kla_noise0", "attention", "gla", "mamba")
+MIN_START_S = 60          # with a launch budget: no run starts with less time left
 
 
 @dataclass(frozen=True)
@@ -51,9 +65,19 @@ class Run:
     label: str
     argv: list
 
-    def command(self, out_dir: str, python: str = sys.executable) -> list:
-        out = os.path.join(out_dir, self.label + ".json")
-        return [python, "-m", "benchmarks.train", *self.argv, "--out", out, "--no-progress"]
+    def train_argv(self, out_dir: str, checkpoint_dir: str | None = None,
+                   stop_after: float | None = None) -> list:
+        """The ``benchmarks.train`` arguments: ``argv`` plus the output (and checkpoint) paths."""
+        argv = [*self.argv, "--out", os.path.join(out_dir, self.label + ".json"), "--no-progress"]
+        if checkpoint_dir is not None:
+            argv += ["--checkpoint", os.path.join(checkpoint_dir, self.label + ".pt")]
+        if stop_after is not None:
+            argv += ["--stop-after", f"{stop_after:g}"]
+        return argv
+
+    def command(self, out_dir: str, python: str = sys.executable, **options) -> list:
+        """The process to launch; ``options`` as :meth:`train_argv`'s."""
+        return [python, "-m", "benchmarks.train", *self.train_argv(out_dir, **options)]
 
 
 def _common(steps, lrs, seed, time_limit, batch):
@@ -149,23 +173,36 @@ def ou_ablation(depths=(2, 4, 8), task="a5", length=64, width=128, steps=20000, 
 
 
 def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
-           poll_s: float = 0.5, python: str = sys.executable) -> list:
+           poll_s: float = 0.5, python: str = sys.executable, checkpoint_dir: str | None = None,
+           stop_after: float | None = None, min_start_s: float = MIN_START_S) -> list:
     """Run ``runs`` as ``<python> -m benchmarks.train`` processes, ``parallel`` at a time.
 
     Each writes ``<out_dir>/<label>.json`` and ``<out_dir>/<label>.log``. Returns one dict per run:
     the JSON result, or ``{"label", "returncode", "log"}`` for a run that wrote none.
+    ``checkpoint_dir`` gives each run ``--checkpoint <checkpoint_dir>/<label>.pt``; ``stop_after``
+    (seconds, needs ``checkpoint_dir``) is the launch's budget: a run starts with the whole seconds
+    left as its ``--stop-after``, and none starts with less than ``min_start_s`` left (those give
+    ``{"label", "stopped": "not started"}``).
     """
     if parallel < 1:
         raise ValueError(f"parallel must be positive, got {parallel}")
+    if stop_after is not None and checkpoint_dir is None:
+        raise ValueError("stop_after needs checkpoint_dir")
     os.makedirs(out_dir, exist_ok=True)
     pending, active, results = list(runs), [], {}
     full_env = {**os.environ, **(env or {})}
+    deadline = None if stop_after is None else time.monotonic() + stop_after
     while pending or active:
         while pending and len(active) < parallel:
+            left = None if deadline is None else math.floor(deadline - time.monotonic())
+            if left is not None and left < min_start_s:
+                results.update((r.label, {"label": r.label, "stopped": "not started"}) for r in pending)
+                pending = []
+                break
             run = pending.pop(0)
             log = open(os.path.join(out_dir, run.label + ".log"), "w")
-            proc = subprocess.Popen(run.command(out_dir, python), stdout=log, stderr=subprocess.STDOUT,
-                                    env=full_env)
+            command = run.command(out_dir, python, checkpoint_dir=checkpoint_dir, stop_after=left)
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env)
             active.append((run, proc, log))
         time.sleep(poll_s)
         for item in [a for a in active if a[1].poll() is not None]:
@@ -179,9 +216,26 @@ def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
             else:
                 results[run.label] = {"label": run.label, "returncode": proc.returncode,
                                       "log": log.name}
-            print(f"[{len(results)}/{len(runs)}] {run.label}: "
-                  f"{results[run.label].get('best_token_acc', 'failed')}", file=sys.stderr)
+            print(f"[{len(results)}/{len(runs)}] {run.label}: {_status(results[run.label])}",
+                  file=sys.stderr)
+    if checkpoint_dir is not None:
+        unfinished = sum(_unfinished(r) for r in results.values())
+        print(f"{unfinished} of {len(runs)} runs unfinished" + (": run the same command again"
+              if unfinished else ""), file=sys.stderr)
     return [results[r.label] for r in runs]
+
+
+def _unfinished(result: dict) -> bool:
+    """Not started or paused: the next call of the same command goes on with it."""
+    runs = result.get("runs", ())
+    return result.get("stopped") == "not started" or any(r["stopped"] == "paused" for r in runs)
+
+
+def _status(result: dict) -> str:
+    """A launched run's outcome in a word or two: its best token accuracy, and whether it paused."""
+    if "best_token_acc" not in result:
+        return result.get("stopped", "failed")
+    return f"{result['best_token_acc']}" + (", paused" if _unfinished(result) else "")
 
 
 def with_kla_options(runs, options) -> list:
@@ -216,6 +270,10 @@ def main(argv=None) -> list:
     p.add_argument("--kla-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="a --mixer-opt for the KLA runs only (e.g. backend=torch)")
     p.add_argument("--parallel", type=int, default=8)
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="each run pauses and resumes with --checkpoint DIR/<label>.pt")
+    p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                   help="with --checkpoint-dir: this launch's budget; runs pause when it ends")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args(argv)
@@ -241,11 +299,19 @@ def main(argv=None) -> list:
         raise ValueError(f"protocol {a.protocol!r} takes no option(s) {unknown}")
     runs = with_kla_options(fn(**given), a.kla_opt)
     out_dir = a.out_dir or os.path.join("benchmarks", "results", a.protocol)
+    resume = {"checkpoint_dir": a.checkpoint_dir, "stop_after": a.stop_after}
+    if a.stop_after is not None and a.checkpoint_dir is None:
+        raise ValueError("--stop-after needs --checkpoint-dir")
+    if a.checkpoint_dir is not None:
+        from .train import parse_args   # the checks of --checkpoint, before any run starts
+
+        for run in runs:
+            parse_args(run.train_argv(out_dir, **resume))
     if a.dry_run:
         for run in runs:
-            print(shlex.join(run.command(out_dir)))
+            print(shlex.join(run.command(out_dir, **resume)))
         return []
-    return launch(runs, out_dir, a.parallel)
+    return launch(runs, out_dir, a.parallel, **resume)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,22 @@ runs in float32), gradient clipping at 1. Validation every
 token accuracy reaches the task's threshold, after ``--time-limit`` seconds, or on a non-finite
 loss or gradient (before the step that would spoil the weights). ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the best.
 
+Pause and resume (one learning rate; not with ``--time-limit``, so the schedule is by steps only):
+
+    python -m benchmarks.train --task a5 ... --steps 40000 --checkpoint ck/a5.pt --stop-after 500
+
+``--stop-after SECONDS`` is a wall-clock guard for this process that leaves the schedule alone:
+once reached (checked after every step), the run saves ``--checkpoint`` and writes its JSON with
+``"stopped": "paused"`` and the steps run so far. Run the same command again and it resumes from
+the checkpoint: weights, optimizer, step, best and history, wall time, random states, and the
+training stream's position (its generator state, :class:`benchmarks.tasks.base.TrainBatches`), so
+it trains on exactly the batches an uninterrupted run would have. At the end (steps, threshold,
+non-finite) the checkpoint is kept, marked finished, with the run's record and final weights (no
+optimizer): running the command once more rewrites the same JSON without training. A checkpoint
+holds the arguments that shape the run (all but ``--checkpoint``, ``--stop-after``, ``--out``,
+``--device``, ``--no-progress``); resuming with another value of any of them raises a
+``ValueError`` naming it.
+
 Output: one JSON with the config, seed, commit, device, and per learning rate the best
 validation token accuracy with the sequence, mean per-sequence and macro accuracies at that
 evaluation, the steps run, why training stopped, a history of (step, loss, accuracy), and for
@@ -75,6 +91,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="fixed training pool (MAD: its baseline size if omitted; others: fresh batches)")
     p.add_argument("--threshold", type=float, default=None, help="early-stop accuracy (task default)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds per learning rate")
+    p.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="save the run here when paused, resume from it if it exists (one rate)")
+    p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                   help="with --checkpoint: pause after this many seconds of this process")
+    p.add_argument("--stop-after-steps", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default="auto")
     p.add_argument("--no-amp", action="store_true", help="train in float32 on CUDA too")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<name>.json)")
@@ -85,7 +106,19 @@ def parse_args(argv=None) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not 0.0 <= args.warmup < 1.0:
         raise ValueError(f"--warmup must lie in [0, 1), got {args.warmup}")
+    if args.checkpoint:
+        if args.time_limit is not None:
+            raise ValueError("--time-limit shapes the schedule; --checkpoint schedules by steps only")
+        if len(learning_rates(args)) != 1:
+            raise ValueError(f"--checkpoint needs a single learning rate, got --lrs {args.lrs}")
+    elif args.stop_after is not None or args.stop_after_steps is not None:
+        raise ValueError("--stop-after needs --checkpoint")
     return args
+
+
+def learning_rates(args) -> list:
+    """The rates of ``--lrs``, else ``[--lr]``."""
+    return [float(v) for v in args.lrs.split(",")] if args.lrs else [args.lr]
 
 
 def mixer_options(pairs) -> dict:
@@ -263,23 +296,91 @@ def variance_calibration(model, x_test, y_test, batch: int, device, amp: bool) -
     }
 
 
-def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
-    """Train one model at learning rate ``lr``; returns the run's record (see the module doc)."""
+RESUME_FREE = ("checkpoint", "stop_after", "stop_after_steps", "out", "no_progress", "device")
+
+
+def run_identity(args) -> dict:
+    """The arguments that shape a checkpointed run, compared on resume: all but where it runs,
+    writes and pauses, with the learning rate as the one rate of ``--lr`` or ``--lrs``."""
+    kept = {k: v for k, v in vars(args).items() if k not in RESUME_FREE and k != "lrs"}
+    return {**kept, "lr": learning_rates(args)[0]}
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """``torch.save`` to a temporary file, then renamed: a killed save leaves the old checkpoint."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path: str, args) -> dict | None:
+    """The checkpoint at ``path`` (``None`` if there is none); a ``ValueError`` names the first
+    argument that differs from the run that wrote it."""
+    if not os.path.exists(path):
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    saved, now = state["args"], run_identity(args)
+    for key in sorted(saved.keys() | now.keys()):
+        if saved.get(key) != now.get(key):
+            raise ValueError(f"checkpoint {path} was made with --{key.replace('_', '-')} "
+                             f"{saved.get(key)!r}, not {now.get(key)!r}")
+    return state
+
+
+def training_state(opt, batches, device: torch.device, done: dict) -> dict:
+    """What a paused run needs beside its weights to go on exactly: the optimizer, the data
+    stream's position, the random states, and ``done`` (step, best, history, last loss, wall time)."""
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"optimizer": opt.state_dict(), "data": batches.state_dict(),
+            "torch_rng": torch.get_rng_state(), "cuda_rng": cuda_rng, "done": done}
+
+
+def restore(saved: dict, model, opt, batches, device: torch.device) -> dict:
+    """Load a paused checkpoint into ``model``, ``opt``, ``batches`` and the random states;
+    returns its ``done``."""
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    batches.load_state_dict(saved["data"])
+    torch.set_rng_state(saved["torch_rng"])
+    if device.type == "cuda" and saved["cuda_rng"] is not None:
+        torch.cuda.set_rng_state(saved["cuda_rng"], device)
+    return saved["done"]
+
+
+def should_pause(args, steps_here: int, deadline: float | None) -> bool:
+    """Whether ``--stop-after`` (or the test-only ``--stop-after-steps``) has been reached."""
+    if args.stop_after_steps is not None and steps_here >= args.stop_after_steps:
+        return True
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+def train_one(task, args, lr: float, device: torch.device, test_data, deadline=None) -> dict:
+    """Train one model at learning rate ``lr``; returns the run's record (see the module doc).
+
+    With ``args.checkpoint``: resumes from it if it exists (a finished one returns its record),
+    pauses at ``deadline`` (a ``time.perf_counter`` value) and saves (see the module doc).
+    """
     torch.manual_seed(args.seed)
     model = build_model(task, args).to(device)
     opt = torch.optim.AdamW(param_groups(model, args.wd), lr=lr, betas=(0.9, 0.98))
     threshold = task.threshold if args.threshold is None else args.threshold
     amp = not args.no_amp
     batches = train_batches(task, args.seed, args.batch)
-    best = {"token_acc": -1.0}
-    history, stop, step, loss_val = [], "steps", 0, float("nan")
+    done = {"step": 0, "best": {"token_acc": -1.0}, "history": [], "loss": float("nan"), "wall_s": 0.0}
+    saved = load_checkpoint(args.checkpoint, args) if args.checkpoint else None
+    if saved is not None and saved["finished"]:
+        return saved["record"]
+    if saved is not None:
+        done = restore(saved, model, opt, batches, device)
+    best, history, loss_val = done["best"], done["history"], done["loss"]
+    stop, step = "steps", done["step"]
     start = time.perf_counter()
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=args.steps, desc=f"{task.name} {args.mixer} lr={lr:g}", leave=False)
-    for step in range(1, args.steps + 1):
+        bar = tqdm(total=args.steps, initial=step, desc=f"{task.name} {args.mixer} lr={lr:g}", leave=False)
+    for step in range(done["step"] + 1, args.steps + 1):
         x_np, y_np = next(batches)
         x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
         with autocast(device, amp):
@@ -312,21 +413,31 @@ def train_one(task, args, lr: float, device: torch.device, test_data) -> dict:
             if out_of_time:
                 stop = "time"
                 break
+        if step < args.steps and should_pause(args, step - done["step"], deadline):
+            stop = "paused"
+            break
     if bar is not None:
         bar.close()
-    return {
+    wall_s = done["wall_s"] + time.perf_counter() - start
+    record = {
         "lr": lr,
         "best": best if best["token_acc"] >= 0 else None,
         "solved": best["token_acc"] >= threshold,
         "steps_run": step,
         "stopped": stop,
         "final_loss": loss_val,
-        "wall_s": round(time.perf_counter() - start, 2),
+        "wall_s": round(wall_s, 2),
         "n_params": sum(p.numel() for p in model.parameters()),
         "history": history,
         "calibration": variance_calibration(model, *test_data, args.batch, device, amp)
-        if task.head == "lm" and stop != "nonfinite" else None,
+        if task.head == "lm" and stop not in ("nonfinite", "paused") else None,
     }
+    if args.checkpoint:
+        done = {"step": step, "best": best, "history": history, "loss": loss_val, "wall_s": wall_s}
+        rest = training_state(opt, batches, device, done) if stop == "paused" else {"record": record}
+        save_checkpoint(args.checkpoint, {"args": run_identity(args), "finished": stop != "paused",
+                                          "model": model.state_dict(), **rest})
+    return record
 
 
 def commit() -> str:
@@ -358,12 +469,12 @@ def run_label(args) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    deadline = None if args.stop_after is None else time.perf_counter() + args.stop_after
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto"
                           else args.device)
     task = task_from_args(args)
-    lrs = [float(v) for v in args.lrs.split(",")] if args.lrs else [args.lr]
     test_data = validation_set(task, args.seed)
-    runs = [train_one(task, args, lr, device, test_data) for lr in lrs]
+    runs = [train_one(task, args, lr, device, test_data, deadline) for lr in learning_rates(args)]
     scored = [r for r in runs if r["best"] is not None]
     best = max(scored, key=lambda r: r["best"]["token_acc"]) if scored else None
     result = {
@@ -393,7 +504,8 @@ def main(argv=None) -> dict:
     with open(out, "w") as fh:
         json.dump(result, fh, indent=1, default=float)
     acc = result["best_token_acc"]
-    print(f"{result['label']}: best token acc {acc if acc is None else round(acc, 4)} "
+    paused = [f"paused at step {r['steps_run']}, " for r in runs if r["stopped"] == "paused"]
+    print(f"{result['label']}: {''.join(paused)}best token acc {acc if acc is None else round(acc, 4)} "
           f"(lr {result['best_lr']}), solved={result['solved']} -> {out}", file=sys.stderr)
     return result
 

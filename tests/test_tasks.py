@@ -236,6 +236,22 @@ def test_disjoint_on_a_small_space():
         split_rng(0, "valid")
 
 
+@pytest.mark.parametrize("name,batch", [("a5", 16), ("memorization", 24), ("memorization", 100)])
+def test_train_stream_resumes_from_its_state(name, batch, tmp_path):
+    """A stream restored from a saved ``state_dict`` serves what the original serves next (fresh
+    batches, a pool served in epochs, a batch larger than the pool)."""
+    task = small(name)
+    first = train_batches(task, 0, batch)
+    for _ in range(5):
+        next(first)
+    torch.save(first.state_dict(), tmp_path / "stream.pt")
+    second = train_batches(task, 0, batch)
+    second.load_state_dict(torch.load(tmp_path / "stream.pt", weights_only=True))
+    for _ in range(5):
+        (xa, ya), (xb, yb) = next(first), next(second)
+        assert (xa == xb).all() and (ya == yb).all()
+
+
 def test_fixed_pool_serves_epochs():
     task = small("memorization")                                   # num_train = 64
     batches = train_batches(task, 0, 32)
@@ -332,6 +348,72 @@ def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
     bad = protocols.launch([protocols.Run("bad", argv)] * 2, str(tmp_path / "b"), parallel=2,
                            poll_s=0.1, python="false")               # an interpreter that fails
     assert all(r["returncode"] != 0 for r in bad) and (tmp_path / "b" / "bad.log").exists()
+
+
+TINY_A5 = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
+           "--d-state", "4", "--steps", "7", "--batch", "4", "--eval-every", "2", "--eval-size", "8",
+           "--device", "cpu", "--no-progress"]
+
+
+def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """Paused after 3 and 6 of 7 steps (between and at evaluations), resumed twice: the same
+    history, record and bitwise the same weights as one uninterrupted run."""
+    def run(name, *extra):
+        return train.main([*TINY_A5, "--out", str(tmp_path / f"{name}.json"), *extra])["runs"][0]
+
+    whole = run("whole", "--checkpoint", str(tmp_path / "whole.pt"))
+    plain = run("plain")
+    part = ["--checkpoint", str(tmp_path / "part.pt")]
+    first = run("part", *part, "--stop-after-steps", "3")
+    assert first["stopped"] == "paused" and first["steps_run"] == 3 and first["calibration"] is None
+    assert run("part", *part, "--stop-after-steps", "3")["steps_run"] == 6
+    resumed = run("part", *part)
+    assert resumed["stopped"] == "steps" and resumed["steps_run"] == 7
+    assert resumed["history"] == whole["history"] == plain["history"] and len(whole["history"]) == 4
+    drop = lambda r: {k: v for k, v in r.items() if k != "wall_s"}          # noqa: E731
+    assert drop(resumed) == drop(whole) == drop(plain)
+    saved = [torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in ("whole", "part")]
+    assert all(s["finished"] and "optimizer" not in s for s in saved)
+    assert saved[0]["model"].keys() == saved[1]["model"].keys()
+    assert all(torch.equal(saved[0]["model"][k], saved[1]["model"][k]) for k in saved[0]["model"])
+    assert run("part", *part) == resumed                                     # finished: no training
+
+
+def test_checkpoint_argument_checks(tmp_path):
+    ck = ["--checkpoint", str(tmp_path / "ck.pt")]
+    train.main([*TINY_A5, *ck, "--stop-after-steps", "1", "--out", str(tmp_path / "ck.json")])
+    for wrong, name in ((["--lr", "3e-3"], "--lr"), (["--steps", "9"], "--steps"),
+                        (["--seed", "1"], "--seed"), (["--mixer", "gla"], "--mixer")):
+        with pytest.raises(ValueError, match=f"{name} "):
+            train.main([*TINY_A5, *ck, *wrong, "--out", str(tmp_path / "no.json")])
+    moved = train.main([*TINY_A5, *ck, "--lrs", "1e-3", "--out", str(tmp_path / "moved.json")])
+    assert moved["runs"][0]["stopped"] == "steps"                            # same rate, other flag
+    with pytest.raises(ValueError, match="single learning rate"):
+        train.parse_args([*TINY_A5, *ck, "--lrs", "1e-3,3e-3"])
+    with pytest.raises(ValueError, match="time-limit"):
+        train.parse_args([*TINY_A5, *ck, "--time-limit", "60"])
+    with pytest.raises(ValueError, match="needs --checkpoint"):
+        train.parse_args([*TINY_A5, "--stop-after", "60"])
+
+
+def test_protocol_checkpoint_options(capsys, tmp_path):
+    base = ["a5", "--lengths", "16", "--depths", "1", "2", "--mixers", "kla", "--no-control",
+            "--out-dir", "out", "--dry-run"]
+    protocols.main([*base, "--checkpoint-dir", "ck", "--stop-after", "480"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for line, label in zip(lines, ("a5_L16_n1_kla_s0", "a5_L16_n2_kla_s0")):
+        assert line.endswith(f"--out out/{label}.json --no-progress --checkpoint ck/{label}.pt "
+                             "--stop-after 480")
+    with pytest.raises(ValueError, match="needs --checkpoint-dir"):
+        protocols.main([*base, "--stop-after", "480"])
+    with pytest.raises(ValueError, match="single learning rate"):
+        protocols.main(["mad", "--mixers", "kla", "--checkpoint-dir", "ck", "--dry-run"])
+    with pytest.raises(ValueError, match="time-limit"):
+        protocols.main([*base, "--checkpoint-dir", "ck", "--time-limit", "100"])
+    runs = [protocols.Run("x", TINY_A5)]
+    assert protocols.launch(runs, str(tmp_path), checkpoint_dir=str(tmp_path), stop_after=10) == [
+        {"label": "x", "stopped": "not started"}]                          # under MIN_START_S left
 
 
 def test_schedule():

@@ -110,25 +110,52 @@ def validation_set(task: Task, seed: int, n: int | None = None):
     return draw(task, split_rng(seed, "test"), n or task.num_test, "test", train=False)
 
 
-def train_batches(task: Task, seed: int, batch_size: int):
+class TrainBatches:
     """Endless training batches ``(inputs, targets)`` of ``batch_size`` rows, by seed.
 
     With ``task.num_train`` set, a fixed pool of that many train-split rows is drawn once and
-    served in shuffled epochs (the MAD protocol); otherwise every batch is fresh.
+    served in shuffled epochs (the MAD protocol; a batch larger than the pool is drawn with
+    replacement, one per epoch); otherwise every batch is fresh. ``state_dict()`` is the stream's
+    position (the generator's state and the current epoch's order); ``load_state_dict`` on a
+    stream of the same task, seed and batch size continues exactly where that one was.
     """
-    rng = split_rng(seed, "train")
-    if task.num_train is None:
-        while True:
-            yield draw(task, rng, batch_size, "train")
-    pool_x, pool_y = draw(task, rng, task.num_train, "train")
-    while True:
-        order = rng.permutation(task.num_train)
-        for start in range(0, task.num_train - batch_size + 1, batch_size):
-            idx = order[start : start + batch_size]
-            yield pool_x[idx], pool_y[idx]
-        if batch_size > task.num_train:
-            idx = rng.choice(task.num_train, batch_size)
-            yield pool_x[idx], pool_y[idx]
+
+    def __init__(self, task: Task, seed: int, batch_size: int):
+        self.task, self.batch_size = task, batch_size
+        self.rng = split_rng(seed, "train")
+        self.pool = None if task.num_train is None else draw(task, self.rng, task.num_train, "train")
+        self.order, self.start = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.pool is None:
+            return draw(self.task, self.rng, self.batch_size, "train")
+        n, b = self.task.num_train, self.batch_size
+        if b > n:
+            self.rng.permutation(n)                 # the epoch's order, unused: keeps the stream
+            idx = self.rng.choice(n, b)
+        else:
+            if self.order is None or self.start + b > n:
+                self.order, self.start = self.rng.permutation(n), 0
+            idx = self.order[self.start : self.start + b]
+            self.start += b
+        return self.pool[0][idx], self.pool[1][idx]
+
+    def state_dict(self) -> dict:
+        order = None if self.order is None else torch.from_numpy(self.order)
+        return {"rng": self.rng.bit_generator.state, "order": order, "start": self.start}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.order = None if state["order"] is None else state["order"].numpy()
+        self.start = state["start"]
+
+
+def train_batches(task: Task, seed: int, batch_size: int) -> TrainBatches:
+    """The training stream of ``task`` by seed (see :class:`TrainBatches`)."""
+    return TrainBatches(task, seed, batch_size)
 
 
 class Scores:
