@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import rankdata
 
+from .checkpoint import load_checkpoint, restore, run_identity, save_checkpoint, should_pause, training_state
 from .tasks import IGNORE, TASKS, Scores, make_task, validation_set, train_batches
 from .tasks.mad import AutoencoderModel
 
@@ -296,64 +297,6 @@ def variance_calibration(model, x_test, y_test, batch: int, device, amp: bool) -
     }
 
 
-RESUME_FREE = ("checkpoint", "stop_after", "stop_after_steps", "out", "no_progress", "device")
-
-
-def run_identity(args) -> dict:
-    """The arguments that shape a checkpointed run, compared on resume: all but where it runs,
-    writes and pauses, with the learning rate as the one rate of ``--lr`` or ``--lrs``."""
-    kept = {k: v for k, v in vars(args).items() if k not in RESUME_FREE and k != "lrs"}
-    return {**kept, "lr": learning_rates(args)[0]}
-
-
-def save_checkpoint(path: str, state: dict) -> None:
-    """``torch.save`` to a temporary file, then renamed: a killed save leaves the old checkpoint."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_checkpoint(path: str, args) -> dict | None:
-    """The checkpoint at ``path`` (``None`` if there is none); a ``ValueError`` names the first
-    argument that differs from the run that wrote it."""
-    if not os.path.exists(path):
-        return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    saved, now = state["args"], run_identity(args)
-    for key in sorted(saved.keys() | now.keys()):
-        if saved.get(key) != now.get(key):
-            raise ValueError(f"checkpoint {path} was made with --{key.replace('_', '-')} "
-                             f"{saved.get(key)!r}, not {now.get(key)!r}")
-    return state
-
-
-def training_state(opt, batches, device: torch.device, done: dict) -> dict:
-    """What a paused run needs beside its weights to go on exactly: the optimizer, the data
-    stream's position, the random states, and ``done`` (step, best, history, last loss, wall time)."""
-    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return {"optimizer": opt.state_dict(), "data": batches.state_dict(),
-            "torch_rng": torch.get_rng_state(), "cuda_rng": cuda_rng, "done": done}
-
-
-def restore(saved: dict, model, opt, batches, device: torch.device) -> dict:
-    """Load a paused checkpoint into ``model``, ``opt``, ``batches`` and the random states;
-    returns its ``done``."""
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["optimizer"])
-    batches.load_state_dict(saved["data"])
-    torch.set_rng_state(saved["torch_rng"])
-    if device.type == "cuda" and saved["cuda_rng"] is not None:
-        torch.cuda.set_rng_state(saved["cuda_rng"], device)
-    return saved["done"]
-
-
-def should_pause(args, steps_here: int, deadline: float | None) -> bool:
-    """Whether ``--stop-after`` (or the test-only ``--stop-after-steps``) has been reached."""
-    if args.stop_after_steps is not None and steps_here >= args.stop_after_steps:
-        return True
-    return deadline is not None and time.perf_counter() >= deadline
-
-
 def train_one(task, args, lr: float, device: torch.device, test_data, deadline=None) -> dict:
     """Train one model at learning rate ``lr``; returns the run's record (see the module doc).
 
@@ -367,7 +310,7 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
     amp = not args.no_amp
     batches = train_batches(task, args.seed, args.batch)
     done = {"step": 0, "best": {"token_acc": -1.0}, "history": [], "loss": float("nan"), "wall_s": 0.0}
-    saved = load_checkpoint(args.checkpoint, args) if args.checkpoint else None
+    saved = load_checkpoint(args.checkpoint, args, lr) if args.checkpoint else None
     if saved is not None and saved["finished"]:
         return saved["record"]
     if saved is not None:
@@ -435,7 +378,7 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
     if args.checkpoint:
         done = {"step": step, "best": best, "history": history, "loss": loss_val, "wall_s": wall_s}
         rest = training_state(opt, batches, device, done) if stop == "paused" else {"record": record}
-        save_checkpoint(args.checkpoint, {"args": run_identity(args), "finished": stop != "paused",
+        save_checkpoint(args.checkpoint, {"args": run_identity(args, lr), "finished": stop != "paused",
                                           "model": model.state_dict(), **rest})
     return record
 
