@@ -7,7 +7,10 @@ so outputs and gradients are compared to ``TF32_BOUND``, not to float32 rounding
 its kernels on first use: allow minutes for a fresh machine. On an H200 (2026-11-30, fla-core
 0.6.0) the L = 1 case passed (output, final state and every gradient within 1.5e-3 of the
 fallback); the L = 63 case was still autotuning when the 330 s limit ended the run, so the longer
-cases and the training test have not finished on a GPU yet.
+cases and the training test have not finished on a GPU yet. fla-core 0.6 stores its autotuning
+results under ``TRITON_CACHE_DIR`` (``FLA_CACHE_RESULTS=1``, its default) and can read chosen
+configs from ``FLA_CONFIG_DIR``: on a machine that starts bare, set ``TRITON_CACHE_DIR`` to a folder
+that is brought back and carried into the next run, so the tuning is paid once.
 """
 
 import os
