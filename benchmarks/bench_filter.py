@@ -283,9 +283,11 @@ SWEEP = {
     (4096, 32768): [dict(PREFETCH=p, UNROLL=u) for p in (False, True) for u in (1, 4)],
     (1, 1 << 22): [dict(TILE_MAX_C=0)]
     + [dict(TILE=n, TILE_WARPS=w, TILE_ROW=r) for r in (4, 8) for n, w in ((1024, 4), (2048, 4), (2048, 8), (4096, 8))]
-    + [dict(TILE_STRETCHES=256), dict(TILE_STRETCHES=4096)],
+    + [dict(TILE_STRETCHES=256), dict(TILE_STRETCHES=4096)]
+    + [dict(TILE_BWD=True), dict(TILE_BWD=True, TILE_ROW=4), dict(TILE_BWD=True, TILE_STRETCHES=4096)],
     (4, 1 << 20): [dict(TILE_MAX_C=0), dict(TILE_MAX_C=4)],
-    (1, 1 << 24): [dict(TILE_STRETCHES=1024), dict(TILE_STRETCHES=4096)],
+    (1, 1 << 24): [dict(TILE_STRETCHES=1024), dict(TILE_STRETCHES=4096), dict(TILE_BWD=True),
+                   dict(TILE_BWD=True, TILE_STRETCHES=4096)],
 }
 
 

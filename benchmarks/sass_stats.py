@@ -52,6 +52,7 @@ def kernels():
     from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
     from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel, filter_total_kernel
     from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
+    from kernels.filter_tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
     from kernels.kla_bwd import kla_bwd_kernel
     from kernels.kla_fwd import kla_fwd_kernel
     from kernels.kla_split import kla_piece_map_kernel
@@ -70,6 +71,7 @@ def kernels():
     bwd = dict(common, BLOCK=fused.BLOCK, UNROLL=fused.BWD_UNROLL,
                HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
     loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
+    tile_bwd = dict(tile, HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
     kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, MAP=False)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
@@ -95,6 +97,13 @@ def kernels():
         "filter_tile_posterior": (filter_tile_fwd_kernel, dict(tile, POSTERIOR=True), fused.TILE_WARPS),
         "filter_bwd_variants": (filter_bwd_kernel, dict(bwd, **other), fused.NUM_WARPS),
         "filter_bwd_agg_loglik": (filter_bwd_agg_kernel, loglik, fused.NUM_WARPS),
+        "filter_tile_bwd_agg": (filter_tile_bwd_agg_kernel, tile_bwd, fused.TILE_WARPS),
+        "filter_tile_bwd": (filter_tile_bwd_kernel, tile_bwd, fused.TILE_WARPS),
+        "filter_tile_bwd_variants": (filter_tile_bwd_kernel, dict(tile_bwd, **other), fused.TILE_WARPS),
+        "filter_tile_bwd_loglik": (filter_tile_bwd_kernel, dict(tile_bwd, HAS_G_MU=False, HAS_G_LAM=False),
+                                   fused.TILE_WARPS),
+        "filter_tile_bwd_mean": (filter_tile_bwd_kernel,
+                                 dict(tile_bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False), fused.TILE_WARPS),
         "filter_bwd_loglik": (filter_bwd_kernel, loglik, fused.NUM_WARPS),
         "filter_bwd_mean": (filter_bwd_kernel, dict(bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False),
                             fused.NUM_WARPS),

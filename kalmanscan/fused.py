@@ -11,7 +11,8 @@ forward's filtered mean and precision back as the per-step state; gradients for 
 per-lane sums inside the kernel; the last step from ``(decay, noise, phi, info)`` adjoints to the
 user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
 ``phi = h^2 / obs_var``, ``info = (h / obs_var)(y - h mean)``, taken by torch autograd on
-``(..., 1 or T, C)`` tensors.
+``(..., 1 or T, C)`` tensors. With :data:`TILE_BWD` on, few long series (the forward's tile regime,
+:func:`uses_tiles`) run backwards time-parallel too (:mod:`kernels.filter_tiles_bwd`).
 
 Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
 :mod:`kalmanscan.inputs`), or float64 for float64 inputs. Runs on CUDA tensors, or on the CPU under
@@ -31,6 +32,7 @@ import triton
 from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
 from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel
 from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
+from kernels.filter_tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
 
 from . import mobius, ou
 from .inputs import Problem
@@ -59,6 +61,9 @@ TILE_ROW = 8                # steps per row of a tile, composed in-thread before
 TILE_WARPS = 4
 TILE_STRETCHES = 1024       # at most this many stretches of tiles per series (one carry chunk)
 TILE_MAX_C = 1              # the time-parallel forward serves series of at most this many channels
+TILE_BWD = False            # the backward also runs time-parallel (kernels.filter_tiles_bwd, the forward's
+                            # tiles and stretches) wherever the forward does (uses_tiles); opt-in until
+                            # timed on a GPU: off, the backward always runs on the walks
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
 _ORDER = ("y",) + _TRANS + _OBS
@@ -190,7 +195,9 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     ones are passed as they are when contiguous, else copied. With all four absent every gradient
     is zero and no kernel runs. The observation adjoints ``(d phi, d info, d info * yc)`` come as
     ``(3, B, T, C)`` when any of ``obs_var, mean, h`` is per step, else ``(3, B, 1, C)`` summed over
-    time; likewise the transition adjoints ``(d decay, d noise)`` (zero at step 0).
+    time; likewise the transition adjoints ``(d decay, d noise)`` (zero at step 0). With
+    :data:`TILE_BWD` on, a problem the forward runs on tiles (:func:`uses_tiles`) runs backwards on
+    tiles too (:mod:`kernels.filter_tiles_bwd`: ``L`` is then the tiles per stretch), else on the walks.
     """
     y = views["y"]
     B, T, C = y.shape
@@ -200,18 +207,25 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
         like = dict(dtype=dtype, device=dev)
         return (torch.zeros(B, T, C, **like), torch.zeros(3, B, T if obs_step else 1, C, **like),
                 torch.zeros(2, B, T if trans_step else 1, C, **like), torch.zeros(B, 2, C, **like))
-    ns, L = plan(B, T, C, stretch)
+    if TILE_BWD and uses_tiles(T, C, stretch):
+        ns, L = tile_plan(T)
+        grid = (ns, B * C)
+        opts = dict(TILE=TILE, ROW=TILE_ROW, num_warps=TILE_WARPS, WIDE=4 * B * T * C >= WIDE_FROM)
+        agg_kernel, bwd_kernel = filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
+    else:
+        ns, L = plan(B, T, C, stretch)
+        grid, opts = _launch(B, T, C, ns)
+        opts["UNROLL"] = BWD_UNROLL
+        agg_kernel, bwd_kernel = filter_bwd_agg_kernel, filter_bwd_kernel
     args = _kernel_args(views)
     dummy = torch.empty(1, dtype=dtype, device=dev)
     g = [dummy if x is None else x.contiguous() for x in cot]
     flags = dict(TRANS_STEP=trans_step, OBS_STEP=obs_step, HAS_G_MU=cot[0] is not None,
                  HAS_G_LAM=cot[1] is not None, HAS_G_PM=cot[2] is not None, HAS_G_PV=cot[3] is not None)
-    grid, opts = _launch(B, T, C, ns)
     top = torch.zeros(B, 2, ns, C, dtype=dtype, device=dev)
     if ns > 1:
         agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
-        filter_bwd_agg_kernel[grid](*args, mu, lam, init, *g, agg, T, C, ns, L, **flags, **opts,
-                                    UNROLL=BWD_UNROLL)
+        agg_kernel[grid](*args, mu, lam, init, *g, agg, T, C, ns, L, **flags, **opts)
         filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
                                           num_warps=CARRY_WARPS)
     grad_y = torch.empty(B, T, C, dtype=dtype, device=dev)
@@ -219,8 +233,8 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     trans_grad = torch.empty((2, B, T, C) if trans_step else (1,), dtype=dtype, device=dev)
     sums = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
     grad_init = torch.empty(B, 2, C, dtype=dtype, device=dev)
-    filter_bwd_kernel[grid](*args, mu, lam, init, *g, top, grad_y, obs_grad, trans_grad, sums, grad_init,
-                            B, T, C, ns, L, **flags, **opts, UNROLL=BWD_UNROLL)
+    bwd_kernel[grid](*args, mu, lam, init, *g, top, grad_y, obs_grad, trans_grad, sums, grad_init,
+                     B, T, C, ns, L, **flags, **opts)
     totals = sums.sum(2, keepdim=True).transpose(0, 1)
     obs_grad = obs_grad if obs_step else totals[:3]
     trans_grad = trans_grad if trans_step else totals[3:]

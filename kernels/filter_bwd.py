@@ -65,15 +65,29 @@ def _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_next,
 
 
 @triton.jit
+def _cotangent(g, o, valid, LOAD: tl.constexpr):
+    """``g[o]`` (0 where ``valid`` is off) when ``LOAD``, else ``g`` itself (a value)."""
+    if LOAD:
+        x = tl.load(g + o, mask=valid, other=0.0)
+    else:
+        x = g
+    return x
+
+
+@triton.jit
 def _adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
                   g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
                   HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr, HAS_G_PM: tl.constexpr,
-                  HAS_G_PV: tl.constexpr):
+                  HAS_G_PV: tl.constexpr, LOAD: tl.constexpr = True):
     """Step ``t`` of the reverse walk (module docstring): ``(L, E, gl', ge', d decay, d noise,
     alpha, beta, delta)`` from the adjoints ``(gl, ge)`` of ``(lam_t, eta_t)`` from later steps.
 
-    The cotangents are read at offset ``o`` of ``(B, T, C)`` arrays; one whose ``HAS_G_*`` flag is
-    off is never loaded and its terms are not compiled (a zero cotangent).
+    The cotangents are read at offset ``o`` of ``(B, T, C)`` arrays (masked by ``valid``); one
+    whose ``HAS_G_*`` flag is off is never loaded and its terms are not compiled (a zero
+    cotangent). Without ``LOAD`` the ``g_*_ptr`` arguments are the cotangents' values instead
+    (elementwise with the other inputs; ``o, valid`` unused): :mod:`kernels.filter_tiles_bwd`
+    loads them as blocks. The map ``(gl, ge) -> (gl', ge')`` is affine; with ``decay = 1``,
+    ``noise = 0`` and zero cotangents it is exactly the identity.
     """
     inv_lam_p = 1.0 / lam_p
     rho = 1.0 / (decay * decay + noise * lam_p)
@@ -83,9 +97,9 @@ def _adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
     tot_l = gl
     tot_e = ge
     if HAS_G_LAM:
-        tot_l += tl.load(g_lam_ptr + o, mask=valid, other=0.0)
+        tot_l += _cotangent(g_lam_ptr, o, valid, LOAD)
     if HAS_G_MU:
-        g_mu_inv_lam = tl.load(g_mu_ptr + o, mask=valid, other=0.0) / lam
+        g_mu_inv_lam = _cotangent(g_mu_ptr, o, valid, LOAD) / lam
         tot_l -= g_mu_inv_lam * mu
         tot_e += g_mu_inv_lam
     gl_next = delta * delta * tot_l + beta * tot_e
@@ -93,19 +107,48 @@ def _adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
     d_decay = -2.0 * delta * lr * tot_l + mu_p * lr * (noise * lam_p - decay * decay) * rho * tot_e
     d_noise = -lr * lr * (tot_l + decay * mu_p * tot_e)
     if HAS_G_PM:
-        g_pm = tl.load(g_pm_ptr + o, mask=valid, other=0.0)
+        g_pm = _cotangent(g_pm_ptr, o, valid, LOAD)
         eps = g_pm * decay * inv_lam_p
         gl_next -= eps * mu_p
         ge_next += eps
         d_decay += g_pm * mu_p
     if HAS_G_PV:
-        g_pv = tl.load(g_pv_ptr + o, mask=valid, other=0.0)
+        g_pv = _cotangent(g_pv_ptr, o, valid, LOAD)
         gl_next -= g_pv * decay * decay * inv_lam_p * inv_lam_p
         d_decay += 2.0 * decay * g_pv * inv_lam_p
         d_noise += g_pv
     moving = t > 0
     return (tot_l, tot_e, gl_next, ge_next, tl.where(moving, d_decay, 0.0), tl.where(moving, d_noise, 0.0),
             delta * delta, beta, delta)
+
+
+@triton.jit
+def _emit_gradients(tot_l, tot_e, d_decay, d_noise, observed, yc, hr, o, valid, TC,
+                    grad_y_ptr, obs_grad_ptr, trans_grad_ptr, s_phi, s_info, s_info_yc, s_decay, s_noise,
+                    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
+    """Write the gradients of the steps at offsets ``o`` (where ``valid``) from their
+    :func:`_adjoint_step` totals ``(L, E)`` and transition adjoints; returns the running sums
+    ``(s_phi, s_info, s_info_yc, s_decay, s_noise)`` with those steps added where a flag keeps
+    them summed (see :func:`filter_bwd_kernel`). ``d phi = L``, ``d info = E`` (0 when missing),
+    ``grad_y = E hr``; ``TC = B T C``, the stride of the stacked per-step arrays."""
+    d_phi = tl.where(observed, tot_l, 0.0)
+    d_info = tl.where(observed, tot_e, 0.0)
+    tl.store(grad_y_ptr + o, d_info * hr, mask=valid)
+    if OBS_STEP:
+        tl.store(obs_grad_ptr + o, d_phi, mask=valid)
+        tl.store(obs_grad_ptr + TC + o, d_info, mask=valid)
+        tl.store(obs_grad_ptr + 2 * TC + o, d_info * yc, mask=valid)
+    else:
+        s_phi += tl.where(valid, d_phi, 0.0)
+        s_info += tl.where(valid, d_info, 0.0)
+        s_info_yc += tl.where(valid, d_info * yc, 0.0)
+    if TRANS_STEP:
+        tl.store(trans_grad_ptr + o, d_decay, mask=valid)
+        tl.store(trans_grad_ptr + TC + o, d_noise, mask=valid)
+    else:
+        s_decay += tl.where(valid, d_decay, 0.0)
+        s_noise += tl.where(valid, d_noise, 0.0)
+    return s_phi, s_info, s_info_yc, s_decay, s_noise
 
 
 @triton.jit
@@ -245,23 +288,9 @@ def filter_bwd_kernel(
         tot_l, tot_e, gl_next, ge_next, d_decay, d_noise, _, _, _ = _adjoint_step(
             gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
             g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV)
-        d_phi = tl.where(observed, tot_l, 0.0)
-        d_info = tl.where(observed, tot_e, 0.0)
-        tl.store(grad_y_ptr + o, d_info * hr, mask=valid)
-        if OBS_STEP:
-            tl.store(obs_grad_ptr + o, d_phi, mask=valid)
-            tl.store(obs_grad_ptr + TC + o, d_info, mask=valid)
-            tl.store(obs_grad_ptr + 2 * TC + o, d_info * yc, mask=valid)
-        else:
-            s_phi += tl.where(valid, d_phi, 0.0)
-            s_info += tl.where(valid, d_info, 0.0)
-            s_info_yc += tl.where(valid, d_info * yc, 0.0)
-        if TRANS_STEP:
-            tl.store(trans_grad_ptr + o, d_decay, mask=valid)
-            tl.store(trans_grad_ptr + TC + o, d_noise, mask=valid)
-        else:
-            s_decay += tl.where(valid, d_decay, 0.0)
-            s_noise += tl.where(valid, d_noise, 0.0)
+        s_phi, s_info, s_info_yc, s_decay, s_noise = _emit_gradients(
+            tot_l, tot_e, d_decay, d_noise, observed, yc, hr, o, valid, TC, grad_y_ptr, obs_grad_ptr,
+            trans_grad_ptr, s_phi, s_info, s_info_yc, s_decay, s_noise, TRANS_STEP, OBS_STEP)
         gl = tl.where(valid, gl_next, gl)
         ge = tl.where(valid, ge_next, ge)
     sbase = sums_ptr + b * 5 * NS * C + g

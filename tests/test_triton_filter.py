@@ -358,6 +358,21 @@ def _assert_gradients_equal(want, got):
         assert float((a - b).norm() / a.norm()) < 1e-10, name
 
 
+def _gradients_of_fields(y, kw, weights, **options):
+    """``{backend: gradients}`` of ``y`` and :data:`NAMES` (None where unused) of the loss
+    ``sum((out[k] * w).sum() for k, w in weights.items())`` on the filter's result ``out``, on the
+    torch backend and on the triton one (:func:`fused.filter_triton` with ``options``)."""
+    grads = {}
+    for backend in ("torch", "triton"):
+        t = _tensors(kw, grad=True)
+        y_t = torch.tensor(y, requires_grad=True)
+        p = prepare(y_t, backend=backend, **t)
+        out = fused.filter_triton(p, **options) if backend == "triton" else fused.filter_torch(p)
+        loss = sum((out[k] * w).sum() for k, w in weights.items())
+        grads[backend] = torch.autograd.grad(loss, [y_t] + [t[k] for k in NAMES], allow_unused=True)
+    return grads
+
+
 @pytest.mark.parametrize("fields", list(COTANGENT_PATTERNS))
 @pytest.mark.parametrize("T,stretch,per_step", [(63, 63, False), (63, 4, True), (201, 201, True), (201, 7, False)])
 def test_absent_cotangents_gradients_equal_torch_autograd(fields, T, stretch, per_step, poisoned, monkeypatch):
@@ -373,15 +388,8 @@ def test_absent_cotangents_gradients_equal_torch_autograd(fields, T, stretch, pe
     monkeypatch.setattr(fused, "filter_backward", spy)
     rng = np.random.default_rng(90 + T + per_step)
     y, kw = random_problem(rng, T, C=3, batch=(2,), per_step=per_step, times=per_step, missing=0.15)
-    weights = {k: torch.tensor(rng.normal(size=(2, T, 3))) for k in fields}
-    grads = {}
-    for backend in ("torch", "triton"):
-        t = _tensors(kw, grad=True)
-        y_t = torch.tensor(y, requires_grad=True)
-        p = prepare(y_t, backend=backend, **t)
-        out = fused.filter_triton(p, stretch=stretch) if backend == "triton" else fused.filter_torch(p)
-        loss = sum((out[k] * w).sum() for k, w in weights.items())
-        grads[backend] = torch.autograd.grad(loss, [y_t] + [t[k] for k in NAMES], allow_unused=True)
+    grads = _gradients_of_fields(y, kw, {k: torch.tensor(rng.normal(size=(2, T, 3))) for k in fields},
+                                 stretch=stretch)
     assert seen == [COTANGENT_PATTERNS[fields]]
     _assert_gradients_equal(grads["torch"], grads["triton"])
 
@@ -427,3 +435,76 @@ def test_backward_absent_cotangent_equals_zero_cotangent(poisoned):
     want = fused.filter_backward(views, init, mu, lam, cot, stretch=4)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+# Cotangent patterns of the tile backward's tests: a loss on the mean only, on the
+# log-likelihoods only (pred_mu and pred_var), and on every centred output.
+TILE_BWD_FIELDS = [("mean",), ("logliks",), ("mean", "var", "logliks", "pred_mean", "pred_var")]
+
+
+class _Launches:
+    """A kernel whose launches are counted (``kernel[grid](...)`` goes through)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+
+@pytest.fixture(params=[4, 8])
+def tile_bwd(request, tiles, monkeypatch):
+    """The time-parallel backward (``TILE_BWD``) on the :func:`tiles` of 16 steps, rows of 4 and 8
+    steps; yields the counted launches of its apply kernel."""
+    monkeypatch.setattr(fused, "TILE_BWD", True)
+    monkeypatch.setattr(fused, "TILE_ROW", request.param)
+    launches = _Launches(fused.filter_tile_bwd_kernel)
+    monkeypatch.setattr(fused, "filter_tile_bwd_kernel", launches)
+    return launches
+
+
+# Every length with every parameter layout, and each with every cotangent pattern (a Latin square:
+# the full product of 72 problems took three minutes under the interpreter).
+TILE_BWD_CASES = [(T, per_step, times, TILE_BWD_FIELDS[(i + j) % 3])
+                  for i, T in enumerate((16, 37, 131, 201))
+                  for j, (per_step, times) in enumerate(((False, False), (True, True), (True, False)))]
+
+
+@pytest.mark.parametrize("T,per_step,times,fields", TILE_BWD_CASES)
+def test_tile_backward_gradients_equal_torch_autograd(T, per_step, times, fields, tile_bwd, poisoned):
+    """Gradients of ``y`` and every parameter through the tile backward: one tile (T = 16) up to 4
+    stretches of 4 tiles (201), T no multiple of the row, missing values, static and per-step
+    parameters, irregular times; a loss on some outputs only leaves the others' cotangents absent."""
+    assert fused.uses_tiles(T, 1)
+    rng = np.random.default_rng(1000 + T + 10 * per_step + times)
+    y, kw = random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=times, missing=0.15)
+    grads = _gradients_of_fields(y, kw, {k: torch.tensor(rng.normal(size=(2, T, 1))) for k in fields})
+    assert tile_bwd.count == 1
+    _assert_gradients_equal(grads["torch"], grads["triton"])
+
+
+@pytest.mark.parametrize("present", [(True, False, False, False), (False, False, True, True), (True,) * 4])
+@pytest.mark.parametrize("T,per_step,wide", [(37, False, False), (131, True, False), (201, False, False),
+                                             (131, True, True)])
+def test_tile_backward_equals_walk_backward(T, per_step, wide, present, tile_bwd, poisoned, monkeypatch):
+    """:func:`fused.filter_backward` on tiles and on the walks (``TILE_BWD`` off) agree to float64
+    rounding, per-step and summed adjoints and the initial state's alike; ``wide`` forces the
+    64-bit offsets on both."""
+    if wide:
+        monkeypatch.setattr(fused, "WIDE_FROM", 0)
+    rng = np.random.default_rng(1100 + T)
+    y, kw = random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=per_step, missing=0.15)
+    p = prepare(torch.tensor(y), **_tensors(kw))
+    views = {k: fused._flat(getattr(p, k), p.shape) for k in fused._ORDER}
+    lam0 = 1.0 / p.init_var.reshape(2, 1)
+    init = torch.stack([lam0, (p.init_mean - p.mean[..., :1, :]).reshape(2, 1) * lam0], 1)
+    out = fused.filter_forward(views, init)
+    cot = [torch.tensor(rng.normal(size=(2, T, 1))) if on else None for on in present]
+    got = fused.filter_backward(views, init, out["mu"], out["lam"], cot)
+    monkeypatch.setattr(fused, "TILE_BWD", False)
+    want = fused.filter_backward(views, init, out["mu"], out["lam"], cot)
+    assert tile_bwd.count == 1
+    for a, b in zip(want, got):
+        assert a.shape == b.shape and torch.all(torch.isfinite(b))
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
