@@ -37,7 +37,7 @@ walk that writes the gradients (:func:`filter_bwd_kernel`).
 import triton
 import triton.language as tl
 
-from .filter_steps import index, lane_setup, load_y, step_inputs
+from .filter_steps import index, lane_setup, load_y, pick, step_inputs
 
 
 @triton.jit
@@ -236,8 +236,8 @@ def filter_bwd_carry_kernel(agg_ptr, top_ptr, C, NS, CH: tl.constexpr):
         tl.store(tbase + (s - 1) * C, gl_s, mask=m)
         tl.store(tbase + NS * C + (s - 1) * C, ge_s, mask=m)
         last = idx == CH - 1
-        gl = tl.sum(tl.where(last, gl_s, 0.0), axis=0)
-        ge = tl.sum(tl.where(last, ge_s, 0.0), axis=0)
+        gl = pick(gl_s, last)
+        ge = pick(ge_s, last)
 
 
 @triton.jit

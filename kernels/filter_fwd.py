@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .fast_math import rcp
-from .filter_steps import emit_step, lane_setup, ring_start, walk_inputs
+from .filter_steps import emit_step, lane_setup, pick, ring_start, walk_inputs
 
 
 @triton.jit
@@ -72,10 +72,8 @@ def _step_after(p11, p12, p21, p22, e1, e2, f, decay, noise, phi, info):
 @triton.jit
 def last7(p11, p12, p21, p22, e1, e2, f, last):
     """The 7 numbers of a tile's map at the lane where ``last`` is on, as scalars."""
-    return (tl.sum(tl.where(last, p11, 0.0), axis=0), tl.sum(tl.where(last, p12, 0.0), axis=0),
-            tl.sum(tl.where(last, p21, 0.0), axis=0), tl.sum(tl.where(last, p22, 0.0), axis=0),
-            tl.sum(tl.where(last, e1, 0.0), axis=0), tl.sum(tl.where(last, e2, 0.0), axis=0),
-            tl.sum(tl.where(last, f, 0.0), axis=0))
+    return (pick(p11, last), pick(p12, last), pick(p21, last), pick(p22, last), pick(e1, last),
+            pick(e2, last), pick(f, last))
 
 
 @triton.jit
@@ -153,8 +151,8 @@ def filter_carry_kernel(agg_ptr, start_ptr, C, NS, CH: tl.constexpr):
         tl.store(sbase + (s + 1) * C, lam_s, mask=m)
         tl.store(sbase + NS * C + (s + 1) * C, eta_s, mask=m)
         last = idx == CH - 1
-        lam = tl.sum(tl.where(last, lam_s, 0.0), axis=0)
-        eta = tl.sum(tl.where(last, eta_s, 0.0), axis=0)
+        lam = pick(lam_s, last)
+        eta = pick(eta_s, last)
 
 
 @triton.jit

@@ -28,6 +28,13 @@ def lane_coords(C, NS, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def pick(x, where):
+    """The element of the vector ``x`` where the mask ``where`` is on (on at exactly one position),
+    as a scalar: a masked sum, since a register vector has no dynamic indexing."""
+    return tl.sum(tl.where(where, x, 0.0), axis=0)
+
+
+@triton.jit
 def index(x, WIDE: tl.constexpr):
     """``x`` as an index: 64-bit when ``WIDE`` (arrays of ``2^31`` elements or more), else as is."""
     if WIDE:

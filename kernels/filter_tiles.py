@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .fast_math import rcp
 from .filter_fwd import _compose7, _step_after, last7, leaf7
-from .filter_steps import emit_step, index, info_step, load_y, static_inputs, step_inputs
+from .filter_steps import emit_step, index, info_step, load_y, pick, static_inputs, step_inputs
 
 
 @triton.jit
@@ -223,5 +223,5 @@ def filter_tile_fwd_kernel(
                   obs_var, mean, h, out + t * C, valid, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr,
                   pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
                   WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
-        lam = tl.sum(tl.where(last, lam_r, 0.0), axis=0)
-        eta = tl.sum(tl.where(last, eta_r, 0.0), axis=0)
+        lam = pick(lam_r, last)
+        eta = pick(eta_r, last)

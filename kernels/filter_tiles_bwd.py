@@ -38,16 +38,14 @@ import triton
 import triton.language as tl
 
 from .filter_bwd import _adjoint_step, _compose5, _emit_gradients
-from .filter_steps import index
+from .filter_steps import index, pick
 from .filter_tiles import join_columns, row_columns, stretch_setup, tile_inputs
 
 
 @triton.jit
 def last5(g11, g12, g22, v1, v2, last):
     """The 5 numbers of a map at the block row where ``last`` is on, as scalars."""
-    return (tl.sum(tl.where(last, g11, 0.0), axis=0), tl.sum(tl.where(last, g12, 0.0), axis=0),
-            tl.sum(tl.where(last, g22, 0.0), axis=0), tl.sum(tl.where(last, v1, 0.0), axis=0),
-            tl.sum(tl.where(last, v2, 0.0), axis=0))
+    return pick(g11, last), pick(g12, last), pick(g22, last), pick(v1, last), pick(v2, last)
 
 
 @triton.jit
@@ -275,8 +273,8 @@ def filter_tile_bwd_kernel(
             join_columns(tots_l, ROW), join_columns(tots_e, ROW), join_columns(d_decays, ROW),
             join_columns(d_noises, ROW), observed, yc, hr, o, valid, TC, grad_y_ptr, obs_grad_ptr,
             trans_grad_ptr, s_phi, s_info, s_info_yc, s_decay, s_noise, TRANS_STEP, OBS_STEP)
-        gl = tl.sum(tl.where(last, gl_r, 0.0), axis=0)
-        ge = tl.sum(tl.where(last, ge_r, 0.0), axis=0)
+        gl = pick(gl_r, last)
+        ge = pick(ge_r, last)
     sbase = sums_ptr + b * 5 * NS * C + s * C + c
     stride = NS * C
     if not OBS_STEP:
