@@ -303,6 +303,9 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
     With ``args.checkpoint``: resumes from it if it exists (a finished one returns its record),
     pauses at ``deadline`` (a ``time.perf_counter`` value) and saves (see the module doc).
     """
+    saved = load_checkpoint(args.checkpoint, args, lr) if args.checkpoint else None
+    if saved is not None and saved["finished"]:
+        return saved["record"]
     torch.manual_seed(args.seed)
     model = build_model(task, args).to(device)
     opt = torch.optim.AdamW(param_groups(model, args.wd), lr=lr, betas=(0.9, 0.98))
@@ -310,9 +313,6 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
     amp = not args.no_amp
     batches = train_batches(task, args.seed, args.batch)
     done = {"step": 0, "best": {"token_acc": -1.0}, "history": [], "loss": float("nan"), "wall_s": 0.0}
-    saved = load_checkpoint(args.checkpoint, args, lr) if args.checkpoint else None
-    if saved is not None and saved["finished"]:
-        return saved["record"]
     if saved is not None:
         done = restore(saved, model, opt, batches, device)
     best, history, loss_val = done["best"], done["history"], done["loss"]
