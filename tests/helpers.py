@@ -69,3 +69,22 @@ def random_problem(rng, T, C=3, batch=(2,), per_step=False, missing=0.1, times=F
 def on_device(y, dtype=torch.float64):
     """``y`` as a tensor on the test device."""
     return torch.tensor(y, dtype=dtype, device=DEVICE)
+
+
+# The differentiable parameters of ks.filter, in the order the gradient tests list them.
+NAMES = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
+# Worst float32 error of the triton kernels (interpreter) over the random problems of
+# test_triton_filter.py::test_float32_within_measured_bound was 3.8e-7 (relative, on
+# pred_precision at T = 301); the bound keeps a factor of ~10 and is the torch backend's float32
+# bound (tests/test_filter.py).
+FLOAT32_BOUND = 4e-6
+
+
+def problem_tensors(kw, dtype=torch.float64, grad=False):
+    """The keywords ``kw`` of :func:`random_problem` as tensors of ``dtype`` (``times`` stays
+    float64); with ``grad`` the :data:`NAMES` require gradients."""
+    out = {}
+    for k, v in kw.items():
+        t = torch.tensor(v, dtype=torch.float64 if k == "times" else dtype)
+        out[k] = t.requires_grad_() if grad and k in NAMES else t
+    return out

@@ -2,12 +2,9 @@
 
 import numpy as np
 import torch
-from helpers import DEVICE, random_problem
+from helpers import DEVICE, NAMES, random_problem
 
 import kalmanscan as ks
-
-NAMES = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
-
 
 def _loss(post):
     return (post.loglik.sum() + (post.mean * 0.3).sum() + post.var.sum() + post.pred_mean.sum()

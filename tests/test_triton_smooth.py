@@ -6,18 +6,15 @@ static and per-step parameters, NaN-poisoned outputs."""
 import numpy as np
 import pytest
 import torch
-from helpers import posterior_error, random_problem
+from helpers import FLOAT32_BOUND, posterior_error, problem_tensors, random_problem
 
 import kalmanscan as ks
 from kalmanscan import fused
 from kalmanscan.fused_smooth import rts_triton
 from kalmanscan.smooth import rts_torch
 
-FLOAT32_BOUND = 4e-6  # the filter's float32 bound (tests/test_triton_filter.py)
-
-
 @pytest.fixture(params=["one", "many"])
-def stretches(request, monkeypatch):
+def rts_stretches(request, monkeypatch):
     """One stretch, or stretches of 4 steps with the carry scan in chunks of 4 stretches."""
     if request.param == "many":
         monkeypatch.setattr(fused, "MIN_STRETCH", 4)
@@ -26,26 +23,22 @@ def stretches(request, monkeypatch):
     return request.param
 
 
-def _tensors(kw, dtype=torch.float64):
-    return {k: torch.tensor(v, dtype=torch.float64 if k == "times" else dtype) for k, v in kw.items()}
-
-
 @pytest.mark.parametrize("T", [1, 2, 63, 201])
 @pytest.mark.parametrize("per_step,times", [(False, False), (True, True)])
-def test_fused_smoother_equals_reference(T, per_step, times, stretches, poisoned):
+def test_fused_smoother_equals_reference(T, per_step, times, rts_stretches, poisoned):
     rng = np.random.default_rng(900 + T + 10 * per_step)
     y, kw = random_problem(rng, T, C=3, batch=(2,), per_step=per_step, times=times, missing=0.15,
                            offset=20.0)
     ref = ks.smooth(y, backend="reference", **kw)
-    out = ks.smooth(torch.tensor(y), backend="triton", **_tensors(kw))
+    out = ks.smooth(torch.tensor(y), backend="triton", **problem_tensors(kw))
     err, errs = posterior_error(out, ref, fields=("mean", "var", "precision"))
     assert err < 1e-10, errs
-    out32 = ks.smooth(torch.tensor(y, dtype=torch.float32), backend="triton", **_tensors(kw, torch.float32))
+    out32 = ks.smooth(torch.tensor(y, dtype=torch.float32), backend="triton", **problem_tensors(kw, torch.float32))
     err, errs = posterior_error(out32, ref, fields=("mean", "var", "precision"))
     assert err < FLOAT32_BOUND, errs
 
 
-def test_rts_kernels_equal_torch_scans_on_arbitrary_inputs(stretches, poisoned):
+def test_rts_kernels_equal_torch_scans_on_arbitrary_inputs(rts_stretches, poisoned):
     """The kernels against :func:`rts_torch` on random positive variances and means (not a filter's
     output), with broadcast static decay and noise and a per-step mean parameter."""
     g = torch.Generator().manual_seed(3)
@@ -69,6 +62,6 @@ def test_smoother_gradients_still_flow_on_triton():
     rng = np.random.default_rng(8)
     y, kw = random_problem(rng, 30, C=1, per_step=False)
     theta = torch.tensor(kw.pop("theta"), requires_grad=True)
-    post = ks.smooth(torch.tensor(y), backend="triton", theta=theta, **_tensors(kw))
+    post = ks.smooth(torch.tensor(y), backend="triton", theta=theta, **problem_tensors(kw))
     (g,) = torch.autograd.grad(post.mean.sum() + post.var.sum(), [theta])
     assert torch.isfinite(g).all() and float(g.abs().sum()) > 0

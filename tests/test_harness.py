@@ -1,0 +1,237 @@
+"""The training harness on the CPU: models and parameter groups, the protocols' run lists and
+launcher, pause and resume of runs, the schedule, the tables and plots, and the calibration check."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import plots, protocols, train
+from benchmarks.tasks import make_task, validation_set
+from benchmarks.tasks.mad import mad_task
+
+
+def test_autoencoder_and_noise_zero_models():
+    args = train.parse_args(["--task", "compression", "--mixer", "kla", "--layers", "1",
+                             "--d-model", "16", "--d-state", "4", "--noise-zero"])
+    task = mad_task("compression", num_train=64, num_test=64)
+    model = train.build_model(task, args)
+    logits = model(torch.from_numpy(task.generate(np.random.default_rng(0), 2, False)[0]))
+    assert logits.shape == (2, 32, 16)
+    kla = model.encoder.blocks[0].mixer
+    assert not kla.log_sigma.requires_grad and (kla.discretized()[1] == 0).all()
+    groups = train.param_groups(model, 0.1)
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert id(kla.log_dt) not in decayed and id(kla.in_proj.weight) in decayed
+    with pytest.raises(ValueError, match="noise-zero"):
+        train.build_model(task, train.parse_args(["--task", "compression", "--mixer", "attention",
+                                                  "--layers", "1", "--d-model", "16", "--noise-zero"]))
+
+
+def test_protocol_commands():
+    runs = protocols.a5_min_depth(lengths=(16, 32), depths=(1, 2), mixers=("kla", "gla"), steps=10)
+    assert len(runs) == 2 * 2 * 2 + 2                              # plus Z60 at depth 1 per mixer
+    labels = {r.label for r in runs}
+    assert len(labels) == len(runs)
+    args = train.parse_args(runs[0].argv)
+    assert args.task in ("a5", "z60") and args.steps == 10
+    for spec in protocols.MIXER_SPECS:
+        train.parse_args(["--task", "a5", *protocols.MIXER_SPECS[spec]])
+    assert len(protocols.ou_ablation(depths=(2, 4, 8))) == 6
+    assert len(protocols.mqar_protocol(mixers=("kla",))) == 2 * 2 * 2
+    assert len(protocols.mad_protocol(mixers=("kla",))) == 6
+    tagged = protocols.with_kla_options(runs, ["backend=torch"])
+    assert all(("backend=torch" in r.argv) == ("kla" in r.argv) for r in tagged)
+
+
+def test_a5_protocol_no_control(capsys):
+    base = ["a5", "--lengths", "16", "--depths", "1", "--mixers", "kla", "attention", "--dry-run"]
+    protocols.main(base)
+    assert sum("--task z60" in line for line in capsys.readouterr().out.splitlines()) == 2
+    protocols.main([*base, "--no-control"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("--task a5" in line for line in lines)
+
+
+def test_ou_protocol_task_option(capsys):
+    protocols.main(["ou", "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6 and all("--task a5 --len 64" in line for line in lines)
+    protocols.main(["ou", "--task", "in_context_recall", "--depths", "2", "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("--len" not in line for line in lines)    # the MAD length
+    assert "ou_in_context_recall_n2_kla_zoh_s0.json" in lines[1]
+    assert "discretization=zoh" in lines[1] and "discretization" not in lines[0]
+    with pytest.raises(ValueError, match="ou"):
+        protocols.main(["mad", "--task", "compression", "--dry-run"])
+
+
+def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
+    """End to end: a 3-step KLA run with a two-rate sweep, launched as a process, writes its JSON."""
+    argv = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
+            "--d-state", "4", "--steps", "3", "--batch", "4", "--eval-every", "2",
+            "--eval-size", "8", "--lrs", "1e-3,3e-3", "--device", "cpu"]
+    (saved,) = protocols.launch([protocols.Run("ok", argv)], str(tmp_path), poll_s=0.1)
+    assert saved["label"] == "a5_L8_kla_n1_d16_s0" and saved["device"] == "cpu" and saved["commit"]
+    assert json.loads((tmp_path / "ok.json").read_text())["best_lr"] == saved["best_lr"]
+    assert [r["lr"] for r in saved["runs"]] == [1e-3, 3e-3]
+    assert all(r["steps_run"] == 3 and r["stopped"] == "steps" for r in saved["runs"])
+    assert 0 <= saved["best_token_acc"] <= 1 and saved["config"]["seed"] == 0
+    bad = protocols.launch([protocols.Run("bad", argv)] * 2, str(tmp_path / "b"), parallel=2,
+                           poll_s=0.1, python="false")               # an interpreter that fails
+    assert all(r["returncode"] != 0 for r in bad) and (tmp_path / "b" / "bad.log").exists()
+
+
+TINY_A5 = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
+           "--d-state", "4", "--steps", "7", "--batch", "4", "--eval-every", "2", "--eval-size", "8",
+           "--device", "cpu", "--no-progress"]
+
+
+def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """Paused after 3 and 6 of 7 steps (between and at evaluations), resumed twice: the same
+    history, record and bitwise the same weights as one uninterrupted run."""
+    def run(name, *extra):
+        return train.main([*TINY_A5, "--out", str(tmp_path / f"{name}.json"), *extra])["runs"][0]
+
+    whole = run("whole", "--checkpoint", str(tmp_path / "whole.pt"))
+    plain = run("plain")
+    part = ["--checkpoint", str(tmp_path / "part.pt")]
+    first = run("part", *part, "--stop-after-steps", "3")
+    assert first["stopped"] == "paused" and first["steps_run"] == 3 and first["calibration"] is None
+    assert run("part", *part, "--stop-after-steps", "3")["steps_run"] == 6
+    resumed = run("part", *part)
+    assert resumed["stopped"] == "steps" and resumed["steps_run"] == 7
+    assert resumed["history"] == whole["history"] == plain["history"] and len(whole["history"]) == 4
+    drop = lambda r: {k: v for k, v in r.items() if k != "wall_s"}          # noqa: E731
+    assert drop(resumed) == drop(whole) == drop(plain)
+    saved = [torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in ("whole", "part")]
+    assert all(s["finished"] and "optimizer" not in s for s in saved)
+    assert saved[0]["model"].keys() == saved[1]["model"].keys()
+    assert all(torch.equal(saved[0]["model"][k], saved[1]["model"][k]) for k in saved[0]["model"])
+    assert run("part", *part) == resumed                                     # finished: no training
+
+
+def test_checkpoint_argument_checks(tmp_path):
+    ck = ["--checkpoint", str(tmp_path / "ck.pt")]
+    train.main([*TINY_A5, *ck, "--stop-after-steps", "1", "--out", str(tmp_path / "ck.json")])
+    for wrong, name in ((["--lr", "3e-3"], "--lr"), (["--steps", "9"], "--steps"),
+                        (["--seed", "1"], "--seed"), (["--mixer", "gla"], "--mixer")):
+        with pytest.raises(ValueError, match=f"{name} "):
+            train.main([*TINY_A5, *ck, *wrong, "--out", str(tmp_path / "no.json")])
+    moved = train.main([*TINY_A5, *ck, "--lrs", "1e-3", "--out", str(tmp_path / "moved.json")])
+    assert moved["runs"][0]["stopped"] == "steps"                            # same rate, other flag
+    with pytest.raises(ValueError, match="single learning rate"):
+        train.parse_args([*TINY_A5, *ck, "--lrs", "1e-3,3e-3"])
+    with pytest.raises(ValueError, match="time-limit"):
+        train.parse_args([*TINY_A5, *ck, "--time-limit", "60"])
+    with pytest.raises(ValueError, match="needs --checkpoint"):
+        train.parse_args([*TINY_A5, "--stop-after", "60"])
+
+
+def test_protocol_checkpoint_options(capsys, tmp_path):
+    base = ["a5", "--lengths", "16", "--depths", "1", "2", "--mixers", "kla", "--no-control",
+            "--out-dir", "out", "--dry-run"]
+    protocols.main([*base, "--checkpoint-dir", "ck", "--stop-after", "480"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for line, label in zip(lines, ("a5_L16_n1_kla_s0", "a5_L16_n2_kla_s0")):
+        assert line.endswith(f"--out out/{label}.json --no-progress --checkpoint ck/{label}.pt "
+                             "--stop-after 480")
+    with pytest.raises(ValueError, match="needs --checkpoint-dir"):
+        protocols.main([*base, "--stop-after", "480"])
+    with pytest.raises(ValueError, match="single learning rate"):
+        protocols.main(["mad", "--mixers", "kla", "--checkpoint-dir", "ck", "--dry-run"])
+    with pytest.raises(ValueError, match="time-limit"):
+        protocols.main([*base, "--checkpoint-dir", "ck", "--time-limit", "100"])
+    runs = [protocols.Run("x", TINY_A5)]
+    assert protocols.launch(runs, str(tmp_path), checkpoint_dir=str(tmp_path), stop_after=10) == [
+        {"label": "x", "stopped": "not started"}]                          # under MIN_START_S left
+
+
+def test_schedule():
+    assert train.lr_factor(0.0, 0.1) == 0.0 and train.lr_factor(0.1, 0.1) == pytest.approx(1.0)
+    assert train.lr_factor(0.05, 0.1) == pytest.approx(0.5) and train.lr_factor(1.0, 0.1) == pytest.approx(0.0)
+    assert train.schedule_progress(10, 100, 30.0, 60.0) == pytest.approx(0.5)   # time dominates
+    assert train.schedule_progress(10, 100, 30.0, None) == pytest.approx(0.1)
+
+
+def _fake(mixer, depth, length, acc, noise_zero=False):
+    run = {"lr": 1e-3, "steps_run": 100, "stopped": "threshold" if acc > 0.9 else "time"}
+    return {"task": "a5", "mixer": mixer, "noise_zero": noise_zero, "mixer_opts": {}, "layers": depth,
+            "seq_len": length, "solved": acc > 0.9, "best_token_acc": acc, "best_lr": 1e-3,
+            "runs": [run]}
+
+
+def test_min_depth_table_and_plot(tmp_path):
+    results = [_fake("kla", 1, 16, 0.95), _fake("kla", 2, 16, 0.97), _fake("kla", 1, 32, 0.5),
+               _fake("kla", 2, 32, 0.93), _fake("gla", 1, 16, 0.4), _fake("gla", 2, 16, 0.6),
+               _fake("kla", 1, 16, 0.1, noise_zero=True)]
+    table = plots.min_depths(results)
+    assert table == {"kla": {16: 1, 32: 2}, "gla": {16: None}, "kla_noise0": {16: None}}
+    md = plots.accuracy_markdown(results)
+    assert "| kla | 1 | 95.0 ✓ [100] | 50.0 [100] |" in md
+    assert "| gla | > 2 |" in plots.min_depth_markdown(results)
+    for i, r in enumerate(results):
+        (tmp_path / f"{i}.json").write_text(json.dumps(r))
+    cal = {"error_rate": 0.2, "mean_var_wrong": 0.5, "mean_var_correct": 0.25, "auroc_var": 0.7,
+           "auroc_var_by_position": 0.6, "auroc_confidence": None}
+    results[0]["runs"][0]["calibration"] = cal
+    assert "| kla | 1 | 16 | 0.200 | 0.5 / 0.25 | 0.700 | 0.600 | – |" in plots.calibration_markdown(results)
+    several = plots.calibration_markdown(results, tasks=("z60", "a5")).splitlines()
+    assert several[0].startswith("| task | mixer |") and several[1].count("|---") == 9
+    assert several[2:] == ["| a5 | kla | 1 | 16 | 0.200 | 0.5 / 0.25 | 0.700 | 0.600 | – |"]
+    png = tmp_path / "a5.png"
+    for r in results:
+        r["runs"][0]["history"] = [[50, 4.0, 0.05], [100, 3.0, r["best_token_acc"]]]
+    for i, r in enumerate(results):
+        (tmp_path / f"{i}.json").write_text(json.dumps(r))
+    curves = tmp_path / "curves.png"
+    text = plots.main(["a5", str(tmp_path), "--png", str(png), "--curves", str(curves)])
+    assert png.stat().st_size > 1000 and curves.stat().st_size > 1000 and "kla_noise0" in text
+
+
+def _fake_task(task, mixer, acc, d_model=128, length=128):
+    best = {"token_acc": acc, "macro_acc": acc / 2, "mean_seq_acc": acc, "step": 100}
+    run = {"lr": 1e-3, "steps_run": 200, "stopped": "time", "best": best, "final_loss": 2.0,
+           "n_params": 1000, "history": [], "calibration": None}
+    return {"task": task, "mixer": mixer, "noise_zero": False, "mixer_opts": {}, "layers": 2,
+            "seq_len": length, "d_model": d_model, "config": {"kv_pairs": 64},
+            "solved": acc >= 0.99, "best_token_acc": acc, "best_lr": 1e-3, "runs": [run]}
+
+
+def test_mad_and_mqar_tables(tmp_path):
+    results = [_fake_task("fuzzy_recall", "kla", 0.5), _fake_task("compression", "kla", 1.0),
+               _fake_task("fuzzy_recall", "gla", 0.25)]
+    md = plots.mad_markdown(results)
+    assert "| mixer | fuzzy recall | compression | mean |" in md
+    assert "| kla | 50.0 / 25.0 [200] | 100.0 / 50.0 ✓ [200] | 75.0 |" in md
+    assert "| gla | 25.0 / 12.5 [200] | – | – |" in md
+    for i, r in enumerate(results):
+        (tmp_path / f"{i}.json").write_text(json.dumps(r))
+    png = tmp_path / "mad.png"
+    plots.main(["mad", str(tmp_path), "--png", str(png)])
+    assert png.stat().st_size > 1000
+    mqar = [_fake_task("mqar", "kla", 0.3, d_model=64, length=512),
+            _fake_task("mqar", "attention", 0.9, d_model=128, length=512)]
+    md = plots.mqar_markdown(mqar)
+    assert "| 512 | 64 | 64 | kla | 30.00 | 30.00 | 100 | 200 | 2.000 | 1,000 |" in md
+    assert md.index("| 64 | kla") < md.index("| 128 | attention")
+
+
+def test_auroc_and_variance_calibration():
+    scores = np.array([0.1, 0.4, 0.35, 0.8])
+    assert train.auroc(scores, np.array([False, False, True, True])) == pytest.approx(0.75)
+    assert train.auroc(scores, np.zeros(4, bool)) is None
+    args = train.parse_args(["--task", "a5", "--len", "6", "--mixer", "kla", "--layers", "1",
+                             "--d-model", "16", "--d-state", "4"])
+    task = make_task("a5", seq_len=6, num_test=16)
+    model = train.build_model(task, args)
+    x, y = validation_set(task, 0)
+    with torch.no_grad():
+        y[:, ::2] = model(torch.from_numpy(x)).argmax(-1).numpy()[:, ::2]   # right at even positions
+    cal = train.variance_calibration(model, x, y, 8, torch.device("cpu"), False)
+    assert 0 < cal["error_rate"] < 1 and 0 <= cal["auroc_var"] <= 1 and cal["mean_var_wrong"] > 0
+    assert cal["mean_var_correct"] > 0 and cal["auroc_confidence"] is not None
+    args.mixer = "attention"
+    assert train.variance_calibration(train.build_model(task, args), x, y, 8, torch.device("cpu"), False) is None
