@@ -238,6 +238,41 @@ def check_gradients():
     return rows
 
 
+def check_tile_backward():
+    """The time-parallel tile backward (``fused.TILE_BWD``) on one long series, float32, against the
+    walk backward (float32) and float64 torch autograd: relative norm error per input."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from helpers import random_problem
+
+    import kalmanscan as ks
+    from kalmanscan import fused
+    names = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
+    rng = np.random.default_rng(6)
+    rows = []
+    for T, per_step, times in ((4097, False, False), (20011, True, True), (1 << 20, False, False)):
+        y, kw = random_problem(rng, T, C=1, batch=(), per_step=per_step, times=times, missing=0.1)
+        grads = {}
+        for label, backend, dtype, tile_bwd in (("float64", "torch", torch.float64, False),
+                                                ("walks", "triton", torch.float32, False),
+                                                ("tiles", "triton", torch.float32, True)):
+            fused.TILE_BWD = tile_bwd
+            t = {k: torch.tensor(v, device="cuda", dtype=torch.float64 if k == "times" else dtype,
+                                 requires_grad=k in names) for k, v in kw.items()}
+            y_t = torch.tensor(y, device="cuda", dtype=dtype, requires_grad=True)
+            post = ks.filter(y_t, backend=backend, **t)
+            loss = post.loglik.sum() + post.mean.sum() + post.var.sum()
+            grads[label] = torch.autograd.grad(loss, [y_t] + [t[k] for k in names])
+        fused.TILE_BWD = False
+        for i, name in enumerate(("y",) + names):
+            ref = grads["float64"][i]
+            rows.append(dict(T=T, per_step=per_step, input=name,
+                             tiles_vs_float64=float((grads["tiles"][i].double() - ref).norm() / ref.norm()),
+                             walks_vs_float64=float((grads["walks"][i].double() - ref).norm() / ref.norm()),
+                             tiles_vs_walks=float((grads["tiles"][i] - grads["walks"][i]).double().norm()
+                                                  / grads["walks"][i].double().norm())))
+    return rows
+
+
 def check_extremes(T=4096):
     """Float32 error against the float64 reference over obs_var x theta dt (one channel each) x offset.
 
@@ -380,6 +415,8 @@ def main():
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time launch variants of the forward")
     ap.add_argument("--sweep-only", action="store_true", help="only the launch variants (no checks, no table)")
+    ap.add_argument("--checks", help="comma-separated checks to run (default: all, none with --sweep-only; "
+                    "those named run with --sweep-only too)")
     args = ap.parse_args()
     if args.jax:
         json.dump(jax_two_scans(SHAPES), open(args.out, "w"), indent=1)
@@ -387,9 +424,12 @@ def main():
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
     import triton
     res["triton"] = triton.__version__
-    if not (args.skip_checks or args.sweep_only):
-        for name, fn in (("reference", check_reference), ("regimes", check_regimes),
-                         ("gradients", check_gradients), ("extremes", check_extremes)):
+    checks = dict(reference=check_reference, regimes=check_regimes, gradients=check_gradients,
+                  tile_backward=check_tile_backward, extremes=check_extremes)
+    names = args.checks.split(",") if args.checks else [] if args.sweep_only else list(checks)
+    if not args.skip_checks:
+        for name in names:
+            fn = checks[name]
             t0 = time.time()
             res["check_" + name] = fn()
             print(name, f"{time.time() - t0:.1f}s", json.dumps(res["check_" + name])[:1500], flush=True)

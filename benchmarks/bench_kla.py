@@ -20,6 +20,7 @@ import argparse
 import json
 import platform
 import statistics
+import time
 
 import torch
 import triton
@@ -218,6 +219,32 @@ def bench_fla(B, L, H=4, K=64, V=128):
     return dict(fwd_ms=fwd, fwd_bwd_ms=fb, fwd_bwd_peak_extra_mb=peak_extra_mb(fwd_bwd))
 
 
+def host_overhead(shape, n=50):
+    """Where the public ``kla_scan`` spends the time its kernels do not: per-call CUDA-event medians
+    (the sync of the validation stalls the queue inside the timed interval) and the wall time of
+    ``n`` calls back to back (a training loop's view), for the kernels alone, the validation alone
+    and the public call; milliseconds."""
+    from kalmanscan.nn.scan import _validate
+    xs = make_inputs(*shape)
+    calls = dict(kernels=lambda: kla_scan_triton(*xs)[:2], validation=lambda: _validate(*xs, None, "triton"),
+                 public=lambda: kla_scan(*xs, backend="triton"))
+    res = {}
+    with torch.no_grad():
+        for name, fn in calls.items():
+            res[name + "_event_ms"] = timed(fn)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            res[name + "_back_to_back_ms"] = 1e3 * (time.perf_counter() - t0) / n
+            t0 = time.perf_counter()
+            fn()
+            res[name + "_host_ms"] = 1e3 * (time.perf_counter() - t0)
+            torch.cuda.synchronize()
+    return res
+
+
 def sweep(shape, configs, fp32_rate, time_bwd):
     """Time each launch shape (forward, or forward+backward) after checking it on the GPU."""
     rows = []
@@ -247,6 +274,7 @@ def main():
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--shapes", default="012", help="which of SHAPES to time, by index")
+    ap.add_argument("--overhead", action="store_true", help="only the public call's host overhead")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     result = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
@@ -270,6 +298,11 @@ def main():
     print(json.dumps(result["gpu_check"]), flush=True)
 
     save(args.out, result)
+    if args.overhead:
+        result["host_overhead"] = host_overhead(SHAPES[0])
+        print(json.dumps(result["host_overhead"]), flush=True)
+        save(args.out, result)
+        return
     if args.sweep:
         fwd_cfgs = [KLAConfig(block_m=bm, num_warps=w, pieces=p, stages=st)
                     for bm, w, p, st in ((16, 2, None, 5), (16, 2, None, 3), (16, 2, None, 4), (16, 2, None, 6),
