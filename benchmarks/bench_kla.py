@@ -7,11 +7,16 @@
    non-power-of-two state size, for every launch shape it later times.
 2. Measures the FP32 rate of this GPU in the same run: a Triton kernel of independent FMA chains and
    a float32 matrix product with TF32 off; the higher is the reference "FP32 issue rate".
-3. Times forward (no grad) and forward+backward (median of CUDA-event timings), peak extra memory,
+3. Times forward (no grad) and forward+backward, peak extra memory,
    state updates per second, and the fraction of the FP32 rate that the forward's arithmetic
    represents (``FWD_FP32_OPS`` per state update, counted from ``kernels/kla_fwd.py``), at the
    issue's three shapes, with and without the forward's time split (``pieces=1``); side by side with the torch backend and, when installed, fla's
-   ``chunk_gla`` at the matched width (d_model 512: H=4, K=64, V=128, bf16).
+   ``chunk_gla`` at the matched width (d_model 512: H=4, K=64, V=128, bf16). Times are per call
+   with launches queued ahead (:func:`timed`: calls back to back, as in a training loop; the GPU's
+   time) and, as ``*_per_call_ms``, each call alone after a synchronisation (:func:`timed_per_call`:
+   the host's launch latency added, the GPU idle meanwhile).
+
+    python -m benchmarks.bench_kla --out kla.json --overhead   # the public call's host overhead only
 """
 
 from __future__ import annotations
@@ -39,13 +44,33 @@ FWD_FP32_OPS = 11
 TOL = 2e-5
 
 
-def timed(fn, reps=20, warmup=3):
-    """Median milliseconds of ``fn()`` over ``reps`` CUDA-event timings after ``warmup`` calls."""
+def timed(fn, reps=20, warmup=3, groups=5):
+    """Milliseconds per call of ``fn()`` with launches queued ahead, as in a training loop: the
+    median over ``groups`` of ``reps`` calls back to back between two CUDA events (the GPU's time
+    whenever the host launches faster than the GPU runs; the host's latency enters once per group)."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    times = []
+    for _ in range(groups):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    return statistics.median(times)
+
+
+def timed_per_call(fn, reps=20, warmup=3):
+    """Median milliseconds of ``fn()`` timed alone (synchronised before each call): the GPU's time
+    plus the host's launch latency, during which the GPU idles."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(reps):
+        torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -156,6 +181,7 @@ def bench_triton(shape, config, fp32_rate, public=True):
         (lambda a: kla_scan_triton(*a, config=config)[:2])
     with torch.no_grad():
         fwd = timed(lambda: call(xs))
+        fwd_alone = timed_per_call(lambda: call(xs))
         fwd_mem = peak_extra_mb(lambda: call(xs))
     xg = [x.clone().requires_grad_() for x in xs]
     gy, gyv = torch.randn(B, L, M, device="cuda"), torch.randn(B, L, M, device="cuda")
@@ -167,8 +193,10 @@ def bench_triton(shape, config, fp32_rate, public=True):
             x.grad = None
 
     fb = timed(fwd_bwd, reps=10)
+    fb_alone = timed_per_call(fwd_bwd, reps=10)
     fb_mem = peak_extra_mb(fwd_bwd)
-    return dict(fwd_ms=fwd, fwd_bwd_ms=fb, fwd_peak_extra_mb=fwd_mem, fwd_bwd_peak_extra_mb=fb_mem,
+    return dict(fwd_ms=fwd, fwd_bwd_ms=fb, fwd_per_call_ms=fwd_alone, fwd_bwd_per_call_ms=fb_alone,
+                fwd_peak_extra_mb=fwd_mem, fwd_bwd_peak_extra_mb=fb_mem,
                 fwd_updates_per_s=updates / (fwd * 1e-3), fwd_bwd_updates_per_s=updates / (fb * 1e-3),
                 fwd_pct_fp32=100.0 * FWD_FP32_OPS * updates / (fwd * 1e-3) / fp32_rate)
 
@@ -179,7 +207,7 @@ def bench_torch(shape):
     try:
         xs = make_inputs(B, L, M, S)
         with torch.no_grad():
-            res["fwd_ms"] = timed(lambda: kla_scan(*xs, backend="torch"), reps=3, warmup=1)
+            res["fwd_ms"] = timed(lambda: kla_scan(*xs, backend="torch"), reps=3, warmup=1, groups=1)
             res["fwd_peak_extra_mb"] = peak_extra_mb(lambda: kla_scan(*xs, backend="torch"))
         xg = [x.clone().requires_grad_() for x in xs]
 
@@ -187,7 +215,7 @@ def bench_torch(shape):
             y, y_var = kla_scan(*xg, backend="torch")
             (y.sum() + y_var.sum()).backward()
 
-        res["fwd_bwd_ms"] = timed(fwd_bwd, reps=3, warmup=1)
+        res["fwd_bwd_ms"] = timed(fwd_bwd, reps=3, warmup=1, groups=1)
         res["fwd_bwd_peak_extra_mb"] = peak_extra_mb(fwd_bwd)
     except torch.cuda.OutOfMemoryError as e:
         res["oom"] = str(e).split("\n")[0][:200]
@@ -206,6 +234,7 @@ def bench_fla(B, L, H=4, K=64, V=128):
     g = torch.nn.functional.logsigmoid(torch.randn(B, L, H, K, device="cuda")).to(torch.bfloat16)
     with torch.no_grad():
         fwd = timed(lambda: chunk_gla(q, k, v, g))
+        fwd_alone = timed_per_call(lambda: chunk_gla(q, k, v, g))
     xg = [x.clone().requires_grad_() for x in (q, k, v, g)]
     do = torch.randn(B, L, H, V, **kw)
 
@@ -216,7 +245,8 @@ def bench_fla(B, L, H=4, K=64, V=128):
             x.grad = None
 
     fb = timed(fwd_bwd, reps=10)
-    return dict(fwd_ms=fwd, fwd_bwd_ms=fb, fwd_bwd_peak_extra_mb=peak_extra_mb(fwd_bwd))
+    return dict(fwd_ms=fwd, fwd_bwd_ms=fb, fwd_per_call_ms=fwd_alone, fwd_bwd_per_call_ms=timed_per_call(fwd_bwd, reps=10),
+                fwd_bwd_peak_extra_mb=peak_extra_mb(fwd_bwd))
 
 
 def host_overhead(shape, n=50):
@@ -231,7 +261,7 @@ def host_overhead(shape, n=50):
     res = {}
     with torch.no_grad():
         for name, fn in calls.items():
-            res[name + "_event_ms"] = timed(fn)
+            res[name + "_per_call_ms"] = timed_per_call(fn)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(n):

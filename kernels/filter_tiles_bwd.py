@@ -186,13 +186,14 @@ def filter_tile_bwd_agg_kernel(
     for k in range(R):
         tt = t0 + (R - 1 - k) * TILE
         t = tt + steps
-        valid, observed, yc, hr, x, g, (g11, g12, g22, v1, v2) = tile_adjoint_scan(
+        valid, observed, yc, hr, x, g, adjoint = tile_adjoint_scan(
             t, T, b, c, out + t * C, C, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             statics, mu_ptr, lam_ptr, lam0, mu0,
             g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
             TRANS_STEP, OBS_STEP, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, ROW)
+        g11, g12, g22, v1, v2 = adjoint
         b11, b12, b22, bv1, bv2 = last5(g11, g12, g22, v1, v2, last)
         a11, a12, a22, av1, av2 = _compose5(a11, a12, a22, av1, av2, b11, b12, b22, bv1, bv2)
     base = agg_ptr + b * 5 * NS * C + s * C + c
@@ -246,13 +247,14 @@ def filter_tile_bwd_kernel(
         tt = t0 + (R - 1 - k) * TILE
         t = tt + steps
         o = out + t * C
-        valid, observed, yc, hr, x, g, (g11, g12, g22, v1, v2) = tile_adjoint_scan(
+        valid, observed, yc, hr, x, g, adjoint = tile_adjoint_scan(
             t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             statics, mu_ptr, lam_ptr, lam0, mu0,
             g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
             TRANS_STEP, OBS_STEP, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, ROW)
+        g11, g12, g22, v1, v2 = adjoint
         gl_r = tl.where(first, gl, tl.gather(g11 * gl + g12 * ge + v1, before, 0))
         ge_r = tl.where(first, ge, tl.gather(g22 * ge + v2, before, 0))
         lam, mu, lam_p, mu_p, decay, noise, t_cols = x

@@ -10,16 +10,26 @@ fallback); the L = 63 case was still autotuning when the 330 s limit ended the r
 cases and the training test have not finished on a GPU yet. fla-core 0.6 stores its autotuning
 results under ``TRITON_CACHE_DIR`` (``FLA_CACHE_RESULTS=1``, its default) and can read chosen
 configs from ``FLA_CONFIG_DIR``: on a machine that starts bare, set ``TRITON_CACHE_DIR`` to a folder
-that is brought back and carried into the next run, so the tuning is paid once.
+that is brought back and carried into the next run, so the tuning is paid once. That cache came
+to 166 MB after the L = 1 case alone (too big to carry), and L = 63 was still tuning after 400 s:
+with ``KALMANSCAN_FLA_FIRST_CONFIG=1`` this module makes every fla kernel it imports take the first
+of its autotuning configs (no tuning; the values do not depend on the config), e.g.
+``KALMANSCAN_FLA_FIRST_CONFIG=1 TRITON_INTERPRET=0 python -m pytest tests/test_gla_gpu.py`` (run
+alone: the switch changes ``triton.autotune`` for the whole process).
 """
 
 import os
 
 import pytest
 import torch
+import triton
 
-from kalmanscan.nn import SequenceModel
-from kalmanscan.nn.mixers import GatedLinearAttention, _fla_chunk_gla
+if os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1":
+    _autotune = triton.autotune
+    triton.autotune = lambda configs, *args, **kwargs: _autotune(configs[:1], *args, **kwargs)
+
+from kalmanscan.nn import SequenceModel  # noqa: E402 - after the autotuning switch
+from kalmanscan.nn.mixers import GatedLinearAttention, _fla_chunk_gla  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" or _fla_chunk_gla() is None,

@@ -27,3 +27,20 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     out = run()
     assert {line.split()[0] for line in out.splitlines() if " loop " in line} == names
     assert len(names) >= 20 and "MUFU" in out
+
+
+def test_no_nested_tuple_targets_in_kernels():
+    """Triton 3.6 (the GPU image's) fails at the first launch of a jit function that assigns to a
+    nested tuple (``a, (b, c) = f()``: "unhashable type: 'list'" while hashing its dependencies);
+    newer Triton, which CI and the interpreter use, accepts it. Unpack in two statements instead."""
+    import ast
+    import glob
+
+    nested = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "kernels", "*.py"))):
+        for node in ast.walk(ast.parse(open(path).read())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.For, ast.AnnAssign)) else []
+            nested += [f"{os.path.basename(path)}:{node.lineno}" for t in targets if isinstance(t, ast.Tuple)
+                       and any(isinstance(e, (ast.Tuple, ast.List)) for e in t.elts)]
+    assert not nested, nested
