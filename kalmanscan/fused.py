@@ -11,7 +11,7 @@ forward's filtered mean and precision back as the per-step state; gradients for 
 per-lane sums inside the kernel; the last step from ``(decay, noise, phi, info)`` adjoints to the
 user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
 ``phi = h^2 / obs_var``, ``info = (h / obs_var)(y - h mean)``, taken by torch autograd on
-``(..., 1 or T, C)`` tensors. With :data:`TILE_BWD` on, few long series (the forward's tile regime,
+``(..., 1 or T, C)`` tensors. With :data:`TILE_BWD` on (the default), few long series (the forward's tile regime,
 :func:`uses_tiles`) run backwards time-parallel too (:mod:`kernels.filter_tiles_bwd`).
 
 Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
@@ -61,9 +61,9 @@ TILE_ROW = 8                # steps per row of a tile, composed in-thread before
 TILE_WARPS = 4
 TILE_STRETCHES = 1024       # at most this many stretches of tiles per series (one carry chunk)
 TILE_MAX_C = 1              # the time-parallel forward serves series of at most this many channels
-TILE_BWD = False            # the backward also runs time-parallel (kernels.filter_tiles_bwd, the forward's
-                            # tiles and stretches) wherever the forward does (uses_tiles); opt-in until
-                            # timed on a GPU: off, the backward always runs on the walks
+TILE_BWD = True             # the backward also runs time-parallel (kernels.filter_tiles_bwd, the forward's
+                            # tiles and stretches) wherever the forward does (uses_tiles); off, it runs
+                            # on the walks (H200, forward+backward at (1, 2^22): 0.207 ms on, 0.374 off)
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
 _ORDER = ("y",) + _TRANS + _OBS
