@@ -249,6 +249,7 @@ def check_tile_backward():
     names = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
     rng = np.random.default_rng(6)
     rows = []
+    saved = fused.TILE_BWD
     for T, per_step, times in ((4097, False, False), (20011, True, True), (1 << 20, False, False)):
         y, kw = random_problem(rng, T, C=1, batch=(), per_step=per_step, times=times, missing=0.1)
         grads = {}
@@ -262,7 +263,7 @@ def check_tile_backward():
             post = ks.filter(y_t, backend=backend, **t)
             loss = post.loglik.sum() + post.mean.sum() + post.var.sum()
             grads[label] = torch.autograd.grad(loss, [y_t] + [t[k] for k in names])
-        fused.TILE_BWD = False
+        fused.TILE_BWD = saved
         for i, name in enumerate(("y",) + names):
             ref = grads["float64"][i]
             rows.append(dict(T=T, per_step=per_step, input=name,
