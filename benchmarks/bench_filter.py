@@ -274,6 +274,33 @@ def check_tile_backward():
     return rows
 
 
+def check_chain():
+    """The single-pass chained forward (``fused.CHAIN``) on the GPU: float32 and float64 against the
+    float64 reference (C = 256, per-step and static parameters, missing values; every stretch's
+    state published and every third), and float32 against the three-kernel forward at (4096, 4096)
+    (max relative difference of mean and precision)."""
+    from kalmanscan import fused
+    rng = np.random.default_rng(8)
+    rows = []
+    saved = fused.CHAIN, fused.CHAIN_STRETCH, fused.CHAIN_PUBLISH
+    for stretch, publish in ((32, 1), (16, 3)):
+        fused.CHAIN, fused.CHAIN_STRETCH, fused.CHAIN_PUBLISH = True, stretch, publish
+        for per_step, times in ((False, False), (True, True)):
+            rows += [dict(r, stretch=stretch, publish=publish)
+                     for r in _reference_rows(rng, 256, (2,), per_step, times)]
+    fused.CHAIN_PUBLISH = 1
+    views, init, _ = static_problem(4096, 4096)
+    fused.CHAIN = False
+    want = fused.filter_forward(views, init, outputs=("mu", "lam"))
+    for stretch in (16, 32, 128):
+        fused.CHAIN, fused.CHAIN_STRETCH = True, stretch
+        got = fused.filter_forward(views, init, outputs=("mu", "lam"))
+        rows.append(dict(C=4096, T=4096, stretch=stretch, **{
+            k: float(((got[k] - want[k]).abs() / want[k].abs().clamp_min(1e-30)).max()) for k in ("mu", "lam")}))
+    fused.CHAIN, fused.CHAIN_STRETCH, fused.CHAIN_PUBLISH = saved
+    return rows
+
+
 def check_extremes(T=4096):
     """Float32 error against the float64 reference over obs_var x theta dt (one channel each) x offset.
 
@@ -316,7 +343,8 @@ def check_extremes(T=4096):
 
 
 SWEEP = {
-    (4096, 32768): [dict()],
+    (4096, 32768): [dict()] + [dict(CHAIN=True, CHAIN_STRETCH=n) for n in (16, 32, 64, 128)],
+    (64, 1 << 20): [dict(), dict(CHAIN=True, CHAIN_STRETCH=32), dict(CHAIN=True, CHAIN_STRETCH=128)],
     (1, 1 << 22): [dict(TILE_MAX_C=0), dict(), dict(TILE_BWD=True), dict(TILE_BWD=True, TILE_ROW=4),
                    dict(TILE_BWD=True, TILE_STRETCHES=4096)],
     (4, 1 << 20): [dict(TILE_MAX_C=0), dict(TILE_MAX_C=4), dict(TILE_MAX_C=4, TILE_BWD=True)],
@@ -324,11 +352,14 @@ SWEEP = {
 }
 
 
-def sweep():
-    """Forward and forward+backward times of launch variants (attributes of kalmanscan.fused)."""
+def sweep(shapes=None):
+    """Forward and forward+backward times of launch variants (attributes of kalmanscan.fused), at
+    the ``(C, T)`` of ``SWEEP`` (those in ``shapes`` only, when given)."""
     from kalmanscan import fused
     rows = []
     for (C, T), variants in SWEEP.items():
+        if shapes and (C, T) not in shapes:
+            continue
         views, init, _ = static_problem(T, C)
         cot = (torch.randn(1, T, C, device="cuda"), torch.randn(1, T, C, device="cuda"), None, None)
         for variant in variants:
@@ -415,6 +446,7 @@ def main():
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time launch variants of the forward")
     ap.add_argument("--sweep-only", action="store_true", help="only the launch variants (no checks, no table)")
+    ap.add_argument("--sweep-shapes", help="only these SWEEP shapes, e.g. 4096x32768,64x1048576")
     ap.add_argument("--checks", help="comma-separated checks to run (default: all, none with --sweep-only; "
                     "those named run with --sweep-only too)")
     args = ap.parse_args()
@@ -425,7 +457,7 @@ def main():
     import triton
     res["triton"] = triton.__version__
     checks = dict(reference=check_reference, regimes=check_regimes, gradients=check_gradients,
-                  tile_backward=check_tile_backward, extremes=check_extremes)
+                  tile_backward=check_tile_backward, chain=check_chain, extremes=check_extremes)
     names = args.checks.split(",") if args.checks else [] if args.sweep_only else list(checks)
     if not args.skip_checks:
         for name in names:
@@ -436,7 +468,8 @@ def main():
     res["copy_GBps"] = copy_bandwidth()
     print("copy GB/s", res["copy_GBps"], flush=True)
     if args.sweep or args.sweep_only:
-        res["sweep"] = sweep()
+        shapes = [tuple(int(v) for v in x.split("x")) for x in args.sweep_shapes.split(",")] if args.sweep_shapes else None
+        res["sweep"] = sweep(shapes)
         for row in res["sweep"]:
             print(json.dumps(row), flush=True)
         if args.sweep_only:

@@ -26,6 +26,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 
 ALIGNED = "aligned"  # a runtime argument specialised as divisible by 16 (a pointer: 16-byte aligned)
+INT_POINTERS = ("flag_ptr", "ticket_ptr")  # int32 pointers (the chained forward's flags and ticket)
 
 
 def _signature(fn, const):
@@ -40,7 +41,7 @@ def _signature(fn, const):
         if p.is_constexpr or (name in const and const[name] != ALIGNED):
             sig[name] = "constexpr"
         else:
-            sig[name] = "*fp32" if ptr else "i32"
+            sig[name] = ("*i32" if name in INT_POINTERS else "*fp32") if ptr else "i32"
             if const.get(name) == ALIGNED or (ptr and const.get("*_ptr") == ALIGNED):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, {k: v for k, v in const.items() if sig.get(k) == "constexpr"}, attrs
@@ -50,6 +51,7 @@ def kernels():
     """``name -> (jit function, constexprs, num_warps)``: every kernel at its production launch shape,
     and the hot ones again with the other values of their feature switches (``*_variants``)."""
     from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
+    from kernels.filter_chain import filter_chain_kernel
     from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel, filter_total_kernel
     from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
     from kernels.filter_tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
@@ -79,6 +81,9 @@ def kernels():
     return {
         "filter_agg": (filter_agg_kernel, walk, fused.NUM_WARPS),
         "filter_fwd": (filter_fwd_kernel, walk, fused.NUM_WARPS),
+        "filter_chain": (filter_chain_kernel, dict(walk, PUBLISH=fused.CHAIN_PUBLISH), fused.NUM_WARPS),
+        "filter_chain_variants": (filter_chain_kernel, dict(walk, **other, PUBLISH=3, PREFETCH=False),
+                                  fused.NUM_WARPS),
         "filter_tile_agg": (filter_tile_agg_kernel, tile, fused.TILE_WARPS),
         "filter_tile_fwd": (filter_tile_fwd_kernel, tile, fused.TILE_WARPS),
         "filter_bwd_agg": (filter_bwd_agg_kernel, bwd, fused.NUM_WARPS),

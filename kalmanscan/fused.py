@@ -30,6 +30,7 @@ import torch
 import triton
 
 from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
+from kernels.filter_chain import filter_chain_kernel
 from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel
 from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
 from kernels.filter_tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
@@ -64,6 +65,12 @@ TILE_MAX_C = 1              # the time-parallel forward serves series of at most
 TILE_BWD = True             # the backward also runs time-parallel (kernels.filter_tiles_bwd, the forward's
                             # tiles and stretches) wherever the forward does (uses_tiles); off, it runs
                             # on the walks (H200, forward+backward at (1, 2^22): 0.207 ms on, 0.374 off)
+CHAIN = False               # many series (C >= CHAIN_MIN_C): the single-pass chained forward
+                            # (kernels.filter_chain) instead of aggregate, carry and apply; opt-in
+                            # until timed on a GPU
+CHAIN_STRETCH = 32          # its steps per stretch (short, so that the second read of y hits L2)
+CHAIN_MIN_C = 32            # its lanes are channels only: fewer channels would leave them empty
+CHAIN_PUBLISH = 1           # test knob of the look-back (kernels.filter_chain: PUBLISH)
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
 _ORDER = ("y",) + _TRANS + _OBS
@@ -155,6 +162,8 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     y = views["y"]
     B, T, C = y.shape
     tiles = uses_tiles(T, C, stretch)
+    if CHAIN and not tiles and C >= CHAIN_MIN_C:
+        return _chain_forward(views, init, outputs, stretch, posterior)
     if tiles:
         ns, r = tile_plan(T)
         grid = (ns, B * C)
@@ -175,15 +184,50 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
         agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
         filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
                                       num_warps=CARRY_WARPS)
-    dummy = torch.empty(1, dtype=dtype, device=dev)
+    out, pointers, write = _outputs(y, outputs, posterior)
+    fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=posterior, **opts)
+    return {k: out[k] for k in (POSTERIOR if posterior else outputs)}
+
+
+def _outputs(y, outputs, posterior):
+    """``(out, pointers, flags)`` of the forward kernels: the ``(B, T, C)`` output tensors, the ten
+    output pointers in kernel order (a one-element dummy for those not written) and the
+    ``WRITE_*`` flags. The predicted mean and variance are written together (one flag), so asking
+    for one allocates both."""
+    B, T, C = y.shape
+    like = dict(dtype=y.dtype, device=y.device)
     names = POSTERIOR if posterior else ("mu", "lam", "pred_mu", "pred_var")
-    out = {k: torch.empty(B, T, C, dtype=dtype, device=dev) for k in (names if posterior else outputs)}
+    wanted = set(names if posterior else outputs)
+    if wanted & {"pred_mu", "pred_var"}:
+        wanted |= {"pred_mu", "pred_var"}
+    out = {k: torch.empty(B, T, C, **like) for k in names if k in wanted}
+    dummy = torch.empty(1, **like)
     pointers = [out.get(k, dummy) for k in names] + ([] if posterior else [dummy] * 6)
-    fwd_kernel[grid](
-        *args, start, *pointers, T, C, ns, r,
-        **flags, WRITE_MU="mu" in out, WRITE_LAM="lam" in out,
-        WRITE_PRED="pred_mu" in out or "pred_var" in out, POSTERIOR=posterior, **opts)
-    return out
+    return out, pointers, dict(WRITE_MU="mu" in out, WRITE_LAM="lam" in out, WRITE_PRED="pred_mu" in out)
+
+
+def _chain_forward(views, init, outputs, stretch, posterior):
+    """:func:`filter_forward` through :mod:`kernels.filter_chain` (stretches of ``CHAIN_STRETCH``
+    steps unless ``stretch`` is given)."""
+    y = views["y"]
+    B, T, C = y.shape
+    L = max(1, min(int(stretch or CHAIN_STRETCH), T))
+    ns = triton.cdiv(T, L)
+    block = min(BLOCK, triton.next_power_of_2(C))
+    ncb = triton.cdiv(C, block)
+    dtype, dev = y.dtype, y.device
+    start = torch.empty(B, 2, ns + 1, C, dtype=dtype, device=dev)
+    start[:, :, 0, :] = init
+    agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
+    flags = torch.zeros(B, ns, ncb, dtype=torch.int32, device=dev)
+    ticket = torch.zeros(1, dtype=torch.int32, device=dev)
+    out, pointers, write = _outputs(y, outputs, posterior)
+    filter_chain_kernel[(ns * B * ncb,)](
+        *_kernel_args(views), agg, start, flags, ticket, *pointers, B, T, C, ns, L, ncb,
+        TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS), **write, POSTERIOR=posterior,
+        BLOCK=block, num_warps=NUM_WARPS, WIDE=4 * B * T * C >= WIDE_FROM, PUBLISH=CHAIN_PUBLISH,
+        **fwd_opts(posterior))
+    return {k: out[k] for k in (POSTERIOR if posterior else outputs)}
 
 
 def filter_backward(views, init, mu, lam, cot, stretch=None):

@@ -77,19 +77,12 @@ def last7(p11, p12, p21, p22, e1, e2, f, last):
 
 
 @triton.jit
-def filter_agg_kernel(
-    y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-    dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-    h_ptr, sh_b, sh_t, sh_c,
-    agg_ptr, T, C, NS, L,
-    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
-    BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``."""
-    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
-        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
+def stretch_product(t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
+                    sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+                    obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+                    decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+                    BLOCK: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
+    """The product of the maps of steps ``t0 .. t0 + L - 1`` (7 numbers per lane, trace 1)."""
     one = tl.full((BLOCK,), 1.0, decay_s.dtype)
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
@@ -105,6 +98,56 @@ def filter_agg_kernel(
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
         p11, p12, p21, p22, e1, e2, f = _step_after(
             p11, p12, p21, p22, e1, e2, f, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0), phi, info)
+    return p11, p12, p21, p22, e1, e2, f
+
+
+@triton.jit
+def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
+                 sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+                 obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+                 decay_s, noise_s, obs_var_s, mean_s, h_s,
+                 mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
+                 pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+                 WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
+                 POSTERIOR: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
+    """Walk steps ``t0 .. t0 + L - 1`` from the state ``(lam, eta)``, writing the outputs
+    (:func:`kernels.filter_steps.emit_step`)."""
+    out = b * T * C + c
+    end = tl.minimum(t0 + L, T)
+    # with PREFETCH, y of the next four steps in flight (loads issued ahead of the dependent chain)
+    y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
+    for i in tl.range(0, L, loop_unroll_factor=UNROLL):
+        t = t0 + i
+        valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = walk_inputs(
+            t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
+            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
+        lam, eta = emit_step(
+            lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, out + t * C, valid,
+            mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
+            pred_obs_var_ptr, loglik_ptr, missing_ptr, WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+
+
+@triton.jit
+def filter_agg_kernel(
+    y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+    dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+    h_ptr, sh_b, sh_t, sh_c,
+    agg_ptr, T, C, NS, L,
+    TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+    BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``."""
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
+        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
+    p11, p12, p21, p22, e1, e2, f = stretch_product(
+        t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
+        sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
+        mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
+        TRANS_STEP, OBS_STEP, BLOCK, UNROLL, PREFETCH)
     base = agg_ptr + b * 7 * NS * C + g
     stride = NS * C
     tl.store(base, p11, mask=lane_ok)
@@ -214,18 +257,10 @@ def filter_fwd_kernel(
     sbase = start_ptr + b * 2 * NS * C + g
     lam = tl.load(sbase, mask=lane_ok, other=1.0)
     eta = tl.load(sbase + NS * C, mask=lane_ok, other=0.0)
-    out = b * T * C + c
-    end = tl.minimum(t0 + L, T)
-    # with PREFETCH, y of the next four steps in flight (loads issued ahead of the dependent chain)
-    y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
-    for i in tl.range(0, L, loop_unroll_factor=UNROLL):
-        t = t0 + i
-        valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = walk_inputs(
-            t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
-        lam, eta = emit_step(
-            lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, out + t * C, valid,
-            mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
-            pred_obs_var_ptr, loglik_ptr, missing_ptr, WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+    walk_outputs(
+        lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
+        sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
+        mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
+        mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
+        pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP, OBS_STEP,
+        WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR, UNROLL, PREFETCH)

@@ -88,3 +88,29 @@ def problem_tensors(kw, dtype=torch.float64, grad=False):
         t = torch.tensor(v, dtype=torch.float64 if k == "times" else dtype)
         out[k] = t.requires_grad_() if grad and k in NAMES else t
     return out
+
+
+class Launches:
+    """A kernel whose launches are counted (``kernel[grid](...)`` goes through)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+
+def forward_views(y, kw):
+    """``(views, init)`` that :func:`kalmanscan.fused.filter_forward` takes for the NumPy problem
+    ``(y, kw)`` (float64)."""
+    from kalmanscan import fused
+    from kalmanscan.inputs import prepare
+
+    p = prepare(torch.tensor(y), **problem_tensors(kw))
+    views = {k: fused._flat(getattr(p, k), p.shape) for k in fused._ORDER}
+    B, C = views["y"].shape[0], p.shape[-1]
+    per_series = p.shape[:-2] + (1, C)
+    lam0 = 1.0 / torch.broadcast_to(p.init_var, per_series).reshape(B, C)
+    mu0 = torch.broadcast_to(p.init_mean - p.mean[..., :1, :], per_series).reshape(B, C)
+    return views, torch.stack([lam0, lam0 * mu0], 1)

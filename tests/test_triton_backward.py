@@ -7,7 +7,7 @@ float64 torch autograd and the walk backward. Kernels under TRITON_INTERPRET=1 o
 import numpy as np
 import pytest
 import torch
-from helpers import NAMES, problem_tensors, random_problem
+from helpers import NAMES, Launches, forward_views, problem_tensors, random_problem
 
 import kalmanscan as ks
 from kalmanscan import fused
@@ -92,13 +92,7 @@ def test_filter_loss_on_one_field_gradients_equal_torch_autograd(field, stretche
 def _saved_forward(y, kw, stretch=None):
     """``(views, init, mu, lam)``: what :func:`fused.filter_backward` takes for the problem
     ``(y, kw)``, the forward's saved state from :func:`fused.filter_forward`."""
-    p = prepare(torch.tensor(y), **problem_tensors(kw))
-    views = {k: fused._flat(getattr(p, k), p.shape) for k in fused._ORDER}
-    B, C = views["y"].shape[0], p.shape[-1]
-    per_series = p.shape[:-2] + (1, C)
-    lam0 = 1.0 / torch.broadcast_to(p.init_var, per_series).reshape(B, C)
-    mu0 = torch.broadcast_to(p.init_mean - p.mean[..., :1, :], per_series).reshape(B, C)
-    init = torch.stack([lam0, lam0 * mu0], 1)
+    views, init = forward_views(y, kw)
     out = fused.filter_forward(views, init, stretch=stretch)
     return views, init, out["mu"], out["lam"]
 
@@ -131,24 +125,13 @@ def test_backward_absent_cotangent_equals_zero_cotangent(poisoned):
 TILE_BWD_FIELDS = [("mean",), ("logliks",), ("mean", "var", "logliks", "pred_mean", "pred_var")]
 
 
-class _Launches:
-    """A kernel whose launches are counted (``kernel[grid](...)`` goes through)."""
-
-    def __init__(self, kernel):
-        self.kernel, self.count = kernel, 0
-
-    def __getitem__(self, grid):
-        self.count += 1
-        return self.kernel[grid]
-
-
 @pytest.fixture(params=[4, 8])
 def tile_bwd(request, tiles, monkeypatch):
     """The time-parallel backward (``TILE_BWD``) on the :func:`tiles` of 16 steps, rows of 4 and 8
     steps; yields the counted launches of its apply kernel."""
     monkeypatch.setattr(fused, "TILE_BWD", True)
     monkeypatch.setattr(fused, "TILE_ROW", request.param)
-    launches = _Launches(fused.filter_tile_bwd_kernel)
+    launches = Launches(fused.filter_tile_bwd_kernel)
     monkeypatch.setattr(fused, "filter_tile_bwd_kernel", launches)
     return launches
 
