@@ -12,7 +12,9 @@ per-lane sums inside the kernel; the last step from ``(decay, noise, phi, info)`
 user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
 ``phi = h^2 / obs_var``, ``info = (h / obs_var)(y - h mean)``, taken by torch autograd on
 ``(..., 1 or T, C)`` tensors. With :data:`TILE_BWD` on (the default), few long series (the forward's tile regime,
-:func:`uses_tiles`) run backwards time-parallel too (:mod:`kernels.filter_tiles_bwd`).
+:func:`uses_tiles`) run backwards time-parallel too (:mod:`kernels.filter_tiles_bwd`). With
+:data:`CHAIN` on (opt-in), the forward of many series is one chained kernel instead of three
+(:mod:`kernels.filter_chain`: aggregate, decoupled look-back and apply per stretch).
 
 Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
 :mod:`kalmanscan.inputs`), or float64 for float64 inputs. Runs on CUDA tensors, or on the CPU under
@@ -66,9 +68,9 @@ TILE_BWD = True             # the backward also runs time-parallel (kernels.filt
                             # tiles and stretches) wherever the forward does (uses_tiles); off, it runs
                             # on the walks (H200, forward+backward at (1, 2^22): 0.207 ms on, 0.374 off)
 CHAIN = False               # many series (C >= CHAIN_MIN_C): the single-pass chained forward
-                            # (kernels.filter_chain) instead of aggregate, carry and apply; opt-in
-                            # until timed on a GPU
-CHAIN_STRETCH = 32          # its steps per stretch (short, so that the second read of y hits L2)
+                            # (kernels.filter_chain) instead of aggregate, carry and apply; opt-in: on
+                            # an H200 at (4096, 32768) 0.649 ms against 0.658 (docs/performance.md)
+CHAIN_STRETCH = 64          # its steps per stretch (16 / 32 / 64 / 128: 1.197 / 0.702 / 0.649 / 0.646 ms)
 CHAIN_MIN_C = 32            # its lanes are channels only: fewer channels would leave them empty
 CHAIN_PUBLISH = 1           # test knob of the look-back (kernels.filter_chain: PUBLISH)
 _TRANS = ("theta", "sigma", "dt")

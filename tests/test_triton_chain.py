@@ -30,7 +30,7 @@ def chain(request, monkeypatch):
     return launches
 
 
-CASES = [(T, C, per_step, times) for T, C in ((1, 33), (63, 33), (201, 40), (37, 130))
+CASES = [(T, C, per_step, times) for T, C in ((1, 33), (63, 33), (101, 40), (37, 130))
          for per_step, times in ((False, False), (True, True), (True, False))]
 
 
