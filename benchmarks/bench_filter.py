@@ -278,7 +278,7 @@ def check_chain():
     """The single-pass chained forward (``fused.CHAIN``) on the GPU: float32 and float64 against the
     float64 reference (C = 256, per-step and static parameters, missing values; every stretch's
     state published and every third), and float32 against the three-kernel forward at (4096, 4096)
-    (max relative difference of mean and precision)."""
+    (mean: max difference over max magnitude; precision: max relative difference)."""
     from kalmanscan import fused
     rng = np.random.default_rng(8)
     rows = []
@@ -295,8 +295,9 @@ def check_chain():
     for stretch in (16, 32, 128):
         fused.CHAIN, fused.CHAIN_STRETCH = True, stretch
         got = fused.filter_forward(views, init, outputs=("mu", "lam"))
-        rows.append(dict(C=4096, T=4096, stretch=stretch, **{
-            k: float(((got[k] - want[k]).abs() / want[k].abs().clamp_min(1e-30)).max()) for k in ("mu", "lam")}))
+        rows.append(dict(C=4096, T=4096, stretch=stretch,
+                         mu=float((got["mu"] - want["mu"]).abs().max() / want["mu"].abs().max()),
+                         lam=float(((got["lam"] - want["lam"]).abs() / want["lam"]).max())))
     fused.CHAIN, fused.CHAIN_STRETCH, fused.CHAIN_PUBLISH = saved
     return rows
 
