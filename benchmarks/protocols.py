@@ -53,6 +53,8 @@ MIXER_SPECS = {
     "attention": ["--mixer", "attention"],
     "gla": ["--mixer", "gla"],
     "mamba": ["--mixer", "mamba"],
+    "gdn": ["--mixer", "gdn"],
+    "mlstm": ["--mixer", "mlstm"],
 }
 BASELINE_MIXERS = ("kla", "kla_noise0", "attention", "gla", "mamba")
 MIN_START_S = 60          # with a launch budget: no run starts with less time left

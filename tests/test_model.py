@@ -8,9 +8,10 @@ from kalmanscan.nn import KLA, MIXERS, SequenceModel, register_mixer
 from kalmanscan.nn.mixers import CausalAttention, GatedLinearAttention, SelectiveSSM, gla_chunked
 
 TOL = dict(rtol=1e-10, atol=1e-12)
-NAMES = ["kla", "attention", "gla", "mamba"]
+NAMES = ["kla", "attention", "gla", "mamba", "gdn", "mlstm"]
 KWARGS = {"kla": dict(backend="torch", d_state=4), "attention": dict(n_heads=2),
-          "gla": dict(n_heads=2), "mamba": dict(d_state=4)}
+          "gla": dict(n_heads=2), "mamba": dict(d_state=4), "gdn": dict(n_heads=2, chunk_size=16),
+          "mlstm": dict(n_heads=2, chunk_size=16)}
 
 
 def mixer(name, d_model=8, seed=0):
@@ -37,7 +38,7 @@ def test_mixer_decoding_and_chunked_prefill_equal_forward(name):
     torch.testing.assert_close(torch.stack(steps, 1), y, **TOL)
     state = m.init_state(2)
     chunks = []
-    for lo, hi in [(0, 1), (1, 18), (18, 37)]:      # lengths 1, 17 and 19 (gla chunk is 16)
+    for lo, hi in [(0, 1), (1, 18), (18, 37)]:      # lengths 1, 17 and 19 (chunks of 16)
         y_c, state = m(x[:, lo:hi], state=state)
         chunks.append(y_c)
     torch.testing.assert_close(torch.cat(chunks, 1), y, **TOL)

@@ -6,6 +6,8 @@ compared with.
     MIXERS["gla"]        gated linear attention (Yang et al. 2023): fla's ``chunk_gla`` on CUDA when
                          installed, else a chunked torch form
     MIXERS["mamba"]      a Mamba-like selective diagonal SSM (input-dependent step, torch only)
+    MIXERS["gdn"]        Gated DeltaNet (:mod:`kalmanscan.nn.gdn`, chunked torch form)
+    MIXERS["mlstm"]      xLSTM's matrix-memory mLSTM (:mod:`kalmanscan.nn.mlstm`, chunkwise torch form)
 
 Protocol (every mixer): ``Mixer(d_model, **kwargs, device=None, dtype=None)``;
 ``forward(x, state=None)`` with x (B, L, D) returns y (B, L, D), or ``(y, new_state)`` when a state
@@ -323,3 +325,6 @@ class SelectiveSSM(nn.Module):
         decay, inp, C = self._maps(z)
         h = decay * state.h.to(decay.dtype) + inp
         return self._output(h, C, z, gate), SSMState(window, h)
+
+
+from . import gdn, mlstm  # noqa: E402,F401 - after register_mixer: they register "gdn" and "mlstm"
