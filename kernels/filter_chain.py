@@ -3,8 +3,10 @@ with decoupled look-back.
 
 The three-kernel forward of :mod:`kernels.filter_fwd` reads ``y`` twice from device memory (the
 aggregate pass, then the apply pass after the carry scan). Here one kernel does both for each
-(batch row, stretch ``s``, block of ``BLOCK`` channels), the stretches short enough (tens of steps)
-that the second read of ``y`` finds it in L2:
+(batch row, stretch ``s``, block of ``BLOCK`` channels), meant for stretches short enough (tens of
+steps) that the second read of ``y`` finds it in L2. Measured on an H200 (docs/performance.md) it
+is correct but no faster (0.649 against 0.658 ms at C = 4096, T = 32768 with stretches of 64; 32
+and fewer steps are slower): opt-in through ``kalmanscan.fused.CHAIN``. Per program:
 
 1. walk the stretch composing its map (:func:`kernels.filter_fwd.stretch_product`: the merged
    homogeneous form, 7 numbers per channel, trace 1), store it in ``agg[b, k, s, c]`` and raise
