@@ -29,7 +29,6 @@ import math
 import os
 
 import torch
-import triton
 
 from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
 from kernels.filter_chain import filter_chain_kernel
@@ -39,6 +38,7 @@ from kernels.filter_tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd
 
 from . import mobius, ou
 from .inputs import Problem
+from .launch import cdiv, next_power_of_2
 from .parallel import filter_torch, finish
 
 __all__ = ["filter_triton", "filter_forward", "plan"]
@@ -86,10 +86,10 @@ def plan(B: int, T: int, C: int, stretch: int | None = None) -> tuple[int, int]:
     cross many stretch boundaries on small problems).
     """
     if stretch is None:
-        ns = max(1, min(triton.cdiv(TARGET_LANES, B * C), T // MIN_STRETCH, MAX_STRETCHES))
-        stretch = triton.cdiv(T, ns)
+        ns = max(1, min(cdiv(TARGET_LANES, B * C), T // MIN_STRETCH, MAX_STRETCHES))
+        stretch = cdiv(T, ns)
     stretch = max(1, min(int(stretch), T))
-    return triton.cdiv(T, stretch), stretch
+    return cdiv(T, stretch), stretch
 
 
 def _flat(x, shape):
@@ -101,9 +101,9 @@ def _flat(x, shape):
 def tile_plan(T: int) -> tuple[int, int]:
     """``(NS, R)`` of the time-parallel forward: ``NS`` stretches of ``R`` tiles of ``TILE`` steps,
     ``NS <= TILE_STRETCHES``."""
-    tiles = triton.cdiv(T, TILE)
-    r = triton.cdiv(tiles, min(tiles, TILE_STRETCHES))
-    return triton.cdiv(tiles, r), r
+    tiles = cdiv(T, TILE)
+    r = cdiv(tiles, min(tiles, TILE_STRETCHES))
+    return cdiv(tiles, r), r
 
 
 def uses_tiles(T: int, C: int, stretch: int | None = None) -> bool:
@@ -129,11 +129,11 @@ def _steps(views, names):
 def _launch(B, T, C, ns):
     """Grid and launch options of the walking kernels (``WIDE``: 64-bit offsets); the forward
     ones add ``fwd_opts()``, the backward ones ``UNROLL=BWD_UNROLL``."""
-    block = min(SMALL_C_BLOCK if C < 32 else BLOCK, triton.next_power_of_2(ns * C))
+    block = min(SMALL_C_BLOCK if C < 32 else BLOCK, next_power_of_2(ns * C))
     opts = dict(BLOCK=block, num_warps=NUM_WARPS, WIDE=4 * B * T * C >= WIDE_FROM)
     if NUM_STAGES is not None:
         opts["num_stages"] = NUM_STAGES
-    return (triton.cdiv(ns * C, block), B), opts
+    return (cdiv(ns * C, block), B), opts
 
 
 def fwd_opts(posterior=False):
@@ -184,7 +184,7 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     if ns > 1:
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
-        filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
+        filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, next_power_of_2(ns - 1)),
                                       num_warps=CARRY_WARPS)
     out, pointers, write = _outputs(y, outputs, posterior)
     fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=posterior, **opts)
@@ -214,9 +214,9 @@ def _chain_forward(views, init, outputs, stretch, posterior):
     y = views["y"]
     B, T, C = y.shape
     L = max(1, min(int(stretch or CHAIN_STRETCH), T))
-    ns = triton.cdiv(T, L)
-    block = min(BLOCK, triton.next_power_of_2(C))
-    ncb = triton.cdiv(C, block)
+    ns = cdiv(T, L)
+    block = min(BLOCK, next_power_of_2(C))
+    ncb = cdiv(C, block)
     dtype, dev = y.dtype, y.device
     start = torch.empty(B, 2, ns + 1, C, dtype=dtype, device=dev)
     start[:, :, 0, :] = init
@@ -272,7 +272,7 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     if ns > 1:
         agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, mu, lam, init, *g, agg, T, C, ns, L, **flags, **opts)
-        filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
+        filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(CARRY_CHUNK, next_power_of_2(ns - 1)),
                                           num_warps=CARRY_WARPS)
     grad_y = torch.empty(B, T, C, dtype=dtype, device=dev)
     obs_grad = torch.empty((3, B, T, C) if obs_step else (1,), dtype=dtype, device=dev)

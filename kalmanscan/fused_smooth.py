@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from kernels.filter_bwd import filter_bwd_carry_kernel
 from kernels.smooth_rts import rts_agg_kernel, rts_kernel
 
 from . import fused
+from .launch import next_power_of_2
 
 __all__ = ["rts_triton"]
 
@@ -40,7 +40,7 @@ def rts_triton(f: dict, mean_param, stretch: int | None = None):
     if ns > 1:
         agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
         rts_agg_kernel[grid](*args, agg, T, C, ns, L, **opts)
-        filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(fused.CARRY_CHUNK, triton.next_power_of_2(ns - 1)),
+        filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(fused.CARRY_CHUNK, next_power_of_2(ns - 1)),
                                           num_warps=fused.CARRY_WARPS)
     out = [torch.empty(B, T, C, dtype=dtype, device=dev) for _ in range(3)]
     rts_kernel[grid](*args, top, *out, T, C, ns, L, **opts)

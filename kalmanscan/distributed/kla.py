@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..launch import cdiv, next_power_of_2
 from . import summaries
 from .comm import agree, all_gather, rank_world, tie
 
@@ -216,23 +217,21 @@ def _kernel_total(v, lam_v, k, q, decay, noise, dtype):
     at once (pieces of at least :data:`MIN_PIECE` tokens); the ``P`` piece maps are then composed
     by a tree.
     """
-    import triton
-
     from kernels.kla_split import kla_piece_map_kernel
 
     from ..nn.kla_triton import DEFAULT_CONFIG as config
 
     B, L, M = v.shape
     S = k.shape[-1]
-    n_mblocks = triton.cdiv(M, config.block_m)
-    pieces = max(1, min(triton.cdiv(KERNEL_PROGRAMS, B * n_mblocks), triton.cdiv(L, MIN_PIECE)))
-    piece_len = triton.cdiv(L, pieces)
-    pieces = triton.cdiv(L, piece_len)
+    n_mblocks = cdiv(M, config.block_m)
+    pieces = max(1, min(cdiv(KERNEL_PROGRAMS, B * n_mblocks), cdiv(L, MIN_PIECE)))
+    piece_len = cdiv(L, pieces)
+    pieces = cdiv(L, piece_len)
     maps = torch.empty(B, pieces + 1, 7, M, S, dtype=torch.float32, device=v.device)
     kla_piece_map_kernel[(B, n_mblocks, pieces)](
         *(x.contiguous() for x in (v, lam_v, k, q)),
         *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
-        L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=triton.next_power_of_2(S),
+        L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=next_power_of_2(S),
         STAGES=config.stages, num_warps=config.num_warps)
     total = summaries.total(summaries.compose, maps[:, :pieces].unbind(2), 1)
     return tuple(x[:, 0].to(dtype) for x in total)

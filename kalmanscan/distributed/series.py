@@ -33,6 +33,7 @@ import torch
 
 from ..filtering import make_posterior, resolve_backend, run_backend
 from ..inputs import prepare
+from ..launch import next_power_of_2
 from ..parallel import first_step_identity
 from .. import smooth as _public_smooth  # resolves ks.smooth to the function before the next line
 from ..smooth import _gain_terms, rts_torch  # (a first import of the submodule would shadow it)
@@ -245,8 +246,6 @@ def _kernel_total(p):
     kernel (one pass over the inputs, per-(stretch, channel) products) and a kernel composing its
     ``NS`` stretches (one program per series; trace-normalised, not by powers of two); each entry
     ``(..., 1, C)``."""
-    import triton
-
     from kernels.filter_fwd import filter_agg_kernel, filter_total_kernel
 
     from .. import fused
@@ -262,7 +261,7 @@ def _kernel_total(p):
         TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS), **opts,
         **fused.fwd_opts())
     total = torch.empty(B, 7, C, dtype=p.dtype, device=p.y.device)
-    filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(fused.CARRY_CHUNK, triton.next_power_of_2(ns)),
+    filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(fused.CARRY_CHUNK, next_power_of_2(ns)),
                                   num_warps=fused.CARRY_WARPS)
     return tuple(x.reshape(shape[:-2] + (1, C)) for x in total.unbind(1))
 

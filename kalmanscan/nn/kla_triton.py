@@ -18,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from kernels.kla_bwd import kla_bwd_kernel
 from kernels.kla_fwd import kla_fwd_kernel
 from kernels.kla_split import kla_piece_map_kernel
+
+from ..launch import cdiv, next_power_of_2
 
 __all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
 
@@ -60,7 +61,7 @@ def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=N
     overrides the launch shape; results do not depend on it beyond float32 rounding.
     """
     config = config or DEFAULT_CONFIG
-    if _largest_buffer(config, *v.shape, triton.next_power_of_2(k.shape[-1]), v.device) >= 2**31:
+    if _largest_buffer(config, *v.shape, next_power_of_2(k.shape[-1]), v.device) >= 2**31:
         raise ValueError(f"v of shape {tuple(v.shape)} is too large for the kernels' int32 offsets")
     tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
@@ -68,16 +69,16 @@ def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=N
 
 
 def _grid_args(B, M, S, block_m):
-    n_mblocks = triton.cdiv(M, block_m)
-    return (B, n_mblocks), n_mblocks, triton.next_power_of_2(S)
+    n_mblocks = cdiv(M, block_m)
+    return (B, n_mblocks), n_mblocks, next_power_of_2(S)
 
 
 def _largest_buffer(config, B, L, M, S, device):
     """Elements in the largest tensor a kernel indexes (the kernels use int32 offsets)."""
-    n_mblocks = triton.cdiv(M, config.bwd_block_m)
+    n_mblocks = cdiv(M, config.bwd_block_m)
     fwd_pieces = _pieces(config.pieces, config.block_m, config.chunk, B, L, M, device)[0]
     bwd_pieces = _pieces(config.bwd_pieces, config.bwd_block_m, config.chunk, B, L, M, device)[0]
-    return max(B * L * M, B * L * n_mblocks * S, B * (triton.cdiv(L, config.chunk) + 1) * M * S,
+    return max(B * L * M, B * L * n_mblocks * S, B * (cdiv(L, config.chunk) + 1) * M * S,
                B * max(7 * fwd_pieces, 5 * bwd_pieces) * M * S,
                B * n_mblocks * bwd_pieces * config.chunk * config.bwd_block_m * S)
 
@@ -87,10 +88,10 @@ def _pieces(requested, block_m, chunk, B, L, M, device):
     n = requested
     if n is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-        n = 4 * sms // (B * triton.cdiv(M, block_m))
-    n = max(1, min(n, triton.cdiv(L, chunk)))
-    piece_len = max(triton.cdiv(triton.cdiv(L, n), chunk), 1) * chunk
-    return max(triton.cdiv(L, piece_len), 1), piece_len
+        n = 4 * sms // (B * cdiv(M, block_m))
+    n = max(1, min(n, cdiv(L, chunk)))
+    piece_len = max(cdiv(cdiv(L, n), chunk), 1) * chunk
+    return max(cdiv(L, piece_len), 1), piece_len
 
 
 class _KLAScan(torch.autograd.Function):
@@ -106,7 +107,7 @@ class _KLAScan(torch.autograd.Function):
                   for x in (lam0, eta0)]
         dev = v.device
         chunk = config.chunk
-        n_chunks = max(triton.cdiv(L, chunk), 1)
+        n_chunks = max(cdiv(L, chunk), 1)
         y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
         y_var = torch.empty_like(y)
         lam = torch.empty(B, M, S, dtype=torch.float32, device=dev)
