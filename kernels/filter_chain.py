@@ -32,7 +32,7 @@ even where programs run one after another (the interpreter).
 import triton
 import triton.language as tl
 
-from .filter_fwd import _compose7, stretch_product, walk_outputs
+from .filter_fwd import _compose7, read_out7, store7, stretch_product, walk_outputs
 from .filter_steps import index, static_inputs
 
 
@@ -82,13 +82,7 @@ def filter_chain_kernel(
     abase = agg_ptr + b * 7 * stride + c
     flags = flag_ptr + (b * NS) * NCB + cb
     if s != NS - 1:
-        tl.store(abase + s * C, p11, mask=lane_ok)
-        tl.store(abase + s * C + stride, p12, mask=lane_ok)
-        tl.store(abase + s * C + 2 * stride, p21, mask=lane_ok)
-        tl.store(abase + s * C + 3 * stride, p22, mask=lane_ok)
-        tl.store(abase + s * C + 4 * stride, e1, mask=lane_ok)
-        tl.store(abase + s * C + 5 * stride, e2, mask=lane_ok)
-        tl.store(abase + s * C + 6 * stride, f, mask=lane_ok)
+        store7(abase + s * C, stride, p11, p12, p21, p22, e1, e2, f, lane_ok)
         tl.debug_barrier()
         tl.atomic_xchg(flags + s * NCB, 1, sem="release")
     # look back: q maps the state entering stretch k + 1 to the state entering stretch s
@@ -109,14 +103,12 @@ def filter_chain_kernel(
     sbase = start_ptr + b * 2 * sstride + c
     lam0 = tl.load(sbase + (k + 1) * C, mask=lane_ok, other=1.0, cache_modifier=".cg")
     eta0 = tl.load(sbase + sstride + (k + 1) * C, mask=lane_ok, other=0.0, cache_modifier=".cg")
-    w0 = q21 * lam0 + q22
-    lam = (q11 * lam0 + q12) / w0
-    eta = (g1 * lam0 + g2 + h * eta0) / w0
+    lam, eta = read_out7(q11, q12, q21, q22, g1, g2, h, lam0, eta0)
     if s != NS - 1:
         if s % PUBLISH == PUBLISH - 1:
-            w1 = p21 * lam + p22
-            tl.store(sbase + (s + 1) * C, (p11 * lam + p12) / w1, mask=lane_ok)
-            tl.store(sbase + sstride + (s + 1) * C, (e1 * lam + e2 + f * eta) / w1, mask=lane_ok)
+            lam1, eta1 = read_out7(p11, p12, p21, p22, e1, e2, f, lam, eta)
+            tl.store(sbase + (s + 1) * C, lam1, mask=lane_ok)
+            tl.store(sbase + sstride + (s + 1) * C, eta1, mask=lane_ok)
             tl.debug_barrier()
             tl.atomic_xchg(flags + s * NCB, 2, sem="release")
     walk_outputs(

@@ -70,6 +70,26 @@ def _step_after(p11, p12, p21, p22, e1, e2, f, decay, noise, phi, info):
 
 
 @triton.jit
+def read_out7(p11, p12, p21, p22, e1, e2, f, lam, eta):
+    """The state after the product ``p`` from the state ``(lam, eta)`` before it: the projective
+    read-out ``((p11 lam + p12) / w0, (e1 lam + e2 + f eta) / w0)``, ``w0 = p21 lam + p22``."""
+    w0 = p21 * lam + p22
+    return (p11 * lam + p12) / w0, (e1 * lam + e2 + f * eta) / w0
+
+
+@triton.jit
+def store7(ptr, stride, p11, p12, p21, p22, e1, e2, f, mask):
+    """Store the 7 numbers of a map at ``ptr + k stride`` (``mask`` as :func:`tl.store`'s)."""
+    tl.store(ptr, p11, mask=mask)
+    tl.store(ptr + stride, p12, mask=mask)
+    tl.store(ptr + 2 * stride, p21, mask=mask)
+    tl.store(ptr + 3 * stride, p22, mask=mask)
+    tl.store(ptr + 4 * stride, e1, mask=mask)
+    tl.store(ptr + 5 * stride, e2, mask=mask)
+    tl.store(ptr + 6 * stride, f, mask=mask)
+
+
+@triton.jit
 def last7(p11, p12, p21, p22, e1, e2, f, last):
     """The 7 numbers of a tile's map at the lane where ``last`` is on, as scalars."""
     return (pick(p11, last), pick(p12, last), pick(p21, last), pick(p22, last), pick(e1, last),
@@ -148,15 +168,7 @@ def filter_agg_kernel(
         sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
         mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
         TRANS_STEP, OBS_STEP, BLOCK, UNROLL, PREFETCH)
-    base = agg_ptr + b * 7 * NS * C + g
-    stride = NS * C
-    tl.store(base, p11, mask=lane_ok)
-    tl.store(base + stride, p12, mask=lane_ok)
-    tl.store(base + 2 * stride, p21, mask=lane_ok)
-    tl.store(base + 3 * stride, p22, mask=lane_ok)
-    tl.store(base + 4 * stride, e1, mask=lane_ok)
-    tl.store(base + 5 * stride, e2, mask=lane_ok)
-    tl.store(base + 6 * stride, f, mask=lane_ok)
+    store7(agg_ptr + b * 7 * NS * C + g, NS * C, p11, p12, p21, p22, e1, e2, f, lane_ok)
 
 
 @triton.jit
@@ -188,9 +200,7 @@ def filter_carry_kernel(agg_ptr, start_ptr, C, NS, CH: tl.constexpr):
         f = tl.load(o + 6 * stride, mask=m, other=1.0)
         p11, p12, p21, p22, e1, e2, f = tl.associative_scan(
             (p11, p12, p21, p22, e1, e2, f), 0, _compose7)
-        w0 = p21 * lam + p22
-        lam_s = (p11 * lam + p12) / w0
-        eta_s = (e1 * lam + e2 + f * eta) / w0
+        lam_s, eta_s = read_out7(p11, p12, p21, p22, e1, e2, f, lam, eta)
         tl.store(sbase + (s + 1) * C, lam_s, mask=m)
         tl.store(sbase + NS * C + (s + 1) * C, eta_s, mask=m)
         last = idx == CH - 1
@@ -227,14 +237,7 @@ def filter_total_kernel(agg_ptr, total_ptr, C, NS, CH: tl.constexpr):
         q11, q12, q21, q22, g1, g2, h = last7(p11, p12, p21, p22, e1, e2, f, last)
         t11, t12, t21, t22, u1, u2, v = _compose7(t11, t12, t21, t22, u1, u2, v,
                                                   q11, q12, q21, q22, g1, g2, h)
-    tbase = total_ptr + b * 7 * C + c
-    tl.store(tbase, t11)
-    tl.store(tbase + C, t12)
-    tl.store(tbase + 2 * C, t21)
-    tl.store(tbase + 3 * C, t22)
-    tl.store(tbase + 4 * C, u1)
-    tl.store(tbase + 5 * C, u2)
-    tl.store(tbase + 6 * C, v)
+    store7(total_ptr + b * 7 * C + c, C, t11, t12, t21, t22, u1, u2, v, None)
 
 
 @triton.jit
