@@ -65,19 +65,8 @@ def timed(fn, reps=20, warmup=3, groups=5):
 
 def timed_per_call(fn, reps=20, warmup=3):
     """Median milliseconds of ``fn()`` timed alone (synchronised before each call): the GPU's time
-    plus the host's launch latency, during which the GPU idles."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    plus the host's launch latency, during which the GPU idles (:func:`timed` with groups of one)."""
+    return timed(fn, reps=1, warmup=warmup, groups=reps)
 
 
 def peak_extra_mb(fn):
