@@ -7,7 +7,8 @@
 Each workload runs twice untraced (compilation, autotuning), then once between
 ``cudaProfilerStart`` and ``cudaProfilerStop``, so ``--profile-from-start off`` reports exactly the
 kernels of one call. Workloads: ``filter`` (the fused forward writing mean and precision at
-(C, T) = (4096, 32768) and (1, 2^22)), ``filter_bwd`` (the backward at (4096, 32768)), ``kla``
+(C, T) = (4096, 32768) and (1, 2^22)), ``filter_chain`` (the opt-in single-pass chained forward,
+``fused.CHAIN``, at (4096, 32768)), ``filter_bwd`` (the backward at (4096, 32768)), ``kla``
 (``kla_scan`` forward and forward+backward at B=8, L=2048, M=1024, S=16).
 """
 
@@ -36,6 +37,17 @@ def filter_forward():
         _traced(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
 
 
+def filter_chain():
+    from kalmanscan import fused
+    views, init, _ = static_problem(32768, 4096)
+    saved = fused.CHAIN
+    fused.CHAIN = True
+    try:
+        _traced(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
+    finally:
+        fused.CHAIN = saved
+
+
 def filter_backward():
     from kalmanscan import fused
     views, init, _ = static_problem(32768, 4096)
@@ -59,7 +71,8 @@ def kla():
     _traced(fwd_bwd)
 
 
-WORKLOADS = dict(filter=filter_forward, filter_bwd=filter_backward, kla=kla)
+WORKLOADS = dict(filter=filter_forward, filter_chain=filter_chain, filter_bwd=filter_backward,
+                 kla=kla)
 
 
 def main():

@@ -143,7 +143,8 @@ def mqar_protocol(lengths=(512, 2048), kv_pairs=(64, 128), widths=(64, 128),
         argv = ["--task", "mqar", "--len", str(T), "--kv-pairs", str(kv), "--vocab", str(vocab),
                 "--filler", filler, "--layers", str(layers), "--d-model", str(d), *_spec(mixer),
                 *_common(n, lrs, seed, time_limit, b)]
-        runs.append(Run(f"mqar_T{T}_kv{kv}_d{d}_{mixer}_s{seed}", argv))
+        v = "" if vocab == 8192 else f"_v{vocab}"
+        runs.append(Run(f"mqar_T{T}_kv{kv}{v}_d{d}_{mixer}_s{seed}", argv))
     return runs
 
 
@@ -261,6 +262,7 @@ def main(argv=None) -> list:
     p.add_argument("--lrs", nargs="+", type=float, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--vocab", type=int, default=None, help="mqar: vocabulary size (default 8192)")
     p.add_argument("--filler", choices=("random", "zero"), default=None,
                    help="mqar: tokens between the queries (default zero, as Zoology's paper)")
     p.add_argument("--seed", type=int, default=0)
@@ -281,7 +283,7 @@ def main(argv=None) -> list:
     a = p.parse_args(argv)
     names = {"mixers": a.mixers, "lengths": a.lengths, "depths": a.depths, "kv_pairs": a.kv_pairs,
              "widths": a.widths, "tasks": a.tasks, "lrs": a.lrs, "steps": a.steps, "batch": a.batch,
-             "time_limit": a.time_limit, "seed": a.seed, "filler": a.filler}
+             "time_limit": a.time_limit, "seed": a.seed, "filler": a.filler, "vocab": a.vocab}
     if a.protocol == "a5" and a.no_control:
         names["control"] = None
     if a.protocol == "ou":

@@ -67,6 +67,15 @@ def test_ou_protocol_task_option(capsys):
         protocols.main(["mad", "--task", "compression", "--dry-run"])
 
 
+def test_mqar_protocol_vocab_option(capsys):
+    protocols.main(["mqar", "--lengths", "256", "--kv-pairs", "32", "--widths", "64", "--mixers",
+                    "kla", "--vocab", "256", "--dry-run"])
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "--vocab 256" in line and "mqar_T256_kv32_v256_d64_kla_s0.json" in line
+    with pytest.raises(ValueError, match="vocab"):
+        protocols.main(["mad", "--vocab", "64", "--dry-run"])
+
+
 def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
     """End to end: a 3-step KLA run with a two-rate sweep, launched as a process, writes its JSON."""
     argv = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
