@@ -3,7 +3,7 @@
     python -m benchmarks.plots a5 benchmarks/results/a5 --png benchmarks/results/a5_min_depth.png
 
     python -m benchmarks.plots mad benchmarks/results/mad --png benchmarks/results/mad.png
-    python -m benchmarks.plots mqar benchmarks/results/mqar
+    python -m benchmarks.plots mqar benchmarks/results/mqar --png benchmarks/results/mqar.png
 
 prints markdown tables (best validation token accuracy per mixer, depth and length; the smallest
 solving depth) and draws the A5 smallest-solving-depth plot: one line per mixer, length on the x
@@ -20,9 +20,9 @@ import os
 
 
 def load(directory: str) -> list:
-    """Every result JSON under ``directory`` (runs that wrote none are absent)."""
+    """Every result JSON under ``directory`` and its subfolders (runs that wrote none are absent)."""
     out = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(directory, "**", "*.json"), recursive=True)):
         with open(path) as fh:
             out.append(json.load(fh))
     return out
@@ -162,26 +162,84 @@ def mad_markdown(results) -> str:
 
 
 def mqar_markdown(results) -> str:
-    """Markdown: one row per MQAR run (length, kv pairs, d_model, mixer): best mean per-sequence
-    accuracy (MQAR's measure), token accuracy, the step it was reached, steps run, final training
-    loss and parameter count."""
-    lines = ["| T | kv pairs | d_model | mixer | mean seq. acc. (%) | token acc. (%) | at step | "
-             "steps run | final loss | parameters |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """Markdown: one row per MQAR run (length, kv pairs, d_model, mixer, rate): best mean
+    per-sequence accuracy (MQAR's measure), token accuracy, the step it was reached, steps run,
+    final training loss and parameter count."""
+    lines = ["| T | kv pairs | d_model | mixer | rate | mean seq. acc. (%) | token acc. (%) | "
+             "at step | steps run | final loss | parameters |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = [r for r in results if r["task"] == "mqar"]
     rows.sort(key=lambda r: (r["seq_len"], r["config"].get("kv_pairs") or 0, r["d_model"],
-                             mixer_label(r)))
+                             mixer_label(r), r["best_lr"] or 0))
     for r in rows:
         run = _best_run(r)
+        head = (f"| {r['seq_len']} | {r['config'].get('kv_pairs')} | {r['d_model']} | "
+                f"{mixer_label(r)} | {r['best_lr'] if run is None else run['lr']:g} |")
         if run is None or run["best"] is None:
-            lines.append(f"| {r['seq_len']} | {r['config'].get('kv_pairs')} | {r['d_model']} | "
-                         f"{mixer_label(r)} | {_fmt(r)} | | | | | |")
+            lines.append(f"{head} {_fmt(r)} | | | | | |")
             continue
         best = run["best"]
-        lines.append(f"| {r['seq_len']} | {r['config'].get('kv_pairs')} | {r['d_model']} | "
-                     f"{mixer_label(r)} | {100 * best['mean_seq_acc']:.2f} | "
+        lines.append(f"{head} {100 * best['mean_seq_acc']:.2f} | "
                      f"{100 * best['token_acc']:.2f} | {best['step']} | {run['steps_run']} | "
                      f"{run['final_loss']:.3f} | {run['n_params']:,} |")
     return "\n".join(lines)
+
+
+def _leaves(state):
+    if isinstance(state, (tuple, list)):
+        return [t for s in state for t in _leaves(s)]
+    return [state]
+
+
+def state_floats(result: dict) -> int:
+    """Floats that a model of ``result``'s configuration carries from one token to the next after
+    reading ``seq_len`` tokens (batch 1, every layer; attention: its key/value cache, which grows
+    with the length; recurrent mixers: their state and convolution buffers)."""
+    import torch
+
+    from .train import build_model, task_from_args
+
+    args = argparse.Namespace(**result["config"])
+    model = build_model(task_from_args(args), args)
+    with torch.no_grad():
+        tokens = torch.zeros(1, result["seq_len"], dtype=torch.long)
+        _, state = model(tokens, model.init_state(1, device="cpu"))
+    return sum(t.numel() for t in _leaves(state) if torch.is_tensor(t) and t.is_floating_point())
+
+
+def plot_mqar(results, path: str) -> None:
+    """MQAR best mean per-sequence accuracy (over the rates run) against the state a model carries
+    between tokens (:func:`state_floats`, log scale), one line per (mixer, T, kv pairs) through
+    its widths (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = {}
+    for r in (r for r in results if r["task"] == "mqar"):
+        run = _best_run(r)
+        acc = 0.0 if run is None or run["best"] is None else run["best"]["mean_seq_acc"]
+        key = (mixer_label(r), r["seq_len"], r["config"].get("kv_pairs"), r["d_model"])
+        if key not in best or acc > best[key][0]:
+            best[key] = (acc, r)
+    if not best:
+        raise ValueError("no MQAR results")
+    fig, ax = plt.subplots(figsize=(5.8, 3.8), dpi=130)
+    for line in sorted({k[:3] for k in best}):
+        points = sorted((state_floats(r), 100 * acc) for k, (acc, r) in best.items()
+                        if k[:3] == line)
+        ax.plot(*zip(*points), marker="o", label=f"{line[0]} (T {line[1]}, {line[2]} pairs)")
+    ax.set_xscale("log")
+    ax.set_xlabel("floats carried between tokens (all layers)")
+    ax.set_ylabel("best mean per-sequence accuracy (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("MQAR: accuracy against state size")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def plot_mad(results, path: str) -> None:
@@ -281,7 +339,8 @@ def main(argv=None) -> str:
     p.add_argument("task", help="task name as in the results (a5, z60, mqar, ...)")
     p.add_argument("directory")
     p.add_argument("--png", default=None,
-                   help="write the smallest-solving-depth plot here (mad: the accuracy bars)")
+                   help="write the smallest-solving-depth plot here (mad: the accuracy bars; "
+                        "mqar: accuracy against state size)")
     p.add_argument("--curves", default=None, help="write the learning curves here")
     a = p.parse_args(argv)
     results = load(a.directory)
@@ -296,6 +355,8 @@ def main(argv=None) -> str:
         text = "\n\n".join([mqar_markdown(results)] + [
             f"d_model = {d}:\n\n" + calibration_markdown([r for r in results if r["d_model"] == d],
                                                          "mqar") for d in widths])
+        if a.png:
+            plot_mqar(results, a.png)
         print(text)
         return text
     text = "\n\n".join([accuracy_markdown(results, a.task), min_depth_markdown(results, a.task),

@@ -163,11 +163,18 @@ def mad_protocol(tasks=MAD_TASKS, mixers=BASELINE_MIXERS, width=128, layers=2, s
 
 
 def ou_ablation(depths=(2, 4, 8), task="a5", length=64, width=128, steps=20000, lrs=(1e-3,),
-                seed=0, time_limit=None, batch=128) -> list:
+                seed=0, time_limit=None, batch=128, kv_pairs=None, vocab=None, filler=None) -> list:
     """KLA with the OU vs the zero-order-hold discretisation at each depth, on one task
-    (``length=None``: the task's own length, e.g. a MAD task's baseline)."""
+    (``length=None``: the task's own length, e.g. a MAD task's baseline; ``kv_pairs`` (one value),
+    ``vocab`` and ``filler`` for ``task="mqar"``)."""
     common = _common(steps, lrs, seed, time_limit, batch)
     at = [] if length is None else ["--len", str(length)]
+    if kv_pairs is not None:
+        if len(kv_pairs) != 1:
+            raise ValueError(f"ou takes one kv_pairs value, got {list(kv_pairs)}")
+        at += ["--kv-pairs", str(kv_pairs[0])]
+    at += [] if vocab is None else ["--vocab", str(vocab)]
+    at += [] if filler is None else ["--filler", filler]
     tag = "" if length is None else f"_L{length}"
     return [Run(f"ou_{task}{tag}_n{depth}_{mixer}_s{seed}",
                 ["--task", task, *at, "--layers", str(depth), "--d-model", str(width),

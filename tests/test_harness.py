@@ -74,6 +74,11 @@ def test_mqar_protocol_vocab_option(capsys):
     assert "--vocab 256" in line and "mqar_T256_kv32_v256_d64_kla_s0.json" in line
     with pytest.raises(ValueError, match="vocab"):
         protocols.main(["mad", "--vocab", "64", "--dry-run"])
+    protocols.main(["ou", "--task", "mqar", "--lengths", "256", "--kv-pairs", "32", "--vocab", "256",
+                    "--filler", "zero", "--depths", "2", "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert all("--task mqar --len 256 --kv-pairs 32 --vocab 256 --filler zero" in x for x in lines)
 
 
 def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
@@ -224,8 +229,30 @@ def test_mad_and_mqar_tables(tmp_path):
     mqar = [_fake_task("mqar", "kla", 0.3, d_model=64, length=512),
             _fake_task("mqar", "attention", 0.9, d_model=128, length=512)]
     md = plots.mqar_markdown(mqar)
-    assert "| 512 | 64 | 64 | kla | 30.00 | 30.00 | 100 | 200 | 2.000 | 1,000 |" in md
+    assert "| 512 | 64 | 64 | kla | 0.001 | 30.00 | 30.00 | 100 | 200 | 2.000 | 1,000 |" in md
     assert md.index("| 64 | kla") < md.index("| 128 | attention")
+
+
+def test_mqar_state_size_and_plot(tmp_path):
+    config = {"task": "mqar", "len": 16, "kv_pairs": 2, "vocab": 32, "filler": "zero",
+              "layers": 2, "d_model": 16, "d_state": 4, "expand": 2, "mixer_opt": [],
+              "noise_zero": False, "eval_size": None, "train_size": None}
+    results = []
+    for mixer, acc in (("attention", 0.9), ("gla", 0.1), ("kla", 0.5)):
+        r = _fake_task("mqar", mixer, acc, d_model=16, length=16)
+        r["config"] = dict(config, mixer=mixer)
+        results.append(r)
+    floats = {r["mixer"]: plots.state_floats(r) for r in results}
+    assert floats["attention"] == 2 * 2 * 16 * 16                 # layers x (k, v) x T x d_model
+    assert floats["gla"] == 2 * 4 * (8 // 4) * (16 // 4)          # layers x heads x d_key x d_value
+    assert floats["kla"] > 2 * 32 * 4                             # mean and precision, + conv
+    sub = tmp_path / "lr1e-3"
+    sub.mkdir()
+    for i, r in enumerate(results):
+        (sub / f"{i}.json").write_text(json.dumps(r))
+    png = tmp_path / "mqar.png"
+    assert "| 16 | 2 | 16 | kla | 0.001 | 50.00" in plots.main(["mqar", str(tmp_path), "--png", str(png)])
+    assert png.stat().st_size > 1000
 
 
 def test_auroc_and_variance_calibration():
