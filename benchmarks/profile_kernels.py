@@ -10,9 +10,16 @@ kernels of one call. Workloads: ``filter`` (the fused forward writing mean and p
 (C, T) = (4096, 32768) and (1, 2^22)), ``filter_chain`` (the opt-in single-pass chained forward,
 ``fused.CHAIN``, at (4096, 32768)), ``filter_bwd`` (the backward at (4096, 32768)), ``kla``
 (``kla_scan`` forward and forward+backward at B=8, L=2048, M=1024, S=16).
+
+With ``--page raw --csv > FILE`` added to the ``ncu`` line (and ``--section
+MemoryWorkloadAnalysis --section SchedulerStats`` for the L2 hit rate and issue activity),
+``python -m benchmarks.profile_kernels --summary FILE`` prints one line per Triton kernel:
+duration, DRAM throughput, SM throughput, issue activity, L2 hit rate, registers, active warps and
+the four largest stall reasons (warps stalled per issued instruction).
 """
 
 import argparse
+import csv
 
 import torch
 
@@ -75,10 +82,48 @@ WORKLOADS = dict(filter=filter_forward, filter_chain=filter_chain, filter_bwd=fi
                  kla=kla)
 
 
+STALL = "smsp__average_warps_issue_stalled_"
+SUMMARY = (("us", "gpu__time_duration.sum", 1e-3), ("DRAM %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
+           ("DRAM TB/s", "dram__bytes.sum.per_second", 1e-12), ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", 1),
+           ("issue %", "smsp__issue_active.avg.pct_of_peak_sustained_active", 1), ("L2 hit %", "lts__t_sector_hit_rate.pct", 1),
+           ("regs", "launch__registers_per_thread", 1), ("warps active %", "sm__warps_active.avg.pct_of_peak_sustained_active", 1))
+
+
+def summary(path: str) -> str:
+    """One line per profiled Triton kernel (names not starting ``at::``/``void``) of an
+    ``ncu --page raw --csv`` file; durations in microseconds, DRAM bytes per second in TB/s."""
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    top = next(i for i, row in enumerate(rows) if row and row[0] == "ID")
+    head = rows[top]
+    lines = []
+    for row in rows[top + 2:]:
+        name = row[head.index("Kernel Name")]
+        if name.startswith("void"):
+            continue
+        value = {h: v for h, v in zip(head, row)}
+        number = lambda key: float(value[key].replace(",", ""))   # noqa: E731
+        cells = [f"{label} {number(key) * scale:.3g}" for label, key, scale in SUMMARY]
+        stalls = {h[len(STALL):].split("_per_issue")[0]: number(h) for h in head
+                  if h.startswith(STALL) and h.endswith("per_issue_active.ratio")}
+        worst = sorted(stalls.items(), key=lambda kv: -kv[1])[:4]
+        cells.append("stalls " + ", ".join(f"{k} {v:.2f}" for k, v in worst)
+                     + f" of {sum(stalls.values()):.2f}")
+        lines.append(f"{name} {value['Grid Size']}x{value['Block Size']} | " + " | ".join(cells))
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("workloads", nargs="+", choices=sorted(WORKLOADS))
-    for name in ap.parse_args().workloads:
+    ap.add_argument("workloads", nargs="*", help=f"any of {sorted(WORKLOADS)}")
+    ap.add_argument("--summary", metavar="CSV", help="summarise an ncu raw CSV")
+    a = ap.parse_args()
+    unknown = sorted(set(a.workloads) - set(WORKLOADS))
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; choose from {sorted(WORKLOADS)}")
+    if a.summary:
+        print(summary(a.summary))
+    for name in a.workloads:
         WORKLOADS[name]()
 
 
