@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import causal_conv, init_log_dt, inner_width, l2_normalize, positive_int, scan_dtype
+from .layer import (causal_conv, init_log_dt, inner_width, l2_normalize, positive_int,
+                    positive_ints, scan_dtype)
 from .mixers import register_mixer
 from .model import RMSNorm
 
@@ -128,9 +129,7 @@ class GatedDeltaNet(nn.Module):
     def __init__(self, d_model: int, n_heads: int = 4, expand: float = 2, d_conv: int = 4,
                  chunk_size: int = 64, device=None, dtype=None):
         super().__init__()
-        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("d_conv", d_conv),
-                            ("chunk_size", chunk_size)):
-            positive_int(name, value)
+        positive_ints(d_model=d_model, n_heads=n_heads, d_conv=d_conv, chunk_size=chunk_size)
         value_dim = inner_width(d_model, expand)
         if d_model % n_heads or value_dim % n_heads:
             raise ValueError(f"d_model and expand * d_model must be multiples of "

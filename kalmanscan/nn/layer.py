@@ -90,6 +90,12 @@ def positive_int(name: str, value) -> int:
     return value
 
 
+def positive_ints(**values) -> None:
+    """:func:`positive_int` for each keyword, in order."""
+    for name, value in values.items():
+        positive_int(name, value)
+
+
 def inner_width(d_model: int, expand) -> int:
     """``M = expand * d_model``, which must be a positive integer."""
     d_inner = expand * d_model
@@ -152,8 +158,7 @@ class KLA(nn.Module):
                  dt_min: float = 1e-3, dt_max: float = 1e-1, sigma_init: float = 0.1,
                  skip_init: float = -1.0, backend: str = "auto", device=None, dtype=None):
         super().__init__()
-        for name, value in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv)):
-            positive_int(name, value)
+        positive_ints(d_model=d_model, d_state=d_state, d_conv=d_conv)
         M, S = inner_width(d_model, expand), d_state
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")

@@ -28,7 +28,7 @@ from torch import nn
 from .. import mobius
 from ..scan import associative_scan
 from .layer import (KLA, causal_conv, init_log_dt, init_log_rates, inner_width, positive_int,
-                    scan_dtype)
+                    positive_ints, scan_dtype)
 from .model import RMSNorm
 
 __all__ = ["MIXERS", "register_mixer", "CausalAttention", "GatedLinearAttention", "SelectiveSSM",
@@ -269,8 +269,7 @@ class SelectiveSSM(nn.Module):
                  dt_rank: int | None = None, dt_min: float = 1e-3, dt_max: float = 1e-1,
                  device=None, dtype=None):
         super().__init__()
-        for name, value in (("d_state", d_state), ("d_conv", d_conv)):
-            positive_int(name, value)
+        positive_ints(d_state=d_state, d_conv=d_conv)
         M = inner_width(d_model, expand)
         factory = dict(device=device, dtype=dtype)
         self.d_inner, self.d_state, self.d_conv = M, d_state, d_conv

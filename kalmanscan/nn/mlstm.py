@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import causal_conv, inner_width, positive_int, scan_dtype
+from .layer import causal_conv, inner_width, positive_int, positive_ints, scan_dtype
 from .mixers import register_mixer
 from .model import RMSNorm
 
@@ -158,9 +158,7 @@ class MLSTM(nn.Module):
     def __init__(self, d_model: int, n_heads: int = 4, expand: float = 2, d_conv: int = 4,
                  chunk_size: int = 64, device=None, dtype=None):
         super().__init__()
-        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("d_conv", d_conv),
-                            ("chunk_size", chunk_size)):
-            positive_int(name, value)
+        positive_ints(d_model=d_model, n_heads=n_heads, d_conv=d_conv, chunk_size=chunk_size)
         M = inner_width(d_model, expand)
         if M % n_heads:
             raise ValueError(f"n_heads must divide expand * d_model = {M}, got n_heads={n_heads}")
