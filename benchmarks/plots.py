@@ -105,7 +105,7 @@ def calibration_markdown(results, task: str = "a5", tasks: tuple = ()) -> str:
     num = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
     for name in tasks or (task,):
         for (mixer, depth, length), r in sorted(index(results, name).items()):
-            run = next((x for x in r.get("runs", []) if x["lr"] == r.get("best_lr")), None)
+            run = _best_run(r)
             cal = run.get("calibration") if run else None
             if not cal:
                 continue
@@ -162,19 +162,20 @@ def mad_markdown(results) -> str:
 
 
 def mqar_markdown(results) -> str:
-    """Markdown: one row per MQAR run (length, kv pairs, d_model, mixer, rate): best mean
+    """Markdown: one row per MQAR run (length, kv pairs, d_model, mixer, rate, seed): best mean
     per-sequence accuracy (MQAR's measure), token accuracy, the step it was reached, steps run,
     final training loss and parameter count."""
-    lines = ["| T | kv pairs | d_model | mixer | rate | mean seq. acc. (%) | token acc. (%) | "
-             "at step | steps run | final loss | parameters |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| T | kv pairs | d_model | mixer | rate | seed | mean seq. acc. (%) | "
+             "token acc. (%) | at step | steps run | final loss | parameters |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = [r for r in results if r["task"] == "mqar"]
     rows.sort(key=lambda r: (r["seq_len"], r["config"].get("kv_pairs") or 0, r["d_model"],
-                             mixer_label(r), r["best_lr"] or 0))
+                             mixer_label(r), r["best_lr"] or 0, r["seed"]))
     for r in rows:
         run = _best_run(r)
+        rate = r["best_lr"] if run is None else run["lr"]
         head = (f"| {r['seq_len']} | {r['config'].get('kv_pairs')} | {r['d_model']} | "
-                f"{mixer_label(r)} | {r['best_lr'] if run is None else run['lr']:g} |")
+                f"{mixer_label(r)} | {rate:g} | {r['seed']} |")
         if run is None or run["best"] is None:
             lines.append(f"{head} {_fmt(r)} | | | | | |")
             continue
@@ -208,9 +209,9 @@ def state_floats(result: dict) -> int:
 
 
 def plot_mqar(results, path: str) -> None:
-    """MQAR best mean per-sequence accuracy (over the rates run) against the state a model carries
-    between tokens (:func:`state_floats`, log scale), one line per (mixer, T, kv pairs) through
-    its widths (PNG)."""
+    """MQAR best mean per-sequence accuracy (over the rates and seeds run) against the state a
+    model carries between tokens (:func:`state_floats`, log scale), one line per (mixer, T, kv
+    pairs) through its widths (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -209,7 +209,7 @@ def _fake_task(task, mixer, acc, d_model=128, length=128):
     best = {"token_acc": acc, "macro_acc": acc / 2, "mean_seq_acc": acc, "step": 100}
     run = {"lr": 1e-3, "steps_run": 200, "stopped": "time", "best": best, "final_loss": 2.0,
            "n_params": 1000, "history": [], "calibration": None}
-    return {"task": task, "mixer": mixer, "noise_zero": False, "mixer_opts": {}, "layers": 2,
+    return {"task": task, "mixer": mixer, "noise_zero": False, "mixer_opts": {}, "layers": 2, "seed": 0,
             "seq_len": length, "d_model": d_model, "config": {"kv_pairs": 64},
             "solved": acc >= 0.99, "best_token_acc": acc, "best_lr": 1e-3, "runs": [run]}
 
@@ -229,7 +229,7 @@ def test_mad_and_mqar_tables(tmp_path):
     mqar = [_fake_task("mqar", "kla", 0.3, d_model=64, length=512),
             _fake_task("mqar", "attention", 0.9, d_model=128, length=512)]
     md = plots.mqar_markdown(mqar)
-    assert "| 512 | 64 | 64 | kla | 0.001 | 30.00 | 30.00 | 100 | 200 | 2.000 | 1,000 |" in md
+    assert "| 512 | 64 | 64 | kla | 0.001 | 0 | 30.00 | 30.00 | 100 | 200 | 2.000 | 1,000 |" in md
     assert md.index("| 64 | kla") < md.index("| 128 | attention")
 
 
@@ -251,7 +251,7 @@ def test_mqar_state_size_and_plot(tmp_path):
     for i, r in enumerate(results):
         (sub / f"{i}.json").write_text(json.dumps(r))
     png = tmp_path / "mqar.png"
-    assert "| 16 | 2 | 16 | kla | 0.001 | 50.00" in plots.main(["mqar", str(tmp_path), "--png", str(png)])
+    assert "| 16 | 2 | 16 | kla | 0.001 | 0 | 50.00" in plots.main(["mqar", str(tmp_path), "--png", str(png)])
     assert png.stat().st_size > 1000
 
 

@@ -181,8 +181,7 @@ class GatedLinearAttention(nn.Module):
                  gate_rank: int = 16, gate_normalizer: float = 16.0, use_fla: bool = True,
                  device=None, dtype=None):
         super().__init__()
-        positive_int("n_heads", n_heads)
-        positive_int("gate_rank", gate_rank)
+        positive_ints(n_heads=n_heads, gate_rank=gate_rank)
         key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
         if key_dim < n_heads or value_dim < n_heads or key_dim % n_heads or value_dim % n_heads:
             raise ValueError(f"expand_k * d_model and expand_v * d_model must be positive multiples "
