@@ -29,18 +29,44 @@ def load(directory: str) -> list:
 
 
 def mixer_label(result: dict) -> str:
-    """The protocol's name of a run's mixer: ``kla``, ``kla_noise0``, ``kla_zoh`` or the mixer."""
+    """The protocol's name of a run's mixer: ``kla``, ``kla_noise0``, ``kla_zoh`` or the mixer,
+    with any other mixer options in brackets (``gla[expand_k=2]``)."""
     label = result["mixer"].replace(",", "-")
     if result.get("noise_zero"):
         label += "_noise0"
-    if result.get("mixer_opts", {}).get("discretization") == "zoh":
+    opts = dict(result.get("mixer_opts", {}))
+    if opts.pop("discretization", None) == "zoh":
         label += "_zoh"
+    if opts:
+        label += "[" + ",".join(f"{k}={v}" for k, v in sorted(opts.items())) + "]"
     return label
 
 
+def _rates(result: dict) -> str:
+    return ",".join(f"{run['lr']:g}" for run in result.get("runs", []))
+
+
+def run_labels(results) -> list:
+    """One label per result: :func:`mixer_label`, plus the width, the seed and the learning rates
+    where those differ among ``results``, so such runs of one mixer stay apart."""
+    parts = (lambda r: f" d_model {r.get('d_model')}", lambda r: f" seed {r.get('seed')}",
+             lambda r: f" lr {_rates(r)}")
+    varying = [part for part in parts if len({part(r) for r in results}) > 1]
+    return [mixer_label(r) + "".join(part(r) for part in varying) for r in results]
+
+
 def index(results, task: str) -> dict:
-    """``{(mixer, depth, length): result}`` for the runs of ``task``."""
-    return {(mixer_label(r), r["layers"], r["seq_len"]): r for r in results if r["task"] == task}
+    """``{(label, depth, length): result}`` for the runs of ``task`` (labels of :func:`run_labels`);
+    two runs that would share a key raise ``ValueError``."""
+    runs = [r for r in results if r["task"] == task]
+    out: dict = {}
+    for label, r in zip(run_labels(runs), runs):
+        key = (label, r["layers"], r["seq_len"])
+        if key in out:
+            raise ValueError(f"two {task} runs share mixer, depth, length, width, seed and rates: "
+                             f"{key}")
+        out[key] = r
+    return out
 
 
 def min_depths(results, task: str = "a5") -> dict:
@@ -129,9 +155,11 @@ def _best_run(r: dict) -> dict | None:
 def mad_table(results) -> dict:
     """``{mixer: {task: result}}`` for the MAD runs among ``results``."""
     table: dict = {}
-    for r in results:
-        if r["task"] in MAD_ORDER:
-            table.setdefault(mixer_label(r), {})[r["task"]] = r
+    runs = [r for r in results if r["task"] in MAD_ORDER]
+    for label, r in zip(run_labels(runs), runs):
+        if r["task"] in table.get(label, {}):
+            raise ValueError(f"two {r['task']} runs share mixer, width, seed and rates: {label}")
+        table.setdefault(label, {})[r["task"]] = r
     return table
 
 

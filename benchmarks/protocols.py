@@ -55,6 +55,7 @@ MIXER_SPECS = {
     "mamba": ["--mixer", "mamba"],
     "gdn": ["--mixer", "gdn"],
     "mlstm": ["--mixer", "mlstm"],
+    "gru": ["--mixer", "gru"],
 }
 BASELINE_MIXERS = ("kla", "kla_noise0", "attention", "gla", "mamba")
 MIN_START_S = 60          # with a launch budget: no run starts with less time left

@@ -173,7 +173,7 @@ def test_schedule():
 def _fake(mixer, depth, length, acc, noise_zero=False):
     run = {"lr": 1e-3, "steps_run": 100, "stopped": "threshold" if acc > 0.9 else "time"}
     return {"task": "a5", "mixer": mixer, "noise_zero": noise_zero, "mixer_opts": {}, "layers": depth,
-            "seq_len": length, "solved": acc > 0.9, "best_token_acc": acc, "best_lr": 1e-3,
+            "seed": 0, "seq_len": length, "solved": acc > 0.9, "best_token_acc": acc, "best_lr": 1e-3,
             "runs": [run]}
 
 
@@ -203,6 +203,31 @@ def test_min_depth_table_and_plot(tmp_path):
     curves = tmp_path / "curves.png"
     text = plots.main(["a5", str(tmp_path), "--png", str(png), "--curves", str(curves)])
     assert png.stat().st_size > 1000 and curves.stat().st_size > 1000 and "kla_noise0" in text
+
+
+def test_runs_differing_in_seed_rate_or_options_keep_their_own_rows():
+    a, b = _fake("kla", 2, 16, 0.5), _fake("kla", 2, 16, 0.6)
+    b["seed"] = 1
+    c = _fake("gla", 2, 16, 0.2)
+    c["mixer_opts"] = {"expand_k": 2}
+    zoh = _fake("kla", 2, 16, 0.4)
+    zoh["mixer_opts"] = {"discretization": "zoh", "sigma_init": 1.5}
+    assert plots.mixer_label(c) == "gla[expand_k=2]"
+    assert plots.mixer_label(zoh) == "kla_zoh[sigma_init=1.5]"
+    assert plots.run_labels([a, b]) == ["kla seed 0", "kla seed 1"]
+    faster = _fake("kla", 2, 16, 0.7)
+    faster["runs"][0]["lr"] = 3e-3
+    assert plots.run_labels([a, faster]) == ["kla lr 0.001", "kla lr 0.003"]
+    md = plots.accuracy_markdown([a, b, c])
+    assert "| kla seed 0 | 2 | 50.0 [100] |" in md and "| kla seed 1 | 2 | 60.0 [100] |" in md
+    assert "| gla[expand_k=2] seed 0 | 2 | 20.0 [100] |" in md
+    with pytest.raises(ValueError, match="share mixer"):
+        plots.index([a, dict(a)], "a5")
+    mad = [_fake_task("fuzzy_recall", "kla", 0.5), _fake_task("fuzzy_recall", "kla", 0.25)]
+    mad[1]["seed"] = 1
+    assert set(plots.mad_table(mad)) == {"kla seed 0", "kla seed 1"}
+    with pytest.raises(ValueError, match="share mixer"):
+        plots.mad_table([mad[0], dict(mad[0])])
 
 
 def _fake_task(task, mixer, acc, d_model=128, length=128):

@@ -174,10 +174,18 @@ def test_gradients_reach_every_parameter():
     dict(d_state=0), dict(d_conv=0), dict(variant="full"), dict(discretization="euler"),
     dict(expand=1.1), dict(dt_min=0.1, dt_max=0.01), dict(sigma_init=0.0),
     dict(variant="plain", var_rank=4), dict(variant="mamba", var_rank=0),
+    dict(theta_init=0.0), dict(theta_init="ones"), dict(theta_init=-1.0),
 ])
 def test_bad_arguments_raise(kwargs):
     with pytest.raises(ValueError):
         KLA(4, **kwargs)
+
+
+def test_theta_init():
+    s4d = KLA(4, d_state=3, expand=1, dtype=torch.float64).ou_params()[0]
+    torch.testing.assert_close(s4d, torch.tensor([[1.0, 2.0, 3.0]] * 4, dtype=torch.float64))
+    flat = KLA(4, d_state=3, expand=1, theta_init=1.0, dtype=torch.float64).ou_params()[0]
+    torch.testing.assert_close(flat, torch.ones(4, 3, dtype=torch.float64))
 
 
 def test_bad_inputs_raise():

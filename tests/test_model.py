@@ -8,10 +8,10 @@ from kalmanscan.nn import KLA, MIXERS, SequenceModel, register_mixer
 from kalmanscan.nn.mixers import CausalAttention, GatedLinearAttention, SelectiveSSM, gla_chunked
 
 TOL = dict(rtol=1e-10, atol=1e-12)
-NAMES = ["kla", "attention", "gla", "mamba", "gdn", "mlstm"]
+NAMES = ["kla", "attention", "gla", "mamba", "gdn", "mlstm", "gru"]
 KWARGS = {"kla": dict(backend="torch", d_state=4), "attention": dict(n_heads=2),
           "gla": dict(n_heads=2), "mamba": dict(d_state=4), "gdn": dict(n_heads=2, chunk_size=16),
-          "mlstm": dict(n_heads=2, chunk_size=16)}
+          "mlstm": dict(n_heads=2, chunk_size=16), "gru": dict(expand=1.5)}
 
 
 def mixer(name, d_model=8, seed=0):

@@ -131,6 +131,8 @@ class KLA(nn.Module):
         d_conv: width of the causal depthwise conv.
         dt_min, dt_max: range of the log-uniform initial step.
         sigma_init: initial OU diffusion scale.
+        theta_init: ``"s4d"`` (the rates ``1..S`` below) or a positive number, the rate every
+            filter starts at (``1.0`` is the paper's code, ``a = -1``).
         skip_init: initial value of the per-channel skip ``D_skip``.
         backend: forwarded to :func:`kalmanscan.nn.kla_scan` (``"auto"``, ``"torch"``, ``"triton"``).
 
@@ -139,10 +141,11 @@ class KLA(nn.Module):
     * ``dt = exp(log_dt)``, log-uniform in ``[dt_min, dt_max] = [1e-3, 1e-1]`` at init, per (m, s):
       the paper's code and Mamba use this range (the paper stores it through a softplus; the log
       gives the same initial values and keeps dt positive without a floor).
-    * ``theta = exp(log_theta)``, S4D-real initialisation ``theta[m, s] = s + 1`` (Mamba's ``A``):
-      the paper's code starts every rate at 1 (``a = -exp(0)``), which is our ``s = 0`` row; spreading
-      the rates over ``1..S`` gives each channel a range of memory lengths from the first step,
-      ``decay = exp(-theta dt)`` from about 0.2 to 0.999, at no cost in parameters.
+    * ``theta = exp(log_theta)``, by default the S4D-real initialisation ``theta[m, s] = s + 1``
+      (Mamba's ``A``): the paper's code starts every rate at 1 (``a = -exp(0)``, here
+      ``theta_init=1.0``), which is our ``s = 0`` row; spreading the rates over ``1..S`` gives each
+      channel a range of memory lengths from the first step, ``decay = exp(-theta dt)`` from about
+      0.2 to 0.999, at no cost in parameters.
     * ``sigma = exp(log_sigma)``, ``sigma_init = 0.1``: ``sigma^2 = 0.01`` is the paper's initial
       continuous process noise (its ``process_noise_scale``, reported best of those tried).
 
@@ -156,7 +159,8 @@ class KLA(nn.Module):
     def __init__(self, d_model: int, d_state: int = 16, expand: float = 2, variant: str = "plain",
                  discretization: str = "ou", d_conv: int = 4, *, var_rank: int | None = None,
                  dt_min: float = 1e-3, dt_max: float = 1e-1, sigma_init: float = 0.1,
-                 skip_init: float = -1.0, backend: str = "auto", device=None, dtype=None):
+                 theta_init: str | float = "s4d", skip_init: float = -1.0, backend: str = "auto",
+                 device=None, dtype=None):
         super().__init__()
         positive_ints(d_model=d_model, d_state=d_state, d_conv=d_conv)
         M, S = inner_width(d_model, expand), d_state
@@ -168,6 +172,8 @@ class KLA(nn.Module):
             raise ValueError(f"backend must be one of {KLA_BACKENDS}, got {backend!r}")
         if not sigma_init > 0:
             raise ValueError(f"sigma_init must be positive, got {sigma_init!r}")
+        if theta_init != "s4d" and (isinstance(theta_init, str) or not theta_init > 0):
+            raise ValueError(f"theta_init must be 's4d' or a positive number, got {theta_init!r}")
         if var_rank is not None and (variant != "mamba" or var_rank < 1):
             raise ValueError(f"var_rank applies to variant='mamba' and must be >= 1, got {var_rank!r}")
         factory = dict(device=device, dtype=dtype)
@@ -187,7 +193,9 @@ class KLA(nn.Module):
         self.out_proj = nn.Linear(M, d_model, bias=False, **factory)
 
         self.log_dt = nn.Parameter(init_log_dt((M, S), dt_min, dt_max, **factory))
-        self.log_theta = nn.Parameter(init_log_rates(M, S, **factory))
+        self.log_theta = nn.Parameter(
+            init_log_rates(M, S, **factory) if theta_init == "s4d"
+            else torch.full((M, S), math.log(theta_init), **factory))
         self.log_sigma = nn.Parameter(torch.full((M, S), math.log(sigma_init), **factory))
         self.skip = nn.Parameter(torch.full((M,), float(skip_init), **factory))
         for p in (self.log_dt, self.log_theta, self.log_sigma, self.skip):

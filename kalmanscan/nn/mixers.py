@@ -325,4 +325,4 @@ class SelectiveSSM(nn.Module):
         return self._output(h, C, z, gate), SSMState(window, h)
 
 
-from . import gdn, mlstm  # noqa: E402,F401 - after register_mixer: they register "gdn" and "mlstm"
+from . import gdn, gru, mlstm  # noqa: E402,F401 - after register_mixer: they register "gdn", "gru", "mlstm"

@@ -4,8 +4,8 @@
                   -> RMSNorm -> head -> logits (B, L, vocab_size)
 
 The mixer of each layer comes from :data:`kalmanscan.nn.mixers.MIXERS` by name (``"kla"``,
-``"attention"``, ``"gla"``, ``"mamba"``, ``"gdn"``, ``"mlstm"``, or any registered one); a list of names
-builds a hybrid.
+``"attention"``, ``"gla"``, ``"mamba"``, ``"gdn"``, ``"mlstm"``, ``"gru"``, or any registered
+one); a list of names builds a hybrid.
 Every mixer follows one protocol: ``forward(x, state=None)`` returns ``y`` (and the new state when
 one is given), ``step(x_t, state) -> (y_t, state)``, ``init_state(batch, device=None)``.
 """
