@@ -110,13 +110,18 @@ def accuracy_markdown(results, task: str = "a5") -> str:
 
 
 def min_depth_markdown(results, task: str = "a5") -> str:
+    """Markdown: the smallest solving depth per mixer and length; ``> d`` where no depth up to
+    ``d`` (the deepest tried for that mixer and length) solved, ``–`` where none was tried."""
     table = min_depths(results, task)
+    deepest: dict = {}
+    for mixer, depth, length in index(results, task):
+        deepest[mixer, length] = max(depth, deepest.get((mixer, length), depth))
     lengths = sorted({n for row in table.values() for n in row})
-    tried = sorted({k[1] for k in index(results, task)})
     lines = ["| mixer | " + " | ".join(f"L={n}" for n in lengths) + " |",
              "|---|" + "---|" * len(lengths)]
     for mixer, row in sorted(table.items()):
-        cells = [str(row.get(n)) if row.get(n) is not None else f"> {max(tried)}" for n in lengths]
+        cells = ["–" if n not in row else str(row[n]) if row[n] is not None
+                 else f"> {deepest[mixer, n]}" for n in lengths]
         lines.append(f"| {mixer} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -307,10 +312,10 @@ def plot_min_depth(results, path: str, task: str = "a5") -> None:
     import matplotlib.pyplot as plt
 
     table = min_depths(results, task)
-    tried = sorted({k[1] for k in index(results, task)})
     if not table:
         raise ValueError(f"no results for task {task!r}")
-    top = max(tried) + 1
+    top = max(k[1] for k in index(results, task)) + 1
+    depths_axis = list(range(1, top))
     fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=130)
     offsets = {m: 0.06 * (i - (len(table) - 1) / 2) for i, m in enumerate(sorted(table))}
     for mixer, row in sorted(table.items()):
@@ -320,7 +325,7 @@ def plot_min_depth(results, path: str, task: str = "a5") -> None:
     ax.set_xscale("log", base=2)
     all_lengths = sorted({n for row in table.values() for n in row})
     ax.set_xticks(all_lengths, [str(n) for n in all_lengths])
-    ax.set_yticks([*tried, top], [*map(str, tried), "not solved"])
+    ax.set_yticks([*depths_axis, top], [*map(str, depths_axis), "not solved"])
     ax.set_xlabel("sequence length")
     ax.set_ylabel("smallest depth solving (>90% token acc.)")
     ax.set_title(f"{task.upper()} word problem: smallest solving depth")
@@ -357,7 +362,7 @@ def plot_curves(results, path: str, task: str = "a5") -> None:
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation token accuracy (%)")
-    axes[0][-1].legend(fontsize=7, ncol=2)
+    max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

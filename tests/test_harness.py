@@ -185,7 +185,7 @@ def test_min_depth_table_and_plot(tmp_path):
     assert table == {"kla": {16: 1, 32: 2}, "gla": {16: None}, "kla_noise0": {16: None}}
     md = plots.accuracy_markdown(results)
     assert "| kla | 1 | 95.0 ✓ [100] | 50.0 [100] |" in md
-    assert "| gla | > 2 |" in plots.min_depth_markdown(results)
+    assert "| gla | > 2 | – |" in plots.min_depth_markdown(results)
     for i, r in enumerate(results):
         (tmp_path / f"{i}.json").write_text(json.dumps(r))
     cal = {"error_rate": 0.2, "mean_var_wrong": 0.5, "mean_var_correct": 0.25, "auroc_var": 0.7,
