@@ -10,7 +10,9 @@ so several processes share it), one log per run, and returns the JSON results. `
 prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
 
 * ``a5``: A5 at lengths {16, 32, 64, 128}, depths 1-4, width 128; solved = best validation token
-  accuracy > 90%; plus Z60 at depth 1 (the control) at the longest length.
+  accuracy > 90%; plus two controls at depth 1: Z60 (abelian, every mixer should solve it) at the
+  longest length, and a GRU on A5 at every length (a nonlinear recurrence, which should solve A5:
+  a length it does not learn says the budget, not the mixers, is short).
 * ``mqar``: T in {512, 2048}, vocabulary 8192, kv pairs {64, 128}, d_model {64, 128}, 2 layers;
   the Zoology paper's data and optimisation settings (zero filler, rates 1e-4 .. 1e-2, 65,536
   tokens per batch, 6.4M training sequences), see :func:`mqar_protocol`.
@@ -99,14 +101,21 @@ def _spec(mixer: str) -> list:
 
 def a5_min_depth(lengths=(16, 32, 64, 128), depths=(1, 2, 3, 4), mixers=BASELINE_MIXERS,
                  width=128, steps=20000, lrs=(1e-3,), seed=0, time_limit=None, batch=128,
-                 control="z60") -> list:
-    """A5 at every (length, depth, mixer), plus ``control`` at depth 1 and the longest length."""
+                 control="z60", recurrent_control="gru") -> list:
+    """A5 at every (length, depth, mixer), plus ``control`` (a task) for every mixer at depth 1 and
+    the longest length, and A5 with ``recurrent_control`` (a mixer) at depth 1 at every length
+    where it is not among ``mixers``."""
     common = _common(steps, lrs, seed, time_limit, batch)
     runs = []
     for mixer, length, depth in [(m, n, d) for m in mixers for n in lengths for d in depths]:
         argv = ["--task", "a5", "--len", str(length), "--layers", str(depth),
                 "--d-model", str(width), *_spec(mixer), *common]
         runs.append(Run(f"a5_L{length}_n{depth}_{mixer}_s{seed}", argv))
+    if recurrent_control and recurrent_control not in mixers:
+        for length in lengths:
+            argv = ["--task", "a5", "--len", str(length), "--layers", "1", "--d-model", str(width),
+                    *_spec(recurrent_control), *common]
+            runs.append(Run(f"a5_L{length}_n1_{recurrent_control}_s{seed}", argv))
     if control:
         length = max(lengths)
         for mixer in mixers:
@@ -275,7 +284,8 @@ def main(argv=None) -> list:
                    help="mqar: tokens between the queries (default zero, as Zoology's paper)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=None, help="seconds per learning rate per run")
-    p.add_argument("--no-control", action="store_true", help="a5: leave out the Z60 control")
+    p.add_argument("--no-control", action="store_true",
+                   help="a5: leave out the controls (Z60, and the GRU on A5)")
     p.add_argument("--task", default=None,
                    help="ou: the one task (default a5 at length 64; a MAD task runs at its own length "
                         "unless --lengths gives one)")
@@ -293,7 +303,7 @@ def main(argv=None) -> list:
              "widths": a.widths, "tasks": a.tasks, "lrs": a.lrs, "steps": a.steps, "batch": a.batch,
              "time_limit": a.time_limit, "seed": a.seed, "filler": a.filler, "vocab": a.vocab}
     if a.protocol == "a5" and a.no_control:
-        names["control"] = None
+        names["control"] = names["recurrent_control"] = None
     if a.protocol == "ou":
         if a.lengths is not None and len(a.lengths) != 1:
             raise ValueError("ou takes one length")
@@ -305,8 +315,9 @@ def main(argv=None) -> list:
         raise ValueError("--task is for the ou protocol; use --tasks for mad")
     fn = PROTOCOLS[a.protocol]
     accepted = fn.__code__.co_varnames[: fn.__code__.co_argcount]
-    given = {k: v for k, v in names.items() if v is not None or k in ("length", "control")}
-    unknown = sorted(k for k in given if k not in accepted and k != "control")
+    controls = ("control", "recurrent_control")
+    given = {k: v for k, v in names.items() if v is not None or k in ("length", *controls)}
+    unknown = sorted(k for k in given if k not in accepted and k not in controls)
     if unknown:
         raise ValueError(f"protocol {a.protocol!r} takes no option(s) {unknown}")
     runs = with_kla_options(fn(**given), a.kla_opt)

@@ -31,7 +31,11 @@ def test_autoencoder_and_noise_zero_models():
 
 def test_protocol_commands():
     runs = protocols.a5_min_depth(lengths=(16, 32), depths=(1, 2), mixers=("kla", "gla"), steps=10)
-    assert len(runs) == 2 * 2 * 2 + 2                              # plus Z60 at depth 1 per mixer
+    assert len(runs) == 2 * 2 * 2 + 2 + 2          # plus Z60 per mixer and the GRU per length
+    assert sum("gru" in r.argv for r in runs) == 2 and all(
+        r.argv[r.argv.index("--layers") + 1] == "1" for r in runs if "gru" in r.argv)
+    with_gru = protocols.a5_min_depth(lengths=(16,), depths=(1, 2), mixers=("gru",), control=None)
+    assert [r.label for r in with_gru] == ["a5_L16_n1_gru_s0", "a5_L16_n2_gru_s0"]
     labels = {r.label for r in runs}
     assert len(labels) == len(runs)
     args = train.parse_args(runs[0].argv)
@@ -48,7 +52,9 @@ def test_protocol_commands():
 def test_a5_protocol_no_control(capsys):
     base = ["a5", "--lengths", "16", "--depths", "1", "--mixers", "kla", "attention", "--dry-run"]
     protocols.main(base)
-    assert sum("--task z60" in line for line in capsys.readouterr().out.splitlines()) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("--task z60" in line for line in lines) == 2
+    assert sum("--mixer gru" in line for line in lines) == 1
     protocols.main([*base, "--no-control"])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all("--task a5" in line for line in lines)
