@@ -11,7 +11,8 @@ autoencoder head.
 
 Training: AdamW (weight decay on matrices only; never on 1-D parameters or the log-parameterised
 SSM/OU rates), linear warm-up then cosine decay to zero over ``--steps`` or ``--time-limit``,
-whichever comes first (see :func:`schedule_progress`), bf16 autocast on CUDA (the KLA scan itself
+whichever comes first (see :func:`schedule_progress`; ``--steps`` defaults to 2000, and to no
+step limit when ``--time-limit`` is given), bf16 autocast on CUDA (the KLA scan itself
 runs in float32), gradient clipping at 1. Validation every
 ``--eval-every`` steps on the task's disjoint test split; training stops early once validation
 token accuracy reaches the task's threshold, after ``--time-limit`` seconds, or on a non-finite
@@ -61,6 +62,8 @@ from .checkpoint import load_checkpoint, restore, run_identity, save_checkpoint,
 from .tasks import IGNORE, TASKS, Scores, make_task, validation_set, train_batches
 from .tasks.mad import AutoencoderModel
 
+DEFAULT_STEPS = 2000      # --steps when neither it nor --time-limit is given
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.train", description=__doc__.split("\n")[0])
@@ -79,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mixer-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword for the mixers that take it (value parsed as a Python literal)")
     p.add_argument("--noise-zero", action="store_true", help="KLA with process noise fixed at 0")
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (default 2000; with --time-limit, no step limit)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lrs", default=None, help="comma list: a learning-rate sweep (overrides --lr)")
@@ -103,8 +107,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     for name in ("layers", "d_model", "d_state", "steps", "batch", "eval_every"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.steps is None and args.time_limit is None:
+        args.steps = DEFAULT_STEPS
     if not 0.0 <= args.warmup < 1.0:
         raise ValueError(f"--warmup must lie in [0, 1), got {args.warmup}")
     if args.checkpoint:
@@ -323,7 +329,8 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
         from tqdm import tqdm
 
         bar = tqdm(total=args.steps, initial=step, desc=f"{task.name} {args.mixer} lr={lr:g}", leave=False)
-    for step in range(done["step"] + 1, args.steps + 1):
+    last = args.steps or sys.maxsize        # no --steps with --time-limit: the time bounds the run
+    for step in range(done["step"] + 1, last + 1):
         x_np, y_np = next(batches)
         x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
         with autocast(device, amp):
@@ -335,14 +342,14 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
         if not torch.isfinite(grad_norm):  # a non-finite loss gives a non-finite gradient too
             stop, loss_val = "nonfinite", loss.item()
             break
-        progress = schedule_progress(step, args.steps, time.perf_counter() - start, args.time_limit)
+        progress = schedule_progress(step, last, time.perf_counter() - start, args.time_limit)
         for group in opt.param_groups:
             group["lr"] = lr * lr_factor(progress, args.warmup)
         opt.step()
         if bar is not None:
             bar.update(1)
         out_of_time = args.time_limit is not None and time.perf_counter() - start > args.time_limit
-        if step % args.eval_every == 0 or step == args.steps or out_of_time:
+        if step % args.eval_every == 0 or step == last or out_of_time:
             loss_val = loss.item()
             metrics = evaluate(model, *test_data, args.batch, device, amp, task.vocab_size)
             history.append([step, round(loss_val, 5), round(metrics["token_acc"], 5)])
@@ -356,7 +363,7 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
             if out_of_time:
                 stop = "time"
                 break
-        if step < args.steps and should_pause(args, step - done["step"], deadline):
+        if step < last and should_pause(args, step - done["step"], deadline):
             stop = "paused"
             break
     if bar is not None:

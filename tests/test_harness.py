@@ -169,6 +169,16 @@ def test_protocol_checkpoint_options(capsys, tmp_path):
         {"label": "x", "stopped": "not started"}]                          # under MIN_START_S left
 
 
+def test_time_limit_without_steps_bounds_the_run_by_time(tmp_path):
+    base = [a for a in TINY_A5 if a not in ("--steps", "7")]
+    assert train.parse_args(base).steps == train.DEFAULT_STEPS
+    args = train.parse_args([*base, "--time-limit", "2"])
+    assert args.steps is None
+    result = train.main([*base, "--time-limit", "2", "--out", str(tmp_path / "r.json")])
+    run = result["runs"][0]
+    assert run["stopped"] == "time" and run["steps_run"] >= 1 and run["history"]
+
+
 def test_schedule():
     assert train.lr_factor(0.0, 0.1) == 0.0 and train.lr_factor(0.1, 0.1) == pytest.approx(1.0)
     assert train.lr_factor(0.05, 0.1) == pytest.approx(0.5) and train.lr_factor(1.0, 0.1) == pytest.approx(0.0)
