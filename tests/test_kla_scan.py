@@ -295,3 +295,22 @@ def test_no_process_noise_state_gradcheck():
 
     args = [x.requires_grad_() for x in xs[:5]]
     assert torch.autograd.gradcheck(fn, args, fast_mode=True)
+
+
+def test_mean_step_is_affine_in_the_mean_with_gate_in_zero_decay():
+    """Given the variance, one token maps the mean affinely, ``mu <- g mu + c`` with ``0 <= g <=
+    decay``: the diagonal, input-gated class of GLA and Mamba (docs/results.md, A5)."""
+    from kalmanscan.nn.scan import kla_step
+
+    g = torch.Generator().manual_seed(5)
+    B, M, S = 3, 4, 5
+    r = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    v = torch.randn(B, M, generator=g, dtype=torch.float64)
+    lam_v, k, q = 10 * r(B, M), r(B, S), r(B, S)
+    decay, noise, var = r(M, S), torch.cat([torch.zeros(M, 1), r(M, S - 1)], 1).double(), r(B, M, S)
+    mu0, mu1 = (torch.randn(B, M, S, generator=g, dtype=torch.float64) for _ in range(2))
+    step = lambda mu: kla_step(v, lam_v, k, q, decay, noise, var, mu)[3]  # noqa: E731
+    base = step(torch.zeros_like(mu0))
+    gate = (step(mu1) - step(mu0)) / (mu1 - mu0)
+    torch.testing.assert_close(step(mu0), base + gate * mu0, rtol=1e-12, atol=1e-12)
+    assert (gate >= 0).all() and (gate <= decay + 1e-15).all()
