@@ -352,7 +352,7 @@ def plot_curves(results, path: str, task: str = "a5") -> None:
                              squeeze=False, sharey=True)
     for ax, length in zip(axes[0], lengths):
         for (mixer, depth, n), r in sorted(idx.items()):
-            run = next((x for x in r.get("runs", []) if x["lr"] == r.get("best_lr")), None)
+            run = _best_run(r)
             if n != length or not run or not run["history"]:
                 continue
             steps, _, acc = zip(*run["history"])

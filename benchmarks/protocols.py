@@ -106,16 +106,14 @@ def a5_min_depth(lengths=(16, 32, 64, 128), depths=(1, 2, 3, 4), mixers=BASELINE
     the longest length, and A5 with ``recurrent_control`` (a mixer) at depth 1 at every length
     where it is not among ``mixers``."""
     common = _common(steps, lrs, seed, time_limit, batch)
+    cells = [(m, n, d) for m in mixers for n in lengths for d in depths]
+    if recurrent_control and recurrent_control not in mixers:
+        cells += [(recurrent_control, n, 1) for n in lengths]
     runs = []
-    for mixer, length, depth in [(m, n, d) for m in mixers for n in lengths for d in depths]:
+    for mixer, length, depth in cells:
         argv = ["--task", "a5", "--len", str(length), "--layers", str(depth),
                 "--d-model", str(width), *_spec(mixer), *common]
         runs.append(Run(f"a5_L{length}_n{depth}_{mixer}_s{seed}", argv))
-    if recurrent_control and recurrent_control not in mixers:
-        for length in lengths:
-            argv = ["--task", "a5", "--len", str(length), "--layers", "1", "--d-model", str(width),
-                    *_spec(recurrent_control), *common]
-            runs.append(Run(f"a5_L{length}_n1_{recurrent_control}_s{seed}", argv))
     if control:
         length = max(lengths)
         for mixer in mixers:
