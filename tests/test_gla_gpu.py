@@ -29,7 +29,7 @@ if os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1":
     triton.autotune = lambda configs, *args, **kwargs: _autotune(configs[:1], *args, **kwargs)
 
 from kalmanscan.nn import SequenceModel  # noqa: E402 - after the autotuning switch
-from kalmanscan.nn.mixers import GatedLinearAttention, _fla_chunk_gla  # noqa: E402
+from kalmanscan.nn.mixers import GatedLinearAttention, GLAState, _fla_chunk_gla  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" or _fla_chunk_gla() is None,
@@ -43,17 +43,18 @@ def _rel(a, b):
 
 
 def _run(layer, x, state):
-    y, final = layer(x, state.clone())
-    grads = torch.autograd.grad((y.square().sum() + final.square().sum()), [x, *layer.parameters()])
-    return y, final, grads
+    y, final = layer(x, GLAState(*(t.clone() for t in state)))
+    grads = torch.autograd.grad((y.square().sum() + final.S.square().sum()), [x, *layer.parameters()])
+    return y, final.S, grads
 
 
+@pytest.mark.parametrize("d_conv", [0, 4])
 @pytest.mark.parametrize("L", [1, 63, 200])
-def test_fla_chunk_gla_equals_torch_fallback(L):
+def test_fla_chunk_gla_equals_torch_fallback(L, d_conv):
     torch.manual_seed(L)
-    layer = GatedLinearAttention(64, n_heads=4).cuda()
+    layer = GatedLinearAttention(64, n_heads=4, d_conv=d_conv).cuda()
     x = torch.randn(2, L, 64, device="cuda", requires_grad=True)
-    state = 0.1 * torch.randn_like(layer.init_state(2))
+    state = GLAState(*(0.1 * torch.randn_like(t) for t in layer.init_state(2)))
     y, final, grads = _run(layer, x, state)
     layer.use_fla = False
     y_ref, final_ref, grads_ref = _run(layer, x, state)

@@ -5,18 +5,21 @@ import torch
 import torch.nn.functional as F
 
 from kalmanscan.nn import KLA, MIXERS, SequenceModel, register_mixer
-from kalmanscan.nn.mixers import CausalAttention, GatedLinearAttention, SelectiveSSM, gla_chunked
+from kalmanscan.nn.mixers import CausalAttention, GatedLinearAttention, GLAState, SelectiveSSM, gla_chunked
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 NAMES = ["kla", "attention", "gla", "mamba", "gdn", "mlstm", "gru"]
 KWARGS = {"kla": dict(backend="torch", d_state=4), "attention": dict(n_heads=2),
           "gla": dict(n_heads=2), "mamba": dict(d_state=4), "gdn": dict(n_heads=2, chunk_size=16),
-          "mlstm": dict(n_heads=2, chunk_size=16), "gru": dict(expand=1.5)}
+          "mlstm": dict(n_heads=2, chunk_size=16), "gru": dict(expand=1.5),
+          "gla+conv": dict(n_heads=2, d_conv=3), "kla+conv1": dict(backend="torch", d_state=4, d_conv=1)}
+VARIANTS = NAMES + ["gla+conv", "kla+conv1"]
 
 
 def mixer(name, d_model=8, seed=0):
+    """The mixer ``name`` (a registry name, or ``name+option`` for a variant in KWARGS)."""
     torch.manual_seed(seed)
-    return MIXERS[name](d_model, **KWARGS[name]).double()
+    return MIXERS[name.split("+")[0]](d_model, **KWARGS[name]).double()
 
 
 def series(B=2, L=37, D=8, seed=1):
@@ -24,7 +27,7 @@ def series(B=2, L=37, D=8, seed=1):
     return torch.randn(B, L, D, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_mixer_decoding_and_chunked_prefill_equal_forward(name):
     m = mixer(name)
     x = series()
@@ -44,7 +47,7 @@ def test_mixer_decoding_and_chunked_prefill_equal_forward(name):
     torch.testing.assert_close(torch.cat(chunks, 1), y, **TOL)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_mixer_gradients_reach_every_parameter(name):
     m = mixer(name)
     m(series(L=9)).square().sum().backward()
@@ -156,6 +159,7 @@ def test_tiny_model_overfits_a_toy_sequence():
     (dict(n_layers=0), "n_layers"),
     (dict(mixer="attention", n_heads=3), "n_heads"),
     (dict(mixer="gla", n_heads=3), "n_heads"),
+    (dict(mixer="gla", d_conv=-1), "d_conv"),
     (dict(mixer="mamba", expand=1.3), "expand"),
     (dict(mlp_ratio=0.0), "mlp_ratio"),
 ])
@@ -180,8 +184,8 @@ def test_gla_rejects_a_state_of_the_wrong_shape():
     layer = GatedLinearAttention(16, n_heads=2)
     x = torch.randn(3, 5, 16)
     good = layer.init_state(3)
-    assert layer(x, good)[1].shape == good.shape
-    for bad in (torch.zeros(3, 2, 8, 16), torch.zeros(2, 2, 4, 16)):
+    assert layer(x, good)[1].S.shape == good.S.shape
+    for bad in (good.S, GLAState(good.conv, torch.zeros(3, 2, 8, 16)), GLAState(good.conv, torch.zeros(2, 2, 4, 16))):
         with pytest.raises(ValueError, match="state"):
             layer(x, bad)
         with pytest.raises(ValueError, match="state"):

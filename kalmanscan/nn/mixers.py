@@ -31,8 +31,8 @@ from .layer import (KLA, causal_conv, init_log_dt, init_log_rates, inner_width, 
                     positive_ints, scan_dtype)
 from .model import RMSNorm
 
-__all__ = ["MIXERS", "register_mixer", "CausalAttention", "GatedLinearAttention", "SelectiveSSM",
-           "gla_chunked"]
+__all__ = ["MIXERS", "register_mixer", "CausalAttention", "GatedLinearAttention", "GLAState",
+           "SelectiveSSM", "gla_chunked"]
 
 MIXERS: dict = {}
 
@@ -166,80 +166,104 @@ def gla_chunked(q, k, v, g, scale: float, state, chunk: int = 16):
     return o.permute(0, 2, 3, 1, 4).flatten(1, 2)[:, :L], state
 
 
+class GLAState(NamedTuple):
+    """``conv`` (B, d_conv - 1, 2 H K + H V): the pre-conv q, k, v window (width 0 without the
+    short conv); ``S`` (B, H, K, V): the recurrent state (float32, or float64 for a float64 layer)."""
+
+    conv: torch.Tensor
+    S: torch.Tensor
+
+
 @register_mixer("gla")
 class GatedLinearAttention(nn.Module):
     """Gated linear attention (Yang et al., arXiv 2312.06635) with data-dependent diagonal decay.
 
     Key width ``expand_k * D``, value width ``expand_v * D`` over ``n_heads`` heads; the log
     decay ``g = logsigmoid(W2 W1 x + b) / gate_normalizer`` comes from a rank-``gate_rank``
-    projection; the output is ``o_proj(RMSNorm_head(o) * SiLU(W_g x))``. On CUDA with fla
-    installed the chunked Triton kernel ``chunk_gla`` runs; otherwise :func:`gla_chunked`.
-    The recurrent state is (B, H, K, V) in float32 (float64 for a float64 layer).
+    projection; the output is ``o_proj(RMSNorm_head(o) * SiLU(W_g x))``. With ``d_conv > 0`` a
+    causal depthwise conv of width ``d_conv`` + SiLU runs on q, k and v (fla's
+    ``use_short_conv``, off by default there and here; KLA, Mamba, GDN and mLSTM have theirs on).
+    On CUDA with fla installed the chunked Triton kernel ``chunk_gla`` runs; otherwise
+    :func:`gla_chunked`. The recurrent state is :class:`GLAState`.
     """
 
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.5, expand_v: float = 1.0,
-                 gate_rank: int = 16, gate_normalizer: float = 16.0, use_fla: bool = True,
-                 device=None, dtype=None):
+                 gate_rank: int = 16, gate_normalizer: float = 16.0, d_conv: int = 0,
+                 use_fla: bool = True, device=None, dtype=None):
         super().__init__()
         positive_ints(n_heads=n_heads, gate_rank=gate_rank)
+        if not isinstance(d_conv, int) or d_conv < 0:
+            raise ValueError(f"d_conv must be a non-negative integer, got {d_conv!r}")
         key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
         if key_dim < n_heads or value_dim < n_heads or key_dim % n_heads or value_dim % n_heads:
             raise ValueError(f"expand_k * d_model and expand_v * d_model must be positive multiples "
                              f"of n_heads={n_heads}, got {key_dim} and {value_dim}")
         factory = dict(bias=False, device=device, dtype=dtype)
         self.n_heads, self.gate_normalizer, self.use_fla = n_heads, gate_normalizer, use_fla
-        self.d_key, self.d_value = key_dim // n_heads, value_dim // n_heads
-        self.q_proj = nn.Linear(d_model, key_dim, **factory)
-        self.k_proj = nn.Linear(d_model, key_dim, **factory)
-        self.v_proj = nn.Linear(d_model, value_dim, **factory)
+        self.d_key, self.d_value, self.d_conv = key_dim // n_heads, value_dim // n_heads, d_conv
+        self.widths = [key_dim, key_dim, value_dim]
+        self.qkv_proj = nn.Linear(d_model, sum(self.widths), **factory)
+        self.conv = None if d_conv == 0 else nn.Conv1d(
+            sum(self.widths), sum(self.widths), d_conv, groups=sum(self.widths), device=device, dtype=dtype)
         self.g_proj = nn.Linear(d_model, value_dim, **factory)
         self.gk_down = nn.Linear(d_model, gate_rank, **factory)
         self.gk_up = nn.Linear(gate_rank, key_dim, bias=True, device=device, dtype=dtype)
         self.o_norm = RMSNorm(self.d_value, device=device, dtype=dtype)
         self.o_proj = nn.Linear(value_dim, d_model, **factory)
 
-    def init_state(self, batch: int, device=None):
-        w = self.q_proj.weight
-        return torch.zeros(batch, self.n_heads, self.d_key, self.d_value,
-                           device=device or w.device, dtype=scan_dtype(w))
+    def init_state(self, batch: int, device=None) -> GLAState:
+        """Zero conv window and zero ``S``."""
+        w = self.qkv_proj.weight
+        device = device or w.device
+        conv = torch.zeros(batch, max(self.d_conv - 1, 0), sum(self.widths), device=device, dtype=w.dtype)
+        S = torch.zeros(batch, self.n_heads, self.d_key, self.d_value, device=device, dtype=scan_dtype(w))
+        return GLAState(conv, S)
 
     def _check_state(self, state, batch: int):
         want = (batch, self.n_heads, self.d_key, self.d_value)
-        if state is not None and tuple(state.shape) != want:
-            raise ValueError(f"state must have shape (batch, n_heads, d_key, d_value) = {want}, "
-                             f"got {tuple(state.shape)}")
+        if state is not None and (not isinstance(state, GLAState) or tuple(state.S.shape) != want):
+            got = tuple(state.S.shape) if isinstance(state, GLAState) else type(state).__name__
+            raise ValueError(f"state must be a GLAState with S of shape (batch, n_heads, d_key, "
+                             f"d_value) = {want}, got {got}")
 
-    def _qkvg(self, x):
-        H = self.n_heads
-        q, k, v = (_heads(p(x), H) for p in (self.q_proj, self.k_proj, self.v_proj))
-        g = F.logsigmoid(_heads(self.gk_up(self.gk_down(x)), H).to(scan_dtype(x))) / self.gate_normalizer
-        return q, k, v, g
+    def _qkvg(self, x, window):
+        """x (B, L, D) -> q, k, g (B, L, H, K), v (B, L, H, V) and the new conv window."""
+        qkv = self.qkv_proj(x)
+        if self.conv is not None:
+            qkv, window = causal_conv(qkv, window, self.conv)
+            qkv = F.silu(qkv)
+        q, k, v = (t.unflatten(-1, (self.n_heads, -1)) for t in qkv.split(self.widths, -1))
+        g = F.logsigmoid(_heads(self.gk_up(self.gk_down(x)), self.n_heads).to(scan_dtype(x))) / self.gate_normalizer
+        return q, k, v, g, window
 
     def _output(self, o, x):
         return self.o_proj((self.o_norm(o.to(x.dtype)) * _heads(F.silu(self.g_proj(x)), self.n_heads)).flatten(-2))
 
-    def forward(self, x, state=None):
+    def forward(self, x, state: GLAState | None = None):
+        """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
         self._check_state(state, x.shape[0])
-        q, k, v, g = self._qkvg(x)
+        start = self.init_state(x.shape[0], x.device) if state is None else state
+        q, k, v, g, window = self._qkvg(x, start.conv)
         scale = self.d_key ** -0.5
         fla = _fla_chunk_gla() if self.use_fla and x.is_cuda else None
         if fla is not None:
             chunk_gla, has_head_first = fla
             extra = dict(head_first=False) if has_head_first else {}
-            o, final = chunk_gla(q, k, v, g, scale=scale, initial_state=state,
-                                 output_final_state=state is not None, **extra)
+            o, S = chunk_gla(q, k, v, g, scale=scale, initial_state=None if state is None else state.S,
+                             output_final_state=state is not None, **extra)
         else:
-            start = self.init_state(x.shape[0], x.device) if state is None else state
-            o, final = gla_chunked(q, k, v, g, scale, start)
+            o, S = gla_chunked(q, k, v, g, scale, start.S)
         y = self._output(o, x)
-        return y if state is None else (y, final)
+        return y if state is None else (y, GLAState(window, S))
 
-    def step(self, x_t, state):
+    def step(self, x_t, state: GLAState):
+        """One token: x_t (B, D) -> ``(y_t (B, D), state)``."""
         self._check_state(state, x_t.shape[0])
-        q, k, v, g = (t.to(state.dtype) for t in self._qkvg(x_t))   # (B, H, K) / (B, H, V)
-        state = g.exp()[..., None] * state + k[..., None] * v[..., None, :]
-        o = (q[..., None] * state).sum(-2) * self.d_key ** -0.5
-        return self._output(o, x_t), state
+        q, k, v, g, window = self._qkvg(x_t[:, None], state.conv)
+        q, k, v, g = (t[:, 0].to(state.S.dtype) for t in (q, k, v, g))    # (B, H, K) / (B, H, V)
+        S = g.exp()[..., None] * state.S + k[..., None] * v[..., None, :]
+        o = (q[..., None] * S).sum(-2) * self.d_key ** -0.5
+        return self._output(o, x_t), GLAState(window, S)
 
 
 # --------------------------------------------------------------------------- selective SSM
