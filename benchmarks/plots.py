@@ -351,6 +351,7 @@ def plot_curves(results, path: str, task: str = "a5") -> None:
     fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.4), dpi=130,
                              squeeze=False, sharey=True)
     for ax, length in zip(axes[0], lengths):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
         for (mixer, depth, n), r in sorted(idx.items()):
             run = _best_run(r)
             if n != length or not run or not run["history"]:
@@ -362,9 +363,12 @@ def plot_curves(results, path: str, task: str = "a5") -> None:
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation token accuracy (%)")
-    max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path)
+    fullest = max(axes[0], key=lambda ax: len(ax.get_lines()))
+    if fullest.get_lines():
+        axes[0][-1].legend(*fullest.get_legend_handles_labels(), fontsize=7, loc="upper left",
+                           bbox_to_anchor=(1.02, 1.0))
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -382,21 +386,18 @@ def main(argv=None) -> str:
         text = mad_markdown(results) + "\n\n" + calibration_markdown(results, tasks=MAD_ORDER)
         if a.png:
             plot_mad(results, a.png)
-        print(text)
-        return text
-    if a.task == "mqar":
+    elif a.task == "mqar":
         widths = sorted({r["d_model"] for r in results if r["task"] == "mqar"})
         text = "\n\n".join([mqar_markdown(results)] + [
             f"d_model = {d}:\n\n" + calibration_markdown([r for r in results if r["d_model"] == d],
                                                          "mqar") for d in widths])
         if a.png:
             plot_mqar(results, a.png)
-        print(text)
-        return text
-    text = "\n\n".join([accuracy_markdown(results, a.task), min_depth_markdown(results, a.task),
-                         calibration_markdown(results, a.task)])
-    if a.png:
-        plot_min_depth(results, a.png, a.task)
+    else:
+        text = "\n\n".join([accuracy_markdown(results, a.task), min_depth_markdown(results, a.task),
+                             calibration_markdown(results, a.task)])
+        if a.png:
+            plot_min_depth(results, a.png, a.task)
     if a.curves:
         plot_curves(results, a.curves, a.task)
     print(text)

@@ -21,7 +21,8 @@ prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
 * ``ou``: KLA with the OU vs the zero-order-hold discretisation at depths 2, 4, 8 on one task.
 
 Every mixer gets the same budget and the same learning rates (``MIXER_SPECS``; ``kla_noise0`` is
-KLA with the process noise fixed at 0, its gated-linear-attention limit).
+KLA with the process noise fixed at 0, its gated-linear-attention limit; ``gla_conv`` is GLA with
+the width-4 short convolution that KLA has, ``kla_noconv`` KLA without one).
 
 A protocol longer than one sitting runs over several calls of the same command (one learning
 rate per run, no ``--time-limit``):
@@ -54,6 +55,8 @@ MIXER_SPECS = {
     "kla_zoh": ["--mixer", "kla", "--mixer-opt", "discretization=zoh"],
     "attention": ["--mixer", "attention"],
     "gla": ["--mixer", "gla"],
+    "gla_conv": ["--mixer", "gla", "--mixer-opt", "d_conv=4"],
+    "kla_noconv": ["--mixer", "kla", "--mixer-opt", "d_conv=1"],
     "mamba": ["--mixer", "mamba"],
     "gdn": ["--mixer", "gdn"],
     "mlstm": ["--mixer", "mlstm"],

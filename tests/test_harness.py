@@ -287,13 +287,16 @@ def test_mqar_state_size_and_plot(tmp_path):
     assert floats["attention"] == 2 * 2 * 16 * 16                 # layers x (k, v) x T x d_model
     assert floats["gla"] == 2 * 4 * (8 // 4) * (16 // 4)          # layers x heads x d_key x d_value
     assert floats["kla"] > 2 * 32 * 4                             # mean and precision, + conv
+    conv = dict(results[1], config=dict(config, mixer="gla", mixer_opt=["d_conv=4"]))
+    assert plots.state_floats(conv) == floats["gla"] + 2 * 3 * (8 + 8 + 16)   # + q, k, v windows
     sub = tmp_path / "lr1e-3"
     sub.mkdir()
     for i, r in enumerate(results):
         (sub / f"{i}.json").write_text(json.dumps(r))
-    png = tmp_path / "mqar.png"
-    assert "| 16 | 2 | 16 | kla | 0.001 | 0 | 50.00" in plots.main(["mqar", str(tmp_path), "--png", str(png)])
-    assert png.stat().st_size > 1000
+    png, curves = tmp_path / "mqar.png", tmp_path / "curves.png"
+    text = plots.main(["mqar", str(tmp_path), "--png", str(png), "--curves", str(curves)])
+    assert "| 16 | 2 | 16 | kla | 0.001 | 0 | 50.00" in text
+    assert png.stat().st_size > 1000 and curves.stat().st_size > 1000
 
 
 def test_auroc_and_variance_calibration():
