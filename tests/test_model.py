@@ -185,7 +185,8 @@ def test_gla_rejects_a_state_of_the_wrong_shape():
     x = torch.randn(3, 5, 16)
     good = layer.init_state(3)
     assert layer(x, good)[1].S.shape == good.S.shape
-    for bad in (good.S, GLAState(good.conv, torch.zeros(3, 2, 8, 16)), GLAState(good.conv, torch.zeros(2, 2, 4, 16))):
+    for bad in (good.S, GLAState(good.conv, torch.zeros(3, 2, 8, 16)),
+                GLAState(good.conv, torch.zeros(2, 2, 4, 16))):
         with pytest.raises(ValueError, match="state"):
             layer(x, bad)
         with pytest.raises(ValueError, match="state"):

@@ -232,12 +232,13 @@ class GatedLinearAttention(nn.Module):
         if self.conv is not None:
             qkv, window = causal_conv(qkv, window, self.conv)
             qkv = F.silu(qkv)
-        q, k, v = (t.unflatten(-1, (self.n_heads, -1)) for t in qkv.split(self.widths, -1))
-        g = F.logsigmoid(_heads(self.gk_up(self.gk_down(x)), self.n_heads).to(scan_dtype(x))) / self.gate_normalizer
-        return q, k, v, g, window
+        q, k, v = (_heads(t, self.n_heads) for t in qkv.split(self.widths, -1))
+        gate = _heads(self.gk_up(self.gk_down(x)), self.n_heads).to(scan_dtype(x))
+        return q, k, v, F.logsigmoid(gate) / self.gate_normalizer, window
 
     def _output(self, o, x):
-        return self.o_proj((self.o_norm(o.to(x.dtype)) * _heads(F.silu(self.g_proj(x)), self.n_heads)).flatten(-2))
+        gate = _heads(F.silu(self.g_proj(x)), self.n_heads)
+        return self.o_proj((self.o_norm(o.to(x.dtype)) * gate).flatten(-2))
 
     def forward(self, x, state: GLAState | None = None):
         """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
