@@ -62,7 +62,7 @@ MIXER_SPECS = {
     "mlstm": ["--mixer", "mlstm"],
     "gru": ["--mixer", "gru"],
 }
-BASELINE_MIXERS = ("kla", "kla_noise0", "attention", "gla", "mamba")
+BASELINE_MIXERS = ("kla", "kla_noise0", "attention", "gla", "gla_conv", "mamba")
 MIN_START_S = 60          # with a launch budget: no run starts with less time left
 
 
