@@ -280,3 +280,18 @@ def test_gradcheck_prefill_and_decoding_without_process_noise():
         return functional_call(model, {**params, **dict(zip(names, chosen))}, (x,))
 
     assert torch.autograd.gradcheck(f, (x, *chosen), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
+
+def test_recurrent_backend_equals_the_parallel_scan():
+    """KLA(backend="recurrent") gives the time-parallel scan's outputs, variance and gradients."""
+    layer = make(d_model=6, d_state=4)
+    x = inputs(B=2, L=33, D=6).requires_grad_()
+    y, y_var = layer(x, return_variance=True)
+    grads = torch.autograd.grad((y.sum() + y_var.sum()), [x, *layer.parameters()])
+    layer.backend = "recurrent"
+    y_r, y_var_r = layer(x, return_variance=True)
+    grads_r = torch.autograd.grad((y_r.sum() + y_var_r.sum()), [x, *layer.parameters()])
+    torch.testing.assert_close(y_r, y, **TOL)
+    torch.testing.assert_close(y_var_r, y_var, **TOL)
+    for g_r, g in zip(grads_r, grads):
+        torch.testing.assert_close(g_r, g, **TOL)

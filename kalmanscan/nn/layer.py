@@ -134,7 +134,8 @@ class KLA(nn.Module):
         theta_init: ``"s4d"`` (the rates ``1..S`` below) or a positive number, the rate every
             filter starts at (``1.0`` is the paper's code, ``a = -1``).
         skip_init: initial value of the per-channel skip ``D_skip``.
-        backend: forwarded to :func:`kalmanscan.nn.kla_scan` (``"auto"``, ``"torch"``, ``"triton"``).
+        backend: forwarded to :func:`kalmanscan.nn.kla_scan` (``"auto"``, ``"torch"``, ``"triton"``,
+            ``"recurrent"``).
 
     OU parameters (each (M, S), stored as logs so they stay positive):
 
