@@ -15,6 +15,9 @@ This is the filter of DESIGN.md section 2 with ``a = decay``, ``q = noise``, ``p
 :func:`kalmanscan.scan.associative_scan`: a Möbius scan for ``lam``, then an affine scan for ``eta``.
 It materialises ``(B, L, M, S)`` tensors (memory ``O(B L M S)``) and is the differentiable oracle of
 the fused ``"triton"`` backend (:mod:`kalmanscan.nn.kla_triton`), which keeps the state in registers.
+The ``"recurrent"`` backend runs :func:`kla_step` token by token (``L`` steps of ``O(B M S)``
+work, the same mean form; autograd through the loop): fewer operations than the parallel scan, so
+the faster of the two on a CPU once a token's ``B M S`` filters number a few thousand.
 
 The state. Without process noise (``noise = 0``, the gated-linear-attention limit) and with
 ``decay < 1`` the exact precision grows like ``decay^(-2t)`` and ``eta`` like ``decay^(-t)``: both
@@ -101,7 +104,7 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, return_state=F
     :data:`RECURRENT_MIN_WIDTH` (there it is several times faster), torch otherwise.
     Filters with ``decay < 1`` and no process noise (``noise``
     below :data:`kalmanscan.mobius.NO_NOISE`), and initial states whose variance is below it, run
-    on the torch backend whatever ``backend`` says: their precision is past the range of the fused
+    on the torch backend when ``backend`` is triton: their precision is past the range of the fused
     kernels, which carry it, while the torch backend scans the variance and the mean. Raises
     ``ValueError`` naming the offending argument.
     """
