@@ -89,7 +89,7 @@ def _fmt(r) -> str:
         if runs and all(run["stopped"] == "nonfinite" for run in runs):
             return f"non-finite at step {min(run['steps_run'] for run in runs)}"
         return "failed"
-    steps = next(run["steps_run"] for run in r["runs"] if run["lr"] == r["best_lr"])
+    steps = _best_run(r)["steps_run"]
     diverged = any(run["stopped"] == "nonfinite" for run in r["runs"])
     mark = " ✓" if r["solved"] else (" (non-finite)" if diverged else "")
     return f"{100 * acc:.1f}{mark} [{steps}]"
