@@ -35,18 +35,27 @@ def associative_scan(combine, elems, dim: int = -2, reverse: bool = False):
     return tuple(torch.movedim(x, 0, dim) for x in out)
 
 
+def _deinterleave(x, m: int):
+    """x (n, ...) -> ``(x[0:2m:2], x[1:2m:2], x[2m:])`` as split/unbind views: their backward is a
+    cat/stack of the gradients, where a strided slice's backward zero-fills a tensor of x's size."""
+    body, tail = x.split([2 * m, x.shape[0] - 2 * m])
+    even, odd = body.unflatten(0, (m, 2)).unbind(1)
+    return even, odd, tail
+
+
 def _scan0(combine, xs):
     n = xs[0].shape[0]
     if n < 2:
         return xs
-    pairs = combine(tuple(x[0 : n - 1 : 2] for x in xs), tuple(x[1::2] for x in xs))
-    odd = _scan0(combine, pairs)
-    head = tuple(o[: (n - 1) // 2] for o in odd)
-    even = combine(head, tuple(x[2::2] for x in xs))
+    m, k = n // 2, (n - 1) // 2           # pairs; even positions 2, 4, ..., 2k after position 0
+    evens, odds, tails = zip(*(_deinterleave(x, m) for x in xs))
+    odd = _scan0(combine, combine(evens, odds))                                       # out[1::2]
+    firsts, rests = zip(*(e.split([1, m - 1]) for e in evens))
+    later = tuple(torch.cat([r, t], 0) for r, t in zip(rests, tails)) if n % 2 else rests
+    even = combine(tuple(o.split([k, m - k])[0] for o in odd), later)                 # out[2::2]
     out = []
-    for x, e, o in zip(xs, even, odd):
-        e = torch.cat([x[:1], e], 0)
-        n_pairs = o.shape[0]
-        woven = torch.stack([e[:n_pairs], o], 1).reshape((2 * n_pairs,) + o.shape[1:])
-        out.append(torch.cat([woven, e[n_pairs:]], 0) if n % 2 else woven)
+    for first, e, o in zip(firsts, even, odd):
+        e_woven, e_last = torch.cat([first, e], 0).split([m, 1 + k - m])
+        woven = torch.stack([e_woven, o], 1).flatten(0, 1)
+        out.append(torch.cat([woven, e_last], 0) if n % 2 else woven)
     return tuple(out)
