@@ -22,7 +22,9 @@ prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
 
 Every mixer gets the same budget and the same learning rates (``MIXER_SPECS``; ``kla_noise0`` is
 KLA with the process noise fixed at 0, its gated-linear-attention limit; ``gla_conv`` is GLA with
-the width-4 short convolution that KLA has, ``kla_noconv`` KLA without one).
+the width-4 short convolution that KLA has, ``gla_conv_k2`` the same with keys of width d_model
+(``expand_k=2``: about KLA's state at ``d_state`` 16, ``expand`` 2), ``kla_noconv`` KLA without a
+conv).
 
 A protocol longer than one sitting runs over several calls of the same command (one learning
 rate per run, no ``--time-limit``):
@@ -56,6 +58,7 @@ MIXER_SPECS = {
     "attention": ["--mixer", "attention"],
     "gla": ["--mixer", "gla"],
     "gla_conv": ["--mixer", "gla", "--mixer-opt", "d_conv=4"],
+    "gla_conv_k2": ["--mixer", "gla", "--mixer-opt", "d_conv=4", "--mixer-opt", "expand_k=2"],
     "kla_noconv": ["--mixer", "kla", "--mixer-opt", "d_conv=1"],
     "mamba": ["--mixer", "mamba"],
     "gdn": ["--mixer", "gdn"],
