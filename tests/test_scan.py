@@ -27,18 +27,6 @@ def test_matrix_product_scan(T, reverse):
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
 
 
-def test_affine_scan_matches_recursion():
-    g = torch.Generator().manual_seed(0)
-    f = torch.rand(4, 77, 3, dtype=torch.float64, generator=g)
-    b = torch.randn(4, 77, 3, dtype=torch.float64, generator=g)
-    F, B = associative_scan(mobius.affine_compose, (f, b), dim=-2)
-    eta, ref = torch.zeros(4, 3, dtype=torch.float64), []
-    for t in range(77):
-        eta = f[:, t] * eta + b[:, t]
-        ref.append(eta)
-    torch.testing.assert_close(B, torch.stack(ref, -2), rtol=1e-12, atol=1e-12)
-
-
 def _affine_loop(f, b, reverse):
     order = range(f.shape[-2] - 1, -1, -1) if reverse else range(f.shape[-2])
     eta, out = torch.zeros_like(f[..., 0, :]), [None] * f.shape[-2]
@@ -46,6 +34,14 @@ def _affine_loop(f, b, reverse):
         eta = f[..., t, :] * eta + b[..., t, :]
         out[t] = eta
     return torch.stack(out, -2)
+
+
+def test_affine_scan_matches_recursion():
+    g = torch.Generator().manual_seed(0)
+    f = torch.rand(4, 77, 3, dtype=torch.float64, generator=g)
+    b = torch.randn(4, 77, 3, dtype=torch.float64, generator=g)
+    F, B = associative_scan(mobius.affine_compose, (f, b), dim=-2)
+    torch.testing.assert_close(B, _affine_loop(f, b, reverse=False), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 7, 64, 65])
