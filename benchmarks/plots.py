@@ -46,11 +46,11 @@ def _rates(result: dict) -> str:
     return ",".join(f"{run['lr']:g}" for run in result.get("runs", []))
 
 
-def run_labels(results) -> list:
-    """One label per result: :func:`mixer_label`, plus the width, the seed and the learning rates
-    where those differ among ``results``, so such runs of one mixer stay apart."""
+def run_labels(results, rates: bool = True) -> list:
+    """One label per result: :func:`mixer_label`, plus the width, the seed and (with ``rates``)
+    the learning rates where those differ among ``results``, so such runs of one mixer stay apart."""
     parts = (lambda r: f" d_model {r.get('d_model')}", lambda r: f" seed {r.get('seed')}",
-             lambda r: f" lr {_rates(r)}")
+             lambda r: f" lr {_rates(r)}")[: 3 if rates else 2]
     varying = [part for part in parts if len({part(r) for r in results}) > 1]
     return [mixer_label(r) + "".join(part(r) for part in varying) for r in results]
 
@@ -157,22 +157,43 @@ def _best_run(r: dict) -> dict | None:
     return next((x for x in r.get("runs", []) if x["lr"] == r.get("best_lr")), None)
 
 
-def mad_table(results) -> dict:
-    """``{mixer: {task: result}}`` for the MAD runs among ``results``."""
+def best_over_rates(results) -> list:
+    """``results`` with, of the runs that differ only in their learning rates, the one with the
+    best validation token accuracy (the MAD protocol's reading of a rate sweep)."""
+    best: dict = {}
+    for r in results:
+        key = (r["task"], mixer_label(r), r.get("d_model"), r.get("seed"), r.get("layers"),
+               r.get("seq_len"))
+        if key not in best or (r.get("best_token_acc") or 0) > (best[key].get("best_token_acc") or 0):
+            best[key] = r
+    return list(best.values())
+
+
+def swept(results) -> bool:
+    """Whether some run of ``results`` differs from another only in its learning rates."""
+    return len(best_over_rates(results)) < len(results)
+
+
+def mad_table(results, rates: bool = True) -> dict:
+    """``{mixer: {task: result}}`` for the MAD runs among ``results`` (labels of
+    :func:`run_labels`; ``rates=False`` for results with one rate per mixer and task)."""
     table: dict = {}
     runs = [r for r in results if r["task"] in MAD_ORDER]
-    for label, r in zip(run_labels(runs), runs):
+    for label, r in zip(run_labels(runs, rates), runs):
         if r["task"] in table.get(label, {}):
             raise ValueError(f"two {r['task']} runs share mixer, width, seed and rates: {label}")
         table.setdefault(label, {})[r["task"]] = r
     return table
 
 
-def mad_markdown(results) -> str:
+def mad_markdown(results, best_rate: bool = False) -> str:
     """Markdown: rows mixers, columns the MAD tasks present; best validation token accuracy and
     macro accuracy (per-class recall averaged) in %, ✓ where solved, steps run in brackets; last
-    column the mean token accuracy over the tasks."""
-    table = mad_table(results)
+    column the mean token accuracy over the tasks. ``best_rate``: one row per mixer with the best
+    of its learning rates per task (:func:`best_over_rates`), the rate after ``@``."""
+    if best_rate:
+        results = best_over_rates(results)
+    table = mad_table(results, rates=not best_rate)
     tasks = [t for t in MAD_ORDER if any(t in row for row in table.values())]
     lines = ["| mixer | " + " | ".join(t.replace("_", " ") for t in tasks) + " | mean |",
              "|---|" + "---|" * (len(tasks) + 1)]
@@ -187,8 +208,9 @@ def mad_markdown(results) -> str:
             best = run["best"]
             accs.append(best["token_acc"])
             mark = " ✓" if r["solved"] else ""
+            rate = f" @{run['lr']:g}" if best_rate else ""
             cells.append(f"{100 * best['token_acc']:.1f} / {100 * best['macro_acc']:.1f}{mark} "
-                         f"[{run['steps_run']}]")
+                         f"[{run['steps_run']}]{rate}")
         mean = f"{100 * sum(accs) / len(accs):.1f}" if len(accs) == len(tasks) else "–"
         lines.append(f"| {mixer} | " + " | ".join(cells) + f" | {mean} |")
     return "\n".join(lines)
@@ -304,6 +326,42 @@ def plot_mad(results, path: str) -> None:
     plt.close(fig)
 
 
+def plot_rates(results, path: str) -> None:
+    """Best validation token accuracy against learning rate (log scale), one panel per MAD task
+    with runs at more than one rate, one line per mixer (labels of :func:`run_labels` without the
+    rates), from every run's rates (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in results if r["task"] in MAD_ORDER]
+    points: dict = {}
+    for label, r in zip(run_labels(runs, rates=False), runs):
+        for run in r.get("runs", []):
+            acc = 0.0 if run["best"] is None else 100 * run["best"]["token_acc"]
+            points.setdefault(r["task"], {}).setdefault(label, []).append((run["lr"], acc))
+    tasks = [t for t in MAD_ORDER if len({lr for line in points.get(t, {}).values()
+                                          for lr, _ in line}) > 1]
+    if not tasks:
+        raise ValueError("no MAD task has runs at more than one learning rate")
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.4 * len(tasks), 3.2), dpi=130,
+                             squeeze=False, sharey=True)
+    for ax, task in zip(axes[0], tasks):
+        for label, line in sorted(points[task].items()):
+            ax.plot(*zip(*sorted(line)), marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_title(task.replace("_", " "))
+        ax.set_xlabel("learning rate")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("best validation token accuracy (%)")
+    axes[0][0].set_ylim(0, 105)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+
+
 def plot_min_depth(results, path: str, task: str = "a5") -> None:
     """Draw the smallest solving depth against length per mixer to ``path`` (PNG)."""
     import matplotlib
@@ -375,17 +433,24 @@ def plot_curves(results, path: str, task: str = "a5") -> None:
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(prog="python -m benchmarks.plots", description=__doc__.split("\n")[0])
     p.add_argument("task", help="task name as in the results (a5, z60, mqar, ...)")
-    p.add_argument("directory")
+    p.add_argument("directories", nargs="+", metavar="directory",
+                   help="folders of result JSON (searched recursively), read together")
     p.add_argument("--png", default=None,
                    help="write the smallest-solving-depth plot here (mad: the accuracy bars; "
                         "mqar: accuracy against state size)")
     p.add_argument("--curves", default=None, help="write the learning curves here")
+    p.add_argument("--rates", default=None, help="mad: write accuracy against learning rate here")
     a = p.parse_args(argv)
-    results = load(a.directory)
+    results = [r for d in a.directories for r in load(d)]
     if a.task == "mad":
-        text = mad_markdown(results) + "\n\n" + calibration_markdown(results, tasks=MAD_ORDER)
+        parts = [mad_markdown(results)]
+        if swept(results):
+            parts.append("Best learning rate per task and mixer:\n\n" + mad_markdown(results, True))
+        text = "\n\n".join(parts + [calibration_markdown(results, tasks=MAD_ORDER)])
         if a.png:
-            plot_mad(results, a.png)
+            plot_mad(best_over_rates(results), a.png)
+        if a.rates:
+            plot_rates(results, a.rates)
     elif a.task == "mqar":
         widths = sorted({r["d_model"] for r in results if r["task"] == "mqar"})
         text = "\n\n".join([mqar_markdown(results)] + [

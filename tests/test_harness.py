@@ -274,6 +274,37 @@ def test_mad_and_mqar_tables(tmp_path):
     assert md.index("| 64 | kla") < md.index("| 128 | attention")
 
 
+def _at_rate(result, lr):
+    result["best_lr"] = result["runs"][0]["lr"] = lr
+    return result
+
+
+def test_mad_rate_sweep_over_several_folders(tmp_path):
+    sweep = [_at_rate(_fake_task("fuzzy_recall", "kla", acc), lr)
+             for acc, lr in ((0.2, 1e-4), (0.6, 5e-4), (0.4, 1e-3))]
+    sweep += [_at_rate(_fake_task("fuzzy_recall", "gla", 0.3), 1e-4),
+              _at_rate(_fake_task("compression", "gla", 0.5), 1e-3)]
+    assert plots.swept(sweep) and not plots.swept(sweep[:1] + sweep[3:])
+    best = plots.best_over_rates(sweep)
+    assert sorted((r["mixer"], r["task"], r["best_lr"]) for r in best) == [
+        ("gla", "compression", 1e-3), ("gla", "fuzzy_recall", 1e-4), ("kla", "fuzzy_recall", 5e-4)]
+    assert "| kla | 60.0 / 30.0 [200] @0.0005 | – | – |" in plots.mad_markdown(sweep, best_rate=True)
+    assert "| gla | 30.0 / 15.0 [200] @0.0001 | 50.0 / 25.0 [200] @0.001 | 40.0 |" in \
+        plots.mad_markdown(sweep, best_rate=True)
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder, part in zip(folders, (sweep[:2], sweep[2:])):
+        folder.mkdir()
+        for i, r in enumerate(part):
+            (folder / f"{i}.json").write_text(json.dumps(r))
+    rates, png = tmp_path / "rates.png", tmp_path / "mad.png"
+    text = plots.main(["mad", *map(str, folders), "--rates", str(rates), "--png", str(png)])
+    assert "| kla lr 0.0001 | 20.0 / 10.0 [200] | – | – |" in text
+    assert "Best learning rate per task and mixer" in text
+    assert rates.stat().st_size > 1000 and png.stat().st_size > 1000
+    with pytest.raises(ValueError, match="more than one learning rate"):
+        plots.plot_rates(sweep[3:], str(rates))
+
+
 def test_mqar_state_size_and_plot(tmp_path):
     config = {"task": "mqar", "len": 16, "kv_pairs": 2, "vocab": 32, "filler": "zero",
               "layers": 2, "d_model": 16, "d_state": 4, "expand": 2, "mixer_opt": [],
