@@ -129,23 +129,33 @@ def min_depth_markdown(results, task: str = "a5") -> str:
 def calibration_markdown(results, task: str = "a5", tasks: tuple = ()) -> str:
     """Markdown: per KLA run, the final model's error rate and how well the last KLA layer's
     output variance flags its errors (AUROC; 0.5 = no better than chance), beside the softmax
-    confidence's AUROC. With ``tasks``, one table over those tasks with a task column."""
-    head = "| task " if tasks else ""
-    lines = [head + "| mixer | depth | L | error rate | mean var (wrong / right) | AUROC var | "
-             "AUROC var within position | AUROC softmax |", "|---" * (8 + bool(tasks)) + "|"]
-    num = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+    confidence's AUROC; where runs have it, the toolkit's check of the layer's filters on their
+    own observations (mean NIS, 1 when honest; the fraction of ``v`` in the 90% predictive
+    interval). With ``tasks``, one table over those tasks with a task column."""
+    rows = []
     for name in tasks or (task,):
         for (mixer, depth, length), r in sorted(index(results, name).items()):
             run = _best_run(r)
             cal = run.get("calibration") if run else None
-            if not cal:
-                continue
-            lines.append(
-                (f"| {name} " if tasks else "") +
-                f"| {mixer} | {depth} | {length} | {num(cal['error_rate'], '.3f')} | "
-                f"{num(cal['mean_var_wrong'], '.3g')} / {num(cal['mean_var_correct'], '.3g')} | "
-                f"{num(cal['auroc_var'], '.3f')} | {num(cal['auroc_var_by_position'], '.3f')} | "
-                f"{num(cal['auroc_confidence'], '.3f')} |")
+            if cal:
+                rows.append((name, mixer, depth, length, cal))
+    filters = any(cal.get("filters") for *_, cal in rows)
+    head = "| task " if tasks else ""
+    extra = " filter NIS | v in 90% band |" if filters else ""
+    lines = [head + "| mixer | depth | L | error rate | mean var (wrong / right) | AUROC var | "
+             "AUROC var within position | AUROC softmax |" + extra,
+             "|---" * (8 + bool(tasks) + 2 * filters) + "|"]
+    num = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+    for name, mixer, depth, length, cal in rows:
+        f = cal.get("filters") or {}
+        tail = (f" {num(f.get('mean_nis'), '.3g')} | {num(f.get('coverage', {}).get('0.9'), '.3f')} |"
+                if filters else "")
+        lines.append(
+            (f"| {name} " if tasks else "") +
+            f"| {mixer} | {depth} | {length} | {num(cal['error_rate'], '.3f')} | "
+            f"{num(cal['mean_var_wrong'], '.3g')} / {num(cal['mean_var_correct'], '.3g')} | "
+            f"{num(cal['auroc_var'], '.3f')} | {num(cal['auroc_var_by_position'], '.3f')} | "
+            f"{num(cal['auroc_confidence'], '.3f')} |" + tail)
     return "\n".join(lines)
 
 

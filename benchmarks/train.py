@@ -56,8 +56,8 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.stats import rankdata
 
+from .calibration import autocast, variance_calibration
 from .checkpoint import load_checkpoint, restore, run_identity, save_checkpoint, should_pause, training_state
 from .tasks import IGNORE, TASKS, Scores, make_task, validation_set, train_batches
 from .tasks.mad import AutoencoderModel
@@ -219,8 +219,6 @@ def schedule_progress(step: int, steps: int, elapsed: float, time_limit: float |
     return max(step / steps, by_time)
 
 
-def autocast(device: torch.device, enabled: bool):
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda")
 
 
 @torch.no_grad()
@@ -236,71 +234,6 @@ def evaluate(model, x_test, y_test, batch: int, device, amp: bool, num_classes: 
         scores.update(logits.argmax(-1), y)
     model.train()
     return scores.result()
-
-
-def auroc(scores: np.ndarray, positive: np.ndarray) -> float | None:
-    """Area under the ROC curve of ``scores`` for the boolean labels ``positive`` (Mann-Whitney,
-    ties as average ranks): the chance that a random positive scores above a random negative.
-    ``None`` when either class is empty."""
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-        return None
-    ranks = rankdata(scores)
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-@torch.no_grad()
-def variance_calibration(model, x_test, y_test, batch: int, device, amp: bool) -> dict | None:
-    """Is the last KLA layer's output variance larger where the model errs? ``None`` without KLA.
-
-    At every scored test position: ``var`` = the layer's propagated output variance ``y_var``
-    averaged over channels, and whether the argmax prediction is wrong. Returns the error rate,
-    the mean ``var`` at wrong and at correct positions, ``auroc_var`` (variance as a detector of
-    errors; 0.5 = uninformative), the same within each position averaged over positions
-    (``auroc_var_by_position``: removes the trend of both with position), and the softmax
-    confidence's AUROC as the yardstick (``auroc_confidence``, score ``1 - max prob``).
-    """
-    from kalmanscan.nn import KLA
-
-    layers = [m for m in model.modules() if isinstance(m, KLA)]
-    if not layers:
-        return None
-    captured = []
-
-    def hook(module, inputs, output):
-        captured.append(module.forward(inputs[0], return_variance=True)[1].float().mean(-1))
-
-    handle = layers[-1].register_forward_hook(hook)
-    model.eval()
-    var, wrong, unsure, pos = [], [], [], []
-    try:
-        for start in range(0, x_test.shape[0], batch):
-            x = torch.from_numpy(x_test[start : start + batch]).to(device)
-            y = torch.from_numpy(y_test[start : start + batch]).to(device)
-            captured.clear()
-            with autocast(device, amp):
-                logits = model(x)
-            mask = y != IGNORE
-            probs = logits.float().softmax(-1)
-            var.append(captured[0][mask].cpu())
-            wrong.append((probs.argmax(-1) != y)[mask].cpu())
-            unsure.append((1.0 - probs.max(-1).values)[mask].cpu())
-            pos.append(torch.arange(y.shape[1], device=device).expand_as(y)[mask].cpu())
-    finally:
-        handle.remove()
-        model.train()
-    var, wrong, unsure, pos = (torch.cat(t).double().numpy() for t in (var, wrong, unsure, pos))
-    wrong = wrong.astype(bool)
-    by_pos = [auroc(var[pos == p], wrong[pos == p]) for p in np.unique(pos)]
-    by_pos = [a for a in by_pos if a is not None]
-    return {
-        "error_rate": float(wrong.mean()),
-        "mean_var_wrong": float(var[wrong].mean()) if wrong.any() else None,
-        "mean_var_correct": float(var[~wrong].mean()) if (~wrong).any() else None,
-        "auroc_var": auroc(var, wrong),
-        "auroc_var_by_position": float(np.mean(by_pos)) if by_pos else None,
-        "auroc_confidence": auroc(unsure, wrong),
-    }
 
 
 def train_one(task, args, lr: float, device: torch.device, test_data, deadline=None) -> dict:

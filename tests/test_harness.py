@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import plots, protocols, train
+from benchmarks import calibration, plots, protocols, train
 from benchmarks.tasks import make_task, validation_set
 from benchmarks.tasks.mad import mad_task
+from kalmanscan.diagnostics import report
+from kalmanscan.nn import KLA, layer_filters
 
 
 def test_autoencoder_and_noise_zero_models():
@@ -208,6 +210,9 @@ def test_min_depth_table_and_plot(tmp_path):
            "auroc_var_by_position": 0.6, "auroc_confidence": None}
     results[0]["runs"][0]["calibration"] = cal
     assert "| kla | 1 | 16 | 0.200 | 0.5 / 0.25 | 0.700 | 0.600 | – |" in plots.calibration_markdown(results)
+    with_filters = dict(results[0], runs=[dict(results[0]["runs"][0], calibration=dict(
+        cal, filters={"mean_nis": 2.5, "coverage": {"0.9": 0.81}}))])
+    assert "| 0.600 | – | 2.5 | 0.810 |" in plots.calibration_markdown([with_filters, results[1]])
     several = plots.calibration_markdown(results, tasks=("z60", "a5")).splitlines()
     assert several[0].startswith("| task | mixer |") and several[1].count("|---") == 9
     assert several[2:] == ["| a5 | kla | 1 | 16 | 0.200 | 0.5 / 0.25 | 0.700 | 0.600 | – |"]
@@ -332,8 +337,8 @@ def test_mqar_state_size_and_plot(tmp_path):
 
 def test_auroc_and_variance_calibration():
     scores = np.array([0.1, 0.4, 0.35, 0.8])
-    assert train.auroc(scores, np.array([False, False, True, True])) == pytest.approx(0.75)
-    assert train.auroc(scores, np.zeros(4, bool)) is None
+    assert calibration.auroc(scores, np.array([False, False, True, True])) == pytest.approx(0.75)
+    assert calibration.auroc(scores, np.zeros(4, bool)) is None
     args = train.parse_args(["--task", "a5", "--len", "6", "--mixer", "kla", "--layers", "1",
                              "--d-model", "16", "--d-state", "4"])
     task = make_task("a5", seq_len=6, num_test=16)
@@ -341,8 +346,27 @@ def test_auroc_and_variance_calibration():
     x, y = validation_set(task, 0)
     with torch.no_grad():
         y[:, ::2] = model(torch.from_numpy(x)).argmax(-1).numpy()[:, ::2]   # right at even positions
-    cal = train.variance_calibration(model, x, y, 8, torch.device("cpu"), False)
+    cal = calibration.variance_calibration(model, x, y, 8, torch.device("cpu"), False)
     assert 0 < cal["error_rate"] < 1 and 0 <= cal["auroc_var"] <= 1 and cal["mean_var_wrong"] > 0
     assert cal["mean_var_correct"] > 0 and cal["auroc_confidence"] is not None
+    filters = cal["filters"]
+    assert filters["rows"] == 8 and filters["mean_nis"] > 0 and 0 <= filters["pit_ks"] <= 1
+    assert set(filters["coverage"]) == {"0.5", "0.9"}
+    layer = next(m for m in model.modules() if isinstance(m, KLA))
+    inputs = []
+    handle = layer.register_forward_hook(lambda module, args, out: inputs.append(args[0]))
+    with torch.no_grad():
+        model(torch.from_numpy(x[:8]))
+    handle.remove()
+    obs, post = layer_filters(layer, inputs[0])
+    rep = report(post, obs, levels=(0.5, 0.9))
+    assert filters["mean_nis"] == pytest.approx(rep.mean_nis, rel=1e-6)
+    assert filters["coverage"]["0.9"] == pytest.approx(rep.coverage[0.9], abs=1e-6)
+    saved = calibration.FILTER_CHECK_ELEMENTS
+    try:
+        calibration.FILTER_CHECK_ELEMENTS = 1          # at least one row, however small the cap
+        assert calibration.filter_calibration(layer, inputs[0])["rows"] == 1
+    finally:
+        calibration.FILTER_CHECK_ELEMENTS = saved
     args.mixer = "attention"
-    assert train.variance_calibration(train.build_model(task, args), x, y, 8, torch.device("cpu"), False) is None
+    assert calibration.variance_calibration(train.build_model(task, args), x, y, 8, torch.device("cpu"), False) is None

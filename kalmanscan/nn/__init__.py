@@ -3,6 +3,7 @@
     ks.nn.kla_scan(v, lam_v, k, q, decay, noise) -> (y, y_var)
     ks.nn.KLA(d_model, d_state=16, expand=2, ...)
     ks.nn.SequenceModel(vocab_size, d_model, n_layers, mixer="kla", ...)
+    ks.nn.layer_filters(layer, x) -> (obs, post)     # a KLA layer's filters as ks.filter's
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ _EXPORTS = {
     "SequenceModel": ".model",
     "MIXERS": ".mixers",
     "register_mixer": ".mixers",
+    "layer_filters": ".filters",
 }
 
 __all__ = list(_EXPORTS)

@@ -220,6 +220,21 @@ class KLA(nn.Module):
         var = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
         return KLAState(conv, var, torch.zeros_like(var))
 
+    def observe(self, x, window=None):
+        """What the filters see of ``x`` (B, L, D): ``(z, gate, window, (v, lam_v, k, q))``.
+
+        ``z`` (B, L, M) is the conv + SiLU output, ``gate`` (B, L, M) the output gate before its
+        SiLU, ``window`` the new pre-conv window (``window=None``: zeros, a sequence's start), and
+        ``v, lam_v`` (B, L, M), ``k, q`` (B, L, S) the scan's inputs (:func:`kla_scan`) in the scan
+        dtype: filter ``(m, s)`` observes ``v[m]`` through the gain ``k[s]`` with precision ``lam_v[m]``.
+        """
+        z, gate = self.in_proj(x).chunk(2, -1)
+        if window is None:
+            window = z.new_zeros(z.shape[0], self.d_conv - 1, self.d_inner)
+        z, window = causal_conv(z, window, self.conv)
+        z = F.silu(z)
+        return z, gate, window, self._sensors(z)
+
     def _sensors(self, z):
         """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype."""
         M, S, r = self.d_inner, self.d_state, self.var_rank
@@ -262,12 +277,7 @@ class KLA(nn.Module):
         squared output weights; it ignores the projections' own uncertainty.
         """
         self._check(x, 3, "x")
-        z, gate = self.in_proj(x).chunk(2, -1)
-        window = state.conv if state is not None else z.new_zeros(
-            z.shape[0], self.d_conv - 1, self.d_inner)
-        z, window = causal_conv(z, window, self.conv)
-        z = F.silu(z)
-        v, lam_v, k, q = self._sensors(z)
+        z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv)
         decay, noise = self.discretized()
         initial = None if state is None else FilterState.from_moments(state.var, state.mu)
         with torch.autocast(x.device.type, enabled=False):
