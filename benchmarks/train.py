@@ -37,8 +37,9 @@ holds the arguments that shape the run (all but ``--checkpoint``, ``--stop-after
 Output: one JSON with the config, seed, commit, device, and per learning rate the best
 validation token accuracy with the sequence, mean per-sequence and macro accuracies at that
 evaluation, the steps run, why training stopped, a history of (step, loss, accuracy), and for
-models with KLA layers a calibration check of the final model's output variance against its
-errors (:func:`variance_calibration`).
+models with KLA layers the calibration checks of :mod:`benchmarks.calibration` on the final model
+(its output variance against its errors, and the toolkit's diagnostics of its last KLA layer's
+filters).
 """
 
 from __future__ import annotations
