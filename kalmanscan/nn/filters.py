@@ -37,6 +37,9 @@ __all__ = ["layer_filters"]
 def layer_filters(layer, x, backend: str = "torch") -> tuple:
     """``(obs, post)``: the filters of ``layer`` (a :class:`kalmanscan.nn.KLA`) run over ``x``.
 
+    A diagnostic: it runs without gradients, and under the caller's autocast for the layer's
+    projections (as the layer's forward does), the filter itself in the scan dtype.
+
     Args:
         layer: a ``KLA`` layer; its parameters are read, not changed.
         x: the layer's input ``(B, L, D)`` (a sequence from its start: zero conv window, prior
