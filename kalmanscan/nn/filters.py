@@ -50,8 +50,8 @@ def layer_filters(layer, x, backend: str = "torch") -> tuple:
     Returns:
         ``obs`` ``(B, L, M * S)``: ``v[..., m]`` on channel ``m * S + s``, a tensor in the scan
         dtype (float64 for a float64 layer, else float32), a NumPy array for ``"reference"``;
-        ``post``: the :class:`~kalmanscan.Posterior`
-        of :func:`kalmanscan.filter` over ``obs`` (NumPy for ``"reference"``).
+        ``post``: the :class:`~kalmanscan.Posterior` of :func:`kalmanscan.filter` over ``obs``
+        (NumPy for ``"reference"``).
 
     Raises:
         ValueError: naming ``layer`` or ``x`` when they are not a KLA layer and its input.
