@@ -116,5 +116,3 @@ def filter_calibration(layer, x) -> dict:
     rep = report(post, obs, levels=FILTER_CHECK_LEVELS)
     return {"rows": rows, "mean_nis": rep.mean_nis, "pit_mean": rep.pit_mean, "pit_var": rep.pit_var,
             "pit_ks": rep.pit_ks, "coverage": {f"{lvl:g}": c for lvl, c in rep.coverage.items()}}
-
-

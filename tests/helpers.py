@@ -1,4 +1,4 @@
-"""Shared test utilities: random filter problems and relative-error comparisons."""
+"""Shared test utilities: random filter problems, random KLA layers and relative-error comparisons."""
 
 from __future__ import annotations
 
@@ -114,3 +114,17 @@ def forward_views(y, kw):
     lam0 = 1.0 / torch.broadcast_to(p.init_var, per_series).reshape(B, C)
     mu0 = torch.broadcast_to(p.init_mean - p.mean[..., :1, :], per_series).reshape(B, C)
     return views, torch.stack([lam0, lam0 * mu0], 1)
+
+
+def random_kla(variant="plain", discretization="ou", d_model=4, d_state=3, seed=0, **kwargs):
+    """A float64 ``KLA`` layer on the torch backend with every parameter moved off its initial
+    value (so all paths are exercised); ``kwargs`` go to the constructor."""
+    from kalmanscan.nn import KLA
+
+    torch.manual_seed(seed)
+    layer = KLA(d_model, d_state=d_state, expand=2, variant=variant, discretization=discretization,
+                backend="torch", **kwargs).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return layer

@@ -6,21 +6,12 @@ import pytest
 import torch
 from torch.func import functional_call
 
+from helpers import random_kla
 from kalmanscan import ou
 from kalmanscan.nn import KLA
 from kalmanscan.nn.scan import kla_scan_sequential
 
 TOL = dict(rtol=1e-10, atol=1e-12)
-
-
-def make(variant="plain", discretization="ou", d_model=4, d_state=3, seed=0, **kwargs):
-    torch.manual_seed(seed)
-    layer = KLA(d_model, d_state=d_state, expand=2, variant=variant, discretization=discretization,
-                backend="torch", **kwargs).double()
-    with torch.no_grad():   # move every parameter off its initial value so all paths are exercised
-        for p in layer.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return layer
 
 
 def inputs(B=2, L=5, D=4, seed=1):
@@ -33,7 +24,7 @@ def inputs(B=2, L=5, D=4, seed=1):
     ("mamba", ("log_theta", "var_expand.weight", "conv.weight")),
 ])
 def test_gradcheck_float64(variant, names):
-    layer = make(variant)
+    layer = random_kla(variant)
     params = dict(layer.named_parameters())
     x = inputs(L=5).requires_grad_()
     chosen = tuple(params[n].detach().clone().requires_grad_() for n in names)
@@ -49,7 +40,7 @@ def test_gradcheck_float64(variant, names):
 @pytest.mark.parametrize("variant", ["plain", "mamba"])
 @pytest.mark.parametrize("L", [1, 63])
 def test_step_by_step_decoding_equals_forward(variant, L):
-    layer = make(variant, d_model=6, d_state=5)
+    layer = random_kla(variant, d_model=6, d_state=5)
     x = inputs(B=3, L=L, D=6)
     y, y_var = layer(x, return_variance=True)
     state = layer.init_state(3)
@@ -63,7 +54,7 @@ def test_step_by_step_decoding_equals_forward(variant, L):
 
 
 def test_step_state_has_constant_size():
-    layer = make()
+    layer = random_kla()
     state = layer.init_state(2)
     shapes = [tuple(s.shape) for s in state]
     for t in range(4):
@@ -91,12 +82,12 @@ def assert_prefill_then_step(layer, x, cuts, tol):
 def test_chunked_prefill_equals_one_shot(variant):
     x = inputs(L=23)
     # chunks shorter and longer than the conv; the step repeats the last token
-    assert_prefill_then_step(make(variant), torch.cat([x, x[:, -1:]], 1), [0, 1, 3, 10, 23], TOL)
+    assert_prefill_then_step(random_kla(variant), torch.cat([x, x[:, -1:]], 1), [0, 1, 3, 10, 23], TOL)
 
 
 def test_forward_matches_float64_sequential_filter():
     """The block around an independent token-by-token filter gives the same output."""
-    layer = make(d_model=5, d_state=4)
+    layer = random_kla(d_model=5, d_state=4)
     x = inputs(L=17, D=5)
     z, gate = layer.in_proj(x).chunk(2, -1)
     z = torch.nn.functional.silu(layer.conv(torch.nn.functional.pad(z.transpose(1, 2), (3, 0))).transpose(1, 2))
@@ -114,7 +105,7 @@ def test_forward_matches_float64_sequential_filter():
 
 def test_zoh_and_ou_both_run_and_differ():
     x = inputs(L=9)
-    ou_layer, zoh_layer = make(discretization="ou"), make(discretization="zoh")
+    ou_layer, zoh_layer = random_kla(discretization="ou"), random_kla(discretization="zoh")
     zoh_layer.load_state_dict(ou_layer.state_dict())
     y_ou, y_zoh = ou_layer(x), zoh_layer(x)
     assert torch.isfinite(y_ou).all() and torch.isfinite(y_zoh).all()
@@ -141,7 +132,7 @@ def test_initialisation_ranges():
 
 
 def test_variance_positive_and_shaped():
-    layer = make("mamba")
+    layer = random_kla("mamba")
     x = inputs(B=3, L=11)
     y, y_var = layer(x, return_variance=True)
     assert y.shape == y_var.shape == (3, 11, 4)
@@ -149,7 +140,7 @@ def test_variance_positive_and_shaped():
 
 
 def test_float32_and_bf16_autocast_keep_the_scan_in_float32():
-    layer64 = make(d_model=8, d_state=4)
+    layer64 = random_kla(d_model=8, d_state=4)
     layer = KLA(8, d_state=4, backend="torch")
     layer.load_state_dict({k: v.float() for k, v in layer64.state_dict().items()})
     x = inputs(L=40, D=8)
@@ -164,7 +155,7 @@ def test_float32_and_bf16_autocast_keep_the_scan_in_float32():
 
 
 def test_gradients_reach_every_parameter():
-    layer = make("mamba")
+    layer = random_kla("mamba")
     layer(inputs()).square().sum().backward()
     for name, p in layer.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
@@ -189,7 +180,7 @@ def test_theta_init():
 
 
 def test_bad_inputs_raise():
-    layer = make()
+    layer = random_kla()
     with pytest.raises(ValueError, match="x must have shape"):
         layer(torch.randn(2, 5, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="x must have shape"):
@@ -207,7 +198,7 @@ def noiseless(dtype, d_model=4, d_state=3, seed=0):
     """A layer without process noise (sigma = 0: the GLA limit) whose decays span [0.2, 0.95]: the
     exact precision of its fastest-decaying filters leaves float32's range within 30 tokens and
     float64's within 230."""
-    layer = make(d_model=d_model, d_state=d_state, seed=seed).to(dtype)
+    layer = random_kla(d_model=d_model, d_state=d_state, seed=seed).to(dtype)
     M, S = layer.d_inner, layer.d_state
     decay = torch.linspace(0.2, 0.95, M * S, dtype=torch.float64).reshape(M, S)
     with torch.no_grad():
@@ -284,7 +275,7 @@ def test_gradcheck_prefill_and_decoding_without_process_noise():
 
 def test_recurrent_backend_equals_the_parallel_scan():
     """KLA(backend="recurrent") gives the time-parallel scan's outputs, variance and gradients."""
-    layer = make(d_model=6, d_state=4)
+    layer = random_kla(d_model=6, d_state=4)
     x = inputs(B=2, L=33, D=6).requires_grad_()
     y, y_var = layer(x, return_variance=True)
     grads = torch.autograd.grad((y.sum() + y_var.sum()), [x, *layer.parameters()])

@@ -7,20 +7,11 @@ import pytest
 import torch
 
 import kalmanscan as ks
+from helpers import random_kla
 from kalmanscan.nn import KLA, layer_filters
 from kalmanscan.nn.scan import kla_scan_sequential
 
 TOL = dict(rtol=1e-10, atol=1e-12)
-
-
-def make(variant="plain", discretization="ou", d_model=4, d_state=3, seed=0):
-    torch.manual_seed(seed)
-    layer = KLA(d_model, d_state=d_state, expand=2, variant=variant, discretization=discretization,
-                backend="torch").double()
-    with torch.no_grad():   # every parameter off its initial value
-        for p in layer.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return layer
 
 
 def readout(layer, x):
@@ -49,13 +40,13 @@ def assert_reads_out_as_the_layer(layer, x, backend):
 @pytest.mark.parametrize("L", [1, 63])
 def test_filters_read_out_as_the_scan(variant, discretization, L):
     """Against the covariance-form reference filter (an independent formulation)."""
-    layer = make(variant, discretization, d_model=5, d_state=4, seed=L)
+    layer = random_kla(variant, discretization, d_model=5, d_state=4, seed=L)
     x = torch.randn(2, L, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(L))
     assert_reads_out_as_the_layer(layer, x, "reference")
 
 
 def test_torch_backend_equals_reference_and_leaves_inputs_alone():
-    layer = make(d_model=4, d_state=3)
+    layer = random_kla(d_model=4, d_state=3)
     x = torch.randn(3, 40, 4, dtype=torch.float64)
     before = [p.detach().clone() for p in layer.parameters()]
     x0 = x.clone()
@@ -70,7 +61,7 @@ def test_torch_backend_equals_reference_and_leaves_inputs_alone():
 
 def test_without_process_noise():
     """sigma = 0 (the GLA limit): sigma_eff = 0, still the layer's read-out."""
-    layer = make(d_model=4, d_state=3)
+    layer = random_kla(d_model=4, d_state=3)
     with torch.no_grad():
         layer.log_sigma.fill_(-math.inf)
     x = torch.randn(2, 30, 4, dtype=torch.float64)
@@ -78,7 +69,7 @@ def test_without_process_noise():
 
 
 def test_diagnostics_apply():
-    layer = make(d_model=4, d_state=3)
+    layer = random_kla(d_model=4, d_state=3)
     obs, post = layer_filters(layer, torch.randn(4, 50, 4, dtype=torch.float64))
     rep = ks.diagnostics.report(post, obs)
     assert rep.n_obs == obs.numel() and math.isfinite(rep.mean_nis) and 0 <= rep.coverage[0.9] <= 1
@@ -92,7 +83,7 @@ def test_float32_layer_gives_float32_channels():
 
 
 def test_bad_arguments_raise():
-    layer = make()
+    layer = random_kla()
     with pytest.raises(ValueError, match="layer must be"):
         layer_filters(torch.nn.Linear(4, 4), torch.randn(1, 3, 4))
     with pytest.raises(ValueError, match="x must be"):

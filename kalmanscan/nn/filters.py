@@ -64,7 +64,7 @@ def layer_filters(layer, x, backend: str = "torch") -> tuple:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be a tensor of shape (B, L, D) with D = {layer.d_model}, got {shape}")
     _, _, _, (v, lam_v, k, _) = layer.observe(x)      # under the caller's autocast, as the layer
-    theta, sigma, dt = layer.ou_params()
+    theta, _, dt = layer.ou_params()
     decay, noise = layer.discretized()
     B, L, M = v.shape
     S = k.shape[-1]
@@ -73,15 +73,13 @@ def layer_filters(layer, x, backend: str = "torch") -> tuple:
     h = k[:, :, None, :].expand(channels).reshape(B, L, M * S)
     obs_var = (1.0 / lam_v)[..., None].expand(channels).reshape(B, L, M * S)
     rate = theta * dt
-    sigma_eff = torch.sqrt(noise / ou.phi(2.0 * rate)).reshape(M * S)
-    init_var = (decay * decay + noise).reshape(M * S)
-    rate = rate.reshape(M * S)
+    rate, sigma_eff, init_var = (t.reshape(M * S) for t in (
+        rate, torch.sqrt(noise / ou.phi(2.0 * rate)), decay * decay + noise))
     args = dict(theta=rate, sigma=sigma_eff, obs_var=obs_var, h=h, dt=1.0,
                 init_mean=torch.zeros_like(init_var), init_var=init_var)
     if backend == "reference":
-        obs_np = obs.detach().cpu().numpy()
-        args = {n: a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
-                for n, a in args.items()}
+        obs_np = obs.cpu().numpy()
+        args = {n: a.cpu().numpy() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
         return obs_np, kalman_filter(obs_np, backend=backend, **args)
     with torch.autocast(obs.device.type, enabled=False):
         post: Posterior = kalman_filter(obs, backend=backend, **args)
