@@ -9,7 +9,7 @@
    a float32 matrix product with TF32 off; the higher is the reference "FP32 issue rate".
 3. Times forward (no grad) and forward+backward, peak extra memory,
    state updates per second, and the fraction of the FP32 rate that the forward's arithmetic
-   represents (``FWD_FP32_OPS`` per state update, counted from ``kernels/kla_fwd.py``), at the
+   represents (``FWD_FP32_OPS`` per state update, counted from ``kernels/kla/fwd.py``), at the
    issue's three shapes, with and without the forward's time split (``pieces=1``); side by side with the torch backend and, when installed, fla's
    ``chunk_gla`` at the matched width (d_model 512: H=4, K=64, V=128, bf16). Times are per call
    with launches queued ahead (:func:`timed`: calls back to back, as in a training loop; the GPU's

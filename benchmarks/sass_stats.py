@@ -50,15 +50,15 @@ def _signature(fn, const):
 def kernels():
     """``name -> (jit function, constexprs, num_warps)``: every kernel at its production launch shape,
     and the hot ones again with the other values of their feature switches (``*_variants``)."""
-    from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
+    from kalmanscan.kernels.filter.bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
     from kernels.filter_chain import filter_chain_kernel
-    from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel, filter_total_kernel
-    from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
-    from kernels.filter_tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
-    from kernels.kla_bwd import kla_bwd_kernel
-    from kernels.kla_fwd import kla_fwd_kernel
-    from kernels.kla_split import kla_piece_map_kernel
-    from kernels.smooth_rts import rts_agg_kernel, rts_kernel
+    from kalmanscan.kernels.filter.fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel, filter_total_kernel
+    from kalmanscan.kernels.filter.tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
+    from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
+    from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
+    from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
+    from kalmanscan.kernels.kla.split import kla_piece_map_kernel
+    from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
     from kalmanscan import fused
     from kalmanscan.nn.kla_triton import DEFAULT_CONFIG as cfg
     common = dict(TRANS_STEP=False, OBS_STEP=False, WIDE=False, WRITE_MU=True, WRITE_LAM=True,

@@ -2,52 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-
-import numpy as np
 import torch
 
 from .inputs import Problem, check_no_inf, prepare
+from .ops.filter import resolve_backend, run_backend
 from .posterior import Posterior
 
-__all__ = ["filter", "register_backend", "resolve_backend"]
-
-_BACKENDS = {
-    "reference": ("kalmanscan.reference", "filter_reference"),
-    "torch": ("kalmanscan.parallel", "filter_torch"),
-    "triton": ("kalmanscan.fused", "filter_triton"),
-}
-
-
-def register_backend(name: str, module: str, function: str) -> None:
-    """Make ``backend=name`` call ``module.function(problem) -> dict`` (imported lazily)."""
-    _BACKENDS[name] = (module, function)
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """The backend ``"auto"`` stands for on ``device``: triton on CUDA when available, else torch."""
-    if backend != "auto":
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend must be one of {sorted(_BACKENDS) + ['auto']}, got {backend!r}")
-        return backend
-    if device.type == "cuda" and "triton" in _BACKENDS:
-        return "triton"
-    return "torch"
-
-
-def run_backend(p: Problem, backend: str) -> dict:
-    """Run the named backend on a validated problem; results as tensors of the compute dtype."""
-    name = resolve_backend(backend, p.y.device)
-    module, function = _BACKENDS[name]
-    out = getattr(importlib.import_module(module), function)(p)
-    return {k: _as_tensor(v, p) for k, v in out.items()}
-
-
-def _as_tensor(v, p):
-    if isinstance(v, np.ndarray):
-        return torch.as_tensor(v, device=p.y.device).to(p.dtype)
-    return v
-
+__all__ = ["filter", "make_posterior"]
 
 def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
            init_mean=None, init_var=None, backend="auto") -> Posterior:
@@ -72,8 +33,9 @@ def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         init_mean: prior mean ``(..., C)``; default ``mean``.
         init_var: prior variance ``(..., C)``; default the stationary ``sigma^2 / (2 theta)``,
             required when ``theta = 0``.
-        backend: ``"auto"`` (triton on CUDA when available, else torch), ``"torch"``,
-            ``"triton"`` or ``"reference"`` (sequential float64 covariance form, CPU).
+        backend: ``"auto"`` (triton on CUDA, the compiled loop on the CPU), ``"cpu"``,
+            ``"torch"``, ``"triton"``, ``"reference"`` (sequential float64 covariance form) or
+            a name added by :func:`kalmanscan.ops.filter.register_backend`.
 
     Parameters are static (scalars or ``(C,)``, or ``(..., 1, C)`` with batch dimensions) or per
     step (``(..., T, C)``); a per-step value at index ``t`` governs the transition into step ``t``

@@ -20,9 +20,7 @@ import torch
 
 from . import ou
 
-__all__ = ["Problem", "prepare", "BACKEND_NAMES"]
-
-BACKEND_NAMES = ("auto", "reference", "torch", "triton")
+__all__ = ["Problem", "prepare", "check_no_inf"]
 _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
 
 
@@ -129,8 +127,10 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     :func:`check_no_inf` itself, e.g. only when the log-likelihood comes out non-finite (an ``inf`` in
     ``y`` always makes it so).
     """
-    if backend not in BACKEND_NAMES:
-        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
+    from .ops.filter import backend_names  # (the registry imports this module)
+
+    if backend not in backend_names():
+        raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
     dtype, out_dtype = _compute_dtype(y)
     device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
     numpy_out = not isinstance(y, torch.Tensor)

@@ -9,22 +9,21 @@ next step, with ``J_t = a_{t+1} var_t / pred_var_{t+1}``:
 and ``mu_s_{T-1} = mu_{T-1}``, ``var_s_{T-1} = var_{T-1}``. The variance recursion is written with
 ``var_t - J_t^2 pred_var_{t+1} = var_t q_{t+1} / pred_var_{t+1} >= 0``, so every term is
 non-negative and nothing cancels. Both are affine recursions run backwards in time by
-:func:`kalmanscan.scan.associative_scan` (``reverse=True``): O(T) work, O(log T) depth,
-differentiable by autograd through whichever backend produced the filter. On the triton backend
-without gradients, fused reverse walks (:mod:`kalmanscan.fused_smooth`) run them instead.
+:func:`kalmanscan.scan.associative_scan` (``reverse=True``) in the torch backend: O(T) work,
+O(log T) depth, differentiable by autograd. Every backend provides ``smooth`` (:mod:`kalmanscan.ops.filter`):
+the reference a float64 loop, triton fused reverse walks (without gradients), cpu a compiled loop.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import mobius
-from .filtering import make_posterior, resolve_backend, run_backend
+from .filtering import make_posterior
 from .inputs import prepare
-from .scan import associative_scan
+from .ops.filter import get_backend, resolve_backend, run_backend
 
-__all__ = ["smooth", "rts_torch", "rts_reference"]
+__all__ = ["smooth"]
 
 
 def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
@@ -40,14 +39,8 @@ def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     out = run_backend(p, backend)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
-    name = resolve_backend(backend, p.y.device)
     mean_param = torch.broadcast_to(p.mean, shape)
-    if name == "triton" and not (torch.is_grad_enabled() and any(x.requires_grad for x in full.values())):
-        from .fused_smooth import rts_triton
-        mean_s, var_s, precision_s = rts_triton(full, mean_param)
-    else:
-        mean_s, var_s = (rts_reference if name == "reference" else rts_torch)(full, mean_param)
-        precision_s = 1.0 / var_s
+    mean_s, var_s, precision_s = get_backend(resolve_backend(backend, p.y.device)).smooth(full, mean_param)
     if mobius.no_process_noise(full["decay"], full["noise"]) and not bool(
             (torch.isfinite(mean_s) & torch.isfinite(var_s)).all()):
         raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
@@ -55,42 +48,3 @@ def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
                          "floating-point range (ks.filter handles sigma = 0)")
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     return make_posterior(p, smoothed, filtered=make_posterior(p, out))
-
-
-def _gain_terms(f, mean_param):
-    mu = f["mean"] - mean_param
-    pred_mu = f["pred_mean"] - mean_param
-    a_next, q_next, pv_next = (x[..., 1:, :] for x in (f["decay"], f["noise"], f["pred_var"]))
-    J = a_next * f["var"][..., :-1, :] / pv_next
-    bm = mu[..., :-1, :] - J * pred_mu[..., 1:, :]
-    bv = f["var"][..., :-1, :] * q_next / pv_next
-    return mu, J, bm, bv
-
-
-def rts_torch(f: dict, mean_param):
-    """Smoothed ``(mean, var)`` from filter tensors ``f`` (each ``(..., T, C)``) by reverse scans."""
-    mu, J, bm, bv = _gain_terms(f, mean_param)
-    last = (torch.zeros_like(mu[..., -1:, :]), mu[..., -1:, :])
-    elems = (torch.cat([J, last[0]], -2), torch.cat([bm, last[1]], -2))
-    _, mu_s = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
-    elems = (torch.cat([J * J, last[0]], -2), torch.cat([bv, f["var"][..., -1:, :]], -2))
-    _, var_s = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
-    return mu_s + mean_param, var_s
-
-
-def rts_reference(f: dict, mean_param):
-    """The same smoother as a sequential float64 NumPy loop (the oracle for :func:`rts_torch`)."""
-    g = {k: v.detach().cpu().double().numpy() for k, v in f.items()}
-    mean_param = mean_param.detach().cpu().double().numpy()
-    mu, var = g["mean"] - mean_param, g["var"]
-    mu_s, var_s = mu.copy(), var.copy()
-    with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 without process noise: smooth() raises
-        for t in range(mu.shape[-2] - 2, -1, -1):
-            a, pv = g["decay"][..., t + 1, :], g["pred_var"][..., t + 1, :]
-            J = a * var[..., t, :] / pv
-            mu_s[..., t, :] = mu[..., t, :] + J * (mu_s[..., t + 1, :] - (g["pred_mean"][..., t + 1, :] - mean_param[..., t + 1, :]))
-            var_s[..., t, :] = var[..., t, :] + J * J * (var_s[..., t + 1, :] - pv)
-    dev = f["mean"].device
-    return (torch.as_tensor(mu_s + mean_param, device=dev).to(f["mean"].dtype),
-            torch.as_tensor(var_s, device=dev).to(f["mean"].dtype))
-

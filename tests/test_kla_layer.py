@@ -91,7 +91,7 @@ def test_forward_matches_float64_sequential_filter():
     x = inputs(L=17, D=5)
     z, gate = layer.in_proj(x).chunk(2, -1)
     z = torch.nn.functional.silu(layer.conv(torch.nn.functional.pad(z.transpose(1, 2), (3, 0))).transpose(1, 2))
-    v, lam_v, k, q = layer._sensors(z)
+    v, lam_v, k, q = layer.sensors(z)
     theta, sigma, dt = (p.exp() for p in (layer.log_theta, layer.log_sigma, layer.log_dt))
     decay, noise = ou.discretize(theta, sigma, dt)
     y, y_var, _, _ = kla_scan_sequential(v, lam_v, k, q, decay, noise)

@@ -1,4 +1,4 @@
-"""The fused RTS smoother (``kernels/smooth_rts.py`` under TRITON_INTERPRET=1) against the float64
+"""The fused RTS smoother (``kernels/filter/rts.py`` under TRITON_INTERPRET=1) against the float64
 sequential smoother and the torch reverse scans: odd lengths, many stretches and carry chunks,
 static and per-step parameters, NaN-poisoned outputs."""
 

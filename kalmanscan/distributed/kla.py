@@ -2,7 +2,7 @@
 
 :func:`kla_scan` is :func:`kalmanscan.nn.kla_scan` for a sequence whose tokens are split along
 ``L`` across the ranks of a group: each rank summarises its ``M x S`` filters over its tokens in
-the merged homogeneous form (:mod:`kalmanscan.distributed.summaries`; every token, the first
+the merged homogeneous form (:mod:`kalmanscan.merged`; every token, the first
 included, applies predict then update, so rank 0's summary follows the initial state ``lam = 1,
 eta = 0``), one ``all_gather`` exchanges the ``(B, M, S)`` summaries, and each rank runs
 ``kla_scan`` on its tokens from its incoming state (``initial_state``).
@@ -15,20 +15,19 @@ the last ``d_conv - 1`` pre-conv inputs of the previous rank), so a
 from __future__ import annotations
 
 import contextlib
+import importlib
 import functools
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..launch import cdiv, next_power_of_2
+from .. import merged
 from . import summaries
 from .comm import agree, all_gather, rank_world, tie
 
 __all__ = ["kla_scan", "sequence_parallel", "reduce_gradients"]
 
-KERNEL_PROGRAMS = 1 << 14  # programs the piece-map summary aims for (pieces x batch x channel blocks)
-MIN_PIECE = 64             # shortest piece of tokens worth a program of the piece-map summary
 
 
 def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, backend="auto"):
@@ -58,12 +57,12 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, ba
     exclusive suffix over ranks, and a second local backward with the final-state cotangent
     ``g_{r+1}``.
     """
-    from ..nn.scan import _validate
+    from ..ops.kla import validate
 
     rank, world = rank_world(group)
 
     def check():
-        _validate(v, lam_v, k, q, decay, noise, initial_state if rank == 0 else None, backend)
+        validate(v, lam_v, k, q, decay, noise, initial_state if rank == 0 else None, backend)
 
     init = tuple(initial_state) if initial_state is not None and rank == 0 else (None, None)
     tensors = [x for x in (v, lam_v, k, q, decay, noise, *init) if x is not None]
@@ -90,7 +89,7 @@ class _Setup:
 
 def _local(setup, v, lam_v, k, q, decay, noise, state):
     """The local ``kla_scan`` from ``state``, returning ``(y, y_var, (lam, eta))``."""
-    from ..nn.scan import kla_scan as local_scan
+    from ..ops.kla import kla_scan as local_scan
 
     return local_scan(v, lam_v, k, q, decay, noise, initial_state=state, return_state=True,
                       backend=setup.backend)
@@ -100,7 +99,7 @@ def _exchange(setup, v, lam_v, k, q, decay, noise, lam0, eta0):
     """Summaries and their exchange, without gradient: ``(own, carry)``, this rank's summary (7
     tensors ``(B, M, S)``; ``None`` on the last rank, which computes none) and its incoming state
     (``None`` on rank 0)."""
-    from ..nn.scan import compute_dtype
+    from ..ops.kla import compute_dtype
 
     rank, world = setup.rank, setup.world
     dtype = compute_dtype(v, lam_v, k, q, decay, noise)
@@ -112,12 +111,13 @@ def _exchange(setup, v, lam_v, k, q, decay, noise, lam0, eta0):
             local = torch.zeros(7, B, M, S, dtype=dtype, device=v.device)
         else:
             fused = setup.backend == "triton" or setup.backend == "auto" and v.is_cuda
-            own = (_kernel_total if fused else _total)(v, lam_v, k, q, decay, noise, dtype)
+            backend = importlib.import_module(f"kalmanscan.ops.kla.{'triton' if fused else 'torch'}")
+            own = backend.summary(v, lam_v, k, q, decay, noise, dtype)
             local = own
             if rank == 0:
                 lam0 = torch.ones(B, M, S, dtype=dtype, device=v.device) if lam0 is None else lam0.to(dtype)
                 eta0 = torch.zeros_like(lam0) if eta0 is None else eta0.to(dtype)
-                local = summaries.compose(summaries.initial(lam0, eta0), own)
+                local = merged.compose(merged.initial(lam0, eta0), own)
             local = torch.stack(local)
         gathered = all_gather(local, setup.group)
         carry = None if rank == 0 else summaries.incoming(gathered, rank)
@@ -192,55 +192,10 @@ def _jacobian(own, carry, dtype):
     return [(forget * forget).to(dtype), ((E - C * eta_out) / den).to(dtype), forget.to(dtype)]
 
 
-def _total(v, lam_v, k, q, decay, noise, dtype):
-    """The product of every token's step, 7 tensors ``(B, M, S)``, in the compute ``dtype``
-    (:func:`kalmanscan.distributed.summaries.chunked_total`: memory bounded, recomputed in the
-    backward)."""
-    def steps(_, v, lam_v, k, q, decay, noise):
-        kk = k.to(dtype).unsqueeze(-2)
-        phi = lam_v.to(dtype).unsqueeze(-1) * kk * kk
-        b = (lam_v.to(dtype) * v.to(dtype)).unsqueeze(-1) * kk
-        a, n = (x.to(dtype).expand(phi.shape) for x in (decay, noise))
-        return summaries.step_summaries(a, n, phi, b)
-
-    B, _, M = v.shape
-    S = k.shape[-1]
-    sliced = (v, lam_v, k, q, decay[None, None], noise[None, None])  # (1, 1, M, S): not sliced
-    return tuple(x[:, 0] for x in summaries.chunked_total(steps, sliced, 1, B * M * S))
-
-
-def _kernel_total(v, lam_v, k, q, decay, noise, dtype):
-    """The same product from the triton backend's piece-map kernel (float32, divided by the trace
-    after every token; forward only), in ``dtype``.
-
-    The tokens are cut into ``P`` pieces so that about :data:`KERNEL_PROGRAMS` programs walk them
-    at once (pieces of at least :data:`MIN_PIECE` tokens); the ``P`` piece maps are then composed
-    by a tree.
-    """
-    from kernels.kla_split import kla_piece_map_kernel
-
-    from ..nn.kla_triton import DEFAULT_CONFIG as config
-
-    B, L, M = v.shape
-    S = k.shape[-1]
-    n_mblocks = cdiv(M, config.block_m)
-    pieces = max(1, min(cdiv(KERNEL_PROGRAMS, B * n_mblocks), cdiv(L, MIN_PIECE)))
-    piece_len = cdiv(L, pieces)
-    pieces = cdiv(L, piece_len)
-    maps = torch.empty(B, pieces + 1, 7, M, S, dtype=torch.float32, device=v.device)
-    kla_piece_map_kernel[(B, n_mblocks, pieces)](
-        *(x.contiguous() for x in (v, lam_v, k, q)),
-        *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
-        L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=next_power_of_2(S),
-        STAGES=config.stages, num_warps=config.num_warps)
-    total = summaries.total(summaries.compose, maps[:, :pieces].unbind(2), 1)
-    return tuple(x[:, 0].to(dtype) for x in total)
-
-
 def _halo(layer, z, grad: bool, group):
     """The pre-conv window entering this rank (the previous rank's last ``d_conv - 1`` inputs, in
     the layout of the layer's recurrent state; zeros on rank 0), and the gathered tensor."""
-    from ..nn.layer import causal_conv
+    from ..nn.common import causal_conv
 
     rank, _ = rank_world(group)
     width = layer.d_conv - 1
@@ -252,14 +207,14 @@ def _halo(layer, z, grad: bool, group):
     return (zeros if rank == 0 else gathered[rank - 1]), gathered
 
 
-def _forward(layer, group, x, state=None, return_variance=False):
+def _forward(layer, x, state=None, return_variance=False, *, group=None):
     """:meth:`kalmanscan.nn.KLA.forward` for this rank's tokens of a sequence split across ranks."""
-    from ..nn.layer import causal_conv
+    from ..nn.common import causal_conv
 
     def check():
         if state is not None:
             raise ValueError("state: a sequence-parallel KLA layer runs whole sequences, without a state")
-        layer._check(x, 3, "x")
+        layer.check_input(x, 3, "x")
         if x.shape[1] < layer.d_conv - 1:
             raise ValueError(f"x: sequence-parallel KLA needs at least d_conv - 1 = {layer.d_conv - 1} "
                              f"tokens per rank, got {x.shape[1]}")
@@ -270,7 +225,7 @@ def _forward(layer, group, x, state=None, return_variance=False):
     window, halo = _halo(layer, z, bool(infos[:, 0].any()), group)
     z, _ = causal_conv(z, window, layer.conv)
     z = F.silu(z)
-    v, lam_v, k, q = layer._sensors(z)
+    v, lam_v, k, q = layer.sensors(z)
     if halo.requires_grad:
         v = v if v.requires_grad else v.detach().requires_grad_()
         v = tie(halo, {"v": v})["v"]
@@ -278,7 +233,7 @@ def _forward(layer, group, x, state=None, return_variance=False):
     with torch.autocast(x.device.type, enabled=False):
         y, y_var = kla_scan(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype), group=group,
                             backend=layer.backend)
-    out = layer._output(y, y_var, z, gate, return_variance)
+    out = layer.read_out(y, y_var, z, gate, return_variance)
     return out if len(out) > 1 else out[0]
 
 
@@ -301,7 +256,7 @@ def sequence_parallel(model, group=None):
     numbers) and :func:`kla_scan`'s exchange.
     The modules are restored on exit; backward may run after the block.
     """
-    from ..nn.layer import KLA
+    from ..nn.layer import KLA, forward_with
     from ..nn.mixers import MIXERS
 
     rank_world(group)
@@ -310,13 +265,8 @@ def sequence_parallel(model, group=None):
     if others:
         raise ValueError(f"model: mixers {sorted(set(others))} cannot run sequence-parallel; only KLA can")
     layers = [m for m in model.modules() if isinstance(m, KLA)]
-    for layer in layers:
-        layer.forward = functools.partial(_forward, layer, group)
-    try:
+    with forward_with(functools.partial(_forward, group=group), layers):
         yield model
-    finally:
-        for layer in layers:
-            del layer.forward
 
 
 def reduce_gradients(model, group=None):

@@ -4,7 +4,7 @@ Rank ``r`` of ``group`` holds the contiguous stretch ``r`` of the series (rank o
 order). The filter:
 
 1. each rank summarises its stretch by the product of its steps in the merged homogeneous form
-   (:mod:`kalmanscan.distributed.summaries`: 7 numbers per channel, carry-independent; rank 0's
+   (:mod:`kalmanscan.merged`: 7 numbers per channel, carry-independent; rank 0's
    first step has no transition and its summary includes the initial belief);
 2. one ``all_gather`` of the summaries;
 3. each rank composes the summaries of the ranks before it (an exclusive prefix) into its incoming
@@ -31,13 +31,12 @@ import math
 
 import torch
 
-from ..filtering import make_posterior, resolve_backend, run_backend
+from ..filtering import make_posterior
 from ..inputs import prepare
-from ..launch import next_power_of_2
-from ..parallel import first_step_identity
-from .. import smooth as _public_smooth  # resolves ks.smooth to the function before the next line
-from ..smooth import _gain_terms, rts_torch  # (a first import of the submodule would shadow it)
-from .. import ou
+from ..ops.filter import resolve_backend, run_backend
+from ..ops.filter.torch import gain_terms
+from ..ops.filter.torch import smooth as rts_torch
+from .. import merged
 from . import summaries
 from .comm import agree, all_gather, rank_world, tie
 
@@ -112,8 +111,8 @@ def smooth(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=Non
             s_var = suffix[j, 2] * s_var + suffix[j, 3]
         f = dict(f, mean=torch.cat([f["mean"][..., :-1, :], s_mean + mean_param[..., -1:, :]], -2),
                  var=torch.cat([f["var"][..., :-1, :], s_var], -2))
-    mean_s, var_s = rts_torch(f, mean_param)
-    smoothed = dict(out, mean=mean_s, var=var_s, precision=1.0 / var_s)
+    mean_s, var_s, precision_s = rts_torch(f, mean_param)
+    smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     if suffix.requires_grad:
         smoothed = tie(suffix, smoothed)
     return make_posterior(p, smoothed, filtered=make_posterior(p, out))
@@ -136,9 +135,9 @@ def _filter(y, kw, group, backend):
             args["init_var"] = 1.0
         p = prepare(y, backend=backend, **args)
         if _uses_kernels(p, backend):
-            from .. import fused
+            from ..ops.filter.triton import check_device
 
-            fused._check_device(p.y)  # checked before any exchange
+            check_device(p.y)  # checked before any exchange
         return p
 
     def info(p):
@@ -199,78 +198,33 @@ def _continue_from(p, carry):
 
 
 def _summary(p, rank, fused: bool):
-    """This rank's 7-tuple, each ``(..., 1, C)``; on rank 0 composed after the initial belief.
+    """This rank's 7-tuple, each ``(..., 1, C)``: the backend's stretch product
+    (:func:`kalmanscan.ops.filter.triton.summary` when ``fused``, forward only: used when no rank
+    needs gradients; else :func:`kalmanscan.ops.filter.torch.summary`), then on rank 0 composed
+    after the initial belief, on the others after the transition into their first step."""
+    from ..ops.filter import get_backend
 
-    ``fused``: the stretch product comes from the triton backend's aggregate kernel (forward
-    only: used when no rank needs gradients), otherwise from a tree of torch products.
-    """
     shape = p.shape
-    if fused:
-        local = _kernel_total(p)
-        if rank > 0:
-            decay, noise = p.decay_noise()
-            a0, q0 = (torch.broadcast_to(x[..., :1, :], shape[:-2] + (1, shape[-1])) for x in (decay, noise))
-            zero = torch.zeros_like(a0)
-            predict = summaries.step_summaries(a0, q0, zero, zero)
-            local = summaries.compose(predict, local)
-    else:
-        def steps(i, y, theta, sigma, dt, obs_var, mean, h):
-            full = torch.broadcast_shapes(y.shape, theta.shape, sigma.shape, dt.shape, obs_var.shape,
-                                          mean.shape, h.shape)
-            a, q = (x.expand(full) for x in ou.discretize(theta, sigma, dt))
-            if rank == 0 and i == 0:
-                a, q = first_step_identity(a, 1.0), first_step_identity(q, 0.0)
-            missing = torch.isnan(y)
-            y_obs = torch.where(missing, torch.zeros_like(y), y)
-            r = 1.0 / obs_var
-            phi = torch.where(missing, torch.zeros_like(y_obs), h * h * r).expand(full)
-            b = torch.where(missing, torch.zeros_like(y_obs), h * r * (y_obs - h * mean)).expand(full)
-            return summaries.step_summaries(a, q, phi, b)
-
-        sliced = tuple(getattr(p, k) for k in ("y", "theta", "sigma", "dt", "obs_var", "mean", "h"))
-        local = summaries.chunked_total(steps, sliced, -2, math.prod(shape[:-2]) * shape[-1])
-        local = tuple(x.expand(shape[:-2] + (1, shape[-1])) for x in local)
+    local = get_backend("triton" if fused else "torch").summary(p)
     if rank > 0:
-        return local
+        decay, noise = p.decay_noise()
+        a0, q0 = (torch.broadcast_to(x[..., :1, :], shape[:-2] + (1, shape[-1])) for x in (decay, noise))
+        zero = torch.zeros_like(a0)
+        return merged.compose(merged.leaf(a0, q0, zero, zero), local)
     lam0 = (1.0 / p.init_var).expand(shape[:-2] + (1, shape[-1]))
     eta0 = lam0 * (p.init_mean - p.mean[..., :1, :])
-    return summaries.compose(summaries.initial(lam0, eta0), local)
+    return merged.compose(merged.initial(lam0, eta0), local)
 
 
 def _uses_kernels(p, backend) -> bool:
     return resolve_backend(backend, p.y.device) == "triton"
 
 
-def _kernel_total(p):
-    """The stretch product with no transition at step 0, from the triton backend's aggregate
-    kernel (one pass over the inputs, per-(stretch, channel) products) and a kernel composing its
-    ``NS`` stretches (one program per series; trace-normalised, not by powers of two); each entry
-    ``(..., 1, C)``."""
-    from kernels.filter_fwd import filter_agg_kernel, filter_total_kernel
-
-    from .. import fused
-
-    shape = p.shape
-    B, T, C = math.prod(shape[:-2]), shape[-2], shape[-1]
-    views = {k: fused._flat(getattr(p, k).detach(), shape) for k in fused._ORDER}
-    ns, stretch = fused.plan(B, T, C)
-    agg = torch.empty(B, 7, ns, C, dtype=p.dtype, device=p.y.device)
-    grid, opts = fused._launch(B, T, C, ns)
-    filter_agg_kernel[grid](
-        *fused._kernel_args(views), agg, T, C, ns, stretch,
-        TRANS_STEP=fused._steps(views, fused._TRANS), OBS_STEP=fused._steps(views, fused._OBS), **opts,
-        **fused.fwd_opts())
-    total = torch.empty(B, 7, C, dtype=p.dtype, device=p.y.device)
-    filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(fused.CARRY_CHUNK, next_power_of_2(ns)),
-                                  num_warps=fused.CARRY_WARPS)
-    return tuple(x.reshape(shape[:-2] + (1, C)) for x in total.unbind(1))
-
-
 def _rts_summary(f, mean_param, carry, last: bool):
     """``[F_mean, B_mean, F_var, B_var]`` (4, ..., 1, C): this rank's smoothed moments at the
     previous rank's last step as an affine map of those at its own last step (see module
     docstring). Zeros on rank 0 (``carry is None``), whose summary no rank reads."""
-    mu, J, bm, bv = _gain_terms(f, mean_param)
+    mu, J, bm, bv = gain_terms(f, mean_param)
     if carry is None:
         return torch.zeros((4,) + mu[..., -1:, :].shape, dtype=mu.dtype, device=mu.device)
     ones, zeros = torch.ones_like(mu[..., -1:, :]), torch.zeros_like(mu[..., -1:, :])
@@ -281,8 +235,8 @@ def _rts_summary(f, mean_param, carry, last: bool):
     J0 = a0 * var_prev / pv0
     bm0 = mu_prev - J0 * (f["pred_mean"][..., :1, :] - mean_param[..., :1, :])
     bv0 = var_prev * q0 / pv0
-    Fm, Bm = summaries.affine_total(torch.cat([J0, J, end_mean[0]], -2),
+    Fm, Bm = merged.affine_total(torch.cat([J0, J, end_mean[0]], -2),
                                     torch.cat([bm0, bm, end_mean[1]], -2), -2)
-    Fv, Bv = summaries.affine_total(torch.cat([J0 * J0, J * J, end_var[0]], -2),
+    Fv, Bv = merged.affine_total(torch.cat([J0 * J0, J * J, end_var[0]], -2),
                                     torch.cat([bv0, bv, end_var[1]], -2), -2)
     return torch.stack([Fm, Bm, Fv, Bv])

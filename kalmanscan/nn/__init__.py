@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "kla_scan": ".scan",
+    "kla_scan": "..ops.kla",
     "KLA": ".layer",
     "SequenceModel": ".model",
     "MIXERS": ".mixers",

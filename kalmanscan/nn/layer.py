@@ -1,4 +1,4 @@
-"""The Kalman Linear Attention block (Shaj et al., arXiv 2602.10743, Figure 7), DESIGN.md section 3.
+"""The Kalman Linear Attention block (Shaj et al., arXiv 2602.10743, Figure 7), docs/math.md.
 
     x (B, L, D) -> in_proj -> z, gate (B, L, M)            M = expand * D
     z -> causal depthwise conv1d (width d_conv) -> SiLU
@@ -11,11 +11,13 @@ Recurrent decoding carries :class:`KLAState` ``(conv, var, mu)``: the last ``d_c
 inputs ``(B, d_conv - 1, M)`` and the filters' variance and mean ``(B, M, S)``, with the precision
 and information mean ``lam = 1/var``, ``eta = mu/var`` as properties. The variance and mean stay in
 range at every length, also without process noise, where the precision overflows
-(:mod:`kalmanscan.nn.scan`).
+(:mod:`kalmanscan.ops.kla`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import NamedTuple
 
@@ -24,12 +26,33 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ou
-from .scan import KLA_BACKENDS, FilterState, information, kla_scan, kla_step
+from ..ops.kla import FilterState, backend_names, information, kla_scan
+from ..ops.kla.recurrent import kla_step
+from .common import causal_conv, init_log_dt, init_log_rates, inner_width, l2_normalize, positive_ints, scan_dtype
 
-__all__ = ["KLA", "KLAState", "l2_normalize", "causal_conv", "scan_dtype"]
+__all__ = ["KLA", "KLAState", "forward_with"]
 
 _OBS_VAR_FLOOR = 1e-4
 _VARIANTS = ("plain", "mamba")
+
+
+_FORWARD = contextvars.ContextVar("kalmanscan_kla_forward", default=None)
+
+
+@contextlib.contextmanager
+def forward_with(runner, layers):
+    """Inside the block, ``layer(x, state, return_variance)`` for each :class:`KLA` in ``layers``
+    returns ``runner(layer, x, state, return_variance)`` instead of the block's own forward.
+
+    The hook through which a caller runs whole layers another way (e.g.
+    :func:`kalmanscan.distributed.sequence_parallel`, which splits the sequence across processes)
+    without replacing methods; other layers, other threads and code after the block are unaffected.
+    """
+    token = _FORWARD.set((frozenset(id(m) for m in layers), runner))
+    try:
+        yield
+    finally:
+        _FORWARD.reset(token)
 
 
 class KLAState(NamedTuple):
@@ -40,7 +63,7 @@ class KLAState(NamedTuple):
     ``decay < 1`` they only underflow towards their exact limit 0, so decoding and chunked prefill
     stay exact at every length. ``lam`` and ``eta`` are the precision and information mean
     ``1/var``, ``mu/var``: exact where in range, ``inf`` (never NaN) where the exact precision is
-    beyond it (:func:`kalmanscan.nn.scan.information`).
+    beyond it (:func:`kalmanscan.ops.kla.information`).
     """
 
     conv: torch.Tensor
@@ -54,67 +77,6 @@ class KLAState(NamedTuple):
     @property
     def eta(self):
         return information(self.var, self.mu)[1]
-
-
-def l2_normalize(x, eps: float = 1e-12):
-    """``x / max(||x||, eps)`` over the last dimension."""
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
-
-
-def scan_dtype(x):
-    """float64 stays float64; every lower precision (bf16, fp16, fp32) is filtered in float32."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def causal_conv(z, window, conv: nn.Conv1d):
-    """Depthwise causal conv of ``z`` (B, L, M) continuing the pre-conv ``window`` (B, K - 1, M).
-
-    ``out[t] = bias + sum_j weight[:, j] * padded[t + j]`` with ``padded = [window; z]``, written as
-    ``K`` shifted multiply-adds (the same code for a whole sequence and for one decoding step, fast
-    in every dtype). Returns the conv output (B, L, M), before its activation, and the new window:
-    the last ``K - 1`` rows of ``padded``.
-    """
-    L, K = z.shape[1], conv.kernel_size[0]
-    padded = torch.cat([window.to(z.dtype), z], 1)
-    weight = conv.weight[:, 0].to(z.dtype)                      # (M, K)
-    out = conv.bias.to(z.dtype) + padded[:, :L] * weight[:, 0]
-    for j in range(1, K):
-        out = out + padded[:, j:j + L] * weight[:, j]
-    return out, padded[:, L:]
-
-
-def positive_int(name: str, value) -> int:
-    """``value`` if it is a positive int, else ``ValueError`` naming ``name``."""
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def positive_ints(**values) -> None:
-    """:func:`positive_int` for each keyword, in order."""
-    for name, value in values.items():
-        positive_int(name, value)
-
-
-def inner_width(d_model: int, expand) -> int:
-    """``M = expand * d_model``, which must be a positive integer."""
-    d_inner = expand * d_model
-    if not float(d_inner).is_integer() or d_inner < 1:
-        raise ValueError(f"expand * d_model must be a positive integer, got expand={expand!r}")
-    return int(d_inner)
-
-
-def init_log_dt(shape, dt_min: float, dt_max: float, device=None, dtype=None):
-    """``log dt`` with ``dt`` log-uniform in ``[dt_min, dt_max]`` (Mamba's step initialisation)."""
-    if not 0 < dt_min <= dt_max:
-        raise ValueError(f"dt_min, dt_max must satisfy 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
-    return torch.empty(shape, device=device, dtype=dtype).uniform_(math.log(dt_min), math.log(dt_max))
-
-
-def init_log_rates(d_inner: int, d_state: int, device=None, dtype=None):
-    """``log theta`` (M, S) with the S4D-real rates ``theta[m, s] = s + 1``."""
-    rates = torch.arange(1, d_state + 1, device=device, dtype=dtype or torch.get_default_dtype())
-    return torch.log(rates).expand(d_inner, d_state).clone()
 
 
 class KLA(nn.Module):
@@ -169,8 +131,8 @@ class KLA(nn.Module):
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
         if discretization not in ("ou", "zoh"):
             raise ValueError(f"discretization must be 'ou' or 'zoh', got {discretization!r}")
-        if backend not in KLA_BACKENDS:
-            raise ValueError(f"backend must be one of {KLA_BACKENDS}, got {backend!r}")
+        if backend not in backend_names():
+            raise ValueError(f"backend must be one of {backend_names()}, got {backend!r}")
         if not sigma_init > 0:
             raise ValueError(f"sigma_init must be positive, got {sigma_init!r}")
         if theta_init != "s4d" and (isinstance(theta_init, str) or not theta_init > 0):
@@ -233,9 +195,9 @@ class KLA(nn.Module):
             window = z.new_zeros(z.shape[0], self.d_conv - 1, self.d_inner)
         z, window = causal_conv(z, window, self.conv)
         z = F.silu(z)
-        return z, gate, window, self._sensors(z)
+        return z, gate, window, self.sensors(z)
 
-    def _sensors(self, z):
+    def sensors(self, z):
         """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype."""
         M, S, r = self.d_inner, self.d_state, self.var_rank
         if self.variant == "plain":
@@ -248,14 +210,17 @@ class KLA(nn.Module):
         k, q = l2_normalize(k.to(dtype)), l2_normalize(q.to(dtype))
         return v.to(dtype), lam_v, k, q
 
-    def _check(self, x, ndim, name):
+    def check_input(self, x, ndim: int, name: str) -> None:
+        """``ValueError`` naming ``name`` unless ``x`` is ``(B, L, D)`` (``ndim`` 3) or ``(B, D)``."""
         if x.ndim != ndim or x.shape[-1] != self.d_model:
             want = "(B, L, D)" if ndim == 3 else "(B, D)"
             raise ValueError(f"{name} must have shape {want} with D = {self.d_model}, "
                              f"got {tuple(x.shape)}")
 
-    def _output(self, y, y_var, z, gate, return_variance):
-        """``(y + D_skip z) SiLU(gate)``, out_proj; the variance through squared gate and weights."""
+    def read_out(self, y, y_var, z, gate, return_variance):
+        """The block's output from the scan's ``y, y_var`` (B, L, M): ``out_proj((y + D_skip z)
+        SiLU(gate))``, and with ``return_variance`` the variance through the squared gate and
+        weights. Returns a tuple: ``(out,)`` or ``(out, out_var)``."""
         g = F.silu(gate)
         out = self.out_proj((y.to(z.dtype) + self.skip.to(z.dtype) * z) * g)
         if not return_variance:
@@ -276,7 +241,10 @@ class KLA(nn.Module):
         inputs, the gate and skip as deterministic, and maps ``y_var * SiLU(gate)^2`` through the
         squared output weights; it ignores the projections' own uncertainty.
         """
-        self._check(x, 3, "x")
+        runner = _FORWARD.get()
+        if runner is not None and id(self) in runner[0]:
+            return runner[1](self, x, state, return_variance)
+        self.check_input(x, 3, "x")
         z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv)
         decay, noise = self.discretized()
         initial = None if state is None else FilterState.from_moments(state.var, state.mu)
@@ -284,7 +252,7 @@ class KLA(nn.Module):
             y, y_var, final = kla_scan(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
                                             initial_state=initial, return_state=True,
                                             backend=self.backend)
-        out = self._output(y, y_var, z, gate, return_variance)
+        out = self.read_out(y, y_var, z, gate, return_variance)
         if state is not None:
             out = out + (KLAState(window, final.var, final.mu),)
         return out if len(out) > 1 else out[0]
@@ -294,16 +262,16 @@ class KLA(nn.Module):
         state)``), y_t (B, D).
 
         The same predict-then-update as the scan for one token, in the mean form of
-        :func:`kalmanscan.nn.scan.kla_step` (variance and mean, finite without process noise).
+        :func:`kalmanscan.ops.kla.kla_step` (variance and mean, finite without process noise).
         """
-        self._check(x_t, 2, "x_t")
+        self.check_input(x_t, 2, "x_t")
         z, gate = self.in_proj(x_t).chunk(2, -1)
         z, window = causal_conv(z[:, None], state.conv, self.conv)
         z = F.silu(z[:, 0])
-        v, lam_v, k, q = self._sensors(z)
+        v, lam_v, k, q = self.sensors(z)
         decay, noise = self.discretized()
         with torch.autocast(x_t.device.type, enabled=False):
             y, y_var, var, mu = kla_step(v, lam_v, k, q, decay, noise, state.var.to(v.dtype),
                                          state.mu.to(v.dtype))
-        out = self._output(y, y_var, z, gate, return_variance)
+        out = self.read_out(y, y_var, z, gate, return_variance)
         return out + (KLAState(window, var, mu),)

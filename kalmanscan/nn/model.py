@@ -1,4 +1,4 @@
-"""A small pre-norm sequence model around any registered mixer (DESIGN.md section 3).
+"""A small pre-norm sequence model around any registered mixer (docs/math.md).
 
     tokens (B, L) -> embedding -> N x [x + mixer(RMSNorm x);  x + SwiGLU(RMSNorm x)]
                   -> RMSNorm -> head -> logits (B, L, vocab_size)
@@ -14,25 +14,13 @@ from __future__ import annotations
 
 import inspect
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SequenceModel", "RMSNorm", "SwiGLU"]
+from .common import RMSNorm
+from .mixers import MIXERS
 
-
-class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, computed in float32."""
-
-    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
-
-    def forward(self, x):
-        x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (out * self.weight.to(out.dtype)).to(x.dtype)
+__all__ = ["SequenceModel", "SwiGLU"]
 
 
 class SwiGLU(nn.Module):
@@ -101,7 +89,6 @@ class SequenceModel(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, mixer="kla", d_state: int = 16,
                  expand: float = 2, mlp_ratio: float = 4.0, **mixer_kwargs):
         super().__init__()
-        from .mixers import MIXERS
 
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers)):
             if not isinstance(value, int) or value < 1:

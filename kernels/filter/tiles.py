@@ -1,25 +1,25 @@
 """Time-parallel forward of the filter for few, long series: lanes along time.
 
-The walks of :mod:`kernels.filter_fwd` give each lane one (stretch, channel) pair; with one
+The walks of :mod:`kalmanscan.kernels.filter.fwd` give each lane one (stretch, channel) pair; with one
 channel their loads are strided and a few thousand lanes leave the GPU idle. Here a program owns
 one series' *stretch* of ``R`` tiles of ``TILE`` consecutive steps, visited in order, carrying the
 state. A tile is a block ``[NT, ROW]`` of steps, ``NT = TILE / ROW`` *rows* of ``ROW`` consecutive
 steps (``ROW`` a power of two dividing ``TILE``): loaded, stored and turned into step inputs
-(:func:`kernels.filter_steps.step_inputs`) as a block, contiguous along time for ``C = 1``. Each
+(:func:`kalmanscan.kernels.filter.steps.step_inputs`) as a block, contiguous along time for ``C = 1``. Each
 lane composes its row's steps in registers (the merged homogeneous form of
-:mod:`kernels.filter_fwd`: seven numbers, trace-normalised, with the factored step
-:func:`kernels.filter_fwd._step_after`), and only the ``NT`` row maps are combined across lanes by
+:mod:`kalmanscan.kernels.filter.fwd`: seven numbers, trace-normalised, with the factored step
+:func:`kalmanscan.kernels.filter.fwd.step_after`), and only the ``NT`` row maps are combined across lanes by
 ``tl.associative_scan``: ``ROW`` times fewer scan elements than one per step.
 
 1. :func:`filter_tile_agg_kernel` writes each stretch's product ``agg[b, k, s, c]``;
-2. :func:`kernels.filter_fwd.filter_carry_kernel` scans them into each stretch's starting state;
+2. :func:`kalmanscan.kernels.filter.fwd.filter_carry_kernel` scans them into each stretch's starting state;
 3. :func:`filter_tile_fwd_kernel` scans, in every tile, the row maps (inclusive), reads the state
    after each row out of it projectively (``lam = (p11 lam0 + p12) / w0``, ``eta = (e1 lam0 + e2 +
    f eta0) / w0``, ``w0 = p21 lam0 + p22``, from the tile's starting state ``(lam0, eta0)``), moves
    it one row on (``tl.gather``: the state before row ``k`` is the one after row ``k - 1``, the
    tile's starting state before row 0), walks each row from there with the plain recursion
-   (:func:`kernels.filter_steps.info_step`) for the state before each of its steps, and writes the
-   tile's outputs from those states as a block (:func:`kernels.filter_steps.emit_step`); the state
+   (:func:`kalmanscan.kernels.filter.steps.info_step`) for the state before each of its steps, and writes the
+   tile's outputs from those states as a block (:func:`kalmanscan.kernels.filter.steps.emit_step`); the state
    after the tile's last row starts the next.
 
 Every term of the precision's read-out is non-negative, so it is accurate to a few ulps per
@@ -30,9 +30,9 @@ numerics are those of the walks.
 import triton
 import triton.language as tl
 
-from .fast_math import rcp
-from .filter_fwd import _compose7, _step_after, last7, leaf7
-from .filter_steps import emit_step, index, info_step, load_y, pick, static_inputs, step_inputs
+from ..fast_math import rcp
+from .fwd import compose7, step_after, last7, leaf7
+from .steps import emit_step, index, info_step, load_y, pick, static_inputs, step_inputs
 
 
 @triton.jit
@@ -80,7 +80,7 @@ def tile_inputs(t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
                 decay_s, noise_s, obs_var_s, mean_s, h_s,
                 TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
     """``(valid, decay, noise, observed, yc, phi, info, obs_var, mean, h)`` of the steps ``t`` (a
-    block ``[NT, ROW]``, :func:`kernels.filter_steps.step_inputs`); at or past ``T`` the identity
+    block ``[NT, ROW]``, :func:`kalmanscan.kernels.filter.steps.step_inputs`); at or past ``T`` the identity
     step: ``decay = 1``, ``noise = 0``, and ``y`` reads as missing (``phi = info = 0``)."""
     valid = t < T
     y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
@@ -97,12 +97,12 @@ def tile_inputs(t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
 def row_maps(decay, noise, phi, info, ROW: tl.constexpr):
     """The map of each row (vectors ``[NT]``, 7 numbers) from the row's ``ROW`` steps, given as
     tuples of columns (:func:`row_columns`): the product of the steps in order, composed in-thread:
-    the first step's :func:`kernels.filter_fwd.leaf7`, then :func:`kernels.filter_fwd._step_after`
+    the first step's :func:`kalmanscan.kernels.filter.fwd.leaf7`, then :func:`kalmanscan.kernels.filter.fwd.step_after`
     for each of the others (trace 1 from the second step on). A step with ``decay = 1``,
     ``noise = phi = info = 0`` is the identity."""
     p11, p12, p21, p22, e1, e2, f = leaf7(decay[0], noise[0], phi[0], info[0])
     for j in tl.static_range(1, ROW):
-        p11, p12, p21, p22, e1, e2, f = _step_after(p11, p12, p21, p22, e1, e2, f,
+        p11, p12, p21, p22, e1, e2, f = step_after(p11, p12, p21, p22, e1, e2, f,
                                                     decay[j], noise[j], phi[j], info[j])
     return p11, p12, p21, p22, e1, e2, f
 
@@ -112,7 +112,7 @@ def stretch_setup(T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg
                   dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
                   h_ptr, sh_b, sh_t, sh_c, TILE: tl.constexpr, WIDE: tl.constexpr):
     """``(s, b, c, t0, *statics)``: stretch ``program_id(0)`` of series ``program_id(1) = b C + c``,
-    its first step and its static parameters (:func:`kernels.filter_steps.static_inputs`)."""
+    its first step and its static parameters (:func:`kalmanscan.kernels.filter.steps.static_inputs`)."""
     s = tl.program_id(0)
     bc = tl.program_id(1)
     b = index(bc // C, WIDE)
@@ -155,9 +155,9 @@ def filter_tile_agg_kernel(
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(
             row_columns(decay, ROW), row_columns(noise, ROW), row_columns(phi, ROW), row_columns(info, ROW),
-            ROW), 0, _compose7)
+            ROW), 0, compose7)
         q11, q12, q21, q22, g1, g2, h = last7(p11, p12, p21, p22, e1, e2, f, last)
-        t11, t12, t21, t22, u1, u2, v = _compose7(t11, t12, t21, t22, u1, u2, v,
+        t11, t12, t21, t22, u1, u2, v = compose7(t11, t12, t21, t22, u1, u2, v,
                                                   q11, q12, q21, q22, g1, g2, h)
     base = agg_ptr + b * 7 * NS * C + s * C + c
     stride = NS * C
@@ -182,7 +182,7 @@ def filter_tile_fwd_kernel(
     TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Stretch ``program_id(0)`` of series ``program_id(1)`` from ``start[b, :, s, c]``: the outputs
-    ``(B, T, C)`` of :func:`kernels.filter_steps.emit_step`, a tile at a time: the state before
+    ``(B, T, C)`` of :func:`kalmanscan.kernels.filter.steps.emit_step`, a tile at a time: the state before
     every step (``[NT, ROW]``, each row walked from the state before it), then the tile's outputs."""
     tl.static_assert(TILE % ROW == 0)
     s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = stretch_setup(
@@ -209,7 +209,7 @@ def filter_tile_fwd_kernel(
         n = row_columns(noise, ROW)
         ph = row_columns(phi, ROW)
         inf = row_columns(info, ROW)
-        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(d, n, ph, inf, ROW), 0, _compose7)
+        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(d, n, ph, inf, ROW), 0, compose7)
         inv_w0 = rcp(p21 * lam + p22)
         lam_r = tl.where(first, lam, tl.gather((p11 * lam + p12) * inv_w0, before, 0))
         eta_r = tl.where(first, eta, tl.gather((e1 * lam + e2 + f * eta) * inv_w0, before, 0))

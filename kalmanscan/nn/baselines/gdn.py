@@ -22,10 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import (causal_conv, init_log_dt, inner_width, l2_normalize, positive_int,
+from ..common import (RMSNorm, causal_conv, init_log_dt, inner_width, l2_normalize, positive_int,
                     positive_ints, scan_dtype)
-from .mixers import register_mixer
-from .model import RMSNorm
 
 __all__ = ["GatedDeltaNet", "GDNState", "gated_delta_rule_chunked", "gated_delta_rule_sequential"]
 
@@ -109,7 +107,6 @@ class GDNState(NamedTuple):
     S: torch.Tensor
 
 
-@register_mixer("gdn")
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet (Yang, Kautz, Hatamizadeh, arXiv 2412.06464), a baseline in torch.
 

@@ -29,9 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import causal_conv, inner_width, positive_int, positive_ints, scan_dtype
-from .mixers import register_mixer
-from .model import RMSNorm
+from ..common import RMSNorm, causal_conv, inner_width, positive_int, positive_ints, scan_dtype
 
 __all__ = ["MLSTM", "MLSTMState", "mlstm_sequential", "mlstm_chunkwise"]
 
@@ -139,7 +137,6 @@ class MLSTMState(NamedTuple):
     m: torch.Tensor
 
 
-@register_mixer("mlstm")
 class MLSTM(nn.Module):
     """The mLSTM block of xLSTM (arXiv 2405.04517), simplified like the other baselines.
 

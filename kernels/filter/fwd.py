@@ -1,6 +1,6 @@
 """Fused forward of the information-form filter: aggregate, carry and apply kernels.
 
-Lanes and stretches are described in :mod:`kernels.filter_steps`. With one stretch (many
+Lanes and stretches are described in :mod:`kalmanscan.kernels.filter.steps`. With one stretch (many
 channels) only :func:`filter_fwd_kernel` runs, from the initial state. With ``NS > 1`` stretches,
 time is split across programs by the merged homogeneous form of KERNEL_NOTES.md: with
 ``lam = u / w0`` and ``eta = w / w0`` one step is the linear map
@@ -16,7 +16,7 @@ time is split across programs by the merged homogeneous form of KERNEL_NOTES.md:
    ``tl.reduce``: the combine is not commutative) and writes each stretch's starting state
    ``start[b, 0/1, s, c] = (lam, eta)``;
 3. :func:`filter_fwd_kernel` walks every stretch again from its starting state with the plain
-   recursion :func:`kernels.filter_steps.info_step` and writes the outputs.
+   recursion :func:`kalmanscan.kernels.filter.steps.info_step` and writes the outputs.
 
 Numerics of the products: the 2x2 block has entries ``>= 0`` and a positive trace (it is a
 product of Möbius leaves), and every product is divided by its 2x2 trace, so that block keeps
@@ -29,12 +29,12 @@ underflow to 0: the initial ``eta0``'s share is then below the float range, as i
 import triton
 import triton.language as tl
 
-from .fast_math import rcp
-from .filter_steps import emit_step, lane_setup, pick, ring_start, walk_inputs
+from ..fast_math import rcp
+from .steps import emit_step, lane_setup, pick, ring_start, walk_inputs
 
 
 @triton.jit
-def _compose7(p11, p12, p21, p22, e1, e2, f, q11, q12, q21, q22, g1, g2, h):
+def compose7(p11, p12, p21, p22, e1, e2, f, q11, q12, q21, q22, g1, g2, h):
     """``later @ earlier`` for lower block-triangular 3x3 maps (earlier ``p``, later ``q``), trace 1."""
     n11 = q11 * p11 + q12 * p21
     n12 = q11 * p12 + q12 * p22
@@ -54,8 +54,8 @@ def leaf7(decay, noise, phi, info):
 
 
 @triton.jit
-def _step_after(p11, p12, p21, p22, e1, e2, f, decay, noise, phi, info):
-    """One step's map composed after the product ``p``: :func:`_compose7` of ``p`` and
+def step_after(p11, p12, p21, p22, e1, e2, f, decay, noise, phi, info):
+    """One step's map composed after the product ``p``: :func:`compose7` of ``p`` and
     :func:`leaf7`, with the leaf's 2x2 block factored as the update ``[[1, phi], [0, 1]]`` after the
     prediction ``[[1, 0], [noise, decay^2]]`` (about a third fewer operations). A step with
     ``decay = 1, noise = phi = info = 0`` leaves ``p`` unchanged up to its scale."""
@@ -116,7 +116,7 @@ def stretch_product(t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
-        p11, p12, p21, p22, e1, e2, f = _step_after(
+        p11, p12, p21, p22, e1, e2, f = step_after(
             p11, p12, p21, p22, e1, e2, f, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0), phi, info)
     return p11, p12, p21, p22, e1, e2, f
 
@@ -131,7 +131,7 @@ def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, 
                  WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
                  POSTERIOR: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
     """Walk steps ``t0 .. t0 + L - 1`` from the state ``(lam, eta)``, writing the outputs
-    (:func:`kernels.filter_steps.emit_step`)."""
+    (:func:`kalmanscan.kernels.filter.steps.emit_step`)."""
     out = b * T * C + c
     end = tl.minimum(t0 + L, T)
     # with PREFETCH, y of the next four steps in flight (loads issued ahead of the dependent chain)
@@ -176,7 +176,7 @@ def filter_carry_kernel(agg_ptr, start_ptr, C, NS, CH: tl.constexpr):
     """Starting states of stretches ``1..NS-1`` from slot 0 (the initial state) and the products.
 
     One program per ``(b, c)``; stretches in chunks of ``CH`` with an inclusive
-    ``tl.associative_scan`` of :func:`_compose7` (padding is the identity map).
+    ``tl.associative_scan`` of :func:`compose7` (padding is the identity map).
     """
     pid = tl.program_id(0)
     b = pid // C
@@ -199,7 +199,7 @@ def filter_carry_kernel(agg_ptr, start_ptr, C, NS, CH: tl.constexpr):
         e2 = tl.load(o + 5 * stride, mask=m, other=0.0)
         f = tl.load(o + 6 * stride, mask=m, other=1.0)
         p11, p12, p21, p22, e1, e2, f = tl.associative_scan(
-            (p11, p12, p21, p22, e1, e2, f), 0, _compose7)
+            (p11, p12, p21, p22, e1, e2, f), 0, compose7)
         lam_s, eta_s = read_out7(p11, p12, p21, p22, e1, e2, f, lam, eta)
         tl.store(sbase + (s + 1) * C, lam_s, mask=m)
         tl.store(sbase + NS * C + (s + 1) * C, eta_s, mask=m)
@@ -213,7 +213,7 @@ def filter_total_kernel(agg_ptr, total_ptr, C, NS, CH: tl.constexpr):
     """The product of all ``NS`` stretch maps, ``total[b, k, c]`` (7 numbers, trace 1).
 
     One program per ``(b, c)``; stretches in chunks of ``CH``: an inclusive ``tl.associative_scan``
-    of :func:`_compose7` gives each chunk's product in its last slot, composed after the running
+    of :func:`compose7` gives each chunk's product in its last slot, composed after the running
     total (padding is the identity map).
     """
     pid = tl.program_id(0)
@@ -233,9 +233,9 @@ def filter_total_kernel(agg_ptr, total_ptr, C, NS, CH: tl.constexpr):
             (tl.load(o, mask=m, other=1.0), tl.load(o + stride, mask=m, other=0.0),
              tl.load(o + 2 * stride, mask=m, other=0.0), tl.load(o + 3 * stride, mask=m, other=1.0),
              tl.load(o + 4 * stride, mask=m, other=0.0), tl.load(o + 5 * stride, mask=m, other=0.0),
-             tl.load(o + 6 * stride, mask=m, other=1.0)), 0, _compose7)
+             tl.load(o + 6 * stride, mask=m, other=1.0)), 0, compose7)
         q11, q12, q21, q22, g1, g2, h = last7(p11, p12, p21, p22, e1, e2, f, last)
-        t11, t12, t21, t22, u1, u2, v = _compose7(t11, t12, t21, t22, u1, u2, v,
+        t11, t12, t21, t22, u1, u2, v = compose7(t11, t12, t21, t22, u1, u2, v,
                                                   q11, q12, q21, q22, g1, g2, h)
     store7(total_ptr + b * 7 * C + c, C, t11, t12, t21, t22, u1, u2, v, None)
 
@@ -252,7 +252,7 @@ def filter_fwd_kernel(
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Walk each lane's stretch from ``start`` and write the outputs ``(B, T, C)``
-    (which ones, and how, is :func:`kernels.filter_steps.emit_step`'s contract)."""
+    (which ones, and how, is :func:`kalmanscan.kernels.filter.steps.emit_step`'s contract)."""
     b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
         C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,

@@ -1,4 +1,4 @@
-"""The ``"reference"`` backend: a sequential float64 Kalman filter in covariance form.
+"""The ``"reference"`` backend: a sequential float64 Kalman filter and RTS smoother in covariance form.
 
 It is an independent formulation of the model, the oracle every fast path is tested against: it
 never uses precisions, Möbius maps or scans, only the textbook predict/update recursion on the
@@ -18,14 +18,17 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from . import ou
-from .inputs import Problem
+import torch
 
-__all__ = ["filter_reference"]
+from ... import ou
+from ...inputs import Problem
+
+__all__ = ["filter", "smooth"]
 
 
-def filter_reference(p: Problem) -> dict:
-    """Filter the validated problem ``p`` sequentially in float64; returns NumPy arrays."""
+def filter(p: Problem) -> dict:
+    """Filter the validated problem ``p`` sequentially in float64; returns NumPy arrays (the
+    contract of every backend's ``filter``, :mod:`kalmanscan.ops.filter`)."""
     shape = p.shape
     arr = {k: np.broadcast_to(getattr(p, k).detach().cpu().double().numpy(), shape)
            for k in ("y", "theta", "sigma", "obs_var", "mean", "h", "dt")}
@@ -61,3 +64,22 @@ def filter_reference(p: Problem) -> dict:
     out["decay"], out["noise"] = decay, noise
     out["missing"] = np.isnan(arr["y"]).astype(np.float64)
     return out
+
+
+def smooth(f: dict, mean_param):
+    """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` by the RTS recursion as a
+    sequential float64 NumPy loop: the oracle of every backend's ``smooth``."""
+    g = {k: v.detach().cpu().double().numpy() for k, v in f.items()}
+    mean_param = mean_param.detach().cpu().double().numpy()
+    mu, var = g["mean"] - mean_param, g["var"]
+    mu_s, var_s = mu.copy(), var.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 without process noise: smooth() raises
+        for t in range(mu.shape[-2] - 2, -1, -1):
+            a, pv = g["decay"][..., t + 1, :], g["pred_var"][..., t + 1, :]
+            J = a * var[..., t, :] / pv
+            mu_s[..., t, :] = mu[..., t, :] + J * (mu_s[..., t + 1, :] - (g["pred_mean"][..., t + 1, :] - mean_param[..., t + 1, :]))
+            var_s[..., t, :] = var[..., t, :] + J * J * (var_s[..., t + 1, :] - pv)
+    dev, dtype = f["mean"].device, f["mean"].dtype
+    mean_s, var_s = (torch.as_tensor(x, device=dev).to(dtype) for x in (mu_s + mean_param, var_s))
+    return mean_s, var_s, 1.0 / var_s
+

@@ -36,8 +36,8 @@ program of stretch ``p`` first carries the final adjoint through the maps of str
 import triton
 import triton.language as tl
 
-from .fast_math import rcp
-from .kla_common import kla_step, kla_tile, kla_token
+from ..fast_math import rcp
+from .common import kla_step, kla_tile, kla_token
 
 
 @triton.jit

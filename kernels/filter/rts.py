@@ -1,6 +1,6 @@
 """Rauch–Tung–Striebel smoothing over the filter's outputs: fused reverse walks.
 
-Lanes and stretches are those of :mod:`kernels.filter_steps`. With ``mu_t = mean_t - m_t`` (the
+Lanes and stretches are those of :mod:`kalmanscan.kernels.filter.steps`. With ``mu_t = mean_t - m_t`` (the
 filtered centred mean; ``m`` the model's mean parameter) and the next step's transition and
 prediction, step ``t`` of the smoother is the pair of affine maps
 
@@ -9,11 +9,11 @@ prediction, step ``t`` of the smoother is the pair of affine maps
 with ``J_t = a_{t+1} var_t / pv_{t+1}`` (:mod:`kalmanscan.smooth`); the last step is the constant
 ``(mu_{T-1}, var_{T-1})`` and steps past ``T`` are the identity. As the maps act on the pair
 ``(x, v)`` with a diagonal matrix ``diag(J, J^2)``, they are the five-number affine maps of
-:mod:`kernels.filter_bwd` with a zero corner, and time splits the same way:
+:mod:`kalmanscan.kernels.filter.bwd` with a zero corner, and time splits the same way:
 
 1. :func:`rts_agg_kernel` walks each stretch backwards and writes its composed map
    ``agg[b, 0..4, s, c] = (P, 0, P_v, B, B_v)``;
-2. :func:`kernels.filter_bwd.filter_bwd_carry_kernel` scans them from the last stretch to the
+2. :func:`kalmanscan.kernels.filter.bwd.filter_bwd_carry_kernel` scans them from the last stretch to the
    first, giving the smoothed pair entering each stretch from above;
 3. :func:`rts_kernel` walks each stretch backwards from there and writes the smoothed mean
    ``x_t + m_t``, variance ``v_t`` and precision ``1 / v_t``.
@@ -25,8 +25,8 @@ pointers' dtype.
 import triton
 import triton.language as tl
 
-from .fast_math import rcp
-from .filter_steps import index, lane_coords, load_param
+from ..fast_math import rcp
+from .steps import index, lane_coords, load_param
 
 
 @triton.jit

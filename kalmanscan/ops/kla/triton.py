@@ -1,10 +1,10 @@
-"""The ``"triton"`` backend of :func:`kalmanscan.nn.kla_scan`: launch wrappers and autograd.
+"""The ``"triton"`` backend of :func:`kalmanscan.ops.kla.kla_scan`: launch wrappers and autograd.
 
-Forward (:mod:`kernels.kla_fwd`): one program per ``(batch, BLOCK_M channels)``, the
+Forward (:mod:`kalmanscan.kernels.kla.fwd`): one program per ``(batch, BLOCK_M channels)``, the
 ``[BLOCK_M, S]`` state grid in registers, time walked sequentially (optionally split into stretches
-run by separate programs, :mod:`kernels.kla_split`); under autograd it saves only the state at each
+run by separate programs, :mod:`kalmanscan.kernels.kla.split`); under autograd it saves only the state at each
 chunk start (``2 B M S ceil(L / CHUNK)`` floats).
-Backward (:mod:`kernels.kla_bwd`): chunks in reverse, each recomputed from its checkpoint, then the
+Backward (:mod:`kalmanscan.kernels.kla.bwd`): chunks in reverse, each recomputed from its checkpoint, then the
 scalar-adjoint reverse recursion (optionally split into stretches of time whose affine adjoint maps
 are composed first); exact gradients for ``v, lam_v, k, q, decay, noise`` and the initial state. ``k``/``q`` gradients are reduced over M through per-program partials
 (``B L ceil(M / BLOCK_M) S`` floats each) summed afterwards: deterministic, no atomics.
@@ -19,13 +19,18 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.kla_bwd import kla_bwd_kernel
-from kernels.kla_fwd import kla_fwd_kernel
-from kernels.kla_split import kla_piece_map_kernel
+from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
+from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
+from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
+from ... import merged
 from ..launch import cdiv, next_power_of_2
+from .state import FilterState
 
-__all__ = ["kla_scan_triton", "KLAConfig", "DEFAULT_CONFIG"]
+__all__ = ["kla_scan", "kla_scan_triton", "summary", "KLAConfig", "DEFAULT_CONFIG"]
+
+KERNEL_PROGRAMS = 1 << 14  # programs the piece-map summary aims for (pieces x batch x channel blocks)
+MIN_PIECE = 64             # shortest piece of tokens worth a program of the piece-map summary
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class KLAConfig:
     software-pipelining depth (``num_stages``) and unroll factor of the time loops (``None``: left
     to the compiler), for the forward and the backward. ``pieces``/``bwd_pieces`` split the forward's
     and the backward's time axis into that many stretches run by separate programs
-    (``kernels.kla_split``, ``kernels.kla_bwd``); ``None`` splits only
+    (``kalmanscan.kernels.kla.split``, ``kalmanscan.kernels.kla.bwd``); ``None`` splits only
     when there are at most ``2 x SMs`` channel-block programs, into ``floor(4 x SMs / programs)``
     stretches; 1 walks all of time in one program per channel block."""
 
@@ -54,8 +59,16 @@ class KLAConfig:
 DEFAULT_CONFIG = KLAConfig()
 
 
+def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None, config=None):
+    """``(y, y_var, state)``: the signature every KLA backend shares (:func:`kla_scan_triton` with
+    ``initial_state`` a pair ``(lam, eta)`` or ``None``, the state a :class:`FilterState`)."""
+    lam0, eta0 = (None, None) if initial_state is None else initial_state
+    y, y_var, lam, eta = kla_scan_triton(v, lam_v, k, q, decay, noise, lam0, eta0, config)
+    return y, y_var, FilterState.from_information(lam, eta)
+
+
 def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=None):
-    """Fused KLA scan; returns ``(y, y_var, lam, eta)`` (shapes as :func:`kalmanscan.nn.kla_scan`).
+    """Fused KLA scan; returns ``(y, y_var, lam, eta)`` (shapes as :func:`kalmanscan.ops.kla.kla_scan`).
 
     Differentiable with respect to every tensor argument. ``config`` (a :class:`KLAConfig`)
     overrides the launch shape; results do not depend on it beyond float32 rounding.
@@ -186,3 +199,27 @@ class _KLAScan(torch.autograd.Function):
         )
         return grads + (None, None)
 
+
+def summary(v, lam_v, k, q, decay, noise, dtype, config: KLAConfig | None = None):
+    """The product of every token's step (7 tensors ``(B, M, S)``, :mod:`kalmanscan.merged`) from the triton backend's piece-map kernel (float32, divided by the trace
+    after every token; forward only), in ``dtype``.
+
+    The tokens are cut into ``P`` pieces so that about :data:`KERNEL_PROGRAMS` programs walk them
+    at once (pieces of at least :data:`MIN_PIECE` tokens); the ``P`` piece maps are then composed
+    by a tree.
+    """
+    config = DEFAULT_CONFIG if config is None else config
+    B, L, M = v.shape
+    S = k.shape[-1]
+    n_mblocks = cdiv(M, config.block_m)
+    pieces = max(1, min(cdiv(KERNEL_PROGRAMS, B * n_mblocks), cdiv(L, MIN_PIECE)))
+    piece_len = cdiv(L, pieces)
+    pieces = cdiv(L, piece_len)
+    maps = torch.empty(B, pieces + 1, 7, M, S, dtype=torch.float32, device=v.device)
+    kla_piece_map_kernel[(B, n_mblocks, pieces)](
+        *(x.contiguous() for x in (v, lam_v, k, q)),
+        *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
+        L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=next_power_of_2(S),
+        STAGES=config.stages, num_warps=config.num_warps)
+    total = merged.total(merged.compose, maps[:, :pieces].unbind(2), 1)
+    return tuple(x[:, 0].to(dtype) for x in total)

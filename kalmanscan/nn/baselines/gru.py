@@ -18,8 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .layer import inner_width
-from .mixers import register_mixer
+from ..common import inner_width
 
 __all__ = ["GRUMixer", "GRUState"]
 
@@ -30,7 +29,6 @@ class GRUState(NamedTuple):
     h: torch.Tensor
 
 
-@register_mixer("gru")
 class GRUMixer(nn.Module):
     """One GRU layer of hidden width ``H = expand * d_model`` and a linear map back to ``d_model``.
 

@@ -37,11 +37,11 @@ walk that writes the gradients (:func:`filter_bwd_kernel`).
 import triton
 import triton.language as tl
 
-from .filter_steps import index, lane_setup, load_y, pick, step_inputs
+from .steps import index, lane_setup, load_y, pick, step_inputs
 
 
 @triton.jit
-def _compose5(a11, a12, a22, av1, av2, b11, b12, b22, bv1, bv2):
+def compose5(a11, a12, a22, av1, av2, b11, b12, b22, bv1, bv2):
     """Affine maps ``x -> G x + v`` (G upper-triangular 2x2): ``b`` after ``a``."""
     return (b11 * a11, b11 * a12 + b12 * a22, b22 * a22,
             b11 * av1 + b12 * av2 + bv1, b22 * av2 + bv2)
@@ -75,7 +75,7 @@ def _cotangent(g, o, valid, LOAD: tl.constexpr):
 
 
 @triton.jit
-def _adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
+def adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
                   g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
                   HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr, HAS_G_PM: tl.constexpr,
                   HAS_G_PV: tl.constexpr, LOAD: tl.constexpr = True):
@@ -85,7 +85,7 @@ def _adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
     The cotangents are read at offset ``o`` of ``(B, T, C)`` arrays (masked by ``valid``); one
     whose ``HAS_G_*`` flag is off is never loaded and its terms are not compiled (a zero
     cotangent). Without ``LOAD`` the ``g_*_ptr`` arguments are the cotangents' values instead
-    (elementwise with the other inputs; ``o, valid`` unused): :mod:`kernels.filter_tiles_bwd`
+    (elementwise with the other inputs; ``o, valid`` unused): :mod:`kalmanscan.kernels.filter.tiles_bwd`
     loads them as blocks. The map ``(gl, ge) -> (gl', ge')`` is affine; with ``decay = 1``,
     ``noise = 0`` and zero cotangents it is exactly the identity.
     """
@@ -123,11 +123,11 @@ def _adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
 
 
 @triton.jit
-def _emit_gradients(tot_l, tot_e, d_decay, d_noise, observed, yc, hr, o, valid, TC,
+def emit_gradients(tot_l, tot_e, d_decay, d_noise, observed, yc, hr, o, valid, TC,
                     grad_y_ptr, obs_grad_ptr, trans_grad_ptr, s_phi, s_info, s_info_yc, s_decay, s_noise,
                     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
     """Write the gradients of the steps at offsets ``o`` (where ``valid``) from their
-    :func:`_adjoint_step` totals ``(L, E)`` and transition adjoints; returns the running sums
+    :func:`adjoint_step` totals ``(L, E)`` and transition adjoints; returns the running sums
     ``(s_phi, s_info, s_info_yc, s_decay, s_noise)`` with those steps added where a flag keeps
     them summed (see :func:`filter_bwd_kernel`). ``d phi = L``, ``d info = E`` (0 when missing),
     ``grad_y = E hr``; ``TC = B T C``, the stride of the stacked per-step arrays."""
@@ -164,7 +164,7 @@ def filter_bwd_agg_kernel(
     """Each lane's reverse map over its stretch (5 numbers) into ``agg[b, k, s, c]``.
 
     The map ``x -> G x + v`` is built step by step: ``G`` by the step's upper-triangular matrix,
-    ``v`` by the whole step (:func:`_adjoint_step` applied to ``v``). Cotangents as in
+    ``v`` by the whole step (:func:`adjoint_step` applied to ``v``). Cotangents as in
     :func:`filter_bwd_kernel`.
     """
     b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
@@ -186,7 +186,7 @@ def filter_bwd_agg_kernel(
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
-        _, _, n1, n2, _, _, alpha, beta, delta = _adjoint_step(
+        _, _, n1, n2, _, _, alpha, beta, delta = adjoint_step(
             v1, v2, lam, mu, lam_p, mu_p, decay, noise, t, b * T * C + t * C + c, valid,
             g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV)
         g11 = tl.where(valid, alpha * g11, g11)
@@ -208,7 +208,7 @@ def filter_bwd_carry_kernel(agg_ptr, top_ptr, C, NS, CH: tl.constexpr):
     """Adjoints entering each stretch from above, ``top[b, 0/1, s, c]`` (zero for the last one).
 
     One program per ``(b, c)``; stretches last to first in chunks of ``CH``, each an inclusive
-    ``tl.associative_scan`` of :func:`_compose5` (padding is the identity map). ``top`` must hold
+    ``tl.associative_scan`` of :func:`compose5` (padding is the identity map). ``top`` must hold
     zeros in slot ``NS - 1``.
     """
     pid = tl.program_id(0)
@@ -230,7 +230,7 @@ def filter_bwd_carry_kernel(agg_ptr, top_ptr, C, NS, CH: tl.constexpr):
         g22 = tl.load(o + 2 * stride, mask=m, other=1.0)
         v1 = tl.load(o + 3 * stride, mask=m, other=0.0)
         v2 = tl.load(o + 4 * stride, mask=m, other=0.0)
-        g11, g12, g22, v1, v2 = tl.associative_scan((g11, g12, g22, v1, v2), 0, _compose5)
+        g11, g12, g22, v1, v2 = tl.associative_scan((g11, g12, g22, v1, v2), 0, compose5)
         gl_s = g11 * gl + g12 * ge + v1
         ge_s = g22 * ge + v2
         tl.store(tbase + (s - 1) * C, gl_s, mask=m)
@@ -285,10 +285,10 @@ def filter_bwd_kernel(
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
         o = b * T * C + t * C + c
-        tot_l, tot_e, gl_next, ge_next, d_decay, d_noise, _, _, _ = _adjoint_step(
+        tot_l, tot_e, gl_next, ge_next, d_decay, d_noise, _, _, _ = adjoint_step(
             gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
             g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV)
-        s_phi, s_info, s_info_yc, s_decay, s_noise = _emit_gradients(
+        s_phi, s_info, s_info_yc, s_decay, s_noise = emit_gradients(
             tot_l, tot_e, d_decay, d_noise, observed, yc, hr, o, valid, TC, grad_y_ptr, obs_grad_ptr,
             trans_grad_ptr, s_phi, s_info, s_info_yc, s_decay, s_noise, TRANS_STEP, OBS_STEP)
         gl = tl.where(valid, gl_next, gl)

@@ -3,12 +3,12 @@
 One program per ``(batch b, block of BLOCK_M channels of M, stretch of time)`` holds its
 ``[BLOCK_M, BLOCK_S]`` grid of filters ``(lam, eta)`` in registers and walks its stretch of time
 sequentially. Per token it reads ``v[b, t, m]``, ``lam_v[b, t, m]``, ``k[b, t, :]``, ``q[b, t, :]``,
-applies ``kernels.kla_common.kla_step`` and writes
+applies ``kalmanscan.kernels.kla.common.kla_step`` and writes
 
     y = sum_s q eta / lam,   y_var = sum_s q^2 / lam      (reduced over s inside the program)
 
 Time is one stretch (``n_pieces = 1``) unless few programs would fill the GPU; then
-``kernels.kla_split`` has written the composed map of every earlier stretch to ``maps`` and a program
+``kalmanscan.kernels.kla.split`` has written the composed map of every earlier stretch to ``maps`` and a program
 of stretch ``p`` starts by applying maps ``0 .. p-1`` to the initial state.
 With ``SAVE`` the state at the start of every chunk of ``CHUNK`` tokens is written to
 ``ckpt_lam/ckpt_eta[b, chunk, m, s]`` for the backward (memory ``B M S L / CHUNK``; stretches are
@@ -25,8 +25,8 @@ stays bounded; with ``noise = 0`` and ``decay < 1`` the exact ``lam`` grows like
 import triton
 import triton.language as tl
 
-from .fast_math import rcp
-from .kla_common import kla_checkpoint, kla_enter, kla_step, kla_tile, kla_token
+from ..fast_math import rcp
+from .common import kla_checkpoint, kla_enter, kla_step, kla_tile, kla_token
 
 
 @triton.jit

@@ -1,26 +1,25 @@
-"""The ``"triton"`` backend of :func:`kalmanscan.filter`: launch wrappers and autograd.
+"""The ``"triton"`` backend of :func:`kalmanscan.filter` and :func:`kalmanscan.smooth`: launch
+wrappers and autograd. Launch options come from a :class:`~kalmanscan.ops.filter.config.FilterConfig`.
 
-Forward (:mod:`kernels.filter_fwd`): every (stretch of time, channel) lane walks its stretch
+Forward (:mod:`kalmanscan.kernels.filter.fwd`): every (stretch of time, channel) lane walks its stretch
 sequentially, building each step's decay, noise and observation terms in registers from ``y`` and
 the parameters (static or per step, read through their strides: no leaf tensor is written). Long
 series are split into ``NS`` stretches across programs through the merged homogeneous form
 (aggregate, carry, apply); :func:`plan` picks ``NS`` from the shape. Backward
-(:mod:`kernels.filter_bwd`): the same lanes walk backwards with the scalar adjoints, reading the
+(:mod:`kalmanscan.kernels.filter.bwd`): the same lanes walk backwards with the scalar adjoints, reading the
 forward's filtered mean and precision back as the per-step state; gradients for ``y``, ``theta``,
 ``sigma``, ``dt``, ``obs_var``, ``mean``, ``h`` and the initial state. Static parameters get
 per-lane sums inside the kernel; the last step from ``(decay, noise, phi, info)`` adjoints to the
 user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
 ``phi = h^2 / obs_var``, ``info = (h / obs_var)(y - h mean)``, taken by torch autograd on
-``(..., 1 or T, C)`` tensors. With :data:`TILE_BWD` on (the default), few long series (the forward's tile regime,
-:func:`uses_tiles`) run backwards time-parallel too (:mod:`kernels.filter_tiles_bwd`). With
-:data:`CHAIN` on (opt-in), the forward of many series is one chained kernel instead of three
-(:mod:`kernels.filter_chain`: aggregate, decoupled look-back and apply per stretch).
+``(..., 1 or T, C)`` tensors. With ``tile_bwd`` on (the default), few long series (the forward's tile regime,
+:func:`uses_tiles`) run backwards time-parallel too (:mod:`kalmanscan.kernels.filter.tiles_bwd`). 
 
 Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
 :mod:`kalmanscan.inputs`), or float64 for float64 inputs. Runs on CUDA tensors, or on the CPU under
 ``TRITON_INTERPRET=1`` (the tests). Index arithmetic is 32-bit while ``4 B T C`` (more than the largest
 array a walking kernel indexes, the backward's ``(3, B, T, C)`` per-step observation adjoints) is
-below ``WIDE_FROM = 2^31``, 64-bit from there on.
+below ``FilterConfig.wide_from = 2^31``, 64-bit from there on.
 """
 
 from __future__ import annotations
@@ -30,86 +29,66 @@ import os
 
 import torch
 
-from kernels.filter_bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
-from kernels.filter_chain import filter_chain_kernel
-from kernels.filter_fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel
-from kernels.filter_tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
-from kernels.filter_tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
+from kalmanscan.kernels.filter.bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
+from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel,
+                                           filter_total_kernel)
+from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
+from kalmanscan.kernels.filter.tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
+from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
 
-from . import mobius, ou
-from .inputs import Problem
-from .launch import cdiv, next_power_of_2
-from .parallel import filter_torch, finish
+from ... import mobius, ou
+from ...inputs import Problem
+from ..launch import cdiv, next_power_of_2
+from . import torch as torch_backend
+from .config import DEFAULT_CONFIG, FilterConfig
 
-__all__ = ["filter_triton", "filter_forward", "plan"]
+__all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan",
+           "uses_tiles", "flat", "kernel_views", "check_device", "FilterConfig", "DEFAULT_CONFIG"]
 
-TARGET_LANES = 1 << 18      # enough (stretch, channel) lanes to fill an H100 with one-warp programs
-MIN_STRETCH = 64            # shortest stretch worth an aggregate pass
-MAX_STRETCHES = 16384       # bound on the carry scan's length
-BLOCK = 128                 # lanes per program (one warp, 4 lanes per thread) when C >= 32
-SMALL_C_BLOCK = 32          # lanes per program when C < 32 (lanes are then mostly stretches)
-NUM_WARPS = 1
-NUM_STAGES = None           # software-pipelining depth of the walks (None: Triton's default)
-PREFETCH = True             # forward walks load y four steps ahead (a register ring)
-POSTERIOR_PREFETCH = False  # ... but not the one-pass posterior walk (ten outputs: the ring slowed it)
-UNROLL = 4                  # unrolling of the forward walks' time loops
-BWD_UNROLL = 1              # the same for the backward walks (unrolling slowed them)
-CARRY_CHUNK = 1024          # stretches per step of the carry scan
-CARRY_WARPS = 4
-WIDE_FROM = 1 << 31         # 64-bit offsets once 4 B T C reaches this (bounds every array a walk indexes)
-TILE = 1024                 # steps per tile of the time-parallel forward (lanes along time)
-TILE_ROW = 8                # steps per row of a tile, composed in-thread before the scan over rows (a
-                            # power of two dividing TILE; 8: 128 rows, one per thread of the 4 warps,
-                            # the fewest sm_90 instructions per step, no spills: benchmarks.sass_stats)
-TILE_WARPS = 4
-TILE_STRETCHES = 1024       # at most this many stretches of tiles per series (one carry chunk)
-TILE_MAX_C = 1              # the time-parallel forward serves series of at most this many channels
-TILE_BWD = True             # the backward also runs time-parallel (kernels.filter_tiles_bwd, the forward's
-                            # tiles and stretches) wherever the forward does (uses_tiles); off, it runs
-                            # on the walks (H200, forward+backward at (1, 2^22): 0.207 ms on, 0.374 off)
-CHAIN = False               # many series (C >= CHAIN_MIN_C): the single-pass chained forward
-                            # (kernels.filter_chain) instead of aggregate, carry and apply; opt-in: on
-                            # an H200 at (4096, 32768) 0.649 ms against 0.658 (docs/performance.md)
-CHAIN_STRETCH = 64          # its steps per stretch (16 / 32 / 64 / 128: 1.197 / 0.702 / 0.649 / 0.646 ms)
-CHAIN_MIN_C = 32            # its lanes are channels only: fewer channels would leave them empty
-CHAIN_PUBLISH = 1           # test knob of the look-back (kernels.filter_chain: PUBLISH)
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
 _ORDER = ("y",) + _TRANS + _OBS
+_RTS_FIELDS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
 
 
-def plan(B: int, T: int, C: int, stretch: int | None = None) -> tuple[int, int]:
+def plan(B: int, T: int, C: int, config: FilterConfig = DEFAULT_CONFIG) -> tuple[int, int]:
     """``(NS, L)``: number of stretches and steps per stretch for a ``(B, T, C)`` problem.
 
-    By default enough stretches for about ``TARGET_LANES`` lanes, each at least ``MIN_STRETCH``
-    steps long, at most ``MAX_STRETCHES`` of them; ``stretch`` forces ``L`` (the tests use it to
-    cross many stretch boundaries on small problems).
+    By default enough stretches for about ``config.target_lanes`` lanes, each at least
+    ``config.min_stretch`` steps long, at most ``config.max_stretches`` of them; ``config.stretch``
+    forces ``L``.
     """
+    stretch = config.stretch
     if stretch is None:
-        ns = max(1, min(cdiv(TARGET_LANES, B * C), T // MIN_STRETCH, MAX_STRETCHES))
+        ns = max(1, min(cdiv(config.target_lanes, B * C), T // config.min_stretch, config.max_stretches))
         stretch = cdiv(T, ns)
     stretch = max(1, min(int(stretch), T))
     return cdiv(T, stretch), stretch
 
 
-def _flat(x, shape):
+def flat(x, shape) -> torch.Tensor:
     """``x`` (``(..., 1 or T, C or 1)``) broadcast to ``shape`` and viewed as ``(B, T, C)``."""
     B = math.prod(shape[:-2])
     return torch.broadcast_to(x, shape).reshape(B, shape[-2], shape[-1])
 
 
-def tile_plan(T: int) -> tuple[int, int]:
-    """``(NS, R)`` of the time-parallel forward: ``NS`` stretches of ``R`` tiles of ``TILE`` steps,
-    ``NS <= TILE_STRETCHES``."""
-    tiles = cdiv(T, TILE)
-    r = cdiv(tiles, min(tiles, TILE_STRETCHES))
+def tile_plan(T: int, config: FilterConfig = DEFAULT_CONFIG) -> tuple[int, int]:
+    """``(NS, R)`` of the time-parallel forward: ``NS`` stretches of ``R`` tiles of
+    ``config.tile`` steps, ``NS <= config.tile_stretches``."""
+    tiles = cdiv(T, config.tile)
+    r = cdiv(tiles, min(tiles, config.tile_stretches))
     return cdiv(tiles, r), r
 
 
-def uses_tiles(T: int, C: int, stretch: int | None = None) -> bool:
+def uses_tiles(T: int, C: int, config: FilterConfig = DEFAULT_CONFIG) -> bool:
     """Whether the forward runs time-parallel (lanes along time): few channels, at least a tile of
     steps, and no stretch length forced."""
-    return stretch is None and C <= TILE_MAX_C and T >= TILE
+    return config.stretch is None and C <= config.tile_max_c and T >= config.tile
+
+
+def kernel_views(p: Problem) -> dict:
+    """The inputs of ``p`` in kernel order as ``(B, T, C)`` broadcast views (detached)."""
+    return {k: flat(getattr(p, k).detach(), p.shape) for k in _ORDER}
 
 
 def _kernel_args(views):
@@ -126,22 +105,23 @@ def _steps(views, names):
     return any(views[n].stride(1) != 0 and views[n].shape[1] > 1 for n in names)
 
 
-def _launch(B, T, C, ns):
+def launch(B: int, T: int, C: int, ns: int, config: FilterConfig = DEFAULT_CONFIG):
     """Grid and launch options of the walking kernels (``WIDE``: 64-bit offsets); the forward
-    ones add ``fwd_opts()``, the backward ones ``UNROLL=BWD_UNROLL``."""
-    block = min(SMALL_C_BLOCK if C < 32 else BLOCK, next_power_of_2(ns * C))
-    opts = dict(BLOCK=block, num_warps=NUM_WARPS, WIDE=4 * B * T * C >= WIDE_FROM)
-    if NUM_STAGES is not None:
-        opts["num_stages"] = NUM_STAGES
+    ones add :func:`fwd_opts`, the backward ones ``UNROLL=config.bwd_unroll``."""
+    block = min(config.small_c_block if C < 32 else config.block, next_power_of_2(ns * C))
+    opts = dict(BLOCK=block, num_warps=config.num_warps, WIDE=4 * B * T * C >= config.wide_from)
+    if config.num_stages is not None:
+        opts["num_stages"] = config.num_stages
     return (cdiv(ns * C, block), B), opts
 
 
-def fwd_opts(posterior=False):
-    """Constexpr options of the forward walks (read at launch, so the benchmarks can sweep them)."""
-    return dict(UNROLL=UNROLL, PREFETCH=POSTERIOR_PREFETCH if posterior else PREFETCH)
+def fwd_opts(config: FilterConfig = DEFAULT_CONFIG, posterior: bool = False) -> dict:
+    """Constexpr options of the forward walks."""
+    return dict(UNROLL=config.unroll, PREFETCH=config.posterior_prefetch if posterior else config.prefetch)
 
 
-def _check_device(y):
+def check_device(y) -> None:
+    """``ValueError`` unless ``y`` is on CUDA (or ``TRITON_INTERPRET=1`` runs the kernels on the CPU)."""
     if y.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); "
                          f"y is on {y.device}")
@@ -151,30 +131,28 @@ POSTERIOR = ("mean", "precision", "pred_mean", "pred_var", "var", "pred_precisio
              "pred_obs_var", "logliks", "missing")  # in the kernel's pointer order
 
 
-def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), stretch=None,
-                   posterior=False):
+def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"),
+                   config: FilterConfig = DEFAULT_CONFIG, posterior: bool = False) -> dict:
     """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``.
 
     ``views`` maps ``y, theta, sigma, dt, obs_var, mean, h`` to ``(B, T, C)`` tensors (broadcast
     views are fine); ``init`` is ``(B, 2, C)``: initial precision and information mean ``lam0,
     eta0 = lam0 (init_mean - mean_0)``. Only the named centred outputs are written; with
     ``posterior`` the fields of :data:`POSTERIOR` instead (those of
-    :func:`kalmanscan.parallel.finish`, in one pass).
+    :func:`kalmanscan.ops.filter.torch.finish`, in one pass).
     """
     y = views["y"]
     B, T, C = y.shape
-    tiles = uses_tiles(T, C, stretch)
-    if CHAIN and not tiles and C >= CHAIN_MIN_C:
-        return _chain_forward(views, init, outputs, stretch, posterior)
-    if tiles:
-        ns, r = tile_plan(T)
+    if uses_tiles(T, C, config):
+        ns, r = tile_plan(T, config)
         grid = (ns, B * C)
-        opts = dict(TILE=TILE, ROW=TILE_ROW, num_warps=TILE_WARPS, WIDE=B * T * C >= WIDE_FROM)
+        opts = dict(TILE=config.tile, ROW=config.tile_row, num_warps=config.tile_warps,
+                    WIDE=B * T * C >= config.wide_from)
         agg_kernel, fwd_kernel = filter_tile_agg_kernel, filter_tile_fwd_kernel
     else:
-        ns, r = plan(B, T, C, stretch)
-        grid, opts = _launch(B, T, C, ns)
-        opts.update(fwd_opts(posterior))
+        ns, r = plan(B, T, C, config)
+        grid, opts = launch(B, T, C, ns, config)
+        opts.update(fwd_opts(config, posterior))
         agg_kernel, fwd_kernel = filter_agg_kernel, filter_fwd_kernel
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
@@ -184,8 +162,8 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"), st
     if ns > 1:
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
-        filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(CARRY_CHUNK, next_power_of_2(ns - 1)),
-                                      num_warps=CARRY_WARPS)
+        filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
+                                      num_warps=config.carry_warps)
     out, pointers, write = _outputs(y, outputs, posterior)
     fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=posterior, **opts)
     return {k: out[k] for k in (POSTERIOR if posterior else outputs)}
@@ -208,31 +186,7 @@ def _outputs(y, outputs, posterior):
     return out, pointers, dict(WRITE_MU="mu" in out, WRITE_LAM="lam" in out, WRITE_PRED="pred_mu" in out)
 
 
-def _chain_forward(views, init, outputs, stretch, posterior):
-    """:func:`filter_forward` through :mod:`kernels.filter_chain` (stretches of ``CHAIN_STRETCH``
-    steps unless ``stretch`` is given)."""
-    y = views["y"]
-    B, T, C = y.shape
-    L = max(1, min(int(stretch or CHAIN_STRETCH), T))
-    ns = cdiv(T, L)
-    block = min(BLOCK, next_power_of_2(C))
-    ncb = cdiv(C, block)
-    dtype, dev = y.dtype, y.device
-    start = torch.empty(B, 2, ns + 1, C, dtype=dtype, device=dev)
-    start[:, :, 0, :] = init
-    agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-    flags = torch.zeros(B, ns, ncb, dtype=torch.int32, device=dev)
-    ticket = torch.zeros(1, dtype=torch.int32, device=dev)
-    out, pointers, write = _outputs(y, outputs, posterior)
-    filter_chain_kernel[(ns * B * ncb,)](
-        *_kernel_args(views), agg, start, flags, ticket, *pointers, B, T, C, ns, L, ncb,
-        TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS), **write, POSTERIOR=posterior,
-        BLOCK=block, num_warps=NUM_WARPS, WIDE=4 * B * T * C >= WIDE_FROM, PUBLISH=CHAIN_PUBLISH,
-        **fwd_opts(posterior))
-    return {k: out[k] for k in (POSTERIOR if posterior else outputs)}
-
-
-def filter_backward(views, init, mu, lam, cot, stretch=None):
+def filter_backward(views, init, mu, lam, cot, config: FilterConfig = DEFAULT_CONFIG):
     """Launch the backward; returns ``grad_y``, the observation and transition adjoints, init's.
 
     ``cot`` is a sequence of four cotangents, of ``(mu, lam, pred_mu, pred_var)``: each a
@@ -242,8 +196,8 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     is zero and no kernel runs. The observation adjoints ``(d phi, d info, d info * yc)`` come as
     ``(3, B, T, C)`` when any of ``obs_var, mean, h`` is per step, else ``(3, B, 1, C)`` summed over
     time; likewise the transition adjoints ``(d decay, d noise)`` (zero at step 0). With
-    :data:`TILE_BWD` on, a problem the forward runs on tiles (:func:`uses_tiles`) runs backwards on
-    tiles too (:mod:`kernels.filter_tiles_bwd`: ``L`` is then the tiles per stretch), else on the walks.
+    ``config.tile_bwd`` on, a problem the forward runs on tiles (:func:`uses_tiles`) runs backwards on
+    tiles too (:mod:`kalmanscan.kernels.filter.tiles_bwd`: ``L`` is then the tiles per stretch), else on the walks.
     """
     y = views["y"]
     B, T, C = y.shape
@@ -253,15 +207,16 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
         like = dict(dtype=dtype, device=dev)
         return (torch.zeros(B, T, C, **like), torch.zeros(3, B, T if obs_step else 1, C, **like),
                 torch.zeros(2, B, T if trans_step else 1, C, **like), torch.zeros(B, 2, C, **like))
-    if TILE_BWD and uses_tiles(T, C, stretch):
-        ns, L = tile_plan(T)
+    if config.tile_bwd and uses_tiles(T, C, config):
+        ns, L = tile_plan(T, config)
         grid = (ns, B * C)
-        opts = dict(TILE=TILE, ROW=TILE_ROW, num_warps=TILE_WARPS, WIDE=4 * B * T * C >= WIDE_FROM)
+        opts = dict(TILE=config.tile, ROW=config.tile_row, num_warps=config.tile_warps,
+                    WIDE=4 * B * T * C >= config.wide_from)
         agg_kernel, bwd_kernel = filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
     else:
-        ns, L = plan(B, T, C, stretch)
-        grid, opts = _launch(B, T, C, ns)
-        opts["UNROLL"] = BWD_UNROLL
+        ns, L = plan(B, T, C, config)
+        grid, opts = launch(B, T, C, ns, config)
+        opts["UNROLL"] = config.bwd_unroll
         agg_kernel, bwd_kernel = filter_bwd_agg_kernel, filter_bwd_kernel
     args = _kernel_args(views)
     dummy = torch.empty(1, dtype=dtype, device=dev)
@@ -272,8 +227,8 @@ def filter_backward(views, init, mu, lam, cot, stretch=None):
     if ns > 1:
         agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, mu, lam, init, *g, agg, T, C, ns, L, **flags, **opts)
-        filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(CARRY_CHUNK, next_power_of_2(ns - 1)),
-                                          num_warps=CARRY_WARPS)
+        filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
+                                          num_warps=config.carry_warps)
     grad_y = torch.empty(B, T, C, dtype=dtype, device=dev)
     obs_grad = torch.empty((3, B, T, C) if obs_step else (1,), dtype=dtype, device=dev)
     trans_grad = torch.empty((2, B, T, C) if trans_step else (1,), dtype=dtype, device=dev)
@@ -295,12 +250,12 @@ class _FusedFilter(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, y, theta, sigma, dt, obs_var, mean, h, init, shape, stretch):
+    def forward(ctx, y, theta, sigma, dt, obs_var, mean, h, init, shape, config):
         inputs = (y, theta, sigma, dt, obs_var, mean, h)
-        views = {k: _flat(x.detach(), shape) for k, x in zip(_ORDER, inputs)}
+        views = {k: flat(x.detach(), shape) for k, x in zip(_ORDER, inputs)}
         init = init.detach().contiguous()
-        out = filter_forward(views, init, stretch=stretch)
-        ctx.shape, ctx.stretch = shape, stretch
+        out = filter_forward(views, init, config=config)
+        ctx.shape, ctx.config = shape, config
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*inputs, init, out["mu"], out["lam"])
         return out["mu"], out["lam"], out["pred_mu"], out["pred_var"]
@@ -309,8 +264,8 @@ class _FusedFilter(torch.autograd.Function):
     def backward(ctx, *grads):
         *inputs, init, mu, lam = ctx.saved_tensors
         shape = ctx.shape
-        views = {k: _flat(x, shape) for k, x in zip(_ORDER, inputs)}
-        grad_y, obs_grad, trans_grad, grad_init = filter_backward(views, init, mu, lam, grads, ctx.stretch)
+        views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
+        grad_y, obs_grad, trans_grad, grad_init = filter_backward(views, init, mu, lam, grads, ctx.config)
         y, theta, sigma, dt, obs_var, mean, h = inputs
         param_grads = _chain(shape, dict(theta=theta, sigma=sigma, dt=dt, obs_var=obs_var, mean=mean, h=h),
                              obs_grad, trans_grad, ctx.needs_input_grad[1:7])
@@ -351,18 +306,19 @@ def _flat_time(x, shape):
     return torch.broadcast_to(x, full).reshape(B, x.shape[-2], shape[-1])
 
 
-def filter_triton(p: Problem, stretch: int | None = None) -> dict:
-    """Filter the validated problem ``p`` with the fused kernels; same contract as ``filter_torch``.
+def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
+    """Filter the validated problem ``p`` with the fused kernels; the contract of every backend's
+    ``filter`` (:mod:`kalmanscan.ops.filter`).
 
     Differentiable with respect to ``y``, every parameter and the initial belief. When nothing
     needs a gradient, one kernel pass writes every field of the result (no torch passes after it).
     A problem with no process noise where ``decay < 1`` (``sigma = 0``, or a noise below
     :data:`kalmanscan.mobius.NO_NOISE`) runs on the torch backend instead: its precision grows like
     ``decay^(-2t)``, past the range of the kernels, which carry it (see :mod:`kalmanscan.mobius`).
-    ``stretch`` overrides the number of steps per stretch (see :func:`plan`).
+    ``config`` sets the launch (:class:`FilterConfig`).
     """
     shape = p.shape
-    _check_device(p.y)
+    check_device(p.y)
     B, C = math.prod(shape[:-2]), shape[-1]
     bshape = shape[:-2] + (1, C)
     lam0 = (1.0 / p.init_var).expand(bshape).reshape(B, C)
@@ -371,11 +327,58 @@ def filter_triton(p: Problem, stretch: int | None = None) -> dict:
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
     if mobius.no_process_noise(decay, noise):
-        return filter_torch(p)
+        return torch_backend.filter(p)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
-        views = {k: _flat(x, shape) for k, x in zip(_ORDER, inputs)}
-        out = filter_forward(views, init.contiguous(), stretch=stretch, posterior=True)
+        views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
+        out = filter_forward(views, init.contiguous(), config=config, posterior=True)
         return {**{k: x.reshape(shape) for k, x in out.items()}, "decay": decay, "noise": noise}
-    mu_c, lam, pred_mu_c, pred_var = _FusedFilter.apply(*inputs, init, shape, stretch)
+    mu_c, lam, pred_mu_c, pred_var = _FusedFilter.apply(*inputs, init, shape, config)
     missing = torch.isnan(p.y)
-    return finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
+    return torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
+
+
+def smooth(f: dict, mean_param, config: FilterConfig = DEFAULT_CONFIG):
+    """Smoothed ``(mean, var, precision)``, each ``(..., T, C)``, from the filter's tensors ``f``
+    (``mean, var, pred_mean, pred_var, decay, noise``, broadcastable to ``(..., T, C)``) and the
+    model's mean parameter: the reverse walks of :mod:`kalmanscan.kernels.filter.rts`; the
+    contract of every backend's ``smooth``. Stretches, lanes and launch options are the filter's
+    (:func:`plan`); the carry between stretches is the filter backward's reverse scan of
+    five-number affine maps. Without gradients only: when any input needs one, the torch
+    backend's differentiable reverse scans run instead."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (*f.values(), mean_param)):
+        return torch_backend.smooth(f, mean_param)
+    shape = tuple(f["mean"].shape)
+    views = [flat(f[k], shape) for k in _RTS_FIELDS] + [flat(mean_param, shape)]
+    B, T, C = math.prod(shape[:-2]), shape[-2], shape[-1]
+    dtype, dev = views[0].dtype, views[0].device
+    ns, L = plan(B, T, C, config)
+    grid, opts = launch(B, T, C, ns, config)
+    args = [a for x in views for a in (x, *x.stride())]
+    top = torch.zeros(B, 2, ns, C, dtype=dtype, device=dev)
+    if ns > 1:
+        agg = torch.empty(B, 5, ns, C, dtype=dtype, device=dev)
+        rts_agg_kernel[grid](*args, agg, T, C, ns, L, **opts)
+        filter_bwd_carry_kernel[(B * C,)](agg, top, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
+                                          num_warps=config.carry_warps)
+    out = [torch.empty(B, T, C, dtype=dtype, device=dev) for _ in range(3)]
+    rts_kernel[grid](*args, top, *out, T, C, ns, L, **opts)
+    return tuple(x.reshape(shape) for x in out)
+
+
+def summary(p: Problem, config: FilterConfig = DEFAULT_CONFIG):
+    """The merged-form product of every step of ``p`` with no transition at step 0
+    (:mod:`kalmanscan.merged`: 7 tensors ``(..., 1, C)``), without gradient: the aggregate kernel's
+    per-(stretch, channel) products (one pass over the inputs) composed by a kernel per series
+    (trace-normalised, not by powers of two). :mod:`kalmanscan.distributed` exchanges it."""
+    shape = p.shape
+    B, T, C = math.prod(shape[:-2]), shape[-2], shape[-1]
+    views = kernel_views(p)
+    ns, stretch = plan(B, T, C, config)
+    agg = torch.empty(B, 7, ns, C, dtype=p.dtype, device=p.y.device)
+    grid, opts = launch(B, T, C, ns, config)
+    filter_agg_kernel[grid](*_kernel_args(views), agg, T, C, ns, stretch, TRANS_STEP=_steps(views, _TRANS),
+                            OBS_STEP=_steps(views, _OBS), **opts, **fwd_opts(config))
+    total = torch.empty(B, 7, C, dtype=p.dtype, device=p.y.device)
+    filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns)),
+                                  num_warps=config.carry_warps)
+    return tuple(x.reshape(shape[:-2] + (1, C)) for x in total.unbind(1))

@@ -1,8 +1,8 @@
 """Time-parallel backward of the filter for few, long series: lanes along time, in reverse.
 
-The backward walks of :mod:`kernels.filter_bwd` give each lane one (stretch, channel) pair; with
+The backward walks of :mod:`kalmanscan.kernels.filter.bwd` give each lane one (stretch, channel) pair; with
 one channel each thread reads its own cache line. Here, as in the forward tiles of
-:mod:`kernels.filter_tiles`, a program owns one series' stretch of ``R`` tiles of ``TILE``
+:mod:`kalmanscan.kernels.filter.tiles`, a program owns one series' stretch of ``R`` tiles of ``TILE``
 consecutive steps, visited last to first, carrying the adjoints ``(gl, ge)`` of ``(lam, eta)``.
 A tile is a block ``[NT, ROW]`` of steps whose *rows* are taken in reverse: block row ``i`` holds
 the ``ROW`` consecutive steps of the tile's row ``NT - 1 - i`` (columns in time order), so a
@@ -10,21 +10,21 @@ forward inclusive ``tl.associative_scan`` over block rows runs from the tile's l
 first (the order the forward kernels' scans use on the GPU; no ``reverse=True`` needed).
 
 One adjoint step is the affine map ``(gl, ge) -> (gl', ge')`` of
-:func:`kernels.filter_bwd._adjoint_step` (upper-triangular matrix: the five numbers
-``(g11, g12, g22, v1, v2)`` of :func:`kernels.filter_bwd._compose5`). Each lane composes its
+:func:`kalmanscan.kernels.filter.bwd.adjoint_step` (upper-triangular matrix: the five numbers
+``(g11, g12, g22, v1, v2)`` of :func:`kalmanscan.kernels.filter.bwd.compose5`). Each lane composes its
 row's map in registers, walking the row's steps from last to first as
-:func:`kernels.filter_bwd.filter_bwd_agg_kernel` walks a stretch; only the ``NT`` row maps are
+:func:`kalmanscan.kernels.filter.bwd.filter_bwd_agg_kernel` walks a stretch; only the ``NT`` row maps are
 combined across lanes.
 
 1. :func:`filter_tile_bwd_agg_kernel` writes each stretch's map ``agg[b, k, s, c]`` (the walk
    backward's format);
-2. :func:`kernels.filter_bwd.filter_bwd_carry_kernel` scans them into the adjoints entering each
+2. :func:`kalmanscan.kernels.filter.bwd.filter_bwd_carry_kernel` scans them into the adjoints entering each
    stretch from above, ``top[b, 0/1, s, c]``;
 3. :func:`filter_tile_bwd_kernel` scans, in every tile, the row maps, applies them to the
    adjoints entering the tile (from the next tile, or ``top``) for the adjoints after each row,
    moves them one block row on (``tl.gather``: the adjoints entering row ``k`` are those leaving
    row ``k + 1``; the tile's for its last row), walks each row backwards from there with
-   :func:`kernels.filter_bwd._adjoint_step` and writes the tile's gradients as a block; the
+   :func:`kalmanscan.kernels.filter.bwd.adjoint_step` and writes the tile's gradients as a block; the
    adjoints leaving the tile's first row enter the tile before it.
 
 The state before and after each step is read back from the forward's saved ``mu, lam`` (the
@@ -37,9 +37,9 @@ products of non-negative factors ``g11, g22`` cannot cancel; ``g12, v`` are sums
 import triton
 import triton.language as tl
 
-from .filter_bwd import _adjoint_step, _compose5, _emit_gradients
-from .filter_steps import index, pick
-from .filter_tiles import join_columns, row_columns, stretch_setup, tile_inputs
+from .bwd import adjoint_step, compose5, emit_gradients
+from .steps import index, pick
+from .tiles import join_columns, row_columns, stretch_setup, tile_inputs
 
 
 @triton.jit
@@ -51,7 +51,7 @@ def last5(g11, g12, g22, v1, v2, last):
 @triton.jit
 def reversed_columns(x, ROW: tl.constexpr):
     """The ``ROW`` columns of the block ``x`` (``[NT, ROW]``) as a tuple of ``[NT]`` vectors, last
-    column first (:func:`kernels.filter_tiles.row_columns` reversed): the order a row is walked."""
+    column first (:func:`kalmanscan.kernels.filter.tiles.row_columns` reversed): the order a row is walked."""
     cols = row_columns(x, ROW)
     out = ()
     for j in tl.static_range(ROW):
@@ -63,7 +63,7 @@ def reversed_columns(x, ROW: tl.constexpr):
 def cotangent_columns(g_ptr, o, valid, HAS: tl.constexpr, ROW: tl.constexpr):
     """The cotangent ``g[o]`` of a block ``[NT, ROW]`` (0 where ``valid`` is off) as a tuple of
     ``ROW`` columns ``[NT]``, last first (:func:`reversed_columns`); not read when ``HAS`` is
-    off (columns of zeros, which :func:`kernels.filter_bwd._adjoint_step` then ignores)."""
+    off (columns of zeros, which :func:`kalmanscan.kernels.filter.bwd.adjoint_step` then ignores)."""
     if HAS:
         cols = reversed_columns(tl.load(g_ptr + o, mask=valid, other=0.0), ROW)
     else:
@@ -87,7 +87,7 @@ def tile_adjoint_scan(t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c,
     """Everything the reverse steps of the block ``t`` (``[NT, ROW]``, at offsets ``o`` of the
     ``(B, T, C)`` arrays) need, and the scan of its row maps: ``(valid, observed, yc, hr, x, g,
     maps)`` (``statics``: the stretch's static parameters, :func:`stretch_backward_setup`) with
-    ``hr = h / obs_var`` (:func:`kernels.filter_steps.observation`; a scalar when static), ``x`` the columns, last
+    ``hr = h / obs_var`` (:func:`kalmanscan.kernels.filter.steps.observation`; a scalar when static), ``x`` the columns, last
     first (:func:`reversed_columns`), of ``(lam_t, mu_t, lam_{t-1}, mu_{t-1}, decay, noise, t)``
     (the saved states after and before each step, the initial ``(lam0, mu0)`` before step 0;
     ``(1, 0)`` past ``T``) and ``g`` those of the cotangents ``(g_mu, g_lam, g_pm, g_pv)``
@@ -110,7 +110,7 @@ def tile_adjoint_scan(t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c,
          reversed_columns(t, ROW))
     g = (cotangent_columns(g_mu_ptr, o, valid, HAS_G_MU, ROW), cotangent_columns(g_lam_ptr, o, valid, HAS_G_LAM, ROW),
          cotangent_columns(g_pm_ptr, o, valid, HAS_G_PM, ROW), cotangent_columns(g_pv_ptr, o, valid, HAS_G_PV, ROW))
-    maps = tl.associative_scan(row_adjoint_maps(x, g, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, ROW), 0, _compose5)
+    maps = tl.associative_scan(row_adjoint_maps(x, g, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, ROW), 0, compose5)
     return valid, observed, yc, h / obs_var, x, g, maps
 
 
@@ -120,7 +120,7 @@ def stretch_backward_setup(T, C, R, init_ptr, theta_ptr, sth_b, sth_t, sth_c, si
                            mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
                            TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr):
     """``(s, b, c, t0, statics, lam0, mu0, out, rows, steps)``: the stretch of
-    :func:`kernels.filter_tiles.stretch_setup` (``statics`` its five static parameters), the
+    :func:`kalmanscan.kernels.filter.tiles.stretch_setup` (``statics`` its five static parameters), the
     series' initial state ``(lam0, mu0)`` from ``init[b, 0/1, c] = (lam0, lam0 mu0)``, its offset
     ``out = b T C + c``, the block rows ``0 .. NT - 1`` and the steps of the block ``[NT, ROW]``
     within a tile (rows reversed: block row ``i`` holds the tile's row ``NT - 1 - i``)."""
@@ -142,7 +142,7 @@ def row_adjoint_maps(x, g, HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr,
                      HAS_G_PM: tl.constexpr, HAS_G_PV: tl.constexpr, ROW: tl.constexpr):
     """The reverse adjoint map of each block row (vectors ``[NT]``, 5 numbers): from the adjoints of
     the state after the row's last step to those of the state before its first, composed in-thread
-    from the last column to the first as :func:`kernels.filter_bwd.filter_bwd_agg_kernel` walks a
+    from the last column to the first as :func:`kalmanscan.kernels.filter.bwd.filter_bwd_agg_kernel` walks a
     stretch (``G`` by each step's matrix, ``v`` by the whole step). ``x, g`` are the columns, last
     first, of :func:`tile_adjoint_scan`."""
     lam, mu, lam_p, mu_p, decay, noise, t = x
@@ -153,7 +153,7 @@ def row_adjoint_maps(x, g, HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr,
     v1 = g12
     v2 = g12
     for k in tl.static_range(ROW):
-        _, _, v1, v2, _, _, alpha, beta, delta = _adjoint_step(
+        _, _, v1, v2, _, _, alpha, beta, delta = adjoint_step(
             v1, v2, lam[k], mu[k], lam_p[k], mu_p[k], decay[k], noise[k], t[k], 0, True,
             g_mu[k], g_lam[k], g_pm[k], g_pv[k], HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, False)
         g12 = alpha * g12 + beta * g22
@@ -173,7 +173,7 @@ def filter_tile_bwd_agg_kernel(
     TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Stretch ``program_id(0)`` of series ``program_id(1) = b C + c``: its reverse adjoint map
-    (5 numbers) into ``agg[b, k, s, c]``, as :func:`kernels.filter_bwd.filter_bwd_agg_kernel`
+    (5 numbers) into ``agg[b, k, s, c]``, as :func:`kalmanscan.kernels.filter.bwd.filter_bwd_agg_kernel`
     writes a stretch's. Cotangents as in :func:`filter_tile_bwd_kernel`."""
     s, b, c, t0, statics, lam0, mu0, out, rows, steps = stretch_backward_setup(
         T, C, R, init_ptr, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
@@ -195,7 +195,7 @@ def filter_tile_bwd_agg_kernel(
             TRANS_STEP, OBS_STEP, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, ROW)
         g11, g12, g22, v1, v2 = adjoint
         b11, b12, b22, bv1, bv2 = last5(g11, g12, g22, v1, v2, last)
-        a11, a12, a22, av1, av2 = _compose5(a11, a12, a22, av1, av2, b11, b12, b22, bv1, bv2)
+        a11, a12, a22, av1, av2 = compose5(a11, a12, a22, av1, av2, b11, b12, b22, bv1, bv2)
     base = agg_ptr + b * 5 * NS * C + s * C + c
     stride = NS * C
     tl.store(base, a11)
@@ -221,7 +221,7 @@ def filter_tile_bwd_kernel(
     ``top[b, 0/1, s, c]``, a tile at a time: the adjoints entering every row (scan of the row
     maps), then each row walked backwards, then the tile's gradients as blocks.
 
-    Arrays and outputs are those of :func:`kernels.filter_bwd.filter_bwd_kernel` with the tile
+    Arrays and outputs are those of :func:`kalmanscan.kernels.filter.bwd.filter_bwd_kernel` with the tile
     stretches: cotangents ``(B, T, C)``, read only when their ``HAS_G_*`` flag is on;
     ``grad_y[b, t, c]``; observation adjoints per step to ``obs_grad[k, b, t, c]`` when
     ``OBS_STEP``, else summed over the stretch to ``sums[b, k, s, c]`` (k = 0, 1, 2; each step's
@@ -264,14 +264,14 @@ def filter_tile_bwd_kernel(
         d_decays = ()
         d_noises = ()
         for j in tl.static_range(ROW):
-            tot_l, tot_e, gl_r, ge_r, d_decay, d_noise, _, _, _ = _adjoint_step(
+            tot_l, tot_e, gl_r, ge_r, d_decay, d_noise, _, _, _ = adjoint_step(
                 gl_r, ge_r, lam[j], mu[j], lam_p[j], mu_p[j], decay[j], noise[j], t_cols[j], 0, True,
                 g_mu[j], g_lam[j], g_pm[j], g_pv[j], HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, False)
             tots_l = (tot_l,) + tots_l
             tots_e = (tot_e,) + tots_e
             d_decays = (d_decay,) + d_decays
             d_noises = (d_noise,) + d_noises
-        s_phi, s_info, s_info_yc, s_decay, s_noise = _emit_gradients(
+        s_phi, s_info, s_info_yc, s_decay, s_noise = emit_gradients(
             join_columns(tots_l, ROW), join_columns(tots_e, ROW), join_columns(d_decays, ROW),
             join_columns(d_noises, ROW), observed, yc, hr, o, valid, TC, grad_y_ptr, obs_grad_ptr,
             trans_grad_ptr, s_phi, s_info, s_info_yc, s_decay, s_noise, TRANS_STEP, OBS_STEP)

@@ -9,7 +9,7 @@ Padding lanes (``m >= M`` or ``s >= S``) carry ``decay = 1, noise = 0, k = q = 0
 import triton
 import triton.language as tl
 
-from .fast_math import rcp
+from ..fast_math import rcp
 
 
 @triton.jit

@@ -1,0 +1,63 @@
+"""The registry of the toolkit filter's backends and the dispatch of :func:`kalmanscan.filter` and
+:func:`kalmanscan.smooth` to them (the backend contract is in :mod:`kalmanscan.ops.filter`)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import numpy as np
+import torch
+
+from ...inputs import Problem
+
+__all__ = ["register_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]
+
+_BACKENDS: dict[str, str | ModuleType] = {
+    name: f"kalmanscan.ops.filter.{name}" for name in ("reference", "torch", "triton", "cpu")}
+
+
+def register_backend(name: str, module: str | ModuleType) -> None:
+    """Make ``backend=name`` run ``module`` (a module, or its import path, imported on first use),
+    which provides ``filter(p)`` and ``smooth(f, mean_param)`` as described above."""
+    if not isinstance(name, str) or not name or name == "auto":
+        raise ValueError(f"name must be a non-empty string other than 'auto', got {name!r}")
+    if not isinstance(module, (str, ModuleType)):
+        raise ValueError(f"module must be a module or its import path, got {module!r}")
+    _BACKENDS[name] = module
+
+
+def backend_names() -> tuple[str, ...]:
+    """The names ``backend`` accepts: ``"auto"`` and every registered backend."""
+    return ("auto", *_BACKENDS)
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The backend ``backend`` stands for on ``device``: ``"auto"`` is triton on CUDA and the
+    compiled loop (``"cpu"``) elsewhere; any other registered name stands for itself."""
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
+    return backend
+
+
+def get_backend(name: str) -> ModuleType:
+    """The module of the registered backend ``name`` (imported on first use)."""
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be one of {list(backend_names())}, got {name!r}")
+    module = _BACKENDS[name]
+    return importlib.import_module(module) if isinstance(module, str) else module
+
+
+def run_backend(p: Problem, backend: str) -> dict:
+    """Run the backend ``backend`` stands for on a validated problem; results as tensors of the
+    compute dtype on ``p``'s device."""
+    out = get_backend(resolve_backend(backend, p.y.device)).filter(p)
+    return {k: _as_tensor(v, p) for k, v in out.items()}
+
+
+def _as_tensor(v, p: Problem):
+    if isinstance(v, np.ndarray):
+        return torch.as_tensor(v, device=p.y.device).to(p.dtype)
+    return v

@@ -1,0 +1,121 @@
+"""The ``"torch"`` backend of :func:`kalmanscan.filter` and :func:`kalmanscan.smooth`: the
+time-parallel information-form filter and RTS smoother in torch tensor ops.
+
+Two associative scans along time (:func:`kalmanscan.scan.associative_scan`): the Möbius scan of the precision
+(:mod:`kalmanscan.mobius`), read out as the variance, then the affine scan of the mean whose gates
+need the previous variance (mean form, so no process noise, ``sigma = 0``, stays in range). Runs on any device, float32 or float64, and is differentiable by autograd
+with respect to ``y`` and every parameter (the power-of-two rescaling in the Möbius products is
+piecewise constant, so those gradients are exact).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ... import merged, mobius, ou
+from ...inputs import Problem
+from ...scan import associative_scan
+
+__all__ = ["filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity"]
+
+
+def first_step_identity(x, value):
+    """``x`` broadcast to its time length with index 0 replaced by ``value`` (no transition)."""
+    return torch.cat([torch.full_like(x[..., :1, :], value), x[..., 1:, :]], -2)
+
+
+def filter(p: Problem) -> dict:
+    """Filter the validated problem ``p``; the contract of every backend's ``filter``
+    (:mod:`kalmanscan.ops.filter`): a dict of tensors broadcastable to ``p.shape``."""
+    shape = p.shape
+    y, h, obs_var, mean = p.y, p.h, p.obs_var, p.mean
+    decay, noise = p.decay_noise()
+    missing = torch.isnan(y)
+    y_obs = torch.where(missing, torch.zeros_like(y), y)
+    r = 1.0 / obs_var
+    phi = torch.where(missing, torch.zeros_like(y_obs), h * h * r).expand(shape)
+    b = torch.where(missing, torch.zeros_like(y_obs), h * r * (y_obs - h * mean)).expand(shape)
+    a = first_step_identity(decay.expand(shape), 1.0)
+    q = first_step_identity(noise.expand(shape), 0.0)
+
+    var0 = p.init_var.expand(shape[:-2] + (1, shape[-1]))
+    mu0 = (p.init_mean - mean[..., :1, :]).expand(var0.shape)
+    P = associative_scan(mobius.compose, mobius.leaf(a, q, phi), dim=-2)
+    var = mobius.readout_var(P, 1.0 / var0)
+    var_prev = torch.cat([var0, var[..., :-1, :]], -2)
+    pred_var = a * a * var_prev + q
+    G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=-2)
+    mu_c = G * mu0 + W
+    pred_mu_c = a * torch.cat([mu0, mu_c[..., :-1, :]], -2)
+    return finish(p, mu_c, 1.0 / var, pred_mu_c, pred_var, missing, decay, noise)
+
+
+def finish(p: Problem, mu_c, lam, pred_mu_c, pred_var, missing, decay, noise) -> dict:
+    """Add the offsets, the predictive law of y and log-likelihoods to centred filter moments.
+
+    ``mu_c`` and ``pred_mu_c`` are centred (``x - mean``); ``lam`` is the filtered precision.
+    Shared by the torch and triton backends so both report identical derived quantities.
+    """
+    h, mean = p.h, p.mean
+    y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
+    pred_obs_mean = h * (pred_mu_c + mean)
+    pred_obs_var = h * h * pred_var + p.obs_var
+    innov = (y_obs - h * mean) - h * pred_mu_c  # centred: no cancellation against a large offset
+    ll = -0.5 * (math.log(2 * math.pi) + torch.log(pred_obs_var) + innov * innov / pred_obs_var)
+    logliks = torch.where(missing, torch.zeros_like(ll), ll)
+    return dict(mean=mu_c + mean, var=1.0 / lam, precision=lam,
+                pred_mean=pred_mu_c + mean, pred_var=pred_var, pred_precision=1.0 / pred_var,
+                pred_obs_mean=pred_obs_mean.expand(p.shape), pred_obs_var=pred_obs_var.expand(p.shape),
+                logliks=logliks.expand(p.shape), decay=decay, noise=noise,
+                missing=missing.to(p.dtype))
+
+
+def gain_terms(f: dict, mean_param):
+    """``(mu, J, bm, bv)`` of the RTS recursion from the filter's tensors ``f``: the centred
+    filtered mean, the gains ``J_t = a_{t+1} var_t / pred_var_{t+1}`` and the offsets of the mean
+    and variance recursions (``(..., T - 1, C)``; see :mod:`kalmanscan.smooth`)."""
+    mu = f["mean"] - mean_param
+    pred_mu = f["pred_mean"] - mean_param
+    a_next, q_next, pv_next = (x[..., 1:, :] for x in (f["decay"], f["noise"], f["pred_var"]))
+    J = a_next * f["var"][..., :-1, :] / pv_next
+    bm = mu[..., :-1, :] - J * pred_mu[..., 1:, :]
+    bv = f["var"][..., :-1, :] * q_next / pv_next
+    return mu, J, bm, bv
+
+
+def smooth(f: dict, mean_param):
+    """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` (each ``(..., T, C)``)
+    by two reverse affine scans; differentiable by autograd. The contract of every backend's
+    ``smooth`` (:mod:`kalmanscan.ops.filter`)."""
+    mu, J, bm, bv = gain_terms(f, mean_param)
+    last = (torch.zeros_like(mu[..., -1:, :]), mu[..., -1:, :])
+    elems = (torch.cat([J, last[0]], -2), torch.cat([bm, last[1]], -2))
+    _, mu_s = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
+    elems = (torch.cat([J * J, last[0]], -2), torch.cat([bv, f["var"][..., -1:, :]], -2))
+    _, var_s = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
+    return mu_s + mean_param, var_s, 1.0 / var_s
+
+
+def summary(p: Problem):
+    """The merged-form product of every step of ``p`` with no transition at step 0
+    (:mod:`kalmanscan.merged`: 7 tensors ``(..., 1, C)``), in chunks of bounded memory,
+    differentiable (each chunk recomputed in the backward). :mod:`kalmanscan.distributed`
+    exchanges it."""
+    shape = p.shape
+
+    def steps(i, y, theta, sigma, dt, obs_var, mean, h):
+        decay, noise = ou.discretize(theta, sigma, dt)
+        missing = torch.isnan(y)
+        r = 1.0 / obs_var
+        phi = torch.where(missing, torch.zeros_like(y), h * h * r)
+        b = torch.where(missing, torch.zeros_like(y), h * r * (torch.where(missing, torch.zeros_like(y), y) - h * mean))
+        a, q = decay.expand(phi.shape), noise.expand(phi.shape)
+        if i == 0:
+            a, q = first_step_identity(a, 1.0), first_step_identity(q, 0.0)
+        return merged.leaf(a, q, phi, b)
+
+    sliced = tuple(getattr(p, k) for k in ("y", "theta", "sigma", "dt", "obs_var", "mean", "h"))
+    total = merged.chunked_total(steps, sliced, -2, math.prod(shape[:-2]) * shape[-1])
+    return tuple(x.expand(shape[:-2] + (1, shape[-1])) for x in total)

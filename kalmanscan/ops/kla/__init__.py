@@ -1,0 +1,47 @@
+"""The KLA scan: a grid of independent scalar information-form Kalman filters per token.
+
+One module per backend, each with ``kla_scan(v, lam_v, k, q, decay, noise, initial_state=None)
+-> (y, y_var, state)``: :mod:`~kalmanscan.ops.kla.reference` (float64 precision recursion, the
+oracle), :mod:`~kalmanscan.ops.kla.torch` (time-parallel scans), :mod:`~kalmanscan.ops.kla.recurrent`
+(token by token) and :mod:`~kalmanscan.ops.kla.triton` (fused kernels); the dispatch and registry
+are in :mod:`~kalmanscan.ops.kla.dispatch`.
+
+    y, y_var = kla_scan(v, lam_v, k, q, decay, noise)
+
+Shapes: ``v``, ``lam_v`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, S)``; ``decay``, ``noise`` ``(M, S)``;
+the state ``(lam, eta)`` ``(B, M, S)``; ``y``, ``y_var`` ``(B, L, M)``. Per token and filter
+``(m, s)`` (docs/math.md), starting from ``lam = 1, eta = 0`` unless ``initial_state`` is given:
+
+    phi = lam_v[m] k[s]^2,   rho = 1 / (decay^2 + noise lam)
+    lam <- rho lam + phi,    eta <- rho decay eta + lam_v[m] v[m] k[s]
+    y[m] = sum_s q[s] eta / lam,    y_var[m] = sum_s q[s]^2 / lam
+
+This is the filter of docs/math.md with ``a = decay``, ``q = noise``, ``phi = lam_v k^2`` and
+``b = lam_v v k``, so the ``"torch"`` backend reuses :mod:`kalmanscan.mobius` and
+:func:`kalmanscan.scan.associative_scan`: a Möbius scan for ``lam``, then an affine scan for ``eta``.
+It materialises ``(B, L, M, S)`` tensors (memory ``O(B L M S)``) and is the differentiable oracle of
+the fused ``"triton"`` backend (:mod:`kalmanscan.ops.kla.triton`), which keeps the state in registers.
+The ``"recurrent"`` backend runs :func:`kla_step` token by token (``L`` steps of ``O(B M S)``
+work, the same mean form; autograd through the loop): fewer operations than the parallel scan, so
+the faster of the two on a CPU once a token's ``B M S`` filters number a few thousand.
+
+The state. Without process noise (``noise = 0``, the gated-linear-attention limit) and with
+``decay < 1`` the exact precision grows like ``decay^(-2t)`` and ``eta`` like ``decay^(-t)``: both
+leave float32's range within tens to hundreds of tokens (float64's later). The torch backend
+therefore scans the variance ``var = 1/lam`` and the mean ``mu = eta/lam``, which only underflow
+towards their exact limit 0, and the returned :class:`FilterState` carries them: continuing from
+it (``initial_state=state``, chunked prefill) or stepping it (:func:`kla_step`, decoding) is exact
+at every length. The state also unpacks as the pair ``(lam, eta)``.
+
+Dtypes: half-precision inputs compute in float32 and return their dtype; the torch backend computes
+in float64 when any input is float64; the triton backend always computes in float32. The returned
+state is in the compute dtype (keep it in float32 or better when decoding).
+"""
+
+from __future__ import annotations
+
+from .dispatch import RECURRENT_MIN_WIDTH, backend_names, kla_scan, register_backend, validate
+from .state import FilterState, compute_dtype, information
+
+__all__ = ["kla_scan", "register_backend", "backend_names", "validate", "FilterState", "information",
+           "compute_dtype", "RECURRENT_MIN_WIDTH"]

@@ -1,0 +1,66 @@
+"""The ``"torch"`` backend of the KLA scan: the time-parallel Möbius and affine scans in torch ops.
+
+It materialises ``(B, L, M, S)`` tensors (memory ``O(B L M S)``) and is the differentiable
+oracle of the fused ``"triton"`` backend. See :mod:`kalmanscan.ops.kla` for shapes and numerics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import merged, mobius
+from ...scan import associative_scan
+from .state import FilterState, prepare
+
+__all__ = ["kla_scan", "summary"]
+
+
+def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None):
+    """Time-parallel KLA scan in torch ops; returns ``(y, y_var, state)`` in the compute dtype.
+
+    ``initial_state`` is a pair ``(lam, eta)``, a :class:`FilterState` or ``None`` (``lam = 1,
+    eta = 0``); ``state`` is a :class:`FilterState`. Differentiable by autograd. The precision
+    scan is read out as the variance (:func:`kalmanscan.mobius.propagate_var`, from the initial
+    variance) and the mean is scanned in mean form (:mod:`kalmanscan.mobius`), so ``noise = 0``
+    (whose exact precision grows like ``decay^(-2t)``) gives finite outputs and a final ``var``,
+    ``mu`` that continue exactly; only the state's pair ``(lam, eta)`` may then be inf.
+    """
+    v, lam_v, k, q, decay, noise, initial_state = prepare(v, lam_v, k, q, decay, noise, initial_state)
+    B, L, M = v.shape
+    S = k.shape[-1]
+    if L == 0:
+        empty = v.new_zeros(B, 0, M)
+        return empty, empty, initial_state
+    var0, mu0 = (x.unsqueeze(1) for x in (initial_state.var, initial_state.mu))
+    shape = (B, L, M, S)
+    kk = k.unsqueeze(-2)
+    phi = lam_v.unsqueeze(-1) * kk * kk
+    b = (lam_v * v).unsqueeze(-1) * kk
+    a = decay.expand(shape)
+    n = noise.expand(shape)
+    P = associative_scan(mobius.compose, mobius.leaf(a, n, phi), dim=1)
+    var = mobius.propagate_var(P, var0)
+    pred_var = a * a * torch.cat([var0, var[:, :-1]], 1) + n
+    G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=1)
+    mu = G * mu0 + W
+    qq = q.unsqueeze(-2)
+    y = (qq * mu).sum(-1)
+    y_var = (qq * qq * var).sum(-1)
+    return y, y_var, FilterState.from_moments(var[:, -1], mu[:, -1])
+
+
+def summary(v, lam_v, k, q, decay, noise, dtype):
+    """The product of every token's step, 7 tensors ``(B, M, S)``, in the compute ``dtype``
+    (:func:`kalmanscan.distributed.merged.chunked_total`: memory bounded, recomputed in the
+    backward)."""
+    def steps(_, v, lam_v, k, q, decay, noise):
+        kk = k.to(dtype).unsqueeze(-2)
+        phi = lam_v.to(dtype).unsqueeze(-1) * kk * kk
+        b = (lam_v.to(dtype) * v.to(dtype)).unsqueeze(-1) * kk
+        a, n = (x.to(dtype).expand(phi.shape) for x in (decay, noise))
+        return merged.leaf(a, n, phi, b)
+
+    B, _, M = v.shape
+    S = k.shape[-1]
+    sliced = (v, lam_v, k, q, decay[None, None], noise[None, None])  # (1, 1, M, S): not sliced
+    return tuple(x[:, 0] for x in merged.chunked_total(steps, sliced, 1, B * M * S))
