@@ -1,0 +1,317 @@
+"""The ``"cpu"`` backend of :func:`kalmanscan.filter` and :func:`kalmanscan.smooth`: compiled
+sequential loops, parallel over series.
+
+On a CPU the time-parallel scan of the ``"torch"`` backend does several times the work of the
+sequential recursion and streams every intermediate through memory. Here every series (a batch
+index and channel) runs the covariance-form recursion of the ``"reference"`` backend as one
+compiled loop over time, in numba (:mod:`kalmanscan.ops.filter.cpu_loops`), threads taking
+blocks of series (``prange``): one pass over ``y``, ten outputs written once, nothing else of
+the full shape allocated. The decay and noise are the exact OU discretisation computed in the
+loop with the operations of :func:`kalmanscan.ou.discretize` (once per series when ``theta,
+sigma, dt`` are static). Static and broadcast parameters are read through their strides and
+``y`` and the parameters through zero-copy NumPy views of the CPU tensors: nothing the caller
+passed is copied or modified. Arithmetic is in the problem's dtype (float32 or float64).
+
+Gradients: :class:`_Filter`, a ``torch.autograd.Function``, runs the reverse recursion of the
+scalar adjoints (one compiled loop backwards in time over the forward's saved centred mean and
+variance) for ``y``, ``decay, noise, obs_var, h, mean`` per step (or summed over time where the
+parameter is static) and the initial belief; torch autograd on :func:`kalmanscan.ou.discretize`
+maps the decay and noise adjoints to ``theta, sigma, dt`` (and so to ``times``), and reduces
+every adjoint to its parameter's broadcast shape. The backward is not itself differentiable
+(``once_differentiable``: a second derivative raises ``RuntimeError``); the Hessian-based
+standard errors of :func:`kalmanscan.fit` need the ``"torch"`` backend. :func:`smooth` is the
+RTS smoother as a compiled reverse loop with its own compiled adjoint (:class:`_Smooth`).
+
+Compilation: nothing is compiled or imported from numba until the first call; each loop
+compiles once per dtype (a few seconds) and is cached on disk beside its module, so later
+processes load it. Results do not depend on the thread count (``numba.set_num_threads``): each
+series is computed by one thread with the same operations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from ... import ou
+from ...inputs import Problem
+
+__all__ = ["filter", "smooth", "FIELDS"]
+
+# The forward's outputs in the loops' order (cpu_loops.O_MEAN .. O_MISS).
+FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
+          "pred_obs_var", "logliks", "missing")
+_INPUTS = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h", "init_mean", "init_var")
+_SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
+MAX_BLOCK = 64      # channels per task at most (a task walks time with its block innermost)
+TASKS_PER_THREAD = 4
+
+
+def _loops():
+    """The compiled loops (imports numba on the first call)."""
+    from . import cpu_loops
+
+    return cpu_loops
+
+
+def _block(B: int, C: int) -> int:
+    """Channels per task: whole rows of up to :data:`MAX_BLOCK` channels when there are enough
+    series for the threads, else the channels split so that about :data:`TASKS_PER_THREAD`
+    tasks per thread exist. Results do not depend on it."""
+    import numba
+
+    want = TASKS_PER_THREAD * numba.get_num_threads()
+    if B >= want:
+        return min(C, MAX_BLOCK)
+    blocks = min(C, -(-want // max(B, 1)))
+    return min(-(-C // blocks), MAX_BLOCK)
+
+
+def _layout(xs, shape, dtype):
+    """``(arrays, boff, tstride, cstride)`` of the loops for tensors broadcastable to ``shape``.
+
+    ``arrays``: a 1-D NumPy view of each tensor's elements from its first one on (zero-copy,
+    whatever its strides); ``boff``: ``(B, len(xs))`` element offsets of each flattened batch
+    index; ``tstride, cstride``: element strides along time and channels (0 where broadcast).
+    ``None`` stands for an input that is not read (a one-element placeholder).
+    """
+    nd = len(shape)
+    batch = shape[:-2]
+    B = math.prod(batch)
+    boff = np.zeros((B, len(xs)), np.int64)
+    tstride = np.zeros(len(xs), np.int64)
+    cstride = np.zeros(len(xs), np.int64)
+    arrays = []
+    for i, x in enumerate(xs):
+        if x is None:
+            arrays.append(np.zeros(1, dtype))
+            continue
+        x = x.detach()
+        if x.device.type != "cpu" or x.dtype != _TORCH[dtype] or x.ndim > nd:
+            raise ValueError(f"cpu backend: expected a CPU {dtype} tensor of at most {nd} dimensions, "
+                             f"got {x.dtype} on {x.device} with shape {tuple(x.shape)}")
+        sizes = (1,) * (nd - x.ndim) + tuple(x.shape)
+        strides = (0,) * (nd - x.ndim) + tuple(x.stride())
+        if any(s not in (1, n) for s, n in zip(sizes, shape)):
+            raise ValueError(f"cpu backend: shape {tuple(x.shape)} does not broadcast to {shape}")
+        strides = tuple(0 if s == 1 else st for s, st in zip(sizes, strides))
+        extent = 1 + sum((s - 1) * st for s, st in zip(sizes, strides))
+        arrays.append(torch.as_strided(x, (extent,), (1,), x.storage_offset()).numpy())
+        off = np.zeros((), np.int64)
+        for d in range(nd - 2):
+            off = np.add.outer(off, np.arange(shape[d], dtype=np.int64) * strides[d])
+        boff[:, i] = off.reshape(-1)
+        tstride[i], cstride[i] = strides[-2], strides[-1]
+    return tuple(arrays), boff, tstride, cstride
+
+
+_TORCH = {np.float32: torch.float32, np.float64: torch.float64}
+
+
+def _np_dtype(dtype):
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"cpu backend computes in float32 or float64, got {dtype}")
+    return np.float32 if dtype == torch.float32 else np.float64
+
+
+def _check(p: Problem):
+    if p.y.device.type != "cpu":
+        raise ValueError(f"backend='cpu' needs CPU tensors; y is on {p.y.device}")
+    return _np_dtype(p.dtype)
+
+
+def _dims(shape):
+    return math.prod(shape[:-2]), shape[-2], shape[-1]
+
+
+def _forward(inputs, shape, fields=FIELDS, save_zc=False):
+    """Run the forward loop; returns ``({field: tensor of shape}, zc or None)``."""
+    L = _loops()
+    dtype = _np_dtype(inputs[0].dtype)
+    B, T, C = _dims(shape)
+    arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
+    names = FIELDS + ("zc",)
+    wanted = set(fields) | ({"zc"} if save_zc else set())
+    out = {k: torch.empty(shape, dtype=inputs[0].dtype) for k in names if k in wanted}
+    placeholder = np.zeros(1, dtype)
+    outs = tuple(out[k].numpy().reshape(-1) if k in out else placeholder for k in names)
+    write = np.array([k in out for k in names])
+    trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
+    if B:
+        L.filter_forward(arrays, boff, tstride, cstride, outs, write, L.constants(dtype), T, C,
+                         _block(B, C), trans_step)
+    zc = out.pop("zc", None)
+    return out, zc
+
+
+def _reduce(g, shape, steps, like):
+    """A ``(B, steps, C)`` adjoint as ``shape[:-2] + (steps, C)``, summed to ``like``'s shape."""
+    return g.reshape(shape[:-2] + (steps, shape[-1])).sum_to_size(like.shape)
+
+
+class _Filter(torch.autograd.Function):
+    """``(y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var) ->`` the :data:`FIELDS`
+    (``missing`` not differentiable); unused outputs reach the backward as ``None`` and their
+    cotangents are skipped."""
+
+    @staticmethod
+    def forward(ctx, shape, *inputs):
+        out, zc = _forward(inputs, shape, save_zc=True)
+        ctx.shape = shape
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(out["missing"])
+        ctx.save_for_backward(*inputs, zc, out["var"])
+        return tuple(out[k] for k in FIELDS)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *cot):
+        L = _loops()
+        shape = ctx.shape
+        *inputs, zc, var = ctx.saved_tensors
+        dtype = _np_dtype(zc.dtype)
+        B, T, C = _dims(shape)
+        tdtype = zc.dtype
+        needs = ctx.needs_input_grad[1:]
+        if all(g is None for g in cot[:9]) or not any(needs):
+            return (None,) * 10
+        arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
+        cots = [None if g is None else g.to(tdtype) for g in cot[:9]]
+        carrays, cboff, ctstride, ccstride = _layout(cots, shape, dtype)
+        has = np.array([g is not None for g in cots])
+        trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
+        step = np.array([trans_step, trans_step] + [bool(tstride[i]) for i in (L.OBS_VAR, L.H, L.MEAN)])
+        grads = [torch.empty((B, T if s else 1, C), dtype=tdtype) for s in step]
+        gy = torch.empty(shape, dtype=tdtype)
+        ginit = torch.empty((2, B * C), dtype=tdtype)
+        if B:
+            L.filter_backward(arrays, boff, tstride, cstride, zc.numpy().reshape(-1), var.numpy().reshape(-1),
+                              carrays, cboff, ctstride, ccstride, has,
+                              tuple(g.numpy().reshape(-1) for g in grads), step, gy.numpy().reshape(-1),
+                              ginit.numpy(), L.constants(dtype), T, C, _block(B, C), trans_step)
+        y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var = inputs
+        out = dict.fromkeys(_INPUTS)
+        if needs[0]:
+            out["y"] = gy.sum_to_size(y.shape)
+        for name, g, s, x in (("obs_var", grads[2], step[2], obs_var), ("h", grads[3], step[3], h),
+                              ("mean", grads[4], step[4], mean)):
+            if needs[_INPUTS.index(name)]:
+                out[name] = _reduce(g, shape, T if s else 1, x)
+        init_shape = shape[:-2] + (1, C)
+        if needs[7]:
+            out["init_mean"] = ginit[0].reshape(init_shape).sum_to_size(init_mean.shape)
+        if needs[8]:
+            out["init_var"] = ginit[1].reshape(init_shape).sum_to_size(init_var.shape)
+        trans = [k for k in ("theta", "sigma", "dt") if needs[_INPUTS.index(k)]]
+        if trans:
+            steps = T if trans_step else 1
+            tshape = shape[:-2] + (steps, C)
+            with torch.enable_grad():
+                leaves = {k: x.detach().requires_grad_() for k, x in (("theta", theta), ("sigma", sigma), ("dt", dt))}
+                decay, noise = ou.discretize(*(torch.broadcast_to(leaves[k], tshape) for k in ("theta", "sigma", "dt")))
+                total = (grads[0].reshape(tshape) * decay).sum() + (grads[1].reshape(tshape) * noise).sum()
+                got = torch.autograd.grad(total, [leaves[k] for k in trans], allow_unused=True)
+            for k, g in zip(trans, got):
+                out[k] = torch.zeros_like(leaves[k]) if g is None else g
+        return (None, *(out[k] for k in _INPUTS))
+
+
+def filter(p: Problem, outputs=None) -> dict:
+    """Filter the validated problem ``p`` (CPU tensors) with the compiled loops; the contract of
+    every backend's ``filter``: a dict of the :data:`FIELDS` and ``decay, noise``, tensors of the
+    compute dtype broadcastable to ``p.shape`` (here the fields are contiguous ``p.shape``
+    tensors; ``decay, noise`` are :meth:`Problem.decay_noise`'s).
+
+    Differentiable with respect to ``y``, every parameter and the initial belief (once: see the
+    module docstring). ``outputs``, a subset of :data:`FIELDS`, writes only those fields (without
+    gradients; the dict then holds those and ``decay, noise``).
+    """
+    _check(p)
+    inputs = tuple(getattr(p, k) for k in _INPUTS)
+    decay, noise = p.decay_noise()
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        out = dict(zip(FIELDS, _Filter.apply(p.shape, *inputs)))
+        if outputs is not None:
+            out = {k: out[k] for k in outputs}
+    else:
+        fields = FIELDS if outputs is None else tuple(outputs)
+        unknown = set(fields) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"outputs must be among {FIELDS}, got {sorted(unknown)}")
+        out, _ = _forward(inputs, p.shape, fields)
+    out["decay"], out["noise"] = decay, noise
+    return out
+
+
+def _rts_forward(inputs, shape):
+    L = _loops()
+    dtype = _np_dtype(inputs[0].dtype)
+    B, T, C = _dims(shape)
+    arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
+    out = tuple(torch.empty(shape, dtype=inputs[0].dtype) for _ in range(3))
+    if B:
+        L.rts_forward(arrays, boff, tstride, cstride, tuple(x.numpy().reshape(-1) for x in out),
+                      L.constants(dtype), T, C, _block(B, C))
+    return out
+
+
+class _Smooth(torch.autograd.Function):
+    """``(mean, var, pred_mean, pred_var, decay, noise) -> (mean_s, var_s, precision_s)``."""
+
+    @staticmethod
+    def forward(ctx, shape, *inputs):
+        mean_s, var_s, prec_s = _rts_forward(inputs, shape)
+        ctx.shape = shape
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*inputs, mean_s, var_s)
+        return mean_s, var_s, prec_s
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *cot):
+        L = _loops()
+        shape = ctx.shape
+        *inputs, mean_s, var_s = ctx.saved_tensors
+        if all(g is None for g in cot):
+            return (None,) * 7
+        tdtype = mean_s.dtype
+        dtype = _np_dtype(tdtype)
+        B, T, C = _dims(shape)
+        arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
+        cots = [None if g is None else g.to(tdtype) for g in cot]
+        carrays, cboff, ctstride, ccstride = _layout(cots, shape, dtype)
+        has = np.array([g is not None for g in cots])
+        step = np.array([bool(tstride[L.S_DECAY] or tstride[L.S_NOISE])])
+        grads = [torch.empty(shape, dtype=tdtype) for _ in range(4)]
+        grads += [torch.empty((B, T if step[0] else 1, C), dtype=tdtype) for _ in range(2)]
+        if B:
+            L.rts_backward(arrays, boff, tstride, cstride, mean_s.numpy().reshape(-1), var_s.numpy().reshape(-1),
+                           carrays, cboff, ctstride, ccstride, has, tuple(g.numpy().reshape(-1) for g in grads),
+                           step, L.constants(dtype), T, C, _block(B, C))
+        steps = T if step[0] else 1
+        res = [g.sum_to_size(x.shape) for g, x in zip(grads[:4], inputs[:4])]
+        res += [_reduce(g, shape, steps, x) for g, x in zip(grads[4:], inputs[4:])]
+        return (None, *(g if need else None for g, need in zip(res, ctx.needs_input_grad[1:])))
+
+
+def smooth(f: dict, mean_param=None):
+    """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` (``mean, var,
+    pred_mean, pred_var, decay, noise``, CPU tensors broadcastable to one ``(..., T, C)`` shape)
+    by the RTS recursion as a compiled reverse loop; the contract of every backend's ``smooth``.
+
+    ``mean_param`` (the OU mean) is accepted for that contract but not needed: the smoothed mean
+    ``mean_s_t = mean_t + J_t (mean_s_{t+1} - pred_mean_{t+1})`` does not depend on it.
+    Differentiable (once) with respect to every tensor of ``f``.
+    """
+    inputs = tuple(f[k] for k in _SMOOTH_INPUTS)
+    if inputs[0].device.type != "cpu":
+        raise ValueError(f"backend='cpu' needs CPU tensors; the filtered mean is on {inputs[0].device}")
+    shape = tuple(torch.broadcast_shapes(*(x.shape for x in inputs)))
+    dtype = inputs[0].dtype
+    inputs = tuple(x.to(dtype) for x in inputs)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        return _Smooth.apply(shape, *inputs)
+    return _rts_forward(inputs, shape)
