@@ -1,4 +1,5 @@
-"""The built wheel ships the library, the kernels package and the bundled data, and the demo runs
+"""The built wheel ships the library, the kernels under the package's own name
+(``kalmanscan.kernels``, no top-level ``kernels`` module) and the bundled data, and the demo runs
 from the installed wheel (not from the source tree)."""
 
 import os
@@ -15,15 +16,19 @@ def test_demo_runs_from_installed_wheel(tmp_path):
                     "-w", str(tmp_path / "dist"), str(ROOT)], check=True)
     (wheel,) = (tmp_path / "dist").glob("kalmanscan-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "kernels/__init__.py" in names
+    assert "kalmanscan/kernels/__init__.py" in names
+    assert "kalmanscan/kernels/filter/fwd.py" in names and "kalmanscan/kernels/kla/fwd.py" in names
+    assert not any(n.startswith(("kernels/", "evidence/", "benchmarks/", "tests/")) for n in names), names
     assert "kalmanscan/datasets/nile.csv" in names
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True)
     env = dict(os.environ, PYTHONPATH=str(site), MPLBACKEND="Agg")
-    code = ("import kalmanscan, kernels, sys; from kalmanscan.cli import main; "
+    code = ("import importlib.util, kalmanscan, kalmanscan.kernels.filter.fwd as fwd, sys; "
+            "from kalmanscan.cli import main; "
             "assert kalmanscan.__file__.startswith(sys.argv[1]), kalmanscan.__file__; "
-            "assert kernels.__file__.startswith(sys.argv[1]); "
+            "assert fwd.__file__.startswith(sys.argv[1]), fwd.__file__; "
+            "assert importlib.util.find_spec('kernels') is None; "
             "sys.exit(main(['demo', '--out', sys.argv[2]]))")
     png = tmp_path / "demo.png"
     out = subprocess.run([sys.executable, "-c", code, str(site), str(png)], env=env, cwd=tmp_path,

@@ -232,7 +232,7 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
     (filtered precision), ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise``
     (the prediction before step ``t``; at ``t = 0`` the initial belief), each only if its flag is on.
 
-    With ``POSTERIOR`` the whole filter result of :func:`kalmanscan.parallel.finish`: ``mu_ptr``
+    With ``POSTERIOR`` the whole filter result of :func:`kalmanscan.ops.filter.torch.finish`: ``mu_ptr``
     and ``pred_mu_ptr`` receive the uncentred means ``mu + mean`` and ``pred_mu + mean``,
     ``lam_ptr`` the precision, ``pred_var_ptr`` the predicted variance, and the other pointers
     ``var = 1 / lam``, ``pred_precision = 1 / pred_var``, the predictive law of ``y``

@@ -1,0 +1,63 @@
+"""The layout's rules, checked on the source: no module imports another module's underscore names
+(``from m import _x``, ``m._x``), nothing imports the removed flat modules, and ``import
+kalmanscan.nn`` loads neither xarray, pandas nor matplotlib."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TREES = ("kalmanscan", "kernels", "tests", "benchmarks", "evidence", "tutorials", "docs")
+
+
+def _sources():
+    for tree in TREES:
+        yield from sorted((ROOT / tree).rglob("*.py"))
+
+
+def _module_names(tree: ast.AST) -> set[str]:
+    """Names bound to imported modules in ``tree`` (``import a.b as c``, ``from a import b``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add((alias.asname or alias.name).split(".")[0])
+    return names
+
+
+def _private_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            found += [f"from {node.module} import {a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    modules = _module_names(tree) - {"torch", "np", "numpy", "triton", "tl", "os", "sys", "math", "dist",
+                                     "F", "nn", "xr", "pd", "plt", "stats", "mpl"}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name) and node.value.id in modules):
+            found.append(f"{node.value.id}.{node.attr}")
+    return [f"{path.relative_to(ROOT)}:{use}" for use in found]
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    uses = [u for path in _sources() for u in _private_uses(path)]
+    assert not uses, "\n".join(uses)
+
+
+def test_no_reference_to_removed_modules():
+    gone = ("kalmanscan.fused", "kalmanscan.parallel", "kalmanscan.reference", "kalmanscan.nn.scan",
+            "kalmanscan.nn.kla_triton", "kalmanscan.launch", "kalmanscan.fused_smooth", "from kernels.",
+            "import kernels", "filter_chain")
+    hits = [f"{p.relative_to(ROOT)}: {g}" for p in _sources() if p.name != "test_layout.py"
+            for g in gone if g in p.read_text()]
+    assert not hits, "\n".join(hits)
+
+
+def test_nn_imports_no_data_or_plotting_libraries():
+    code = ("import sys, kalmanscan.nn as n; n.SequenceModel; n.KLA; "
+            "print(sorted(m for m in ('xarray', 'pandas', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
