@@ -76,18 +76,18 @@ def total(combine, elems, dim: int):
     return tuple(torch.movedim(x, 0, dim) for x in xs)
 
 
-def chunked_total(steps, sliced, dim: int, width: int):
+def chunked_total(steps, sliced, dim: int, width: int, *, chunk_elements: int = CHUNK_ELEMENTS):
     """The ordered product over ``dim`` of the step summaries ``steps(i, *parts)``, in chunks.
 
     ``sliced`` are tensors of one length ``n`` (or 1, passed whole) along ``dim``; chunk ``i``
     passes their slices ``parts`` to ``steps``, which returns the 7-tuple of that chunk's steps.
-    Each chunk holds ``max(1, CHUNK_ELEMENTS // width)`` steps (``width``: filters per step), is
+    Each chunk holds ``max(1, chunk_elements // width)`` steps (``width``: filters per step), is
     reduced by :func:`total`, and the chunk totals are composed in order: memory
-    ``O(CHUNK_ELEMENTS)``, and under autograd each chunk is recomputed in the backward
+    ``O(chunk_elements)``, and under autograd each chunk is recomputed in the backward
     (activation checkpointing) instead of stored. Returns the 7-tuple with ``dim`` of size 1.
     """
     n = max(x.shape[dim] for x in sliced)
-    chunk = max(1, CHUNK_ELEMENTS // max(1, width))
+    chunk = max(1, chunk_elements // max(1, width))
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in sliced)
     result = None
     for i, start in enumerate(range(0, n, chunk)):

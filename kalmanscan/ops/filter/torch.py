@@ -98,11 +98,11 @@ def smooth(f: dict, mean_param):
     return mu_s + mean_param, var_s, 1.0 / var_s
 
 
-def summary(p: Problem):
+def summary(p: Problem, *, chunk_elements: int = merged.CHUNK_ELEMENTS):
     """The merged-form product of every step of ``p`` with no transition at step 0
-    (:mod:`kalmanscan.merged`: 7 tensors ``(..., 1, C)``), in chunks of bounded memory,
-    differentiable (each chunk recomputed in the backward). :mod:`kalmanscan.distributed`
-    exchanges it."""
+    (:mod:`kalmanscan.merged`: 7 tensors ``(..., 1, C)``), in chunks of ``chunk_elements``
+    step-channels (bounded memory), differentiable (each chunk recomputed in the backward).
+    :mod:`kalmanscan.distributed` exchanges it."""
     shape = p.shape
 
     def steps(i, y, theta, sigma, dt, obs_var, mean, h):
@@ -117,5 +117,6 @@ def summary(p: Problem):
         return merged.leaf(a, q, phi, b)
 
     sliced = tuple(getattr(p, k) for k in ("y", "theta", "sigma", "dt", "obs_var", "mean", "h"))
-    total = merged.chunked_total(steps, sliced, -2, math.prod(shape[:-2]) * shape[-1])
+    total = merged.chunked_total(steps, sliced, -2, math.prod(shape[:-2]) * shape[-1],
+                                 chunk_elements=chunk_elements)
     return tuple(x.expand(shape[:-2] + (1, shape[-1])) for x in total)

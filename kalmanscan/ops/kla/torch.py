@@ -49,10 +49,10 @@ def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None):
     return y, y_var, FilterState.from_moments(var[:, -1], mu[:, -1])
 
 
-def summary(v, lam_v, k, q, decay, noise, dtype):
+def summary(v, lam_v, k, q, decay, noise, dtype, *, chunk_elements: int = merged.CHUNK_ELEMENTS):
     """The product of every token's step, 7 tensors ``(B, M, S)``, in the compute ``dtype``
-    (:func:`kalmanscan.distributed.merged.chunked_total`: memory bounded, recomputed in the
-    backward)."""
+    (:func:`kalmanscan.merged.chunked_total` in chunks of ``chunk_elements`` token-filters:
+    memory bounded, recomputed in the backward)."""
     def steps(_, v, lam_v, k, q, decay, noise):
         kk = k.to(dtype).unsqueeze(-2)
         phi = lam_v.to(dtype).unsqueeze(-1) * kk * kk
@@ -63,4 +63,5 @@ def summary(v, lam_v, k, q, decay, noise, dtype):
     B, _, M = v.shape
     S = k.shape[-1]
     sliced = (v, lam_v, k, q, decay[None, None], noise[None, None])  # (1, 1, M, S): not sliced
-    return tuple(x[:, 0] for x in merged.chunked_total(steps, sliced, 1, B * M * S))
+    return tuple(x[:, 0] for x in merged.chunked_total(steps, sliced, 1, B * M * S,
+                                                         chunk_elements=chunk_elements))
