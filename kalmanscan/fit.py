@@ -12,8 +12,16 @@ Standard errors come from the observed information: the Hessian of ``-loglik`` w
 natural parameters at the optimum, by double backward through the torch backend. Independent
 series (channels when ``shared=False``, batch elements always) have a block-diagonal Hessian, so
 ``P`` Hessian-vector products with all-ones directions recover every ``P x P`` block at once
-(``P`` the number of estimated names); a block that is not positive definite (an optimum on the
-boundary, such as ``theta -> 0``) gets NaN standard errors.
+(``P`` the number of estimated names). A positive parameter whose optimum is on its boundary (such
+as ``theta -> 0``: the likelihood still rises towards 0 and a Newton step from the estimate would
+cross it) has no standard error (NaN, flagged in ``on_boundary``); the others come from the Hessian
+of the free parameters alone. A block that is still not positive definite gets NaN throughout.
+
+Series that cannot be estimated are not fitted: a series with fewer observations than the
+parameters it estimates (none at all, or a series of length 1 or 2) keeps the initial guess, gets
+NaN standard errors and makes ``converged`` False, with ``reason`` naming it. A constant series with
+``obs_var`` estimated has no maximum-likelihood estimate (``obs_var -> 0``) and raises a
+``ValueError`` naming the channel. The model and the likelihood are in ``docs/math.md``.
 """
 
 from __future__ import annotations
@@ -47,10 +55,18 @@ class FitResult:
       dimensions), estimated ``init_*`` have ``B + (Cp,)``: the static shapes ``ks.filter`` takes.
       Fixed ones are as given. NumPy when ``y`` was NumPy, detached tensors when it was a tensor.
     - ``loglik``: the log-likelihood at the optimum per series, ``B + (C,)``.
-    - ``converged``, ``n_iter``, ``message``: what the optimiser did.
+    - ``converged``, ``n_iter``, ``message``: what the optimiser did; ``converged`` is False too
+      when a series had fewer observations than estimated parameters (see ``reason``).
+    - ``reason``: why ``converged`` is False (``""`` when it is True): the optimiser's message, or
+      the series left unfitted (their parameters are the initial guess, their standard errors NaN).
     - ``names``: the estimated names, in the order of ``cov``'s axes.
     - ``stderr``: standard error per estimated name (same shape as its ``params`` entry), the square
-      root of the diagonal of ``cov``; NaN where the Hessian block is not positive definite.
+      root of the diagonal of ``cov``; NaN for a parameter on its boundary, for a series left
+      unfitted, and where the Hessian block of the free parameters is not positive definite.
+    - ``on_boundary``: per estimated name, a boolean array (shape of its ``stderr``): True where the
+      optimum is on the parameter's lower boundary 0.
+    - ``fitted``: ``B + (Cp,)`` booleans, False for a series left unfitted (fewer observed values
+      than estimated names).
     - ``cov``: ``B + (Cp, P, P)``, the inverse Hessian of ``-loglik`` in the natural parameters.
     - ``n_obs``: observed (non-NaN) values per series, ``B + (C,)``.
     """
@@ -66,6 +82,9 @@ class FitResult:
     n_obs: Any
     method: str = "lbfgs"
     settings: dict = field(default_factory=dict, repr=False)
+    reason: str = ""
+    on_boundary: dict = field(default_factory=dict)
+    fitted: Any = None
 
     @property
     def filter_kwargs(self) -> dict:
@@ -101,6 +120,11 @@ class FitResult:
                 lines.append(f"{label if i == 0 else '':<10}{k:<11}{flat[k][b]:>14.6g}{flat_se[k][b]:>12.4g}")
         if blocks > _REPR_BLOCKS:
             lines.append(f"... and {blocks - _REPR_BLOCKS} more series")
+        bound = [k for k, v in self.on_boundary.items() if bool(np.any(_np(v)))]
+        if bound:
+            lines.append(f"on the boundary 0 (no standard error): {', '.join(bound)}")
+        if self.reason and self.reason != self.message:
+            lines.append(f"not converged: {self.reason}")
         return "\n".join(lines)
 
 
@@ -108,9 +132,11 @@ _REPR_BLOCKS = 8
 _METHOD_NAMES = {"lbfgs": "L-BFGS", "adam": "Adam"}
 
 
-def fit(y, *, theta=None, sigma=None, obs_var=None, mean=0.0, h=1.0, dt=1.0, times=None,
-        init_mean=None, init_var=None, estimate=("theta", "sigma", "obs_var"), shared=False,
-        method="lbfgs", max_iter=None, tol=1e-6, progress=None, backend="auto") -> FitResult:
+def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, mean: Any = 0.0, h: Any = 1.0,
+        dt: Any = 1.0, times: Any = None, init_mean: Any = None, init_var: Any = None,
+        estimate: str | tuple | list = ("theta", "sigma", "obs_var"), shared: bool = False,
+        method: str = "lbfgs", max_iter: int | None = None, tol: float = 1e-6, progress: bool | None = None,
+        backend: str = "auto") -> FitResult:
     """Maximum-likelihood estimates of the filter's parameters for ``y`` of shape ``(..., T, C)``.
 
     Args:
@@ -136,14 +162,20 @@ def fit(y, *, theta=None, sigma=None, obs_var=None, mean=0.0, h=1.0, dt=1.0, tim
             unconstrained coordinates) is at most ``tol``, or (L-BFGS) when an iteration no longer
             reduces the objective beyond float64 rounding.
         progress: show a tqdm bar; ``None`` shows it when stderr is a terminal and the fit is long.
+            It ends at 100% and says ``converged`` when the fit stops before ``max_iter``.
 
     Returns:
         :class:`FitResult` (parameters, log-likelihood, convergence, standard errors, covariance).
+        A series (a channel, or with ``shared=True`` a batch element) with fewer observed values
+        than estimated names (for example one that is all NaN) is not fitted: its parameters stay
+        at the initial guess, its standard errors are NaN, and ``converged`` is False with
+        ``reason`` naming it. The other series are fitted as usual.
 
     Raises:
-        ValueError: naming the argument, for an unknown name in ``estimate``, a bad ``method``, a
-            missing fixed value, an estimated guess that is not positive or not static, or any
-            input :func:`kalmanscan.filter` rejects.
+        ValueError: naming the argument, for boolean or non-numeric ``y``, an unknown name in
+            ``estimate``, a bad ``method``, a missing fixed value, an estimated guess that is not
+            positive or not static, a constant channel of ``y`` when ``obs_var`` is estimated, or
+            any input :func:`kalmanscan.filter` rejects.
     """
     estimate = _check_estimate(estimate)
     if method not in _METHOD_NAMES:
@@ -167,6 +199,11 @@ def fit(y, *, theta=None, sigma=None, obs_var=None, mean=0.0, h=1.0, dt=1.0, tim
     for k in _MODEL:
         if k not in estimate and values[k] is None:
             raise ValueError(f"{k} is required when it is not estimated")
+    observed = (~torch.isnan(y_t)).to(y_t.dtype).sum(-2)
+    n_group = observed.sum(-1, keepdim=True) if shared else observed
+    identified = n_group >= len(estimate)
+    if "obs_var" in estimate:
+        _check_constant(y_t, identified, shared)
     guess = _guesses(y_t, values, estimate, batch, Cp, h, dt, times)
     scale = _data_scale(y_t, batch, Cp)
     fixed = {k: v for k, v in values.items() if k not in estimate and v is not None}
@@ -185,26 +222,33 @@ def fit(y, *, theta=None, sigma=None, obs_var=None, mean=0.0, h=1.0, dt=1.0, tim
             raise ValueError(f"fixed parameters must not add batch dimensions to y's {batch}")
         return post
 
-    observed = (~torch.isnan(y_t)).to(y_t.dtype).sum(-2)
-    n_group = observed.sum(-1, keepdim=True) if shared else observed
     weight = 1.0 / torch.clamp(n_group, min=1.0)
 
     def objective(u):
         ll = loglik(natural(u), backend).loglik
         if shared:
             ll = ll.sum(-1, keepdim=True)
-        return -(ll * weight).sum()
+        return -torch.where(identified, ll * weight, torch.zeros_like(ll)).sum()
 
     u = {k: torch.zeros(batch + (Cp,), dtype=y_t.dtype, device=y_t.device, requires_grad=True) for k in estimate}
     if progress is None:
         progress = sys.stderr.isatty() and y_t.numel() * max_iter >= 5e6
+    with torch.no_grad():
+        objective(u)  # errors in the inputs surface here, before the optimiser runs
     run = _lbfgs if method == "lbfgs" else _adam
     converged, n_iter, message = run(objective, u, max_iter, tol, progress)
+    reason = "" if converged else message
+    if not bool(identified.all()):
+        converged = False
+        reason = _unfitted_reason(n_group, identified, len(estimate), batch, shared) + ("; " + reason if reason else "")
 
     with torch.no_grad():
         nat = {k: v.detach() for k, v in natural(u).items()}
         post = loglik(nat, backend)
-    cov = _covariance(lambda n: loglik(n, "torch"), nat, estimate)
+    cov, bound = _covariance(lambda n: loglik(n, "torch"), nat, estimate)
+    nan = torch.tensor(math.nan, dtype=cov.dtype, device=cov.device)
+    cov = torch.where(identified[..., None, None], cov, nan)
+    bound = bound & identified[..., None]
     se = torch.sqrt(torch.diagonal(cov, dim1=-2, dim2=-1))
 
     def out(x, name):
@@ -217,10 +261,12 @@ def fit(y, *, theta=None, sigma=None, obs_var=None, mean=0.0, h=1.0, dt=1.0, tim
     params.update({k: out(nat[k], k) for k in estimate})
     params = {k: params[k] for k in ESTIMABLE if k in params}
     stderr = {k: out(se[..., i], k) for i, k in enumerate(estimate)}
+    on_boundary = {k: out(bound[..., i], k) for i, k in enumerate(estimate)}
     conv = (lambda x: x.detach().cpu().numpy()) if numpy_in else (lambda x: x.detach())
     return FitResult(params=params, loglik=conv(post.loglik), converged=converged, n_iter=n_iter,
                      message=message, stderr=stderr, cov=conv(cov), names=estimate,
-                     n_obs=conv(observed), method=method, settings=settings)
+                     n_obs=conv(observed), method=method, settings=settings, reason=reason,
+                     on_boundary=on_boundary, fitted=conv(identified))
 
 
 def _check_estimate(estimate):
@@ -237,11 +283,69 @@ def _check_estimate(estimate):
 
 def _as_y(y):
     if isinstance(y, torch.Tensor):
+        if y.dtype == torch.bool:
+            raise ValueError("y must be numeric observations, got a boolean tensor (convert it with "
+                             "y.double() if 0/1 values are really meant)")
         return y.detach().to(y.dtype if y.dtype in (torch.float32, torch.float64) else torch.float64)
     arr = np.asarray(y)
-    if arr.dtype.kind not in "biuf":
+    if arr.dtype.kind == "b":
+        raise ValueError("y must be numeric observations, got a boolean array (convert it with "
+                         "y.astype(float) if 0/1 values are really meant)")
+    if arr.dtype.kind not in "iuf":
         raise ValueError(f"y must be numeric, got dtype {arr.dtype}")
     return torch.as_tensor(arr.astype(np.float64))
+
+
+def _series_name(index, batch, shared) -> str:
+    """``"channel 2"``, ``"batch element (1,), channel 2"`` or ``"batch element (1,)"`` (shared)."""
+    *b, c = index
+    where = f"batch element {tuple(b)}" if batch else ""
+    if shared:
+        return where or "the series"
+    return f"{where}, channel {c}" if where else f"channel {c}"
+
+
+def _names(indices, batch, shared, limit=5):
+    names = [_series_name(tuple(int(i) for i in ix), batch, shared) for ix in indices[:limit]]
+    return ", ".join(names) + (f" and {len(indices) - limit} more" if len(indices) > limit else "")
+
+
+def _unfitted_reason(n_group, identified, P, batch, shared) -> str:
+    """Why series were not fitted: ``"channel 1 has no observations; ..."``."""
+    n = n_group.detach().cpu().numpy()
+    bad = np.argwhere(~identified.detach().cpu().numpy())
+    none = np.array([ix for ix in bad if n[tuple(ix)] == 0])
+    few = np.array([ix for ix in bad if n[tuple(ix)] > 0])
+    parts = []
+    if none.size:
+        parts.append(f"{_names(none, batch, shared)}: no observations")
+    if few.size:
+        counts = sorted({int(n[tuple(ix)]) for ix in few})
+        parts.append(f"{_names(few, batch, shared)}: {'/'.join(map(str, counts))} observation(s), fewer than the "
+                     f"{P} estimated parameters")
+    return ("not fitted (" + "; ".join(parts) + "); their parameters are the initial guess and their "
+            "standard errors NaN")
+
+
+def _check_constant(y, identified, shared) -> None:
+    """``ValueError`` naming the first fitted series whose observed values are all equal."""
+    with torch.no_grad():
+        missing = torch.isnan(y)
+        lo = torch.where(missing, torch.full_like(y, math.inf), y).amin(-2)
+        hi = torch.where(missing, torch.full_like(y, -math.inf), y).amax(-2)
+        const = lo == hi  # False for a channel without observations
+        if shared:
+            const = ((const | torch.isinf(lo)).all(-1, keepdim=True) & identified).expand_as(const) & const
+        else:
+            const = const & identified
+    bad = np.argwhere(const.cpu().numpy())
+    if bad.size == 0:
+        return
+    ix = tuple(int(i) for i in bad[0])
+    what = _series_name(ix, tuple(y.shape[:-2]), False)
+    raise ValueError(f"y: {what} is constant (every observed value is {float(lo[ix]):g}){', as is every channel' if shared else ''}: "
+                     "the likelihood grows without bound as obs_var -> 0, so obs_var has no maximum-likelihood "
+                     "estimate; leave the channel out, or pass obs_var and leave it out of estimate")
 
 
 def _pool(x, batch, Cp):
@@ -281,7 +385,7 @@ def _guesses(y, values, estimate, batch, Cp, h, dt, times):
         if v is None:
             out[k] = _pool(defaults[k], batch, Cp)
             continue
-        t = torch.as_tensor(v.detach() if isinstance(v, torch.Tensor) else np.asarray(v, dtype=np.float64), **like)
+        t = torch.as_tensor(v.detach() if isinstance(v, torch.Tensor) else np.array(v, dtype=np.float64), **like)
         if k in _MODEL and t.ndim >= 2:
             if t.shape[-2] != 1:
                 raise ValueError(f"{k}: an estimated parameter must be static (scalar, (C,) or (..., 1, C)), got shape {tuple(t.shape)}")
@@ -334,7 +438,11 @@ def _lbfgs(objective, u, max_iter, tol, progress):
                 p.copy_(torch.as_tensor(chunk, dtype=p.dtype).reshape(p.shape))
         for p in params:
             p.grad = None
-        loss = objective(u)
+        try:
+            loss = objective(u)
+        except ValueError:  # a step so long that a parameter under- or overflowed: rejected like inf
+            last["f"] = math.inf
+            return math.inf, np.zeros(sum(sizes))
         loss.backward()
         grad = torch.cat([p.grad.reshape(-1) for p in params]).detach().cpu().double().numpy()
         f = float(loss.detach())
@@ -349,12 +457,24 @@ def _lbfgs(objective, u, max_iter, tol, progress):
 
         res = minimize(fun, x0, jac=True, method="L-BFGS-B", callback=callback,
                        options=dict(maxiter=max_iter, gtol=tol, ftol=10 * np.finfo(np.float64).eps, maxcor=20))
+        _finish(bar, bool(res.success) and math.isfinite(last.get("f", 0.0)))
     f, grad = fun(res.x)
     gmax = float(np.max(np.abs(grad))) if grad.size else 0.0
     if not math.isfinite(f):
         return False, int(res.nit), "the objective or its gradient became non-finite"
     message = res.message if isinstance(res.message, str) else res.message.decode()
     return bool(res.success), int(res.nit), f"{message.lower()} (max gradient {gmax:.2e})"
+
+
+def _finish(bar, converged):
+    """End the bar at 100% when the fit stops before ``max_iter``, saying whether it converged."""
+    if bar.disable:
+        return
+    bar.total = max(bar.n, 1)
+    if bar.n == 0:
+        bar.update(1)
+    bar.set_postfix_str("converged" if converged else "stopped, not converged", refresh=False)
+    bar.refresh()
 
 
 def _adam(objective, u, max_iter, tol, progress, lr=0.05, betas=(0.9, 0.999), eps=1e-8):
@@ -368,14 +488,20 @@ def _adam(objective, u, max_iter, tol, progress, lr=0.05, betas=(0.9, 0.999), ep
         for it in range(max_iter + 1):
             for p in params:
                 p.grad = None
-            loss = objective(u)
+            try:
+                loss = objective(u)
+            except ValueError:  # a parameter under- or overflowed
+                _finish(bar, False)
+                return False, it, "the objective or its gradient became non-finite"
             loss.backward()
             f = float(loss.detach())
             gmax = max(float(p.grad.abs().max()) for p in params)
             bar.set_postfix(objective=f"{f:.6g}", grad=f"{gmax:.2e}", refresh=False)
             if not math.isfinite(f) or not math.isfinite(gmax):
+                _finish(bar, False)
                 return False, it, "the objective or its gradient became non-finite"
             if gmax <= tol:
+                _finish(bar, True)
                 return True, it, f"gradient below tol ({gmax:.2e})"
             if it == max_iter:
                 break
@@ -390,7 +516,14 @@ def _adam(objective, u, max_iter, tol, progress, lr=0.05, betas=(0.9, 0.999), ep
 
 
 def _covariance(loglik, nat, names):
-    """Inverse Hessian of ``-loglik`` per independent series: ``B + (Cp, P, P)``, NaN if not PD."""
+    """Inverse Hessian of ``-loglik`` per independent series, ``B + (Cp, P, P)``, and the boundary
+    mask ``B + (Cp, P)``.
+
+    A positive parameter ``p`` is on its boundary when ``-loglik`` still decreases towards 0 there
+    (gradient ``g > 0``) and a Newton step ``g / H_pp`` would cross 0 (or ``H_pp <= 0``). Its row
+    and column are NaN; the covariance of the others is the inverse of the Hessian of the free
+    parameters alone. A block whose free part is not positive definite is NaN throughout.
+    """
     leaves = [nat[k].detach().clone().requires_grad_(True) for k in names]
     with torch.enable_grad():
         total = -loglik(dict(zip(names, leaves))).loglik.sum()
@@ -401,8 +534,17 @@ def _covariance(loglik, nat, names):
             rows.append(torch.stack([torch.zeros_like(leaves[0]) if c is None else c for c in cols], -1))
     H = torch.stack(rows, -2).detach()
     H = 0.5 * (H + H.transpose(-1, -2))
-    L, info = torch.linalg.cholesky_ex(H)
-    bad = ((info != 0) | ~torch.isfinite(L).all(-1).all(-1))[..., None, None]
+    g = torch.stack([x.detach() for x in grads], -1)
+    p = torch.stack([x.detach() for x in leaves], -1)
+    positive = torch.tensor([k in _POSITIVE for k in names], device=H.device)
+    h_pp = torch.diagonal(H, dim1=-2, dim2=-1)
+    bound = positive & (g > 0) & ((h_pp <= 0) | (g >= p * h_pp))
+    free = ~bound
+    pair = free[..., :, None] & free[..., None, :]
     eye = torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
+    H_free = torch.where(pair, H, eye)
+    L, info = torch.linalg.cholesky_ex(H_free)
+    bad = ((info != 0) | ~torch.isfinite(L).all(-1).all(-1))[..., None, None]
     cov = torch.cholesky_inverse(torch.where(bad, eye, L))
-    return torch.where(bad, torch.full_like(cov, math.nan), cov)
+    nan = torch.full_like(cov, math.nan)
+    return torch.where(bad | ~pair, nan, cov), bound

@@ -131,6 +131,9 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
 
     if backend not in backend_names():
         raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
+    if (y.dtype == torch.bool) if isinstance(y, torch.Tensor) else (np.asarray(y).dtype.kind == "b"):
+        raise ValueError("y must be numeric observations, got booleans (convert them to float first "
+                         "if 0/1 values are really meant)")
     dtype, out_dtype = _compute_dtype(y)
     device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
     numpy_out = not isinstance(y, torch.Tensor)
@@ -167,12 +170,15 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     theta0 = params["theta"][..., :1, :]
     sigma0 = params["sigma"][..., :1, :]
     if init_var is None:
-        checks.require("init_var is required when theta = 0 (the random walk has no stationary law)",
-                       torch.all(theta0.detach() != 0))
+        checks.require("init_var is required when theta = 0 (the random walk has no stationary law); "
+                       "pass init_var > 0, or float('inf') for a diffuse prior", torch.all(theta0.detach() != 0))
+        checks.require("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
+                       "is then 0 (a known state); pass init_var > 0, or float('inf') for a diffuse prior",
+                       torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
         init_v = ou.stationary_var(theta0, sigma0)
     else:
         init_v = _init_param("init_var", init_var, dtype, device)
-        checks.add("init_var", init_v, lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
+        checks.add("init_var", init_v, lambda v: v > 0, "> 0 (or inf: a diffuse prior)")
     if init_mean is None:
         init_m = params["mean"][..., :1, :]
     else:

@@ -133,7 +133,10 @@ def _check_dataarray(da, dim):
         raise ValueError(f"da must be an xarray.DataArray, got {type(da).__name__}")
     if dim not in da.dims:
         raise ValueError(f"dim {dim!r} is not a dimension of da (dims {da.dims})")
-    if da.dtype.kind not in "biuf":
+    if da.dtype.kind == "b":
+        raise ValueError("da must be numeric observations, got a boolean DataArray (convert it with "
+                         "da.astype(float) if 0/1 values are really meant)")
+    if da.dtype.kind not in "iuf":
         raise ValueError(f"da must be numeric, got dtype {da.dtype}")
 
 
@@ -353,7 +356,8 @@ _FIT_DESCRIPTIONS = {
     "init_var": "variance of the belief at the first time",
     "loglik": "log-likelihood at the optimum",
     "n_obs": "number of observed (non-NaN) values",
-    "converged": "whether the optimiser converged",
+    "converged": "whether the optimiser converged (and every series had enough observations)",
+    "fitted": "whether the series had at least as many observations as estimated parameters",
     "n_iter": "optimiser iterations",
 }
 FIT_NAMES = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
@@ -373,10 +377,12 @@ def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
     Returns:
         Dataset over ``da``'s non-time dims with the parameters (estimated and fixed static ones:
         ``theta, sigma, obs_var, mean`` and ``init_*`` when given or estimated), ``<name>_stderr``
-        for each estimated name, ``loglik``, ``n_obs``, ``converged``, ``n_iter``; attrs ``da``'s
-        plus ``time_unit``, ``estimate``, ``shared``, ``method``. ``ks.xr.params(result)`` gives the
-        keywords to filter with. With ``shared=True`` the parameters (and their standard errors,
-        ``converged``, ``n_iter``) are scalars.
+        for each estimated name, ``loglik``, ``n_obs``, ``fitted`` (False for a series with fewer
+        observations than estimated names: its parameters are the initial guess, its standard
+        errors NaN), ``converged``, ``n_iter``; attrs ``da``'s plus ``time_unit``, ``estimate``,
+        ``shared``, ``method``. ``ks.xr.params(result)`` gives the keywords to filter with (the
+        time unit included). With ``shared=True`` the parameters (and their standard errors,
+        ``fitted``, ``converged``, ``n_iter``) are scalars.
 
     Dask: with ``shared=False`` each chunk of the non-time dims is fitted on its own (channels are
     independent, so the estimates agree with one joint fit to the optimiser's tolerance) and the
@@ -391,7 +397,7 @@ def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
     shared = bool(static.get("shared", False))
     given = {k for k in FIT_NAMES if (k in arrays and dim not in arrays[k].dims) or static.get(k) is not None}
     out_names = [k for k in FIT_NAMES if k in estimate or k in given or (k == "mean" and "mean" not in fit_kwargs)]
-    fields = out_names + [f"{k}_stderr" for k in estimate] + ["loglik", "n_obs", "converged", "n_iter"]
+    fields = out_names + [f"{k}_stderr" for k in estimate] + ["loglik", "n_obs", "fitted", "converged", "n_iter"]
     ks_fit = _public("fit")
 
     def kalman_fit_block(y, *blocks, names, per_step):
@@ -401,7 +407,7 @@ def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
             return out
         res = ks_fit(np.ascontiguousarray(flat_y), times=times, **dict(zip(names, flat)), **static)
         cols = ([res.params[k] for k in out_names] + [res.stderr[k] for k in estimate]
-                + [res.loglik, res.n_obs, float(res.converged), float(res.n_iter)])
+                + [res.loglik, res.n_obs, res.fitted, float(res.converged), float(res.n_iter)])
         for i, col in enumerate(cols):
             out[..., i] = np.broadcast_to(np.asarray(col, dtype=np.float64), (flat_y.shape[1],)).reshape(batch)
         return out
@@ -411,7 +417,7 @@ def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
         da = da.chunk({d: -1 for d in da.dims})
     stacked = _apply(da, dim, arrays, kalman_fit_block, len(fields), [_FIELD], np.float64)
     data = {f: _order(stacked.isel({_FIELD: i}), da) for i, f in enumerate(fields)}
-    for k, dtype in (("n_obs", np.int64), ("converged", bool), ("n_iter", np.int64)):
+    for k, dtype in (("n_obs", np.int64), ("fitted", bool), ("converged", bool), ("n_iter", np.int64)):
         data[k] = data[k].astype(dtype)
     if shared:
         for k in fields:
@@ -427,11 +433,27 @@ def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
     return ds
 
 
+_NO_UNIT = ("coordinate units", "steps of dt")
+
+
 def params(fit_result: xr.Dataset) -> dict:
-    """The model parameters in a :func:`fit` result, as keywords for :func:`filter` and :func:`smooth`."""
+    """The model parameters in a :func:`fit` result, as keywords for :func:`filter` and :func:`smooth`.
+
+    A fit on a datetime64 coordinate also gives ``time_unit`` (the unit ``theta`` and ``sigma`` are
+    per), so ``ks.xr.filter(da, **ks.xr.params(fit_ds))`` works on the same coordinate; a fit on
+    numeric times or regular steps gives none.
+    """
     if not isinstance(fit_result, xr.Dataset) or fit_result.attrs.get("kalmanscan") != "fit":
         raise ValueError("fit_result must be the Dataset returned by kalmanscan.xr.fit")
-    return {k: fit_result[k] for k in FIT_NAMES if k in fit_result.data_vars}
+    out = {k: fit_result[k] for k in FIT_NAMES if k in fit_result.data_vars}
+    unit = fit_result.attrs.get("time_unit")
+    if isinstance(unit, str) and unit not in _NO_UNIT:
+        try:
+            parse_time_unit(unit)
+        except ValueError:  # not a duration (an attribute edited by hand): leave it to the caller
+            return out
+        out["time_unit"] = unit
+    return out
 
 
 @xr.register_dataarray_accessor("kalman")
