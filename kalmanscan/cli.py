@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -118,14 +119,20 @@ class _Data:
         return {"times": self.times} if self.times is not None else {"dt": self.dt if self.dt is not None else 1.0}
 
     def plot_times(self):
+        """The x values of the plots: the dates themselves for a date coordinate (a date axis)."""
+        if self._dates():
+            return self.da[self.dim].values
         if self.times is not None:
             return self.times
         return np.arange(self.y.shape[0]) * (self.dt if self.dt is not None else 1.0)
 
+    def _dates(self) -> bool:
+        return self.datetime and self.da[self.dim].dtype.kind == "M"
+
     def time_label(self) -> str:
-        if self.datetime:
-            return f"time ({self.time_unit} since {np.datetime_as_string(self.da[self.dim].values[0], unit='s')})"
-        return "time"
+        if self._dates():
+            return "date"
+        return f"time ({self.time_unit})" if self.datetime else "time"
 
     def flat(self, name, value):
         """A parameter (scalar or DataArray over the non-time dims) as a scalar or ``(C,)`` array."""
@@ -135,6 +142,8 @@ class _Data:
             return value
         template = self.da.isel({self.dim: 0}, drop=True)
         extra = [d for d in value.dims if d not in template.dims]
+        if extra and value.ndim == 1 and template.ndim <= 1:
+            return self._by_label(name, value)
         if extra:
             raise ValueError(f"parameter '{name}' has dimensions {extra} that the input does not have")
         try:
@@ -143,6 +152,17 @@ class _Data:
             raise ValueError(f"parameter '{name}' is not given for every channel of the input "
                              f"({', '.join(self.labels[:_MAX_ROWS])})") from None
         return value.broadcast_like(template).transpose(*template.dims).values.reshape(-1)
+
+    def _by_label(self, name, value):
+        """A parameter over one dimension matched to the input's channels by label (for a 1-D input,
+        or channels under another dimension name)."""
+        d = value.dims[0]
+        given = [str(v) for v in (value[d].values if d in value.coords else range(value.sizes[d]))]
+        absent = [lab for lab in self.labels if lab not in given]
+        if absent:
+            raise ValueError(f"parameter '{name}' is given for {d} {', '.join(given[:_MAX_ROWS])}, not for "
+                             f"{', '.join(absent[:_MAX_ROWS])} of the input")
+        return value.values[[given.index(lab) for lab in self.labels]]
 
 
 def _flag_params(args, data) -> dict:
@@ -172,6 +192,7 @@ def _estimate(args):
 
 def _fit_dataset(args, data, flags):
     import kalmanscan as ks
+    from . import io
 
     kw = dict(estimate=_estimate(args), backend=args.backend, progress=getattr(args, "progress", None))
     for name in ("shared", "method", "max_iter", "tol"):
@@ -179,8 +200,26 @@ def _fit_dataset(args, data, flags):
             kw[name] = getattr(args, name)
     if data.dt is not None:
         kw["dt"] = data.dt
+    if "obs_var" in kw["estimate"]:
+        _check_constant(data, len(kw["estimate"]), bool(kw.get("shared")))
     source = data.da.drop_vars(data.dim) if data.dt is not None else data.da
-    return ks.xr.fit(source, data.dim, time_unit=data.time_unit, **flags, **kw)
+    ds = ks.xr.fit(source, data.dim, time_unit=data.time_unit, **flags, **kw)
+    ds.attrs[io.CHANNELS_ATTR] = json.dumps(data.labels)
+    return ds
+
+
+def _check_constant(data, n_params, shared):
+    """Name a constant channel (its obs_var has no maximum-likelihood estimate) before ks.fit does."""
+    seen = ~np.isnan(data.y)
+    lo = np.where(seen, data.y, np.inf).min(0)
+    hi = np.where(seen, data.y, -np.inf).max(0)
+    const = (lo == hi) & (seen.sum(0) >= n_params)
+    if shared and not np.all(const | ~seen.any(0)):
+        return
+    for c in np.flatnonzero(const):
+        raise ValueError(f"channel '{data.labels[c]}' is constant (every observed value is {lo[c]:g}){', as is every channel' if shared else ''}: "
+                         "obs_var has no maximum-likelihood estimate (it goes to 0); leave the channel out "
+                         "(--columns) or give --obs-var and leave obs_var out of --estimate")
 
 
 def _model(args, data) -> dict:
@@ -199,6 +238,11 @@ def _model(args, data) -> dict:
         params = {**io.read_params(args.params, data.da, data.dim), **flags}
     else:
         params = flags
+    unit = params.pop("time_unit", None)
+    if unit is not None and data.time_unit is not None and \
+            ks.xr.parse_time_unit(unit) != ks.xr.parse_time_unit(data.time_unit):
+        raise ValueError(f"the parameters were fitted with time unit {unit} (theta and sigma are per {unit}), "
+                         f"but --time-unit is {data.time_unit}; give --time-unit {unit}")
     missing = [f"--{k.replace('_', '-')}" for k in ("theta", "sigma", "obs_var") if k not in params]
     if missing:
         raise ValueError(f"the model needs {', '.join(missing)} (or --params FILE from 'kalmanscan fit', or --fit)")
@@ -235,11 +279,10 @@ def _run_filter(args, smooth: bool) -> int:
     band = ds.attrs["z"] * np.sqrt(post.var[-1])
     print(f"{'smoothed' if smooth else 'filtered'} {args.input}: T = {data.y.shape[0]}, "
           f"{data.y.shape[1]} channel(s), {ds.attrs['time_unit']}")
-    rows = [(lab, int(np.isnan(data.y[:, c]).sum()), post.loglik[c], post.mean[-1, c], band[c])
-            for c, lab in enumerate(data.labels)]
-    print(f"  {'channel':<20}{'missing':>8}{'loglik':>13}{'last mean':>13}   {args.level:.0%} band")
-    for lab, miss, ll, m, b in rows[:_MAX_ROWS]:
-        print(f"  {lab:<20}{miss:>8}{ll:>13.6g}{m:>13.6g}   +/- {b:.4g}")
+    rows = [[lab, str(int(np.isnan(data.y[:, c]).sum())), f"{post.loglik[c]:.6g}", f"{post.mean[-1, c]:.6g}",
+             f"+/- {band[c]:.4g}"] for c, lab in enumerate(data.labels)]
+    for line in _table(["channel", "missing", "loglik", "last mean", f"{args.level:.0%} band"], rows[:_MAX_ROWS]):
+        print(line)
     if len(rows) > _MAX_ROWS:
         print(f"  ... and {len(rows) - _MAX_ROWS} more channels")
     _wrote(args.output, args.plot)
@@ -309,22 +352,50 @@ def _run_calibrate(args) -> int:
     return 1 if args.strict and not report.calibrated else 0
 
 
+def _table(header, rows, gap=3):
+    """Lines of a table indented by two spaces: the first column left-aligned, the others
+    right-aligned, each as wide as its widest cell and ``gap`` spaces apart, so cells never touch."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    sep = " " * gap
+    return ["  " + sep.join(str(cell).ljust(w) if i == 0 else str(cell).rjust(w)
+                            for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            for row in [header, *rows]]
+
+
 def _print_fit(ds, data, heading):
     est = ds.attrs["estimate"].split(",")
+    shared = bool(ds.attrs["shared"])
+    fitted = np.ravel(ds["fitted"].values) if "fitted" in ds else np.ones(1, bool)
     status = "converged" if bool(ds["converged"].all()) else "NOT converged"
     print(f"{heading}: {status}, log-likelihood {float(ds['loglik'].sum()):.6g} "
-          f"({'shared' if ds.attrs['shared'] else 'per channel'}; time unit: {ds.attrs['time_unit']})")
+          f"({'shared' if shared else 'per channel'}; time unit: {ds.attrs['time_unit']})")
     names = [k for k in ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var") if k in ds]
-    print(f"  {'channel':<20}" + "".join(f"{k:>22}" for k in names))
-    for c, lab in enumerate(data.labels[:_MAX_ROWS] if not ds.attrs["shared"] else ["all"]):
-        cells = []
+    rows = []
+    for c, lab in enumerate(data.labels[:_MAX_ROWS] if not shared else ["all"]):
+        cells = [lab]
         for k in names:
             v = np.ravel(ds[k].values)[c if ds[k].ndim else 0]
             se = f" +/- {np.ravel(ds[k + '_stderr'].values)[c if ds[k].ndim else 0]:.3g}" if k in est else ""
-            cells.append(f"{f'{v:.5g}{se}':>22}")
-        print(f"  {lab:<20}" + "".join(cells))
-    if not ds.attrs["shared"] and len(data.labels) > _MAX_ROWS:
+            cells.append(f"{v:.5g}{se}")
+        rows.append(cells)
+    for line in _table(["channel", *names], rows):
+        print(line)
+    if not shared and len(data.labels) > _MAX_ROWS:
         print(f"  ... and {len(data.labels) - _MAX_ROWS} more channels")
+    n_obs = np.ravel(ds["n_obs"].values)
+    if not fitted.all():
+        which = ["all"] if shared else [lab for lab, ok in zip(data.labels, fitted) if not ok]
+        counts = sorted({int(n) for n, ok in zip(n_obs, np.broadcast_to(fitted, n_obs.shape)) if not ok}) \
+            if not shared else [int(n_obs.sum())]
+        what = "no observations" if counts == [0] else \
+            f"{'/'.join(map(str, counts))} observation(s), fewer than the {len(est)} estimated parameters"
+        note = (f"not fitted ({what}): {', '.join(which[:_MAX_ROWS])}" + (" ..." if len(which) > _MAX_ROWS else "")
+                + "; the values shown for it are the initial guess, not estimates")
+        print(f"  {note}")
+        print(f"kalmanscan: warning: {note}", file=sys.stderr)
+    elif status != "converged":
+        print("kalmanscan: warning: the optimiser stopped before converging; raise --max-iter or check the model",
+              file=sys.stderr)
 
 
 def _figure(n, height):

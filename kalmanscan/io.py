@@ -18,7 +18,7 @@ import pandas as pd
 import xarray as xr
 
 __all__ = ["read_series", "read_params", "write_dataset", "check_output", "file_format", "channel_labels",
-           "MISSING"]
+           "MISSING", "CHANNELS_ATTR"]
 
 MISSING = ("", "na", "nan", "n/a", "null", "none")
 _CSV = (".csv", ".txt")
@@ -193,44 +193,116 @@ def channel_labels(da, dim="time") -> list:
     return [",".join(f"{d}={v[i]}" for d, v in zip(other, flat)) for i in range(flat[0].size)]
 
 
-def read_params(path, like: xr.DataArray, dim="time") -> dict:
-    """Model parameters saved by ``kalmanscan fit -o`` (NetCDF or CSV), as keywords for ``ks.xr``."""
+def read_params(path, like: xr.DataArray, dim: str = "time") -> dict:
+    """Model parameters saved by ``kalmanscan fit -o`` (NetCDF or CSV), as keywords for ``ks.xr``.
+
+    Both formats are checked against ``like`` the same way: a fit that records the channels it was
+    fitted on (the ``channels`` attribute of a NetCDF fit, the ``channel`` column of a CSV one that
+    is not a dimension of ``like``) must cover every channel of ``like`` (:func:`channel_labels`),
+    or a ``ValueError`` names both. A fit on dates also gives ``time_unit``.
+    """
     from . import xr as kxr
 
     if not os.path.isfile(path):
         raise ValueError(f"parameter file '{path}' does not exist")
     if file_format(path, "parameter") == "netcdf":
-        with xr.open_dataset(path) as ds:
-            ds = ds.load()
+        try:
+            with xr.open_dataset(path) as ds:
+                ds = ds.load()
+        except (OSError, ValueError) as err:
+            raise ValueError(f"parameter file '{path}' is not a readable NetCDF file: {err}") from None
+        fitted_on = _recorded_channels(path, ds.attrs.get(CHANNELS_ATTR))
+        if fitted_on is None:
+            fitted_on = _labels_of(ds, like, dim)
     else:
-        table = _read_table(path)
-        index = [c for c in table.columns if c in like.dims and c != dim]
-        names = [c for c in table.columns if c in kxr.FIT_NAMES]
-        if not names:
-            raise ValueError(f"parameter file '{path}' has no parameter column ({', '.join(kxr.FIT_NAMES)})")
-        table = table[index + names].copy()
-        for c in names:
-            table[c] = _numeric(path, c, table[c])
-        if index:
-            for d in index:
-                table[d] = table[d].str.strip().to_numpy().astype(like[d].dtype if d in like.coords else int)
-            ds = table.set_index(index).to_xarray()
-        elif table.shape[0] == 1:
-            ds = xr.Dataset({c: ((), table[c].iloc[0]) for c in table.columns})
-        else:
-            raise ValueError(f"parameter file '{path}' has {table.shape[0]} rows but no column naming the "
-                             f"channels ({', '.join(d for d in like.dims if d != dim)})")
-        ds.attrs["kalmanscan"] = "fit"
+        ds, fitted_on = _params_table(path, like, dim)
     try:
-        return kxr.params(ds)
+        params = kxr.params(ds)
     except ValueError:
         raise ValueError(f"parameter file '{path}' is not a fit result of kalmanscan (write one with "
                          "'kalmanscan fit INPUT -o params.nc')") from None
+    if fitted_on is not None:
+        wanted = channel_labels(like, dim)
+        absent = [c for c in wanted if c not in fitted_on]
+        if absent:
+            raise ValueError(f"parameter file '{path}' was fitted on channel(s) {', '.join(fitted_on[:20])}, "
+                             f"not on {', '.join(absent[:20])} of the input; fit this input "
+                             "('kalmanscan fit' or --fit) or give the parameters as flags")
+    return params
 
 
-def write_dataset(ds: xr.Dataset, path, dim="time", time_name=None) -> None:
+CHANNELS_ATTR = "channels"
+
+
+def _recorded_channels(path, text):
+    """The channel labels a fit file records (a JSON list), or ``None`` when it records none."""
+    if text is None:
+        return None
+    import json
+
+    try:
+        labels = json.loads(text)
+    except (TypeError, ValueError):
+        labels = None
+    if not (isinstance(labels, list) and all(isinstance(c, str) for c in labels)):
+        raise ValueError(f"parameter file '{path}': attribute '{CHANNELS_ATTR}' is not a JSON list of channel labels")
+    return labels
+
+
+def _labels_of(ds, like, dim):
+    """The channel labels of a fit over exactly ``like``'s non-time dims (else ``None``)."""
+    from . import xr as kxr
+
+    other = [d for d in like.dims if d != dim]
+    for k in kxr.FIT_NAMES:
+        if k in ds.data_vars and ds[k].ndim:
+            if not other or set(ds[k].dims) != set(other):
+                return None
+            return channel_labels(ds[k].transpose(*other), dim)
+    return None
+
+
+def _params_table(path, like, dim):
+    """A CSV fit table as a Dataset, and the channels it names (``None`` when it names none)."""
+    from . import xr as kxr
+
+    table = _read_table(path)
+    index = [c for c in table.columns if c in like.dims and c != dim]
+    names = [c for c in table.columns if c in kxr.FIT_NAMES]
+    if not names:
+        raise ValueError(f"parameter file '{path}' has no parameter column ({', '.join(kxr.FIT_NAMES)})")
+    label = "channel" if "channel" in table.columns and not index else None
+    fitted_on = None if label is None else [str(c).strip() for c in table[label]]
+    unit = table["time_unit"].iloc[0].strip() if "time_unit" in table.columns else None
+    table = table[index + ([label] if label else []) + names].copy()
+    for c in names:
+        table[c] = _numeric(path, c, table[c])
+    if index:
+        for d in index:
+            table[d] = table[d].str.strip().to_numpy().astype(like[d].dtype if d in like.coords else int)
+        ds = table.set_index(index).to_xarray()
+        fitted_on = _labels_of(ds, like, dim)
+    elif table.shape[0] == 1:
+        ds = xr.Dataset({c: ((), table[c].iloc[0]) for c in names})
+    elif label:
+        table[label] = fitted_on
+        if len(set(fitted_on)) != len(fitted_on):
+            raise ValueError(f"parameter file '{path}' names a channel twice in its column '{label}'")
+        ds = table.set_index(label).to_xarray()
+    else:
+        raise ValueError(f"parameter file '{path}' has {table.shape[0]} rows but no column naming the "
+                         f"channels ({', '.join(d for d in like.dims if d != dim) or 'channel'})")
+    ds.attrs["kalmanscan"] = "fit"
+    if unit:
+        ds.attrs["time_unit"] = unit
+    return ds, fitted_on
+
+
+def write_dataset(ds: xr.Dataset, path, dim: str = "time", time_name: str | None = None) -> None:
     """Write ``ds`` to NetCDF, or to CSV: one row per time (variables with ``dim`` as columns
-    ``<channel>_<variable>``), or one row per channel for a dataset without ``dim`` (a fit)."""
+    ``<channel>_<variable>``), or one row per channel for a dataset without ``dim`` (a fit, with
+    its ``time_unit`` and, for one channel without a channel dimension, a ``channel`` column).
+    Every float is written as its shortest repr, which reads back to the same bits."""
     if file_format(path, "output") == "netcdf":
         ds.to_netcdf(path)
         return
@@ -239,7 +311,13 @@ def write_dataset(ds: xr.Dataset, path, dim="time", time_name=None) -> None:
     else:
         other = list(ds.dims)
         table = ds.to_dataframe().reset_index() if other else pd.DataFrame({k: [v.item()] for k, v in ds.items()})
-    table.to_csv(path, index=False, float_format="%.10g")
+        if ds.attrs.get("kalmanscan") == "fit":
+            labels = _recorded_channels(path, ds.attrs.get(CHANNELS_ATTR))
+            if not other and labels is not None and len(labels) == 1:
+                table.insert(0, "channel", labels)
+            if "time_unit" in ds.attrs:
+                table["time_unit"] = ds.attrs["time_unit"]
+    table.to_csv(path, index=False, float_format=None)  # the shortest repr of each float: exact round trip
 
 
 def _wide_table(ds, dim, time_name):
