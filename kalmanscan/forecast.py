@@ -50,6 +50,17 @@ class Forecast:
         """Standard deviation of the state forecast."""
         return self.var**0.5
 
+    def __repr__(self) -> str:
+        from .posterior import array_kind
+
+        shape = tuple(getattr(self.mean, "shape", ()))
+        lead = np.asarray(self.lead.detach().cpu() if hasattr(self.lead, "detach") else self.lead, dtype=np.float64)
+        K = shape[-2] if len(shape) >= 2 else 0
+        span = f"lead {lead.min():.6g} to {lead.max():.6g} time units after the last observation" if lead.size else ""
+        return "\n".join([f"Forecast of K = {K} future times, shape (..., K, C) = {shape}, {array_kind(self.mean)}",
+                          "  fields: mean, var, obs_mean, obs_var, times, lead",
+                          f"  {span}"]).rstrip()
+
     @property
     def obs_std(self):
         """Standard deviation of the observation forecast."""

@@ -3,15 +3,21 @@
 Every function draws on ``ax`` (a new figure's Axes when ``None``) and returns the Axes. A
 posterior over ``(..., T, C)`` is reduced to one series by ``channel`` (the last axis) and
 ``index`` (a tuple over the batch dimensions ``...``, empty when there are none). Times on the
-x axis default to ``post.params["times"]``. See ``docs/calibration.md`` for how to read each plot.
+x axis default to ``post.params["times"]``; ``times=`` may be numbers or dates (``datetime64``,
+``datetime`` or pandas timestamps), which get a date axis. See ``docs/calibration.md`` for how to read each plot.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
 
 from . import diagnostics
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["belief_band", "pit_histogram", "reliability", "nis", "gates"]
 
@@ -44,12 +50,36 @@ def _pick(x, index, channel, shape):
 
 
 def _times(post, times, index, channel, shape):
+    """The x values: numbers (float64), or ``datetime64`` dates for a date axis."""
     if times is None:
         return _pick(post.params["times"], index, channel, shape)
-    t = np.asarray(_np(times), dtype=np.float64)
+    t = np.asarray(_np(times))
+    if t.dtype.kind == "O":  # datetime.datetime or pandas Timestamps
+        try:
+            t = t.astype("datetime64[ns]")
+        except (TypeError, ValueError):
+            raise ValueError("times must be numbers or dates (datetime64), got objects of type "
+                             f"{type(t.flat[0]).__name__ if t.size else 'object'}") from None
+    if t.dtype.kind == "M":
+        if np.isnat(t).any():
+            raise ValueError("times must not contain NaT")
+    elif t.dtype.kind in "biuf":
+        t = t.astype(np.float64)
+    else:
+        raise ValueError(f"times must be numbers or dates (datetime64), got dtype {t.dtype}")
     if t.shape != (shape[-2],):
         raise ValueError(f"times must have shape ({shape[-2]},), got {t.shape}")
     return t
+
+
+def _date_axis(ax, t):
+    """Concise date labels when ``t`` holds dates (matplotlib's date converter is used for them)."""
+    if np.asarray(t).dtype.kind == "M":
+        import matplotlib.dates as mdates
+
+        locator = mdates.AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
 
 
 def _shade_missing(ax, t, missing, label="missing"):
@@ -63,7 +93,8 @@ def _shade_missing(ax, t, missing, label="missing"):
         lo = t[s] - (t[s] - t[s - 1]) / 2 if s > 0 else t[s]
         hi = t[e] + (t[e + 1] - t[e]) / 2 if e + 1 < t.size else t[e]
         if hi == lo:
-            lo, hi = lo - 0.5, hi + 0.5
+            half = np.timedelta64(12, "h") if t.dtype.kind == "M" else 0.5
+            lo, hi = lo - half, hi + half
         ax.axvspan(lo, hi, **_MISSING, label=label if i == 0 else None)
 
 
@@ -80,8 +111,8 @@ def _shape(post):
     return tuple(np.shape(_np(post.mean)))
 
 
-def belief_band(post, y=None, times=None, channel=0, z=1.96, ax=None, *, index=(), truth=None,
-                title=None):
+def belief_band(post: Any, y: Any = None, times: Any = None, channel: int = 0, z: float = 1.96, ax: Any = None, *,
+                index: tuple = (), truth: Any = None, title: str | None = None) -> Axes:
     """The belief ``mean ± z sqrt(var)`` over time, with observations and missing stretches.
 
     ``y`` (the observations, ``(..., T, C)``) are drawn as dots; steps where ``y`` is NaN (or,
@@ -105,6 +136,7 @@ def belief_band(post, y=None, times=None, channel=0, z=1.96, ax=None, *, index=(
         ax.plot(t, _pick(truth, index, channel, shape), color="k", lw=1, ls="--", label="truth")
     if y is not None:
         ax.plot(t, yy, ".", color="C3", ms=3.5, label="observations")
+    _date_axis(ax, t)
     return _label(ax, "time", None, title or f"belief band, channel {channel}", "best", 2)
 
 
@@ -173,7 +205,8 @@ def reliability(post, truth_or_y, levels=None, ax=None, *, target="state", chann
     return _label(ax, "nominal coverage", "observed coverage", title or "reliability", "upper left")
 
 
-def nis(post, y, channel=0, ax=None, *, index=(), times=None, window=None, level=0.95, title=None):
+def nis(post: Any, y: Any, channel: int = 0, ax: Any = None, *, index: tuple = (), times: Any = None,
+        window: int | None = None, level: float = 0.95, title: str | None = None) -> Axes:
     """Normalised innovation squared over time, on a log scale, with its chi-square bands.
 
     Dots: each step's NIS, chi-square(1) under calibration; the dotted lines bound its central
@@ -206,10 +239,12 @@ def nis(post, y, channel=0, ax=None, *, index=(), times=None, window=None, level
         ax.plot(tr, run, color="C1", lw=1.8, label=f"running mean ({window} steps)")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_yscale("log")
+    _date_axis(ax, t)
     return _label(ax, "time", "NIS", title or f"normalised innovation squared, channel {channel}", "lower left", 2)
 
 
-def gates(post, channel=0, ax=None, *, index=(), times=None, title=None):
+def gates(post: Any, channel: int = 0, ax: Any = None, *, index: tuple = (), times: Any = None,
+          title: str | None = None) -> Axes:
     """Forget and write gate traces of the filter (:meth:`kalmanscan.Posterior.gates`).
 
     ``forget_t`` scales the previous information mean; ``write_t`` (the Kalman gain over ``h``)
@@ -224,4 +259,5 @@ def gates(post, channel=0, ax=None, *, index=(), times=None, title=None):
     _shade_missing(ax, t, missing)
     ax.plot(t, forget, color="C2", lw=1.3, label="forget gate")
     ax.plot(t, write, color="C4", lw=1.3, label="write gate")
+    _date_axis(ax, t)
     return _label(ax, "time", "gate", title or f"gates, channel {channel}")

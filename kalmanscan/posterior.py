@@ -49,6 +49,24 @@ class Posterior:
         """Standard deviation of the (filtered or smoothed) belief."""
         return self.var**0.5
 
+    @property
+    def n_diffuse(self):
+        """Observations left out of ``loglik`` per channel, ``(..., C)`` integers: 1 where the
+        prior was diffuse (``init_var = inf``) and the channel has an observation (its first: the
+        diffuse step, whose density is improper, as statsmodels and KFAS leave it out), else 0."""
+        return self.params["n_diffuse"]
+
+    def __repr__(self) -> str:
+        kind = "smoother" if self.filtered is not None else "filter"
+        shape = tuple(getattr(self.mean, "shape", ()))
+        names = [f.name for f in fields(self) if f.name not in ("params", "filtered")]
+        lines = [f"Posterior ({kind}) of shape (..., T, C) = {shape}, {array_kind(self.mean)}",
+                 f"  fields: {', '.join(names)}" + (", filtered (the filter's posterior)" if kind == "smoother" else ""),
+                 f"  {loglik_summary(self.loglik)}"]
+        if self.params:
+            lines.append(f"  params: {', '.join(self.params)}")
+        return "\n".join(lines)
+
     def gates(self):
         """``(forget, write)`` gate traces of the filter, each of shape ``(..., T, C)``.
 
@@ -80,6 +98,27 @@ class Posterior:
                 v = _to_numpy(v)
             conv[f.name] = v
         return Posterior(**conv)
+
+
+def array_kind(x) -> str:
+    """``"float64, NumPy"`` or ``"torch.float32 on cuda:0, requires grad"``: an array's dtype and device."""
+    if hasattr(x, "detach"):
+        return f"{x.dtype} on {x.device}" + (", requires grad" if x.requires_grad else "")
+    return f"{np.asarray(x).dtype}, NumPy"
+
+
+def loglik_summary(loglik) -> str:
+    """``"loglik: total -640.99 over 1 series"`` (with the range over series when there are several)."""
+    ll = np.asarray(_to_numpy(loglik), dtype=np.float64).reshape(-1)
+    if ll.size == 0:
+        return "loglik: no series"
+    text = f"loglik: total {ll.sum():.6g} over {ll.size} series"
+    finite = ll[np.isfinite(ll)]
+    if ll.size > 1 and finite.size:
+        text += f" (from {finite.min():.6g} to {finite.max():.6g})"
+    if finite.size < ll.size:
+        text += f", {ll.size - finite.size} not finite"
+    return text
 
 
 def _to_numpy(x):
