@@ -239,8 +239,6 @@ def _check_no_noise(rank, world):
 
 def _worker(rank, world, store):
     torch.set_num_threads(1)
-    ks.distributed.merged.CHUNK_ELEMENTS = 16  # several summary chunks per rank
-    ks.distributed.kla.MIN_PIECE = 2  # several pieces in the KLA piece-map summary
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         _check_series(rank, world, smooth=False)

@@ -9,7 +9,7 @@ import torch
 import kalmanscan as ks
 from helpers import random_kla
 from kalmanscan.nn import KLA, layer_filters
-from kalmanscan.nn.scan import kla_scan_sequential
+from kalmanscan.ops.kla.reference import kla_scan_sequential
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 

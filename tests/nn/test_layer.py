@@ -9,7 +9,7 @@ from torch.func import functional_call
 from helpers import random_kla
 from kalmanscan import ou
 from kalmanscan.nn import KLA
-from kalmanscan.nn.scan import kla_scan_sequential
+from kalmanscan.ops.kla.reference import kla_scan_sequential
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 

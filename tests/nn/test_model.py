@@ -5,7 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from kalmanscan.nn import KLA, MIXERS, SequenceModel, register_mixer
-from kalmanscan.nn.mixers import CausalAttention, GatedLinearAttention, GLAState, SelectiveSSM, gla_chunked
+from kalmanscan.nn.baselines.attention import CausalAttention
+from kalmanscan.nn.baselines.gla import GatedLinearAttention, GLAState, gla_chunked
+from kalmanscan.nn.baselines.ssm import SelectiveSSM
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 NAMES = ["kla", "attention", "gla", "mamba", "gdn", "mlstm", "gru"]

@@ -170,7 +170,7 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"state.S must have shape (batch, n_heads, d_key, d_value) = {want}, "
                              f"got {tuple(state.S.shape)}")
 
-    def _inputs(self, x, window):
+    def inputs(self, x, window):
         """x (B, L, D) -> q, k (B, L, H, K), v (B, L, H, V), g, beta (B, L, H) in the scan dtype,
         and the new conv window."""
         qkv, window = causal_conv(self.in_proj(x), window, self.conv)
@@ -190,7 +190,7 @@ class GatedDeltaNet(nn.Module):
         """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
         self._check(x, 3, "x", state)
         start = self.init_state(x.shape[0], x.device) if state is None else state
-        q, k, v, g, beta, window = self._inputs(x, start.conv)
+        q, k, v, g, beta, window = self.inputs(x, start.conv)
         with torch.autocast(x.device.type, enabled=False):
             o, S = gated_delta_rule_chunked(q, k, v, g, beta, self.d_key ** -0.5,
                                             start.S.to(q.dtype), self.chunk_size)
@@ -200,7 +200,7 @@ class GatedDeltaNet(nn.Module):
     def step(self, x_t, state: GDNState):
         """One token in O(H K V) work: x_t (B, D) -> ``(y_t (B, D), state)``."""
         self._check(x_t, 2, "x_t", state)
-        q, k, v, g, beta, window = self._inputs(x_t[:, None], state.conv)
+        q, k, v, g, beta, window = self.inputs(x_t[:, None], state.conv)
         with torch.autocast(x_t.device.type, enabled=False):
             o, S = gated_delta_rule_sequential(q, k, v, g, beta, self.d_key ** -0.5,
                                                state.S.to(q.dtype))

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from kalmanscan.nn import MIXERS, SequenceModel
-from kalmanscan.nn.gdn import (GatedDeltaNet, GDNState, gated_delta_rule_chunked,
-                               gated_delta_rule_sequential)
+from kalmanscan.nn.baselines.gdn import (GatedDeltaNet, GDNState, gated_delta_rule_chunked,
+                                         gated_delta_rule_sequential)
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 
@@ -86,7 +86,7 @@ def test_layer_is_causal():
 def test_layer_gates_and_gradients():
     m = layer()
     x = series(L=9)
-    q, k, v, g, beta, _ = m._inputs(x, m.init_state(2).conv)
+    q, k, v, g, beta, _ = m.inputs(x, m.init_state(2).conv)
     assert (g < 0).all() and ((beta > 0) & (beta < 1)).all()
     torch.testing.assert_close(q.norm(dim=-1), torch.ones_like(q[..., 0]), **TOL)
     m(x).square().sum().backward()

@@ -1,13 +1,13 @@
 """The "gla" mixer on a GPU with fla installed: fla's ``chunk_gla`` against the torch fallback.
 
 Skipped where there is no CUDA device, no fla, or the kernels run under ``TRITON_INTERPRET=1``
-(as in CI); on the GPU machine: ``TRITON_INTERPRET=0 python -m pytest tests/test_gla_gpu.py``.
+(as in CI); on the GPU machine: ``TRITON_INTERPRET=0 python -m pytest tests/nn/baselines/test_gla_gpu.py``.
 fla's float32 kernels multiply in TF32 (10-bit mantissa, relative rounding ~5e-4 per product),
 so outputs and gradients are compared to ``TF32_BOUND``, not to float32 rounding. fla autotunes
 its kernels on first use: allow minutes for a fresh machine; with ``KALMANSCAN_FLA_FIRST_CONFIG=1``
 this module makes every fla kernel it imports take the first of its autotuning configs (no tuning;
 the values do not depend on the config), e.g.
-``KALMANSCAN_FLA_FIRST_CONFIG=1 TRITON_INTERPRET=0 python -m pytest tests/test_gla_gpu.py`` (run
+``KALMANSCAN_FLA_FIRST_CONFIG=1 TRITON_INTERPRET=0 python -m pytest tests/nn/baselines/test_gla_gpu.py`` (run
 alone: the switch changes ``triton.autotune`` for the whole process). So run, on an H200
 (2026-12-01, fla-core 0.6.0), every case passed: output, final state and every gradient within
 1.9e-3 of the fallback at L = 1, 63 and 200, with and without the short conv, and the training
@@ -15,6 +15,7 @@ test. Without the switch, fla-core 0.6 tunes for minutes per shape and caches th
 ``TRITON_CACHE_DIR`` (166 MB after the L = 1 case alone).
 """
 
+import importlib.util
 import os
 
 import pytest
@@ -26,10 +27,11 @@ if os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1":
     triton.autotune = lambda configs, *args, **kwargs: _autotune(configs[:1], *args, **kwargs)
 
 from kalmanscan.nn import SequenceModel  # noqa: E402 - after the autotuning switch
-from kalmanscan.nn.mixers import GatedLinearAttention, GLAState, _fla_chunk_gla  # noqa: E402
+from kalmanscan.nn.baselines.gla import GatedLinearAttention, GLAState  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" or _fla_chunk_gla() is None,
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    or importlib.util.find_spec("fla") is None,
     reason="needs a CUDA device, fla, and compiled (not interpreted) Triton kernels")
 
 TF32_BOUND = 1e-2

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kalmanscan.nn import MIXERS, SequenceModel
-from kalmanscan.nn.mlstm import MLSTM, mlstm_chunkwise, mlstm_sequential
+from kalmanscan.nn.baselines.mlstm import MLSTM, mlstm_chunkwise, mlstm_sequential
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 
@@ -94,7 +94,7 @@ def series(B=2, L=37, D=8, seed=1):
     return torch.randn(B, L, D, dtype=torch.float64)
 
 
-def test_registered():                          # importing kalmanscan.nn.mlstm registers it
+def test_registered():                          # the registry names the baseline
     assert MIXERS["mlstm"] is MLSTM
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from helpers import max_rel_error
 
-from kalmanscan.nn import kla_scan
-from kalmanscan.nn.kla_triton import KLAConfig, kla_scan_triton
-from kalmanscan.nn import scan
-from kalmanscan.nn.scan import kla_scan_sequential
+from kalmanscan.ops.kla import RECURRENT_MIN_WIDTH, kla_scan
+from kalmanscan.ops.kla.recurrent import kla_step
+from kalmanscan.ops.kla.reference import kla_scan_sequential
+from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
 
 TOL = 2e-5
 SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)
@@ -317,8 +317,6 @@ def test_no_process_noise_state_gradcheck():
 def test_mean_step_is_affine_in_the_mean_with_gate_in_zero_decay():
     """Given the variance, one token maps the mean affinely, ``mu <- g mu + c`` with ``0 <= g <=
     decay``: the diagonal, input-gated class of GLA and Mamba (docs/results.md, A5)."""
-    from kalmanscan.nn.scan import kla_step
-
     g = torch.Generator().manual_seed(5)
     B, M, S = 3, 4, 5
     r = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
