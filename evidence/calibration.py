@@ -1,4 +1,4 @@
-"""Calibration checks of a trained model's KLA variance (issue 6, item 5), run by :mod:`benchmarks.train`.
+"""Calibration checks of a trained model's KLA variance (issue 6, item 5), run by :mod:`evidence.train`.
 
 Two questions about the last KLA layer of a model, on the task's test split:
 

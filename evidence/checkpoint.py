@@ -1,4 +1,4 @@
-"""Pause and resume of a training run (``benchmarks.train --checkpoint PATH --stop-after S``).
+"""Pause and resume of a training run (``evidence.train --checkpoint PATH --stop-after S``).
 
 A checkpoint is one ``torch.save`` file: ``args`` (the arguments that shape the run, compared on
 resume), ``finished``, and either the paused state (``model``, ``optimizer``, the training

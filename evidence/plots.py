@@ -1,9 +1,9 @@
-"""Figures and tables from the JSON results of :mod:`benchmarks.train`.
+"""Figures and tables from the JSON results of :mod:`evidence.train`.
 
-    python -m benchmarks.plots a5 benchmarks/results/a5 --png benchmarks/results/a5_min_depth.png
+    python -m evidence.plots a5 benchmarks/results/a5 --png benchmarks/results/a5_min_depth.png
 
-    python -m benchmarks.plots mad benchmarks/results/mad --png benchmarks/results/mad.png
-    python -m benchmarks.plots mqar benchmarks/results/mqar --png benchmarks/results/mqar.png
+    python -m evidence.plots mad benchmarks/results/mad --png benchmarks/results/mad.png
+    python -m evidence.plots mqar benchmarks/results/mqar --png benchmarks/results/mqar.png
 
 prints markdown tables (best validation token accuracy per mixer, depth and length; the smallest
 solving depth) and draws the A5 smallest-solving-depth plot: one line per mixer, length on the x
@@ -441,7 +441,7 @@ def plot_curves(results, path: str, task: str = "a5") -> None:
 
 
 def main(argv=None) -> str:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.plots", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m evidence.plots", description=__doc__.split("\n")[0])
     p.add_argument("task", help="task name as in the results (a5, z60, mqar, ...)")
     p.add_argument("directories", nargs="+", metavar="directory",
                    help="folders of result JSON (searched recursively), read together")

@@ -1,10 +1,10 @@
 """The evaluation protocols as lists of training runs, launched as parallel processes on one GPU.
 
-    python -m benchmarks.protocols a5 --lengths 16 32 --depths 1 2 --steps 3000 \
+    python -m evidence.protocols a5 --lengths 16 32 --depths 1 2 --steps 3000 \
         --time-limit 150 --parallel 12 --out-dir benchmarks/results/a5
-    python -m benchmarks.protocols mqar|mad|ou ... [--dry-run]
+    python -m evidence.protocols mqar|mad|ou ... [--dry-run]
 
-Each protocol function returns :class:`Run` specs (a label and the ``benchmarks.train``
+Each protocol function returns :class:`Run` specs (a label and the ``evidence.train``
 arguments); :func:`launch` runs them ``parallel`` at a time (small models leave a GPU mostly idle,
 so several processes share it), one log per run, and returns the JSON results. ``--dry-run``
 prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
@@ -29,7 +29,7 @@ conv).
 A protocol longer than one sitting runs over several calls of the same command (one learning
 rate per run, no ``--time-limit``):
 
-    python -m benchmarks.protocols a5 --lengths 16 --steps 40000 --parallel 8 \
+    python -m evidence.protocols a5 --lengths 16 --steps 40000 --parallel 8 \
         --out-dir benchmarks/results/a5 --checkpoint-dir ck/a5 --stop-after 540
 
 ``--checkpoint-dir DIR`` gives each run ``--checkpoint DIR/<label>.pt``; ``--stop-after SECONDS``
@@ -71,14 +71,14 @@ MIN_START_S = 60          # with a launch budget: no run starts with less time l
 
 @dataclass(frozen=True)
 class Run:
-    """One training run: ``label`` (unique within a protocol) and its ``benchmarks.train`` argv."""
+    """One training run: ``label`` (unique within a protocol) and its ``evidence.train`` argv."""
 
     label: str
     argv: list
 
     def train_argv(self, out_dir: str, checkpoint_dir: str | None = None,
                    stop_after: float | None = None) -> list:
-        """The ``benchmarks.train`` arguments: ``argv`` plus the output (and checkpoint) paths."""
+        """The ``evidence.train`` arguments: ``argv`` plus the output (and checkpoint) paths."""
         argv = [*self.argv, "--out", os.path.join(out_dir, self.label + ".json"), "--no-progress"]
         if checkpoint_dir is not None:
             argv += ["--checkpoint", os.path.join(checkpoint_dir, self.label + ".pt")]
@@ -88,7 +88,7 @@ class Run:
 
     def command(self, out_dir: str, python: str = sys.executable, **options) -> list:
         """The process to launch; ``options`` as :meth:`train_argv`'s."""
-        return [python, "-m", "benchmarks.train", *self.train_argv(out_dir, **options)]
+        return [python, "-m", "evidence.train", *self.train_argv(out_dir, **options)]
 
 
 def _common(steps, lrs, seed, time_limit, batch):
@@ -199,7 +199,7 @@ def ou_ablation(depths=(2, 4, 8), task="a5", length=64, width=128, steps=20000, 
 def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
            poll_s: float = 0.5, python: str = sys.executable, checkpoint_dir: str | None = None,
            stop_after: float | None = None, min_start_s: float = MIN_START_S) -> list:
-    """Run ``runs`` as ``<python> -m benchmarks.train`` processes, ``parallel`` at a time.
+    """Run ``runs`` as ``<python> -m evidence.train`` processes, ``parallel`` at a time.
 
     Each writes ``<out_dir>/<label>.json`` and ``<out_dir>/<label>.log``. Returns one dict per run:
     the JSON result, or ``{"label", "returncode", "log"}`` for a run that wrote none.
@@ -272,7 +272,7 @@ PROTOCOLS = {"a5": a5_min_depth, "mqar": mqar_protocol, "mad": mad_protocol, "ou
 
 
 def main(argv=None) -> list:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.protocols", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m evidence.protocols", description=__doc__.split("\n")[0])
     p.add_argument("protocol", choices=sorted(PROTOCOLS))
     p.add_argument("--mixers", nargs="+", default=None, choices=sorted(MIXER_SPECS))
     p.add_argument("--lengths", nargs="+", type=int, default=None)

@@ -1,6 +1,6 @@
 """The one training entry point for every task and mixer.
 
-    python -m benchmarks.train --task a5 --mixer kla --layers 2 --len 64 --d-model 128 \
+    python -m evidence.train --task a5 --mixer kla --layers 2 --len 64 --d-model 128 \
         --steps 5000 --lr 1e-3 --seed 0 --out benchmarks/results/a5_kla.json
 
 Model: :class:`kalmanscan.nn.SequenceModel` (``--mixer`` one name, or a comma list per layer);
@@ -20,13 +20,13 @@ loss or gradient (before the step that would spoil the weights). ``--lrs 1e-4,1e
 
 Pause and resume (one learning rate; not with ``--time-limit``, so the schedule is by steps only):
 
-    python -m benchmarks.train --task a5 ... --steps 40000 --checkpoint ck/a5.pt --stop-after 500
+    python -m evidence.train --task a5 ... --steps 40000 --checkpoint ck/a5.pt --stop-after 500
 
 ``--stop-after SECONDS`` is a wall-clock guard for this process that leaves the schedule alone:
 once reached (checked after every step), the run saves ``--checkpoint`` and writes its JSON with
 ``"stopped": "paused"`` and the steps run so far. Run the same command again and it resumes from
 the checkpoint: weights, optimizer, step, best and history, wall time, random states, and the
-training stream's position (its generator state, :class:`benchmarks.tasks.base.TrainBatches`), so
+training stream's position (its generator state, :class:`evidence.tasks.base.TrainBatches`), so
 it trains on exactly the batches an uninterrupted run would have. At the end (steps, threshold,
 non-finite) the checkpoint is kept, marked finished, with the run's record and final weights (no
 optimizer): running the command once more rewrites the same JSON without training. A checkpoint
@@ -37,7 +37,7 @@ holds the arguments that shape the run (all but ``--checkpoint``, ``--stop-after
 Output: one JSON with the config, seed, commit, device, and per learning rate the best
 validation token accuracy with the sequence, mean per-sequence and macro accuracies at that
 evaluation, the steps run, why training stopped, a history of (step, loss, accuracy), and for
-models with KLA layers the calibration checks of :mod:`benchmarks.calibration` on the final model
+models with KLA layers the calibration checks of :mod:`evidence.calibration` on the final model
 (its output variance against its errors, and the toolkit's diagnostics of its last KLA layer's
 filters).
 """
@@ -67,7 +67,7 @@ DEFAULT_STEPS = 2000      # --steps when neither it nor --time-limit is given
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.train", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m evidence.train", description=__doc__.split("\n")[0])
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--len", type=int, default=None, help="sequence length (task default if omitted)")
     p.add_argument("--kv-pairs", type=int, default=None, help="MQAR key-value pairs")
@@ -224,7 +224,7 @@ def schedule_progress(step: int, steps: int, elapsed: float, time_limit: float |
 
 @torch.no_grad()
 def evaluate(model, x_test, y_test, batch: int, device, amp: bool, num_classes: int) -> dict:
-    """Accuracies (see :class:`benchmarks.tasks.Scores`) of argmax predictions on the test set."""
+    """Accuracies (see :class:`evidence.tasks.Scores`) of argmax predictions on the test set."""
     model.eval()
     scores = Scores(num_classes)
     for start in range(0, x_test.shape[0], batch):

@@ -224,7 +224,7 @@ class AutoencoderModel(nn.Module):
 
     def __init__(self, encoder: nn.Module, seq_len: int, vocab_size: int):
         super().__init__()
-        from kalmanscan.nn.model import RMSNorm
+        from kalmanscan.nn.common import RMSNorm
 
         dim = encoder.head.in_features
         encoder.head = nn.Identity()

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import calibration, plots, protocols, train
-from benchmarks.tasks import make_task, validation_set
-from benchmarks.tasks.mad import mad_task
+from evidence import calibration, plots, protocols, train
+from evidence.tasks import make_task, validation_set
+from evidence.tasks.mad import mad_task
 from kalmanscan.diagnostics import report
 from kalmanscan.nn import KLA, layer_filters
 
