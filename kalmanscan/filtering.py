@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .diffuse import finite_problem, restore
 from .inputs import Problem, check_no_inf, prepare
 from .ops.filter import resolve_backend, run_backend
 from .posterior import Posterior
@@ -32,7 +33,9 @@ def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         times: observation times ``(T,)`` or ``(..., T, 1)``, strictly increasing.
         init_mean: prior mean ``(..., C)``; default ``mean``.
         init_var: prior variance ``(..., C)``; default the stationary ``sigma^2 / (2 theta)``,
-            required when ``theta = 0``.
+            required when ``theta = 0`` or ``sigma = 0``. ``float("inf")`` is the exact diffuse
+            prior (precision 0): the log-likelihood then leaves out each such channel's first
+            observation, counted by ``Posterior.n_diffuse`` (:mod:`kalmanscan.diffuse`).
         backend: ``"auto"`` (triton on CUDA, the compiled loop on the CPU), ``"cpu"``,
             ``"torch"``, ``"triton"``, ``"reference"`` (sequential float64 covariance form) or
             a name added by :func:`kalmanscan.ops.filter.register_backend`.
@@ -50,15 +53,18 @@ def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
              and resolve_backend(backend, y.device) == "triton")
     p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
                 init_mean=init_mean, init_var=init_var, backend=backend, check_y=not fused)
-    out = run_backend(p, backend)
+    finite, diffuse = finite_problem(p)
+    out = run_backend(finite, backend)
+    if diffuse is not None:
+        out = restore(p, diffuse, out)
     if fused:
         out["loglik"] = out["logliks"].sum(-2)
         if not bool(torch.isfinite(out["loglik"]).all()):
             check_no_inf(p.y)
-    return make_posterior(p, out)
+    return make_posterior(p, out, diffuse=diffuse)
 
 
-def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None) -> Posterior:
+def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None, diffuse=None) -> Posterior:
     """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind."""
     shape = p.shape
     out = dict(out)
@@ -71,6 +77,8 @@ def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None) -> 
     params["init_mean"] = p.output(p.init_mean.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
     params["init_var"] = p.output(p.init_var.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
     params["times"] = _times(p)
+    n_diffuse = torch.zeros(shape[:-2] + (shape[-1],), dtype=torch.int64) if diffuse is None else diffuse.n_diffuse
+    params["n_diffuse"] = n_diffuse.cpu().numpy() if p.numpy_out else n_diffuse
     logliks = conv.pop("logliks")
     loglik = logliks.sum(-2) if loglik is None else p.output(loglik)
     return Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import mobius
+from .diffuse import finite_problem, restore, smooth_leading
 from .filtering import make_posterior
 from .inputs import prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
@@ -36,7 +37,8 @@ def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     """
     p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
                 init_mean=init_mean, init_var=init_var, backend=backend)
-    out = run_backend(p, backend)
+    finite, diffuse = finite_problem(p)
+    out = run_backend(finite, backend)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
     mean_param = torch.broadcast_to(p.mean, shape)
@@ -46,5 +48,8 @@ def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
                          "noise the smoother's gain is 1/decay and its backward recursion leaves the "
                          "floating-point range (ks.filter handles sigma = 0)")
+    if diffuse is not None:
+        out = restore(p, diffuse, out)
+        mean_s, var_s, precision_s = smooth_leading(p, diffuse, mean_s, var_s)
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
-    return make_posterior(p, smoothed, filtered=make_posterior(p, out))
+    return make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)

@@ -1,0 +1,113 @@
+"""Exact diffuse initialisation (``init_var = inf``) and ``sigma = 0``, on every backend, against
+statsmodels' exact diffuse filter and smoother (``use_exact_diffuse=True``) on the Nile data."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import kalmanscan as ks
+
+sm = pytest.importorskip("statsmodels.api")
+
+S2_EPS, S2_ETA = 15099.0, 1469.1           # Durbin and Koopman's MLE of the Nile local level
+BACKENDS = [b for b in ks.ops.filter.backend_names() if b != "auto"]
+LEVEL = dict(theta=0.0, sigma=math.sqrt(S2_ETA), obs_var=S2_EPS, init_var=math.inf)
+
+
+def nile(lead: int = 0):
+    y = np.asarray(ks.datasets.load_nile().y, float).reshape(-1, 1).copy()
+    y[:lead] = np.nan
+    return y
+
+
+def run(fn, y, backend, **kw):
+    post = fn(y if backend == "reference" else torch.tensor(y), backend=backend, **kw)
+    return post, {k: np.asarray(getattr(post, k)) for k in ("mean", "var", "precision", "pred_var", "loglik")}
+
+
+def statsmodels_level(y):
+    mod = sm.tsa.UnobservedComponents(y[:, 0], "llevel", use_exact_diffuse=True)
+    return mod.smooth([S2_EPS, S2_ETA])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("lead", [0, 5])
+def test_local_level_matches_statsmodels_exact_diffuse(backend, lead):
+    y = nile(lead)
+    ref = statsmodels_level(y)
+    post, f = run(ks.filter, y, backend, **LEVEL)
+    _, s = run(ks.smooth, y, backend, **LEVEL)
+    np.testing.assert_allclose(f["mean"][lead:, 0], ref.filtered_state[0, lead:], rtol=1e-10)
+    np.testing.assert_allclose(f["var"][lead:, 0], ref.filtered_state_cov[0, 0, lead:], rtol=1e-10)
+    np.testing.assert_allclose(s["mean"][:, 0], ref.smoothed_state[0], rtol=1e-10)
+    np.testing.assert_allclose(s["var"][:, 0], ref.smoothed_state_cov[0, 0], rtol=1e-10)
+    # the log-likelihood leaves out the diffuse step (statsmodels' loglikelihood_burn)
+    np.testing.assert_allclose(f["loglik"][0], ref.llf_obs[lead + 1:].sum(), rtol=1e-12)
+    assert np.all(np.isinf(f["var"][:lead])) and np.all(f["precision"][:lead] == 0)
+    assert np.all(np.isinf(f["pred_var"][:lead + 1]))
+    assert np.asarray(post.n_diffuse).tolist() == [1]
+    if lead == 0:
+        assert f["loglik"][0] == pytest.approx(-632.5456, abs=1e-4)
+
+
+def test_fit_reaches_the_published_mle():
+    r = ks.fit(nile(), theta=0.0, init_var=math.inf, estimate=("sigma", "obs_var"), progress=False)
+    assert r.converged
+    assert float(r.params["obs_var"][0]) == pytest.approx(S2_EPS, rel=1e-3)
+    assert float(r.params["sigma"][0]) ** 2 == pytest.approx(S2_ETA, rel=2e-3)
+    assert float(np.asarray(r.loglik).ravel()[0]) == pytest.approx(-632.5456, abs=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_channels_and_a_channel_never_observed(backend):
+    """Per-channel init_var: diffuse, finite, and diffuse with no observation at all."""
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=(2, 9, 3))
+    y[:, :2, 0] = np.nan
+    y[1, :, 2] = np.nan
+    kw = dict(theta=0.4, sigma=0.8, obs_var=0.3, init_var=np.array([np.inf, 2.0, np.inf]))
+    post, f = run(ks.filter, y, backend, **kw)
+    ref, g = run(ks.filter, y, "reference", **dict(kw, init_var=np.array([1.0, 2.0, 1.0])))
+    np.testing.assert_allclose(f["mean"][..., 1], g["mean"][..., 1], rtol=1e-10)   # finite: untouched
+    assert np.asarray(post.n_diffuse).tolist() == [[1, 0, 1], [1, 0, 0]]
+    assert np.all(np.isinf(f["var"][1, :, 2])) and f["loglik"][1, 2] == 0
+    assert np.all(np.isfinite(f["var"][:, 2:, 0])) and np.all(np.isinf(f["var"][:, :2, 0]))
+    _, s = run(ks.smooth, y, backend, **kw)
+    assert np.all(np.isinf(s["var"][1, :, 2])) and np.all(np.isfinite(s["var"][0]))
+
+
+def test_diffuse_gradients_gradcheck():
+    y = torch.tensor(nile(3)[:12] / 1000.0)
+
+    def loglik(sigma, obs_var, y):
+        return ks.filter(y, theta=0.2, sigma=sigma, obs_var=obs_var, init_var=math.inf, backend="torch").loglik
+
+    args = (torch.tensor(0.5, dtype=torch.float64, requires_grad=True),
+            torch.tensor(0.3, dtype=torch.float64, requires_grad=True), y.clone().requires_grad_())
+    assert torch.autograd.gradcheck(loglik, args)
+
+
+def test_diffuse_needs_an_observation_with_gain():
+    with pytest.raises(ValueError, match="h must be non-zero"):
+        ks.filter(nile(), theta=0.0, sigma=1.0, obs_var=1.0, h=0.0, init_var=math.inf)
+
+
+def test_sigma_zero_without_init_var_names_init_var():
+    with pytest.raises(ValueError, match="init_var is required where sigma = 0"):
+        ks.filter(nile(), theta=0.1, sigma=0.0, obs_var=1.0)
+    with pytest.raises(ValueError, match="init_var must be > 0"):
+        ks.filter(nile(), theta=0.1, sigma=1.0, obs_var=1.0, init_var=0.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigma_zero_with_init_var_is_exact(backend):
+    """A deterministic OU path: every backend equals the float64 covariance-form reference."""
+    y = nile()[:40]
+    kw = dict(theta=0.1, sigma=0.0, obs_var=S2_EPS, init_var=1e4, init_mean=900.0)
+    _, f = run(ks.filter, y, backend, **kw)
+    _, g = run(ks.filter, y, "reference", **kw)
+    for k in ("mean", "var", "loglik"):
+        assert np.all(np.isfinite(f[k]))
+        np.testing.assert_allclose(f[k], g[k], rtol=1e-9)
