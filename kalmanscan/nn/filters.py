@@ -4,7 +4,7 @@
     ks.diagnostics.report(post, obs)                   # NIS, PIT, coverage of the layer's own v
 
 Filter ``(m, s)`` of a :class:`kalmanscan.nn.KLA` layer is a scalar Kalman filter with an OU prior
-(DESIGN.md section 3): state ``x_t = decay x_{t-1} + N(0, noise)``, observation ``v_t[m] = k_t[s]
+(docs/math.md, section 7): state ``x_t = decay x_{t-1} + N(0, noise)``, observation ``v_t[m] = k_t[s]
 x_t + N(0, 1 / lam_v_t[m])``, prior ``N(0, 1)`` before the first token's transition. That is
 :func:`kalmanscan.filter` on channel ``c = m * S + s`` with ``y = v[m]``, ``h = k[s]``, ``obs_var =
 1 / lam_v[m]`` per token, and the OU pair ``(theta dt, sigma_eff)`` over a unit step whose exact

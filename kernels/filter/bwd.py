@@ -6,7 +6,7 @@ before step 0, the initial ``(lam0, eta0)``) and recomputes everything else of t
 ``decay, noise`` from ``theta, sigma, dt``, ``phi, info`` from ``y, obs_var, mean, h``. Nothing
 else per step is stored. With cotangents ``g_mu, g_lam, g_pm, g_pv`` of the four outputs, the
 adjoints ``(gl, ge)`` of ``(lam_{t-1}, eta_{t-1})`` follow from those of ``(lam_t, eta_t)`` by the
-transpose of the scalar recursion (DESIGN.md §2; never through the normalised 2x2 products):
+transpose of the scalar recursion (docs/math.md §2; never through the normalised 2x2 products):
 
     L = gl + g_lam - g_mu mu / lam,     E = ge + g_mu / lam          (totals at step t)
     rho = 1 / (decay^2 + noise lam_p)

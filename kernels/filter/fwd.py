@@ -2,12 +2,12 @@
 
 Lanes and stretches are described in :mod:`kalmanscan.kernels.filter.steps`. With one stretch (many
 channels) only :func:`filter_fwd_kernel` runs, from the initial state. With ``NS > 1`` stretches,
-time is split across programs by the merged homogeneous form of KERNEL_NOTES.md: with
+time is split across programs by the merged homogeneous form (docs/math.md, section 6): with
 ``lam = u / w0`` and ``eta = w / w0`` one step is the linear map
 
     [u, w0, w] <- [[A, B, 0], [C, D, 0], [info C, info D, decay]] [u, w0, w]
 
-(``A, B, C, D = 1 + noise phi, decay^2 phi, noise, decay^2``: the Möbius entries of DESIGN.md
+(``A, B, C, D = 1 + noise phi, decay^2 phi, noise, decay^2``: the Möbius entries of docs/math.md
 §2). Products of such maps stay lower block-triangular: seven numbers
 ``(p11, p12, p21, p22, e1, e2, f)``. They do not depend on the state, so
 

@@ -210,7 +210,7 @@ def static_inputs(t0, lane_ok, b, c,
 
 @triton.jit
 def info_step(lam, eta, decay, noise, phi, info):
-    """One predict-then-update step of the information filter on ``(lam, eta)`` (DESIGN.md §2).
+    """One predict-then-update step of the information filter on ``(lam, eta)`` (docs/math.md §2).
 
     ``rho = 1 / (decay^2 + noise lam) > 0``; ``lam' = rho lam + phi``,
     ``eta' = decay rho eta + info``. Every term of ``lam'`` is non-negative.

@@ -14,7 +14,7 @@ from ..fast_math import rcp
 
 @triton.jit
 def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
-    """One predict-then-update step of the filter grid (DESIGN.md section 3):
+    """One predict-then-update step of the filter grid (docs/math.md, section 7):
     ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``,
     ``eta <- rho decay eta + lam_v v k``."""
     rho = rcp(a2 + noise * lam)

@@ -1,4 +1,4 @@
-"""Fused forward of the KLA scan (DESIGN.md section 3): the state never leaves registers.
+"""Fused forward of the KLA scan (docs/math.md, section 7): the state never leaves registers.
 
 One program per ``(batch b, block of BLOCK_M channels of M, stretch of time)`` holds its
 ``[BLOCK_M, BLOCK_S]`` grid of filters ``(lam, eta)`` in registers and walks its stretch of time

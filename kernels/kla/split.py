@@ -2,14 +2,14 @@
 
 With few sequences (``B * M / BLOCK_M`` programs cannot fill the GPU) the forward splits time into
 ``n_pieces`` stretches. A stretch's effect on ``(lam, eta)`` does not depend on the state entering
-it when written in the merged homogeneous form of KERNEL_NOTES.md: with ``lam = u / w0`` and
+it when written in the merged homogeneous form (docs/math.md, section 6): with ``lam = u / w0`` and
 ``eta = w / w0`` one token is the linear map of ``(u, w0, w)``
 
     [[1 + noise phi, decay^2 phi, 0],
      [noise,         decay^2,     0],
      [b noise,       b decay^2,   decay]]          (phi = lam_v k^2, b = lam_v v k)
 
-(the Möbius matrix of DESIGN.md section 2 in the top-left block; ``w' = decay w + b w0'`` is the
+(the Möbius matrix of docs/math.md section 2 in the top-left block; ``w' = decay w + b w0'`` is the
 mean update times the new denominator). Products stay of this lower block-triangular form, seven
 numbers ``(A, B, C, D, x, y, z)``; this kernel composes them over a stretch, dividing by the trace
 ``A + D`` after each token (the maps act projectively; the 2x2 block has non-negative entries and a
