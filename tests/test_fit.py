@@ -124,6 +124,7 @@ def test_a_channel_without_observations_gets_nan_stderr():
     res = ks.fit(y, backend="torch")
     assert np.all(np.isfinite(res.stderr["sigma"][:1])) and np.all(np.isnan(res.stderr["sigma"][1:]))
     assert res.n_obs.tolist() == [60, 0] and res.loglik[1] == 0.0
+    assert not res.converged and "channel 1: no observations" in res.reason
 
 
 @pytest.mark.parametrize("kwargs, match", [
