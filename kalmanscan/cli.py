@@ -217,7 +217,8 @@ def _check_constant(data, n_params, shared):
     if shared and not np.all(const | ~seen.any(0)):
         return
     for c in np.flatnonzero(const):
-        raise ValueError(f"channel '{data.labels[c]}' is constant (every observed value is {lo[c]:g}){', as is every channel' if shared else ''}: "
+        every = ", as is every channel" if shared else ""
+        raise ValueError(f"channel '{data.labels[c]}' is constant (every observed value is {lo[c]:g}){every}: "
                          "obs_var has no maximum-likelihood estimate (it goes to 0); leave the channel out "
                          "(--columns) or give --obs-var and leave obs_var out of --estimate")
 
@@ -292,7 +293,8 @@ def _run_filter(args, smooth: bool) -> int:
 @contextlib.contextmanager
 def _stages(args, base):
     """``step(name)``: advance a tqdm bar over the stages of a command (read, fit, filter, write,
-    plot): ``base`` stages plus one per output file. Shown with ``--progress``, or by default on a terminal for inputs of ``_LONG_BYTES``."""
+    plot): ``base`` stages plus one per output file. Shown with ``--progress``, or by default on a
+    terminal for inputs of ``_LONG_BYTES``."""
     from tqdm.auto import tqdm
 
     show = args.progress
@@ -488,7 +490,8 @@ def _parents():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kalmanscan", description="Parallel Kalman filtering with honest uncertainty.")
+    parser = argparse.ArgumentParser(prog="kalmanscan",
+                                     description="Parallel Kalman filtering with honest uncertainty.")
     sub = parser.add_subparsers(dest="command", required=True)
     data, model, source = _parents()
     for name, smooth in (("filter", False), ("smooth", True)):
@@ -517,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
     try:

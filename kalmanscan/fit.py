@@ -343,7 +343,8 @@ def _check_constant(y, identified, shared) -> None:
         return
     ix = tuple(int(i) for i in bad[0])
     what = _series_name(ix, tuple(y.shape[:-2]), False)
-    raise ValueError(f"y: {what} is constant (every observed value is {float(lo[ix]):g}){', as is every channel' if shared else ''}: "
+    every = ", as is every channel" if shared else ""
+    raise ValueError(f"y: {what} is constant (every observed value is {float(lo[ix]):g}){every}: "
                      "the likelihood grows without bound as obs_var -> 0, so obs_var has no maximum-likelihood "
                      "estimate; leave the channel out, or pass obs_var and leave it out of estimate")
 
@@ -388,7 +389,8 @@ def _guesses(y, values, estimate, batch, Cp, h, dt, times):
         t = torch.as_tensor(v.detach() if isinstance(v, torch.Tensor) else np.array(v, dtype=np.float64), **like)
         if k in _MODEL and t.ndim >= 2:
             if t.shape[-2] != 1:
-                raise ValueError(f"{k}: an estimated parameter must be static (scalar, (C,) or (..., 1, C)), got shape {tuple(t.shape)}")
+                raise ValueError(f"{k}: an estimated parameter must be static (scalar, (C,) or (..., 1, C)), "
+                                 f"got shape {tuple(t.shape)}")
             t = t.squeeze(-2)
         try:
             t = torch.broadcast_to(t, batch + (Cp,)).clone()
@@ -397,7 +399,8 @@ def _guesses(y, values, estimate, batch, Cp, h, dt, times):
                              + (" (shared=True takes one value per batch element)" if Cp == 1 else "")) from None
         ok = torch.isfinite(t) & (t > 0) if k in _POSITIVE else torch.isfinite(t)
         if not bool(ok.all()):
-            raise ValueError(f"{k}: the initial guess must be finite" + (" and > 0 (its logarithm is optimised)" if k in _POSITIVE else ""))
+            raise ValueError(f"{k}: the initial guess must be finite"
+                             + (" and > 0 (its logarithm is optimised)" if k in _POSITIVE else ""))
         out[k] = t
     return out
 
@@ -457,7 +460,7 @@ def _lbfgs(objective, u, max_iter, tol, progress):
 
         res = minimize(fun, x0, jac=True, method="L-BFGS-B", callback=callback,
                        options=dict(maxiter=max_iter, gtol=tol, ftol=10 * np.finfo(np.float64).eps, maxcor=20))
-        _finish(bar, bool(res.success) and math.isfinite(last.get("f", 0.0)))
+        _finish(bar, bool(res.success))
     f, grad = fun(res.x)
     gmax = float(np.max(np.abs(grad))) if grad.size else 0.0
     if not math.isfinite(f):

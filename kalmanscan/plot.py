@@ -188,7 +188,9 @@ def reliability(post, truth_or_y, levels=None, ax=None, *, target="state", chann
     x = np.broadcast_to(_np(truth_or_y).astype(np.float64), shape)
     mean, var = (post.mean, post.var) if target == "state" else (post.pred_obs_mean, post.pred_obs_var)
     if channel is not None:
-        sel = (lambda a: _pick(a, () if index is None else index, channel, shape)[..., None])
+        def sel(a):
+            return _pick(a, () if index is None else index, channel, shape)[..., None]
+
         x, mean, var = sel(x), sel(mean), sel(var)
     observed = diagnostics._inside(mean, var, x, levels, None)
     err = (x - mean) / np.sqrt(var)

@@ -60,8 +60,10 @@ class Posterior:
         kind = "smoother" if self.filtered is not None else "filter"
         shape = tuple(getattr(self.mean, "shape", ()))
         names = [f.name for f in fields(self) if f.name not in ("params", "filtered")]
+        if kind == "smoother":
+            names.append("filtered (the filter's posterior)")
         lines = [f"Posterior ({kind}) of shape (..., T, C) = {shape}, {array_kind(self.mean)}",
-                 f"  fields: {', '.join(names)}" + (", filtered (the filter's posterior)" if kind == "smoother" else ""),
+                 f"  fields: {', '.join(names)}",
                  f"  {loglik_summary(self.loglik)}"]
         if self.params:
             lines.append(f"  params: {', '.join(self.params)}")

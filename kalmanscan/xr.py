@@ -79,7 +79,8 @@ def parse_time_unit(time_unit) -> np.timedelta64:
         else:
             raise TypeError
     except (TypeError, ValueError):
-        raise ValueError(f"time_unit must be a duration like '1D', 's' or numpy.timedelta64, got {time_unit!r}") from None
+        raise ValueError(f"time_unit must be a duration like '1D', 's' or numpy.timedelta64, "
+                         f"got {time_unit!r}") from None
     if unit <= pd.Timedelta(0):
         raise ValueError(f"time_unit must be a positive duration, got {time_unit!r}")
     return unit.to_timedelta64().astype("timedelta64[ns]")
@@ -160,7 +161,8 @@ def _split_params(da, dim, kwargs):
             if name not in _PARAM_NAMES:
                 raise ValueError(f"{name} cannot be a DataArray (only {', '.join(_PARAM_NAMES)} can)")
             if name in _STATIC_ONLY and dim in value.dims:
-                raise ValueError(f"{name} must not have the time dimension {dim!r} (it is the belief at the first time)")
+                raise ValueError(f"{name} must not have the time dimension {dim!r} "
+                                 "(it is the belief at the first time)")
             if dim in value.dims and value.sizes[dim] != da.sizes[dim]:
                 raise ValueError(f"{name} has {value.sizes[dim]} steps along {dim!r}, da has {da.sizes[dim]}")
             arrays[name] = value
@@ -363,7 +365,7 @@ _FIT_DESCRIPTIONS = {
 FIT_NAMES = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
 
 
-def fit(da, dim="time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
+def fit(da: xr.DataArray, dim: str = "time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
     """Maximum-likelihood parameters for every non-time position of ``da`` (:func:`kalmanscan.fit`).
 
     Args:

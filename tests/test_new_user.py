@@ -245,7 +245,8 @@ def test_parameter_file_channels_are_checked_for_netcdf_as_for_csv(tmp_path, cap
     code, _, err = _run(capsys, "filter", tmp_path / "both.csv", "--params", fits["fit_nc.nc"])
     assert code == 2 and "not on temp" in err
     for fmt in ("nc", "csv"):
-        code, _, err = _run(capsys, "fit", tmp_path / "both.csv", "--max-iter", "40", "-o", tmp_path / f"fit_both.{fmt}")
+        code, _, err = _run(capsys, "fit", tmp_path / "both.csv", "--max-iter", "40",
+                            "-o", tmp_path / f"fit_both.{fmt}")
         assert code == 0, err
         code, _, err = _run(capsys, "filter", temp, "--params", tmp_path / f"fit_both.{fmt}")
         assert code == 0, err
@@ -260,7 +261,8 @@ def test_parameter_file_time_unit_must_match(tmp_path, capsys, two_series):
         code, _, err = _run(capsys, "fit", tmp_path / "d.csv", "--time-unit", "1D", "--max-iter", "30",
                             "-o", tmp_path / f"p.{fmt}")
         assert code == 0, err
-        code, _, err = _run(capsys, "filter", tmp_path / "d.csv", "--time-unit", "1h", "--params", tmp_path / f"p.{fmt}")
+        code, _, err = _run(capsys, "filter", tmp_path / "d.csv", "--time-unit", "1h", "--params",
+                            tmp_path / f"p.{fmt}")
         assert code == 2 and "fitted with time unit 1D" in err, err
         code, _, err = _run(capsys, "filter", tmp_path / "d.csv", "--time-unit", "24h", "--params",
                             tmp_path / f"p.{fmt}")
@@ -355,7 +357,7 @@ def _check_short(text, *needles):
 
 
 def test_posterior_and_forecast_reprs_are_a_few_lines():
-    _, y = simulate(T=300, seed=11, theta=np.array([0.5, 0.2]), sigma=np.array([1.0, 1.0]), obs_var=np.array([0.5, 0.5]))
+    _, y = simulate(T=300, seed=11, theta=np.array([0.5, 0.2]), sigma=np.ones(2), obs_var=np.full(2, 0.5))
     post = ks.filter(y, theta=np.array([0.5, 0.2]), sigma=1.0, obs_var=0.5)
     _check_short(repr(post), "Posterior (filter)", "(300, 2)", "float64", "NumPy", "pred_obs_var", "logliks",
                  f"total {post.loglik.sum():.6g} over 2 series")
