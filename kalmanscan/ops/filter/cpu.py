@@ -17,9 +17,10 @@ scalar adjoints (one compiled loop backwards in time over the forward's saved ce
 variance) for ``y``, ``decay, noise, obs_var, h, mean`` per step (or summed over time where the
 parameter is static) and the initial belief; torch autograd on :func:`kalmanscan.ou.discretize`
 maps the decay and noise adjoints to ``theta, sigma, dt`` (and so to ``times``), and reduces
-every adjoint to its parameter's broadcast shape. The backward is not itself differentiable
-(``once_differentiable``: a second derivative raises ``RuntimeError``); the Hessian-based
-standard errors of :func:`kalmanscan.fit` need the ``"torch"`` backend. :func:`smooth` is the
+every adjoint to its parameter's broadcast shape. The backward is not itself differentiable: a
+backward with ``create_graph=True`` raises ``RuntimeError`` (rather than silently treating the
+adjoints as constants); the Hessian-based standard errors of :func:`kalmanscan.fit` need the
+``"torch"`` backend. :func:`smooth` is the
 RTS smoother as a compiled reverse loop with its own compiled adjoint (:class:`_Smooth`).
 
 Compilation: nothing is compiled or imported from numba until the first call; each loop
@@ -34,7 +35,6 @@ import math
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from ... import ou
 from ...inputs import Problem
@@ -46,7 +46,8 @@ FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision",
           "pred_obs_var", "logliks", "missing")
 _INPUTS = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h", "init_mean", "init_var")
 _SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
-MAX_BLOCK = 64      # channels per task at most (a task walks time with its block innermost)
+MAX_LANES = 64      # series per task at most (a task walks time with its series innermost)
+MIN_LANES = 8       # ... and at least this many while there are enough series (overlaps their latency)
 TASKS_PER_THREAD = 4
 
 
@@ -58,16 +59,15 @@ def _loops():
 
 
 def _block(B: int, C: int) -> int:
-    """Channels per task: whole rows of up to :data:`MAX_BLOCK` channels when there are enough
-    series for the threads, else the channels split so that about :data:`TASKS_PER_THREAD`
-    tasks per thread exist. Results do not depend on it."""
+    """Series per task (lanes): the ``B C`` series split into a multiple of the thread count of
+    tasks, up to :data:`TASKS_PER_THREAD` per thread while each keeps :data:`MIN_LANES` lanes,
+    and at most :data:`MAX_LANES` lanes a task. Results do not depend on it."""
     import numba
 
-    want = TASKS_PER_THREAD * numba.get_num_threads()
-    if B >= want:
-        return min(C, MAX_BLOCK)
-    blocks = min(C, -(-want // max(B, 1)))
-    return min(-(-C // blocks), MAX_BLOCK)
+    N = B * C
+    threads = numba.get_num_threads()
+    tasks = threads * max(1, min(TASKS_PER_THREAD, N // (threads * MIN_LANES)))
+    return max(1, min(MAX_LANES, -(-N // tasks)))
 
 
 def _layout(xs, shape, dtype):
@@ -140,11 +140,22 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     outs = tuple(out[k].numpy().reshape(-1) if k in out else placeholder for k in names)
     write = np.array([k in out for k in names])
     trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
+    static_var = not (trans_step or tstride[L.OBS_VAR] or tstride[L.H])
     if B:
         L.filter_forward(arrays, boff, tstride, cstride, outs, write, L.constants(dtype), T, C,
-                         _block(B, C), trans_step)
+                         _block(B, C), trans_step, static_var)
     zc = out.pop("zc", None)
     return out, zc
+
+
+def _first_order_only():
+    """Raise for a differentiable backward (``create_graph=True``): the compiled adjoints are not
+    themselves differentiable, and treating them as constants would give wrong second
+    derivatives silently."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backend='cpu' computes first derivatives only (its backward is a compiled loop); "
+                           "use backend='torch' for second derivatives (create_graph=True), e.g. the "
+                           "standard errors of ks.fit")
 
 
 def _reduce(g, shape, steps, like):
@@ -167,8 +178,13 @@ class _Filter(torch.autograd.Function):
         return tuple(out[k] for k in FIELDS)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *cot):
+        _first_order_only()
+        with torch.no_grad():
+            return _Filter._backward(ctx, *cot)
+
+    @staticmethod
+    def _backward(ctx, *cot):
         L = _loops()
         shape = ctx.shape
         *inputs, zc, var = ctx.saved_tensors
@@ -270,8 +286,13 @@ class _Smooth(torch.autograd.Function):
         return mean_s, var_s, prec_s
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *cot):
+        _first_order_only()
+        with torch.no_grad():
+            return _Smooth._backward(ctx, *cot)
+
+    @staticmethod
+    def _backward(ctx, *cot):
         L = _loops()
         shape = ctx.shape
         *inputs, mean_s, var_s = ctx.saved_tensors

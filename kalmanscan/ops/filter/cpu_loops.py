@@ -8,9 +8,10 @@ Layout. Every input is a 1-D array holding a tensor's elements from its first on
 through element offsets: series ``b`` (the flattened batch index), step ``t`` and channel ``c``
 sit at ``boff[b, k] + t * tstride[k] + c * cstride[k]`` for input ``k`` (a stride is 0 along a
 broadcast axis), so static and broadcast parameters are never copied. Outputs are contiguous
-``(B, T, C)`` arrays. A task is one series ``b`` and a block of ``W`` adjacent channels; tasks
-run in parallel (``prange``), each walking time sequentially with its channels innermost, so
-every output row of a block is written contiguously.
+``(B, T, C)`` arrays. A task is a block of ``W`` consecutive series ``s = b C + c`` (its lanes);
+tasks run in parallel (``prange``), each walking time sequentially with its lanes innermost:
+the lanes' independent recursions overlap in the pipeline, and adjacent channels' outputs are
+written contiguously.
 
 Arithmetic is in the dtype of the arrays: ``consts`` holds the constants in that dtype (a Python
 float literal would promote float32 to float64). The per-series sums of the backward (adjoints of
@@ -64,99 +65,150 @@ def _discretize(theta, sigma, dt, k):
 
 
 @njit(inline="always")
-def _at(arrays, i, off, tstride, cstride, t, c):
-    """Element ``(t, c)`` of input ``i`` of a series whose offsets are ``off``."""
-    return arrays[i][off[i] + t * tstride[i] + c * cstride[i]]
+def _lanes(boff, cstride, s0, n, T, C):
+    """Per-lane element offsets of each input (``(k, n)``, at ``t = 0``) and of the outputs
+    (``(n,)``) for the series ``s0 .. s0 + n - 1`` (series ``s = b C + c``)."""
+    base = np.empty((boff.shape[1], n), np.int64)
+    obase = np.empty(n, np.int64)
+    for j in range(n):
+        s = s0 + j
+        b = s // C
+        c = s - b * C
+        for i in range(boff.shape[1]):
+            base[i, j] = boff[b, i] + c * cstride[i]
+        obase[j] = b * T * C + c
+    return base, obase
 
 
 @njit(parallel=True, cache=True)
-def filter_forward(ins, boff, tstride, cstride, outs, write, k, T, C, W, trans_step):
+def filter_forward(ins, boff, tstride, cstride, outs, write, k, T, C, W, trans_step, static_var):
     """The filter over every series; writes the outputs flagged in ``write`` (see module doc).
 
     ``ins``: 9 input arrays (order ``Y .. INIT_VAR``); ``outs``: 11 output arrays (``O_MEAN ..
     O_ZC``, the last the centred filtered mean the backward reads), each ``(B T C,)`` where
     ``write`` is set, else a placeholder. ``trans_step``: theta, sigma or dt vary along time (else
-    decay and noise are computed once per series).
+    decay and noise are computed once per series). ``static_var``: neither they nor ``obs_var, h``
+    vary along time, so an observed step's variance terms are a function of the incoming variance
+    alone and are reused while it repeats (the Riccati recursion reaches its fixed point in
+    floating point): the same values, bit for bit, as recomputing them.
     """
-    B = boff.shape[0]
-    nblk = (C + W - 1) // W
-    for task in prange(B * nblk):
-        b = task // nblk
-        c0 = (task - b * nblk) * W
-        n = min(W, C - c0)
-        ob = boff[b]
+    y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
+    o_mean, o_var, o_prec, o_pmean, o_pvar, o_pprec, o_pomean, o_povar, o_ll, o_miss, o_zc = outs
+    w_mean, w_var, w_prec, w_pmean, w_pvar = write[O_MEAN], write[O_VAR], write[O_PREC], write[O_PMEAN], write[O_PVAR]
+    w_pprec, w_pomean, w_povar, w_ll = write[O_PPREC], write[O_POMEAN], write[O_POVAR], write[O_LL]
+    w_miss, w_zc = write[O_MISS], write[O_ZC]
+    t_y, t_th, t_si, t_dt = tstride[Y], tstride[THETA], tstride[SIGMA], tstride[DT]
+    t_R, t_m, t_h = tstride[OBS_VAR], tstride[MEAN], tstride[H]
+    half, log2pi, zero, one = k[HALF], k[LOG2PI], k[ZERO], k[ONE]
+    N = boff.shape[0] * C
+    for task in prange((N + W - 1) // W):
+        s0 = task * W
+        n = min(W, N - s0)
+        base, obase = _lanes(boff, cstride, s0, n, T, C)
         z = np.empty(n, k.dtype)
         P = np.empty(n, k.dtype)
         A = np.empty(n, k.dtype)
         Q = np.empty(n, k.dtype)
+        # the variance terms of the last observed step, keyed by its incoming variance cP
+        cP = np.full(n, np.nan, k.dtype)
+        cPp = np.empty(n, k.dtype)
+        cS = np.empty(n, k.dtype)
+        cK = np.empty(n, k.dtype)
+        cPf = np.empty(n, k.dtype)
+        cL = np.empty(n, k.dtype)
+        cIf = np.empty(n, k.dtype)
+        cIp = np.empty(n, k.dtype)
         for j in range(n):
-            c = c0 + j
-            m0 = _at(ins, MEAN, ob, tstride, cstride, 0, c)
-            z[j] = _at(ins, INIT_MEAN, ob, tstride, cstride, 0, c) - m0
-            P[j] = _at(ins, INIT_VAR, ob, tstride, cstride, 0, c)
+            z[j] = im_[base[INIT_MEAN, j]] - m_[base[MEAN, j]]
+            P[j] = iv_[base[INIT_VAR, j]]
             if not trans_step:
-                A[j], Q[j] = _discretize(_at(ins, THETA, ob, tstride, cstride, 0, c),
-                                         _at(ins, SIGMA, ob, tstride, cstride, 0, c),
-                                         _at(ins, DT, ob, tstride, cstride, 0, c), k)
-        row = (b * T) * C + c0
+                A[j], Q[j] = _discretize(th_[base[THETA, j]], si_[base[SIGMA, j]], dt_[base[DT, j]], k)
         for t in range(T):
             for j in range(n):
-                c = c0 + j
-                o = row + j
+                o = obase[j] + t * C
+                y = y_[base[Y, j] + t * t_y]
+                h = h_[base[H, j] + t * t_h]
+                m = m_[base[MEAN, j] + t * t_m]
                 if t > 0:
                     if trans_step:
-                        a, q = _discretize(_at(ins, THETA, ob, tstride, cstride, t, c),
-                                           _at(ins, SIGMA, ob, tstride, cstride, t, c),
-                                           _at(ins, DT, ob, tstride, cstride, t, c), k)
+                        a, q = _discretize(th_[base[THETA, j] + t * t_th], si_[base[SIGMA, j] + t * t_si],
+                                           dt_[base[DT, j] + t * t_dt], k)
                     else:
                         a = A[j]
                         q = Q[j]
                     zp = a * z[j]
-                    Pp = a * a * P[j] + q
+                    hit = static_var and P[j] == cP[j] and not math.isnan(y)
+                    if hit:
+                        Pp = cPp[j]
+                    else:
+                        Pp = a * a * P[j] + q
                 else:
                     zp = z[j]
                     Pp = P[j]
-                R = _at(ins, OBS_VAR, ob, tstride, cstride, t, c)
-                h = _at(ins, H, ob, tstride, cstride, t, c)
-                m = _at(ins, MEAN, ob, tstride, cstride, t, c)
-                y = _at(ins, Y, ob, tstride, cstride, t, c)
-                S = h * h * Pp + R
+                    hit = False
+                if hit:
+                    S = cS[j]
+                    K = cK[j]
+                    Pf = cPf[j]
+                    lS = cL[j]
+                    iPf = cIf[j]
+                    iPp = cIp[j]
+                else:
+                    R = R_[base[OBS_VAR, j] + t * t_R]
+                    S = h * h * Pp + R
+                    iPp = one / Pp
+                    if math.isnan(y):
+                        K = zero
+                        Pf = Pp
+                        lS = zero
+                        iPf = iPp
+                    else:
+                        K = Pp * h / S
+                        Pf = Pp * R / S
+                        lS = log2pi + math.log(S)
+                        iPf = one / Pf
+                        if static_var and t > 0:
+                            cP[j] = P[j]
+                            cPp[j] = Pp
+                            cS[j] = S
+                            cK[j] = K
+                            cPf[j] = Pf
+                            cL[j] = lS
+                            cIf[j] = iPf
+                            cIp[j] = iPp
                 if math.isnan(y):
                     zf = zp
-                    Pf = Pp
-                    ll = k[ZERO]
-                    miss = k[ONE]
+                    ll = zero
+                    miss = one
                 else:
                     v = (y - h * m) - h * zp
-                    zf = zp + (Pp * h / S) * v
-                    Pf = Pp * R / S
-                    ll = -k[HALF] * (k[LOG2PI] + math.log(S) + v * v / S)
-                    miss = k[ZERO]
+                    zf = zp + K * v
+                    ll = -half * (lS + v * v / S)
+                    miss = zero
                 z[j] = zf
                 P[j] = Pf
-                if write[O_MEAN]:
-                    outs[O_MEAN][o] = zf + m
-                if write[O_VAR]:
-                    outs[O_VAR][o] = Pf
-                if write[O_PREC]:
-                    outs[O_PREC][o] = k[ONE] / Pf
-                if write[O_PMEAN]:
-                    outs[O_PMEAN][o] = zp + m
-                if write[O_PVAR]:
-                    outs[O_PVAR][o] = Pp
-                if write[O_PPREC]:
-                    outs[O_PPREC][o] = k[ONE] / Pp
-                if write[O_POMEAN]:
-                    outs[O_POMEAN][o] = h * (zp + m)
-                if write[O_POVAR]:
-                    outs[O_POVAR][o] = S
-                if write[O_LL]:
-                    outs[O_LL][o] = ll
-                if write[O_MISS]:
-                    outs[O_MISS][o] = miss
-                if write[O_ZC]:
-                    outs[O_ZC][o] = zf
-            row += C
+                if w_mean:
+                    o_mean[o] = zf + m
+                if w_var:
+                    o_var[o] = Pf
+                if w_prec:
+                    o_prec[o] = iPf
+                if w_pmean:
+                    o_pmean[o] = zp + m
+                if w_pvar:
+                    o_pvar[o] = Pp
+                if w_pprec:
+                    o_pprec[o] = iPp
+                if w_pomean:
+                    o_pomean[o] = h * (zp + m)
+                if w_povar:
+                    o_povar[o] = S
+                if w_ll:
+                    o_ll[o] = ll
+                if w_miss:
+                    o_miss[o] = miss
+                if w_zc:
+                    o_zc[o] = zf
 
 
 @njit(parallel=True, cache=True)
@@ -167,43 +219,42 @@ def filter_backward(ins, boff, tstride, cstride, zc, var, cots, cboff, ctstride,
     ``zc``, ``var``: the forward's centred filtered mean and variance ``(B T C,)``. ``cots``: the
     cotangents of ``O_MEAN .. O_LL``, read through ``cboff, ctstride, ccstride`` like the inputs
     (an expanded cotangent, e.g. of a sum, is not materialised); placeholders where ``has`` is
-    unset.
-    Writes ``gy`` (``(B T C,)``, 0 where ``y`` is missing), ``ginit`` (``(2, B C)``: adjoints of
-    ``init_mean`` and ``init_var``) and the adjoints of ``decay, noise, obs_var, h, mean``
-    (``grads``, order ``G_A .. G_M``): ``(B T C,)`` per step where ``step`` is set (the decay and
-    noise ones 0 at ``t = 0``), else summed over time per series (in float64), ``(B C,)``.
+    unset. Writes ``gy`` (``(B T C,)``, 0 where ``y`` is missing), ``ginit`` (``(2, B C)``:
+    adjoints of ``init_mean`` and ``init_var``) and the adjoints of ``decay, noise, obs_var, h,
+    mean`` (``grads``, order ``G_A .. G_M``): ``(B T C,)`` per step where ``step`` is set (the
+    decay and noise ones 0 at ``t = 0``), else summed over time per series (in float64), ``(B C,)``.
     """
-    B = boff.shape[0]
-    nblk = (C + W - 1) // W
-    for task in prange(B * nblk):
-        b = task // nblk
-        c0 = (task - b * nblk) * W
-        n = min(W, C - c0)
-        ob = boff[b]
-        cob = cboff[b]
+    y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
+    c_mean, c_var, c_prec, c_pmean, c_pvar, c_pprec, c_pomean, c_povar, c_ll = cots
+    h_mean, h_var, h_prec, h_pmean, h_pvar = has[O_MEAN], has[O_VAR], has[O_PREC], has[O_PMEAN], has[O_PVAR]
+    h_pprec, h_pomean, h_povar, h_ll = has[O_PPREC], has[O_POMEAN], has[O_POVAR], has[O_LL]
+    g_a, g_q, g_R, g_h, g_m = grads
+    s_a, s_R, s_h, s_m = step[G_A], step[G_R], step[G_H], step[G_M]
+    t_y, t_th, t_si, t_dt = tstride[Y], tstride[THETA], tstride[SIGMA], tstride[DT]
+    t_R, t_m, t_h = tstride[OBS_VAR], tstride[MEAN], tstride[H]
+    half, zero, one, two = k[HALF], k[ZERO], k[ONE], k[TWO]
+    N = boff.shape[0] * C
+    for task in prange((N + W - 1) // W):
+        s0 = task * W
+        n = min(W, N - s0)
+        base, obase = _lanes(boff, cstride, s0, n, T, C)
+        cb, _ = _lanes(cboff, ccstride, s0, n, T, C)
         bz = np.zeros(n, k.dtype)
         bP = np.zeros(n, k.dtype)
         A = np.empty(n, k.dtype)
         Q = np.empty(n, k.dtype)
         sums = np.zeros((5, n), np.float64)
         for j in range(n):
-            c = c0 + j
             if not trans_step:
-                A[j], Q[j] = _discretize(_at(ins, THETA, ob, tstride, cstride, 0, c),
-                                         _at(ins, SIGMA, ob, tstride, cstride, 0, c),
-                                         _at(ins, DT, ob, tstride, cstride, 0, c), k)
-        row = (b * T + T - 1) * C + c0
+                A[j], Q[j] = _discretize(th_[base[THETA, j]], si_[base[SIGMA, j]], dt_[base[DT, j]], k)
         for t in range(T - 1, -1, -1):
             for j in range(n):
-                c = c0 + j
-                o = row + j
-                a = k[ONE]
-                q = k[ZERO]
+                o = obase[j] + t * C
+                a = one
                 if t > 0:
                     if trans_step:
-                        a, q = _discretize(_at(ins, THETA, ob, tstride, cstride, t, c),
-                                           _at(ins, SIGMA, ob, tstride, cstride, t, c),
-                                           _at(ins, DT, ob, tstride, cstride, t, c), k)
+                        a, q = _discretize(th_[base[THETA, j] + t * t_th], si_[base[SIGMA, j] + t * t_si],
+                                           dt_[base[DT, j] + t * t_dt], k)
                     else:
                         a = A[j]
                         q = Q[j]
@@ -212,108 +263,112 @@ def filter_backward(ins, boff, tstride, cstride, zc, var, cots, cboff, ctstride,
                     zp = a * zprev
                     Pp = a * a * Pprev + q
                 else:
-                    zprev = (_at(ins, INIT_MEAN, ob, tstride, cstride, 0, c)
-                             - _at(ins, MEAN, ob, tstride, cstride, 0, c))
-                    Pprev = _at(ins, INIT_VAR, ob, tstride, cstride, 0, c)
-                    zp = zprev
-                    Pp = Pprev
-                R = _at(ins, OBS_VAR, ob, tstride, cstride, t, c)
-                h = _at(ins, H, ob, tstride, cstride, t, c)
-                m = _at(ins, MEAN, ob, tstride, cstride, t, c)
-                y = _at(ins, Y, ob, tstride, cstride, t, c)
+                    zp = im_[base[INIT_MEAN, j]] - m_[base[MEAN, j]]
+                    Pp = iv_[base[INIT_VAR, j]]
+                R = R_[base[OBS_VAR, j] + t * t_R]
+                h = h_[base[H, j] + t * t_h]
+                m = m_[base[MEAN, j] + t * t_m]
+                y = y_[base[Y, j] + t * t_y]
                 S = h * h * Pp + R
+                iS = one / S
                 Pf = var[o]
-                # adjoints of the filtered state z_t, P_t: carried from t + 1 plus the outputs'
+                # adjoints of the filtered z_t, P_t: carried from t + 1 plus the outputs'
                 bzt = bz[j]
                 bPt = bP[j]
-                bm = k[ZERO]
-                if has[O_MEAN]:
-                    bzt += _at(cots, O_MEAN, cob, ctstride, ccstride, t, c)
-                    bm += _at(cots, O_MEAN, cob, ctstride, ccstride, t, c)
-                if has[O_VAR]:
-                    bPt += _at(cots, O_VAR, cob, ctstride, ccstride, t, c)
-                if has[O_PREC]:
-                    bPt -= _at(cots, O_PREC, cob, ctstride, ccstride, t, c) / (Pf * Pf)
-                bS = k[ZERO]
-                bh = k[ZERO]
-                bR = k[ZERO]
-                by = k[ZERO]
+                bm = zero
+                if h_mean:
+                    g = c_mean[cb[O_MEAN, j] + t * ctstride[O_MEAN]]
+                    bzt += g
+                    bm += g
+                if h_var:
+                    bPt += c_var[cb[O_VAR, j] + t * ctstride[O_VAR]]
+                if h_prec:
+                    bPt -= c_prec[cb[O_PREC, j] + t * ctstride[O_PREC]] / (Pf * Pf)
+                bS = zero
+                bh = zero
+                bR = zero
+                by = zero
+                bzp = bzt
                 if math.isnan(y):
-                    bzp = bzt
                     bPp = bPt
                 else:
                     v = (y - h * m) - h * zp
-                    K = Pp * h / S
-                    bzp = bzt
+                    K = Pp * h * iS
                     bK = bzt * v
                     bv = bzt * K
-                    bPp = bK * h / S + bPt * R / S
-                    bh += bK * Pp / S
-                    bR += bPt * Pp / S
-                    bS -= (bK * K + bPt * Pf) / S
-                    if has[O_LL]:
-                        g = _at(cots, O_LL, cob, ctstride, ccstride, t, c)
-                        bS -= k[HALF] * g * (k[ONE] - v * v / S) / S
-                        bv -= g * v / S
+                    bPp = (bK * h + bPt * R) * iS
+                    bh += bK * Pp * iS
+                    bR += bPt * Pp * iS
+                    bS -= (bK * K + bPt * Pf) * iS
+                    if h_ll:
+                        g = c_ll[cb[O_LL, j] + t * ctstride[O_LL]]
+                        bS -= half * g * (one - v * v * iS) * iS
+                        bv -= g * v * iS
                     # v = y - h m - h zp
                     by = bv
                     bh -= bv * (m + zp)
                     bm -= bv * h
                     bzp -= bv * h
-                if has[O_POVAR]:
-                    bS += _at(cots, O_POVAR, cob, ctstride, ccstride, t, c)
-                if has[O_PMEAN]:
-                    bzp += _at(cots, O_PMEAN, cob, ctstride, ccstride, t, c)
-                    bm += _at(cots, O_PMEAN, cob, ctstride, ccstride, t, c)
-                if has[O_PVAR]:
-                    bPp += _at(cots, O_PVAR, cob, ctstride, ccstride, t, c)
-                if has[O_PPREC]:
-                    bPp -= _at(cots, O_PPREC, cob, ctstride, ccstride, t, c) / (Pp * Pp)
-                if has[O_POMEAN]:
-                    g = _at(cots, O_POMEAN, cob, ctstride, ccstride, t, c)
+                if h_povar:
+                    bS += c_povar[cb[O_POVAR, j] + t * ctstride[O_POVAR]]
+                if h_pmean:
+                    g = c_pmean[cb[O_PMEAN, j] + t * ctstride[O_PMEAN]]
+                    bzp += g
+                    bm += g
+                if h_pvar:
+                    bPp += c_pvar[cb[O_PVAR, j] + t * ctstride[O_PVAR]]
+                if h_pprec:
+                    bPp -= c_pprec[cb[O_PPREC, j] + t * ctstride[O_PPREC]] / (Pp * Pp)
+                if h_pomean:
+                    g = c_pomean[cb[O_POMEAN, j] + t * ctstride[O_POMEAN]]
                     bh += g * (zp + m)
                     bzp += g * h
                     bm += g * h
                 # S = h^2 Pp + R
-                bh += k[TWO] * bS * h * Pp
+                bh += two * bS * h * Pp
                 bPp += bS * h * h
                 bR += bS
                 gy[o] = by
                 if t > 0:
-                    ba = bzp * zprev + k[TWO] * bPp * a * Pprev
+                    ba = bzp * zprev + two * bPp * a * Pprev
                     bz[j] = a * bzp
                     bP[j] = a * a * bPp
-                    if step[G_A]:
-                        grads[G_A][o] = ba
-                        grads[G_Q][o] = bPp
+                    if s_a:
+                        g_a[o] = ba
+                        g_q[o] = bPp
                     else:
                         sums[G_A, j] += ba
                         sums[G_Q, j] += bPp
                 else:
                     # z_0 = init_mean - m_0, P_0 = init_var
-                    ginit[0, b * C + c] = bzp
-                    ginit[1, b * C + c] = bPp
+                    ginit[0, s0 + j] = bzp
+                    ginit[1, s0 + j] = bPp
                     bm -= bzp
-                    if step[G_A]:
-                        grads[G_A][o] = k[ZERO]
-                        grads[G_Q][o] = k[ZERO]
-                if step[G_R]:
-                    grads[G_R][o] = bR
+                    if s_a:
+                        g_a[o] = zero
+                        g_q[o] = zero
+                if s_R:
+                    g_R[o] = bR
                 else:
                     sums[G_R, j] += bR
-                if step[G_H]:
-                    grads[G_H][o] = bh
+                if s_h:
+                    g_h[o] = bh
                 else:
                     sums[G_H, j] += bh
-                if step[G_M]:
-                    grads[G_M][o] = bm
+                if s_m:
+                    g_m[o] = bm
                 else:
                     sums[G_M, j] += bm
-            row -= C
-        for g in range(5):
-            if not step[g]:
-                for j in range(n):
-                    grads[g][b * C + c0 + j] = sums[g, j]
+        for j in range(n):
+            if not s_a:
+                g_a[s0 + j] = sums[G_A, j]
+                g_q[s0 + j] = sums[G_Q, j]
+            if not s_R:
+                g_R[s0 + j] = sums[G_R, j]
+            if not s_h:
+                g_h[s0 + j] = sums[G_H, j]
+            if not s_m:
+                g_m[s0 + j] = sums[G_M, j]
 
 
 @njit(parallel=True, cache=True)
@@ -326,103 +381,107 @@ def rts_forward(ins, boff, tstride, cstride, outs, k, T, C, W):
     centred recursion of :mod:`kalmanscan.smooth` with the offsets added back) and ``var_s_t =
     J_t^2 var_s_{t+1} + var_t q_{t+1} / pred_var_{t+1}``, ``J_t = a_{t+1} var_t / pred_var_{t+1}``.
     """
-    B = boff.shape[0]
-    nblk = (C + W - 1) // W
-    for task in prange(B * nblk):
-        b = task // nblk
-        c0 = (task - b * nblk) * W
-        n = min(W, C - c0)
-        ob = boff[b]
+    mean_, var_, pmean_, pvar_, decay_, noise_ = ins
+    o_mean, o_var, o_prec = outs
+    t_mean, t_var, t_pmean, t_pvar = tstride[S_MEAN], tstride[S_VAR], tstride[S_PMEAN], tstride[S_PVAR]
+    t_decay, t_noise = tstride[S_DECAY], tstride[S_NOISE]
+    one = k[ONE]
+    N = boff.shape[0] * C
+    for task in prange((N + W - 1) // W):
+        s0 = task * W
+        n = min(W, N - s0)
+        base, obase = _lanes(boff, cstride, s0, n, T, C)
         ms = np.empty(n, k.dtype)
         vs = np.empty(n, k.dtype)
-        row = (b * T + T - 1) * C + c0
         for t in range(T - 1, -1, -1):
             for j in range(n):
-                c = c0 + j
-                o = row + j
-                mu = _at(ins, S_MEAN, ob, tstride, cstride, t, c)
-                v = _at(ins, S_VAR, ob, tstride, cstride, t, c)
+                o = obase[j] + t * C
+                mu = mean_[base[S_MEAN, j] + t * t_mean]
+                v = var_[base[S_VAR, j] + t * t_var]
                 if t == T - 1:
                     ms[j] = mu
                     vs[j] = v
                 else:
                     t1 = t + 1
-                    a = _at(ins, S_DECAY, ob, tstride, cstride, t1, c)
-                    q = _at(ins, S_NOISE, ob, tstride, cstride, t1, c)
-                    pv = _at(ins, S_PVAR, ob, tstride, cstride, t1, c)
-                    pm = _at(ins, S_PMEAN, ob, tstride, cstride, t1, c)
+                    a = decay_[base[S_DECAY, j] + t1 * t_decay]
+                    q = noise_[base[S_NOISE, j] + t1 * t_noise]
+                    pv = pvar_[base[S_PVAR, j] + t1 * t_pvar]
+                    pm = pmean_[base[S_PMEAN, j] + t1 * t_pmean]
                     J = a * v / pv
                     ms[j] = mu + J * (ms[j] - pm)
                     vs[j] = J * J * vs[j] + v * q / pv
-                outs[0][o] = ms[j]
-                outs[1][o] = vs[j]
-                outs[2][o] = k[ONE] / vs[j]
-            row -= C
+                o_mean[o] = ms[j]
+                o_var[o] = vs[j]
+                o_prec[o] = one / vs[j]
 
 
 @njit(parallel=True, cache=True)
 def rts_backward(ins, boff, tstride, cstride, mean_s, var_s, cots, cboff, ctstride, ccstride, has, grads, step,
                  k, T, C, W):
     """The adjoints of :func:`rts_forward`, forwards in time. ``mean_s, var_s``: its outputs;
-    ``cots``: cotangents of its three outputs (placeholders where ``has`` is unset). Writes
-    ``grads`` in the order of ``ins``: ``(B T C,)`` arrays for ``mean, var, pred_mean,
-    pred_var``; for ``decay, noise`` per step where ``step`` is set, else per-series sums
-    ``(B C,)`` (accumulated in float64)."""
-    B = boff.shape[0]
-    nblk = (C + W - 1) // W
-    for task in prange(B * nblk):
-        b = task // nblk
-        c0 = (task - b * nblk) * W
-        n = min(W, C - c0)
-        ob = boff[b]
-        cob = cboff[b]
+    ``cots``: cotangents of its three outputs, read through ``cboff, ctstride, ccstride``
+    (placeholders where ``has`` is unset). Writes ``grads`` in the order of ``ins``: ``(B T C,)``
+    arrays for ``mean, var, pred_mean, pred_var``; for ``decay, noise`` per step where ``step`` is
+    set, else per-series sums ``(B C,)`` (accumulated in float64)."""
+    mean_, var_, pmean_, pvar_, decay_, noise_ = ins
+    c_mean, c_var, c_prec = cots
+    h_mean, h_var, h_prec = has[0], has[1], has[2]
+    g_mean, g_var, g_pmean, g_pvar, g_decay, g_noise = grads
+    per_step = step[0]
+    t_var, t_pmean, t_pvar = tstride[S_VAR], tstride[S_PMEAN], tstride[S_PVAR]
+    t_decay, t_noise = tstride[S_DECAY], tstride[S_NOISE]
+    zero, two = k[ZERO], k[TWO]
+    N = boff.shape[0] * C
+    for task in prange((N + W - 1) // W):
+        s0 = task * W
+        n = min(W, N - s0)
+        base, obase = _lanes(boff, cstride, s0, n, T, C)
+        cb, _ = _lanes(cboff, ccstride, s0, n, T, C)
         cm = np.zeros(n, k.dtype)
         cv = np.zeros(n, k.dtype)
         sums = np.zeros((2, n), np.float64)
-        row = (b * T) * C + c0
         for t in range(T):
             for j in range(n):
-                c = c0 + j
-                o = row + j
+                o = obase[j] + t * C
                 gm = cm[j]
                 gv = cv[j]
-                if has[0]:
-                    gm += _at(cots, 0, cob, ctstride, ccstride, t, c)
-                if has[1]:
-                    gv += _at(cots, 1, cob, ctstride, ccstride, t, c)
-                if has[2]:
-                    gv -= _at(cots, 2, cob, ctstride, ccstride, t, c) / (var_s[o] * var_s[o])
-                grads[S_MEAN][o] = gm
+                if h_mean:
+                    gm += c_mean[cb[0, j] + t * ctstride[0]]
+                if h_var:
+                    gv += c_var[cb[1, j] + t * ctstride[1]]
+                if h_prec:
+                    gv -= c_prec[cb[2, j] + t * ctstride[2]] / (var_s[o] * var_s[o])
+                g_mean[o] = gm
                 if t == 0:
-                    grads[S_PMEAN][o] = k[ZERO]
-                    grads[S_PVAR][o] = k[ZERO]
-                    if step[0]:
-                        grads[S_DECAY][o] = k[ZERO]
-                        grads[S_NOISE][o] = k[ZERO]
+                    g_pmean[o] = zero
+                    g_pvar[o] = zero
+                    if per_step:
+                        g_decay[o] = zero
+                        g_noise[o] = zero
                 if t == T - 1:
-                    grads[S_VAR][o] = gv
+                    g_var[o] = gv
                     continue
                 t1 = t + 1
-                v = _at(ins, S_VAR, ob, tstride, cstride, t, c)
-                a = _at(ins, S_DECAY, ob, tstride, cstride, t1, c)
-                q = _at(ins, S_NOISE, ob, tstride, cstride, t1, c)
-                pv = _at(ins, S_PVAR, ob, tstride, cstride, t1, c)
-                pm = _at(ins, S_PMEAN, ob, tstride, cstride, t1, c)
-                J = a * v / pv
-                bJ = gm * (mean_s[o + C] - pm) + k[TWO] * gv * J * var_s[o + C]
+                v = var_[base[S_VAR, j] + t * t_var]
+                a = decay_[base[S_DECAY, j] + t1 * t_decay]
+                q = noise_[base[S_NOISE, j] + t1 * t_noise]
+                pv = pvar_[base[S_PVAR, j] + t1 * t_pvar]
+                pm = pmean_[base[S_PMEAN, j] + t1 * t_pmean]
+                ipv = k[ONE] / pv
+                J = a * v * ipv
+                bJ = gm * (mean_s[o + C] - pm) + two * gv * J * var_s[o + C]
                 cm[j] = gm * J
                 cv[j] = gv * J * J
-                grads[S_VAR][o] = gv * q / pv + bJ * a / pv
-                grads[S_PMEAN][o + C] = -gm * J
-                grads[S_PVAR][o + C] = -(gv * v * q / pv + bJ * J) / pv
-                if step[0]:
-                    grads[S_DECAY][o + C] = bJ * v / pv
-                    grads[S_NOISE][o + C] = gv * v / pv
+                g_var[o] = (gv * q + bJ * a) * ipv
+                g_pmean[o + C] = -gm * J
+                g_pvar[o + C] = -(gv * v * q * ipv + bJ * J) * ipv
+                if per_step:
+                    g_decay[o + C] = bJ * v * ipv
+                    g_noise[o + C] = gv * v * ipv
                 else:
-                    sums[0, j] += bJ * v / pv
-                    sums[1, j] += gv * v / pv
-            row += C
-        if not step[0]:
+                    sums[0, j] += bJ * v * ipv
+                    sums[1, j] += gv * v * ipv
+        if not per_step:
             for j in range(n):
-                grads[S_DECAY][b * C + c0 + j] = sums[0, j]
-                grads[S_NOISE][b * C + c0 + j] = sums[1, j]
+                g_decay[s0 + j] = sums[0, j]
+                g_noise[s0 + j] = sums[1, j]

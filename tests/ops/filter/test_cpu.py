@@ -1,0 +1,356 @@
+"""The ``"cpu"`` backend (compiled numba loops, :mod:`kalmanscan.ops.filter.cpu`): equal to the
+float64 covariance-form reference, its gradients equal to the torch backend's and to finite
+differences, the smoother equal to a sequential RTS loop, float32 within a measured bound, the
+same bits on 1 and 2 threads, inputs untouched, and nothing compiled at import."""
+
+import dataclasses
+import importlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers import POSITIVE, max_rel_error, random_problem, rel_error, to_np
+
+numba = pytest.importorskip("numba")
+
+from kalmanscan.inputs import prepare  # noqa: E402
+from kalmanscan.ops.filter import cpu  # noqa: E402
+
+FIELDS = cpu.FIELDS[:9]  # the differentiable fields (missing is 0/1)
+# Worst float32 error against the float64 reference over 48 random problems (T up to 5000,
+# static and per-step parameters, times, 10% missing) was 5.0e-7 (relative, on the variance;
+# y itself rounded to float32 included); the bound keeps a factor of 8 and is the torch
+# backend's float32 bound (tests/test_filter.py).
+FLOAT32_BOUND = 4e-6
+
+
+def _find(modules, names):
+    """The first of ``names`` found in the first importable of ``modules`` (the backends move)."""
+    for module in modules:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in names:
+            if callable(getattr(mod, name, None)):
+                return getattr(mod, name)
+    return None
+
+
+def reference(y, kw):
+    """The float64 reference backend's dict of NumPy arrays for the NumPy problem ``(y, kw)``."""
+    fn = _find(("kalmanscan.ops.filter.reference", "kalmanscan.reference"), ("filter", "filter_reference"))
+    if fn is not None:
+        return {k: np.asarray(to_np(v)) for k, v in fn(prepare(y, **kw)).items()}
+    import kalmanscan as ks
+
+    post = ks.filter(y, backend="reference", **kw)
+    out = {k: getattr(post, k) for k in FIELDS}
+    out.update({k: post.params[k] for k in ("decay", "noise", "missing")})
+    return out
+
+
+def filter_torch(p):
+    fn = _find(("kalmanscan.ops.filter.torch", "kalmanscan.parallel"), ("filter", "filter_torch"))
+    if fn is None:
+        pytest.skip("torch backend not importable")
+    return fn(p)
+
+
+def errors(out, ref, shape):
+    """Worst relative error per field (elementwise for positive ones, max-norm for signed)."""
+    errs = {}
+    for k in FIELDS:
+        fn = rel_error if k in POSITIVE else max_rel_error
+        errs[k] = fn(np.broadcast_to(to_np(out[k]), shape), np.broadcast_to(ref[k], shape))
+    errs["loglik"] = max_rel_error(to_np(out["logliks"]).sum(-2), np.broadcast_to(ref["logliks"], shape).sum(-2))
+    for k in ("decay", "noise"):
+        errs[k] = rel_error(np.broadcast_to(to_np(out[k]), shape), np.broadcast_to(ref[k], shape))
+    assert np.array_equal(np.broadcast_to(to_np(out["missing"]), shape), np.broadcast_to(ref["missing"], shape))
+    return max(errs.values()), errs
+
+
+def check_reference(y, kw, bound=1e-10):
+    p = prepare(y, **kw)
+    out = cpu.filter(p)
+    assert all(out[k].dtype == torch.float64 for k in out)
+    err, errs = errors(out, reference(y, kw), p.shape)
+    assert err < bound, errs
+    return out
+
+
+@pytest.mark.parametrize("T", [1, 63, 1000])
+@pytest.mark.parametrize("per_step", [False, True])
+@pytest.mark.parametrize("times", [False, True])
+def test_equals_reference_float64(T, per_step, times):
+    rng = np.random.default_rng(2200 + 1000 * T + 10 * per_step + times)
+    y, kw = random_problem(rng, T, per_step=per_step, times=times)
+    check_reference(y, kw)
+
+
+def test_missing_leading_trailing_and_whole_channels():
+    rng = np.random.default_rng(1)
+    y, kw = random_problem(rng, 40, C=4, missing=0.2)
+    y[:, :5, 0] = np.nan
+    y[:, -7:, 1] = np.nan
+    y[:, :, 2] = np.nan
+    out = check_reference(y, kw)
+    assert torch.all(out["logliks"][:, :, 2] == 0) and torch.all(out["missing"][:, :, 2] == 1)
+    # a missing step is a pure prediction
+    assert torch.equal(out["mean"][:, :5, 0], out["pred_mean"][:, :5, 0])
+
+
+def test_offsets_1e4():
+    rng = np.random.default_rng(2)
+    for per_step in (False, True):
+        y, kw = random_problem(rng, 300, per_step=per_step, offset=1e4)
+        check_reference(y, kw)
+
+
+def test_extreme_theta_dt_and_obs_var():
+    """theta dt from 1e-8 (random walk limit, the Taylor branch of phi) to 1e3 (decay underflows
+    to 0), across obs_var 1e-8 .. 1e8, in one call: theta over a batch axis, obs_var over
+    channels, static parameters broadcast (never copied)."""
+    rng = np.random.default_rng(3)
+    dt = 0.7
+    theta_dt = np.array([1e-8, 3e-5, 5e-5, 1e-4, 0.3, 30.0, 1e3])
+    obs_var = np.array([1e-8, 1e-3, 1.0, 1e4, 1e8])
+    theta = (theta_dt / dt)[:, None, None]
+    y = 1e4 + rng.normal(size=(len(theta_dt), 65, len(obs_var))) * np.sqrt(obs_var)
+    y[rng.random(y.shape) < 0.2] = np.nan
+    kw = dict(theta=theta, sigma=2.0, obs_var=obs_var, mean=1e4, dt=dt, init_var=3.0)
+    check_reference(y, kw)
+
+
+def test_random_walk_and_batch_dims_with_times_per_batch():
+    rng = np.random.default_rng(4)
+    T = 50
+    y = rng.normal(size=(T, 2))
+    times = np.cumsum(rng.uniform(0.1, 2, (3, T, 1)), axis=1)
+    kw = dict(theta=np.array([0.0, 0.4]), sigma=rng.uniform(0.2, 1, (3, 1, 2)), obs_var=[0.3, 0.9],
+              times=times, h=1.5, init_var=[10.0, 2.0], init_mean=0.5)
+    out = check_reference(y, kw)
+    assert out["mean"].shape == (3, T, 2)
+
+
+def test_float32_within_measured_bound():
+    rng = np.random.default_rng(9)
+    worst = 0.0
+    for T in (1, 63, 1000):
+        y, kw = random_problem(rng, T, per_step=T > 1, times=True)
+        p = prepare(y.astype(np.float32), **kw)
+        out = cpu.filter(p)
+        assert all(out[k].dtype == torch.float32 for k in out)
+        worst = max(worst, errors(out, reference(y, kw), p.shape)[0])
+    assert worst < FLOAT32_BOUND
+
+
+def test_reads_inputs_in_place():
+    """y and the per-step parameters are read through views of the caller's memory; static ones
+    are read at their own size, not broadcast copies."""
+    rng = np.random.default_rng(5)
+    y, kw = random_problem(rng, 30, per_step=False)
+    yt = torch.tensor(y)
+    p = prepare(yt, **kw)
+    arrays, boff, tstride, cstride = cpu._layout([getattr(p, k) for k in cpu._INPUTS], p.shape, np.float64)
+    assert np.shares_memory(arrays[0], yt.numpy()) and arrays[1].size == 3
+    assert tstride[1] == 0 and tstride[0] == 3 and list(boff[:, 0]) == [0, 90]
+
+
+def _weights(out, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.rand(torch.broadcast_shapes(out[k].shape, out["mean"].shape), generator=g,
+                          dtype=out[k].dtype) for k in FIELDS + ("decay", "noise")}
+
+
+def _loss(out, w):
+    return sum((out[k] * w[k]).sum() for k in w)
+
+
+GRAD_CASES = [
+    dict(T=40, per_step=False, times=False, defaults=True),
+    dict(T=33, per_step=True, times=True, defaults=False),
+    dict(T=1, per_step=False, times=False, defaults=False),
+    dict(T=25, per_step=False, times=True, defaults=False),
+]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_gradients_equal_torch_backend(case):
+    rng = np.random.default_rng(6 + case["T"])
+    y, kw = random_problem(rng, case["T"], per_step=case["per_step"], times=case["times"], missing=0.2)
+    if case["defaults"]:
+        del kw["init_mean"], kw["init_var"]  # stationary init: init_var's gradient reaches theta
+    results = []
+    for fn in (cpu.filter, filter_torch):
+        leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in kw.items()}
+        yt = torch.tensor(y, requires_grad=True)
+        out = fn(prepare(yt, **leaves))
+        loss = _loss(out, _weights(out))
+        results.append((loss, torch.autograd.grad(loss, [yt, *leaves.values()])))
+    (l_cpu, g_cpu), (l_torch, g_torch) = results
+    assert abs(l_cpu.item() - l_torch.item()) < 1e-10 * abs(l_torch.item())
+    for name, a, b in zip(["y", *kw], g_cpu, g_torch):
+        assert a.shape == b.shape, name
+        scale = max(b.abs().max().item(), 1e-3)
+        assert (a - b).abs().max().item() < 1e-9 * scale, name
+
+
+def test_gradcheck_small_problem():
+    rng = np.random.default_rng(7)
+    y, kw = random_problem(rng, 6, C=2, batch=(2,), per_step=False, missing=0.2)
+    names = ("theta", "sigma", "obs_var", "mean", "h", "dt", "init_mean", "init_var")
+    leaves = [torch.tensor(kw[k], dtype=torch.float64, requires_grad=True) for k in names]
+    yt = torch.tensor(y, requires_grad=True)
+
+    def f(y, *params):
+        out = cpu.filter(prepare(y, **dict(zip(names, params))))
+        return tuple(out[k] for k in FIELDS)
+
+    assert torch.autograd.gradcheck(f, (yt, *leaves), atol=1e-7, rtol=1e-6, fast_mode=True)
+
+
+def test_double_backward_raises():
+    y = torch.tensor([[1.0], [0.5]], dtype=torch.float64)
+    theta = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    out = cpu.filter(prepare(y, theta=theta, sigma=1.0, obs_var=0.5))
+    with pytest.raises(RuntimeError, match="first derivatives only"):
+        torch.autograd.grad(out["logliks"].sum(), theta, create_graph=True)
+    mean_s, _, _ = cpu.smooth(out)
+    with pytest.raises(RuntimeError, match="first derivatives only"):
+        torch.autograd.grad(mean_s.sum(), theta, create_graph=True)
+
+
+def _rts_loop(f):
+    """The RTS smoother as a sequential float64 NumPy loop (centred, as kalmanscan.smooth)."""
+    g = {k: np.asarray(to_np(v), dtype=np.float64) for k, v in f.items()}
+    shape = g["mean"].shape
+    a, q = (np.broadcast_to(g[k], shape) for k in ("decay", "noise"))
+    mean_s, var_s = g["mean"].copy(), g["var"].copy()
+    for t in range(shape[-2] - 2, -1, -1):
+        pv = g["pred_var"][..., t + 1, :]
+        J = a[..., t + 1, :] * g["var"][..., t, :] / pv
+        mean_s[..., t, :] = g["mean"][..., t, :] + J * (mean_s[..., t + 1, :] - g["pred_mean"][..., t + 1, :])
+        var_s[..., t, :] = J * J * var_s[..., t + 1, :] + g["var"][..., t, :] * q[..., t + 1, :] / pv
+    return mean_s, var_s
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_smoother_equals_sequential_loop(dtype):
+    rng = np.random.default_rng(8)
+    for T, per_step in ((1, False), (63, True), (500, False)):
+        y, kw = random_problem(rng, T, per_step=per_step, times=per_step, offset=1e4 * per_step)
+        p = prepare(y.astype(dtype), **kw)
+        f = cpu.filter(p)
+        mean_s, var_s, prec_s = cpu.smooth(f, p.mean)
+        ref_mean, ref_var = _rts_loop(f)
+        bound = 1e-10 if dtype == np.float64 else FLOAT32_BOUND
+        assert max_rel_error(mean_s, ref_mean) < bound and rel_error(var_s, ref_var) < bound
+        assert rel_error(prec_s, 1.0 / ref_var) < bound
+        torch.testing.assert_close(mean_s[..., -1, :], f["mean"][..., -1, :], rtol=0, atol=0)
+
+
+def _rts_torch_loop(mean, var, pred_mean, pred_var, decay, noise):
+    """The smoother as a differentiable torch loop (autograd reference)."""
+    shape = mean.shape
+    a, q = torch.broadcast_to(decay, shape), torch.broadcast_to(noise, shape)
+    ms, vs = [mean[..., -1, :]], [var[..., -1, :]]
+    for t in range(shape[-2] - 2, -1, -1):
+        J = a[..., t + 1, :] * var[..., t, :] / pred_var[..., t + 1, :]
+        ms.append(mean[..., t, :] + J * (ms[-1] - pred_mean[..., t + 1, :]))
+        vs.append(J * J * vs[-1] + var[..., t, :] * q[..., t + 1, :] / pred_var[..., t + 1, :])
+    mean_s, var_s = torch.stack(ms[::-1], -2), torch.stack(vs[::-1], -2)
+    return mean_s, var_s, 1.0 / var_s
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_smoother_gradients(per_step):
+    rng = np.random.default_rng(10 + per_step)
+    y, kw = random_problem(rng, 12, C=2, per_step=per_step, times=per_step, missing=0.2)
+    leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in kw.items()}
+    yt = torch.tensor(y, requires_grad=True)
+    p = prepare(yt, **leaves)
+    f = cpu.filter(p)
+    results = []
+    for fn in (lambda: cpu.smooth(f, p.mean), lambda: _rts_torch_loop(*(f[k] for k in cpu._SMOOTH_INPUTS))):
+        out = fn()
+        w = [torch.rand(x.shape, generator=torch.Generator().manual_seed(i), dtype=x.dtype) for i, x in enumerate(out)]
+        loss = sum((x * wi).sum() for x, wi in zip(out, w))
+        results.append(torch.autograd.grad(loss, [yt, *leaves.values()], retain_graph=True))
+    for name, a, b in zip(["y", *kw], *results):
+        assert (a - b).abs().max().item() < 1e-9 * max(b.abs().max().item(), 1e-3), name
+
+    # gradcheck of the smoother alone on a small filter output (per-step decay and noise)
+    f = {k: v.detach()[:1, :5].clone().requires_grad_() if v.shape[-2] > 1 else v.detach().clone().requires_grad_()
+         for k, v in f.items() if k in cpu._SMOOTH_INPUTS}
+    assert torch.autograd.gradcheck(lambda *xs: cpu.smooth(dict(zip(cpu._SMOOTH_INPUTS, xs))),
+                                    tuple(f[k] for k in cpu._SMOOTH_INPUTS), atol=1e-7, rtol=1e-6,
+                                    fast_mode=True)
+
+
+def test_thread_counts_give_identical_bits():
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has a single thread here")
+    rng = np.random.default_rng(11)
+    y, kw = random_problem(rng, 50, C=7, batch=(5,), per_step=False, missing=0.1)
+    before = numba.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2):
+            numba.set_num_threads(threads)
+            leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in kw.items()}
+            yt = torch.tensor(y, requires_grad=True)
+            p = prepare(yt, **leaves)
+            out = cpu.filter(p)
+            mean_s, var_s, _ = cpu.smooth(out, p.mean)
+            loss = _loss(out, _weights(out)) + mean_s.sum() + var_s.sum()
+            grads = torch.autograd.grad(loss, [yt, *leaves.values()])
+            runs.append([out[k].detach() for k in cpu.FIELDS] + [mean_s.detach(), var_s.detach(), *grads])
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(*runs):
+        assert torch.equal(torch.nan_to_num(a, 7.0), torch.nan_to_num(b, 7.0))
+
+
+def test_inputs_not_modified():
+    rng = np.random.default_rng(12)
+    y, kw = random_problem(rng, 25, per_step=True, times=True)
+    copies = {k: np.copy(v) for k, v in kw.items()}
+    y_copy = np.copy(y)
+    yt = torch.tensor(y, requires_grad=True)
+    leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in kw.items()}
+    leaf_copies = {k: v.detach().clone() for k, v in leaves.items()}
+    for args in ((y, kw), (yt, leaves)):
+        p = prepare(args[0], **args[1])
+        out = cpu.filter(p)
+        mean_s, var_s, _ = cpu.smooth(out, p.mean)
+        if out["mean"].requires_grad:
+            (out["logliks"].sum() + mean_s.sum()).backward()
+    np.testing.assert_array_equal(y, y_copy)
+    assert torch.equal(torch.nan_to_num(yt.detach(), 7.0), torch.nan_to_num(torch.tensor(y_copy), 7.0))
+    for k in kw:
+        np.testing.assert_array_equal(kw[k], copies[k])
+        assert torch.equal(leaves[k].detach(), leaf_copies[k])
+
+
+def test_outputs_subset_and_errors():
+    rng = np.random.default_rng(13)
+    y, kw = random_problem(rng, 20)
+    p = prepare(y, **kw)
+    full = cpu.filter(p)
+    part = cpu.filter(p, outputs=("mean", "var"))
+    assert set(part) == {"mean", "var", "decay", "noise"}
+    assert torch.equal(part["mean"], full["mean"]) and torch.equal(part["var"], full["var"])
+    with pytest.raises(ValueError, match="outputs"):
+        cpu.filter(p, outputs=("mean", "nope"))
+    with pytest.raises(ValueError, match="float32 or float64"):
+        cpu.filter(dataclasses.replace(p, y=p.y.to(torch.bfloat16)))
+
+
+def test_import_compiles_nothing():
+    code = ("import sys, kalmanscan, kalmanscan.ops.filter.cpu; "
+            "print('numba' in sys.modules, 'kalmanscan.ops.filter.cpu_loops' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.split() == ["False", "False"]
