@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-__all__ = ["nees", "nis", "pit", "crps", "log_score", "coverage", "predictive_coverage",
+__all__ = ["numpy_post", "inside", "effective_dof", "nees", "nis", "pit", "crps", "log_score", "coverage", "predictive_coverage",
            "report", "CalibrationReport", "LEVELS"]
 
 LEVELS = (0.5, 0.8, 0.9, 0.95)
 
 
-def _numpy_post(post):
+def numpy_post(post):
+    """``post`` with NumPy arrays (a torch-backed :class:`~kalmanscan.Posterior` converted)."""
     return post.to_numpy() if hasattr(post.mean, "detach") else post
 
 
@@ -44,14 +45,14 @@ def _aligned(name, x, shape):
 
 
 def _predictive(post, y):
-    post = _numpy_post(post)
+    post = numpy_post(post)
     m = np.asarray(post.pred_obs_mean, np.float64)
     s2 = np.asarray(post.pred_obs_var, np.float64)
     return _aligned("y", y, m.shape), m, s2
 
 
 def _state(post, truth):
-    post = _numpy_post(post)
+    post = numpy_post(post)
     mu = np.asarray(post.mean, np.float64)
     var = np.asarray(post.var, np.float64)
     return _aligned("truth", truth, mu.shape), mu, var
@@ -96,13 +97,15 @@ def log_score(post, y):
     return -stats.norm.logpdf(y, loc=m, scale=np.sqrt(s2))
 
 
-def _inside(mean, var, x, level, axis):
+def inside(mean, var, x, level, axis):
+    """Fraction of ``x`` inside the central ``level`` band(s) of ``N(mean, var)``, over ``axis``
+    (NaN ``x`` ignored); ``level`` a scalar or an array of levels in ``(0, 1)``."""
     levels = np.asarray(level, dtype=np.float64)
     if np.any(~(levels > 0) | ~(levels < 1)):
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     z = stats.norm.ppf(0.5 + levels / 2).reshape(levels.shape + (1,) * mean.ndim)
-    inside = np.abs(x - mean) <= z * np.sqrt(var)
-    frac = np.where(np.isnan(x), np.nan, inside.astype(np.float64))
+    hit = np.abs(x - mean) <= z * np.sqrt(var)
+    frac = np.where(np.isnan(x), np.nan, hit.astype(np.float64))
     axes = range(mean.ndim) if axis is None else ((axis,) if np.isscalar(axis) else axis)
     return np.nanmean(frac, axis=tuple((a % mean.ndim) + levels.ndim for a in axes))
 
@@ -114,14 +117,14 @@ def coverage(post, truth, level=0.9, *, axis=None):
     everything (a float per level); ``axis=-2`` gives the fraction per series over time.
     """
     x, mu, var = _state(post, truth)
-    out = _inside(mu, var, x, level, axis)
+    out = inside(mu, var, x, level, axis)
     return float(out) if np.ndim(out) == 0 else out
 
 
 def predictive_coverage(post, y, level=0.9, *, axis=None):
     """Fraction of observed ``y`` inside the central ``level`` interval of its one-step predictive."""
     y, m, s2 = _predictive(post, y)
-    out = _inside(m, s2, y, level, axis)
+    out = inside(m, s2, y, level, axis)
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -196,7 +199,7 @@ def _chi2_check(mean, dof, a):
     return band, p
 
 
-def _effective_dof(err):
+def effective_dof(err):
     """Effective count of ``err^2`` terms for standardised errors ``err`` ``(..., T, C)``.
 
     Posterior errors are correlated over time. For an AR(1) error with lag-1 correlation ``rho``,
@@ -221,7 +224,7 @@ def report(post, y, truth=None, *, levels=LEVELS, alpha=0.05) -> CalibrationRepo
     - uniformity of the PIT values (``scipy.stats.kstest`` against U(0, 1));
     - coverage of ``y`` by each central predictive interval in ``levels`` (binomial test);
     - with ``truth`` (the latent state, ``(..., T, C)``): mean NEES against ``chi2(d) / d`` with
-      ``d`` the effective count of :func:`_effective_dof` (errors are correlated in time).
+      ``d`` the effective count of :func:`effective_dof` (errors are correlated in time).
 
     ``calibrated`` is true when every check passes; ``reasons`` says which failed and which way:
     under-dispersed (over-confident: variances too small) or over-dispersed (under-confident), or
@@ -232,7 +235,7 @@ def report(post, y, truth=None, *, levels=LEVELS, alpha=0.05) -> CalibrationRepo
     levels = tuple(float(v) for v in np.atleast_1d(levels))
     if any(not 0 < v < 1 for v in levels):
         raise ValueError(f"levels must be in (0, 1), got {levels}")
-    post = _numpy_post(post)
+    post = numpy_post(post)
     y_a, _, _ = _predictive(post, y)
     seen = ~np.isnan(y_a)
     n = int(seen.sum())
@@ -276,7 +279,7 @@ def report(post, y, truth=None, *, levels=LEVELS, alpha=0.05) -> CalibrationRepo
         e2 = err[np.isfinite(err)] ** 2
         if e2.size < 2:
             raise ValueError("truth must have at least 2 finite values")
-        dof = float(_effective_dof(err))
+        dof = float(effective_dof(err))
         mean_nees = float(e2.mean())
         band, p = _chi2_check(mean_nees, dof, a)
         extra = dict(mean_nees=mean_nees, nees_band=band, nees_pvalue=p, nees_dof=dof,

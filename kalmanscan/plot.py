@@ -177,13 +177,13 @@ def reliability(post, truth_or_y, levels=None, ax=None, *, target="state", chann
     ``target="state"`` checks ``truth`` against the posterior ``mean ± z sqrt(var)``;
     ``target="obs"`` checks ``y`` against the one-step predictive interval. The grey band is the
     central ``level`` binomial range of a calibrated coverage (for the state, with the effective
-    count of :func:`kalmanscan.diagnostics._effective_dof`, as state errors are correlated).
+    count of :func:`kalmanscan.diagnostics.effective_dof`, as state errors are correlated).
     Points below the diagonal: intervals too narrow (over-confident); above: too wide.
     """
     if target not in ("state", "obs"):
         raise ValueError(f"target must be 'state' or 'obs', got {target!r}")
     levels = np.linspace(0.05, 0.95, 19) if levels is None else np.asarray(levels, dtype=np.float64)
-    post = diagnostics._numpy_post(post)
+    post = diagnostics.numpy_post(post)
     shape = _shape(post)
     x = np.broadcast_to(_np(truth_or_y).astype(np.float64), shape)
     mean, var = (post.mean, post.var) if target == "state" else (post.pred_obs_mean, post.pred_obs_var)
@@ -192,9 +192,9 @@ def reliability(post, truth_or_y, levels=None, ax=None, *, target="state", chann
             return _pick(a, () if index is None else index, channel, shape)[..., None]
 
         x, mean, var = sel(x), sel(mean), sel(var)
-    observed = diagnostics._inside(mean, var, x, levels, None)
+    observed = diagnostics.inside(mean, var, x, levels, None)
     err = (x - mean) / np.sqrt(var)
-    n = diagnostics._effective_dof(err) if target == "state" else np.isfinite(err).sum()
+    n = diagnostics.effective_dof(err) if target == "state" else np.isfinite(err).sum()
     n = max(int(round(n)), 1)
     ax = _axes(ax, (4.6, 4.4))
     lo, hi = (stats.binom.ppf(q, n, levels) / n for q in ((1 - level) / 2, (1 + level) / 2))

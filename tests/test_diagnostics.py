@@ -88,12 +88,12 @@ def test_report_catches_misstated_obs_var_and_says_which_way(data, factor, way, 
 def test_effective_dof_of_correlated_errors():
     rng = np.random.default_rng(5)
     iid = rng.normal(size=(20000, 1))
-    assert D._effective_dof(iid) == pytest.approx(20000, rel=0.01)
+    assert D.effective_dof(iid) == pytest.approx(20000, rel=0.01)
     rho, e = 0.9, np.empty((20000, 1))
     e[0] = rng.normal()
     for t in range(1, 20000):
         e[t] = rho * e[t - 1] + np.sqrt(1 - rho**2) * rng.normal()
-    assert D._effective_dof(e) == pytest.approx(20000 * (1 - rho**2) / (1 + rho**2), rel=0.05)
+    assert D.effective_dof(e) == pytest.approx(20000 * (1 - rho**2) / (1 + rho**2), rel=0.05)
 
 
 def test_bad_input(data):
