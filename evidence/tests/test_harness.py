@@ -94,7 +94,8 @@ def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
     argv = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
             "--d-state", "4", "--steps", "3", "--batch", "4", "--eval-every", "2",
             "--eval-size", "8", "--lrs", "1e-3,3e-3", "--device", "cpu"]
-    (saved,) = protocols.launch([protocols.Run("ok", argv)], str(tmp_path), poll_s=0.1)
+    (saved,) = protocols.launch([protocols.Run("ok", argv)], str(tmp_path), poll_s=0.1,
+                                env={"OMP_NUM_THREADS": "1"})
     assert saved["label"] == "a5_L8_kla_n1_d16_s0" and saved["device"] == "cpu" and saved["commit"]
     assert json.loads((tmp_path / "ok.json").read_text())["best_lr"] == saved["best_lr"]
     assert [r["lr"] for r in saved["runs"]] == [1e-3, 3e-3]

@@ -132,11 +132,12 @@ def test_mqar_zero_filler_is_zoologys_layout():
 
 def test_mqar_attention_learns_a_tiny_instance_on_cpu(tmp_path):
     """The harness end to end (labels, loss, scoring): a small attention model must get far above
-    chance (1/16 of the values) on a tiny MQAR within a few hundred steps."""
+    chance (1/16 of the values) on a tiny MQAR within a few hundred steps (it stops at the
+    threshold, 0.6, after 250 of its 400)."""
     argv = ["--task", "mqar", "--len", "32", "--kv-pairs", "4", "--vocab", "32", "--filler", "zero",
             "--mixer", "attention", "--layers", "2", "--d-model", "32", "--steps", "400",
             "--batch", "32", "--lr", "3e-3", "--eval-every", "50", "--eval-size", "256",
-            "--threshold", "0.9", "--device", "cpu", "--no-progress"]
+            "--threshold", "0.6", "--device", "cpu", "--no-progress"]
     record = train.main([*argv, "--out", str(tmp_path / "mqar.json")])
     assert record["best_token_acc"] > 0.5
 
