@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -73,10 +74,10 @@ def on_device(y, dtype=torch.float64):
 
 # The differentiable parameters of ks.filter, in the order the gradient tests list them.
 NAMES = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
-# Worst float32 error of the triton kernels (interpreter) over the random problems of
+# Worst float32 error of the triton kernels (interpreter) over the random problems of the former
 # test_triton_filter.py::test_float32_within_measured_bound was 3.8e-7 (relative, on
-# pred_precision at T = 301); the bound keeps a factor of ~10 and is the torch backend's float32
-# bound (tests/test_filter.py).
+# pred_precision at T = 301; now the float32 cases of tests/ops/filter/test_triton.py); the
+# bound keeps a factor of ~10 and is the torch backend's float32 bound (tests/test_filter.py).
 FLOAT32_BOUND = 4e-6
 
 
@@ -101,14 +102,52 @@ class Launches:
         return self.kernel[grid]
 
 
-def forward_views(y, kw):
-    """``(views, init)`` that :func:`kalmanscan.fused.filter_forward` takes for the NumPy problem
-    ``(y, kw)`` (float64)."""
-    from kalmanscan import fused
+def config(**options):
+    """The default :class:`~kalmanscan.ops.filter.config.FilterConfig` with ``options`` replaced."""
+    from kalmanscan.ops.filter.config import DEFAULT_CONFIG
+
+    return dataclasses.replace(DEFAULT_CONFIG, **options)
+
+
+def prepared(y, kw, dtype=torch.float64, grad=False):
+    """``(p, y_t, t)``: the validated problem of the NumPy problem ``(y, kw)`` as tensors of
+    ``dtype`` (``y_t`` and the :data:`NAMES` in ``t`` require gradients with ``grad``)."""
     from kalmanscan.inputs import prepare
 
+    t = problem_tensors(kw, dtype, grad=grad)
+    y_t = torch.tensor(y, dtype=dtype, requires_grad=grad)
+    return prepare(y_t, **t), y_t, t
+
+
+def triton_filter(p, cfg):
+    """:func:`kalmanscan.filter` of the validated problem ``p`` on the triton backend launched with
+    the config ``cfg``: a :class:`~kalmanscan.Posterior`."""
+    from kalmanscan.filtering import make_posterior
+    from kalmanscan.ops.filter import triton
+
+    return make_posterior(p, triton.filter(p, cfg))
+
+
+def triton_smooth(p, cfg):
+    """:func:`kalmanscan.smooth` of ``p`` on the triton backend launched with ``cfg``."""
+    from kalmanscan.filtering import make_posterior
+    from kalmanscan.ops.filter import triton
+
+    out = triton.filter(p, cfg)
+    full = {k: torch.broadcast_to(out[k], p.shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
+    mean_s, var_s, precision_s = triton.smooth(full, torch.broadcast_to(p.mean, p.shape), cfg)
+    return make_posterior(p, dict(out, mean=mean_s, var=var_s, precision=precision_s),
+                          filtered=make_posterior(p, out))
+
+
+def forward_views(y, kw):
+    """``(views, init)`` that :func:`kalmanscan.ops.filter.triton.filter_forward` takes for the
+    NumPy problem ``(y, kw)`` (float64)."""
+    from kalmanscan.inputs import prepare
+    from kalmanscan.ops.filter.triton import kernel_views
+
     p = prepare(torch.tensor(y), **problem_tensors(kw))
-    views = {k: fused._flat(getattr(p, k), p.shape) for k in fused._ORDER}
+    views = kernel_views(p)
     B, C = views["y"].shape[0], p.shape[-1]
     per_series = p.shape[:-2] + (1, C)
     lam0 = 1.0 / torch.broadcast_to(p.init_var, per_series).reshape(B, C)

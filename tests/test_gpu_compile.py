@@ -3,8 +3,8 @@
 The interpreter runs the kernels' Python; some code it accepts does not compile (a jit function
 returning different types from two branches, say). ``benchmarks.sass_stats`` compiles every kernel
 and the other values of its feature switches with Triton's bundled ``ptxas``, no GPU needed, in a
-process without ``TRITON_INTERPRET`` (the hardware reciprocal of :mod:`kernels.fast_math` is chosen
-at import).
+process without ``TRITON_INTERPRET`` (the hardware reciprocal of :mod:`kalmanscan.kernels.fast_math` is
+chosen at import).
 """
 
 import os
@@ -37,10 +37,10 @@ def test_no_nested_tuple_targets_in_kernels():
     import glob
 
     nested = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "kernels", "*.py"))):
+    for path in sorted(glob.glob(os.path.join(ROOT, "kernels", "**", "*.py"), recursive=True)):
         for node in ast.walk(ast.parse(open(path).read())):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
                 node, (ast.For, ast.AnnAssign)) else []
-            nested += [f"{os.path.basename(path)}:{node.lineno}" for t in targets if isinstance(t, ast.Tuple)
+            nested += [f"{os.path.relpath(path, ROOT)}:{node.lineno}" for t in targets if isinstance(t, ast.Tuple)
                        and any(isinstance(e, (ast.Tuple, ast.List)) for e in t.elts)]
     assert not nested, nested

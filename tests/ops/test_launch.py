@@ -2,7 +2,7 @@
 
 import triton
 
-from kalmanscan.launch import cdiv, next_power_of_2
+from kalmanscan.ops.launch import cdiv, next_power_of_2
 
 
 def test_cdiv_and_next_power_of_2_equal_tritons():

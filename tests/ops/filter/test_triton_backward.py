@@ -1,18 +1,22 @@
-"""The fused filter backward: cotangents of unused outputs are absent (never read, exact
-gradients), and the time-parallel tile backward for few long series (``fused.TILE_BWD``) against
-float64 torch autograd and the walk backward. Kernels under TRITON_INTERPRET=1 on the CPU;
-``stretches`` and ``tiles`` (tests/conftest.py) make small problems cross many stretches and tiles.
+"""The triton backend's backward: cotangents of unused outputs are absent (never read, exact
+gradients), and the time-parallel tile backward for few long series (``FilterConfig.tile_bwd``)
+against float64 torch autograd and the walk backward. Kernels under TRITON_INTERPRET=1 on the
+CPU; small stretches and tiles (explicit configs) make small problems cross many of them, each
+lane walking at most ~64 steps.
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
-from helpers import NAMES, Launches, forward_views, problem_tensors, random_problem
+from helpers import NAMES, Launches, config, forward_views, prepared, random_problem
 
 import kalmanscan as ks
-from kalmanscan import fused
-from kalmanscan.inputs import prepare
+from kalmanscan.ops.filter import torch as torch_backend
+from kalmanscan.ops.filter import triton
 
+FOURS = config(min_stretch=4, target_lanes=1 << 30)
 
 # Fields of the filter's result a loss may use -> which cotangents of the kernels' centred outputs
 # (mu, lam, pred_mu, pred_var) it makes present.
@@ -38,75 +42,84 @@ def _assert_gradients_equal(want, got):
         assert float((a - b).norm() / a.norm()) < 1e-10, name
 
 
-def _gradients_of_fields(y, kw, weights, **options):
+def _gradients_of_fields(y, kw, weights, cfg):
     """``{backend: gradients}`` of ``y`` and :data:`NAMES` (None where unused) of the loss
     ``sum((out[k] * w).sum() for k, w in weights.items())`` on the filter's result ``out``, on the
-    torch backend and on the triton one (:func:`fused.filter_triton` with ``options``)."""
+    torch backend and on the triton one launched with ``cfg``."""
     grads = {}
     for backend in ("torch", "triton"):
-        t = problem_tensors(kw, grad=True)
-        y_t = torch.tensor(y, requires_grad=True)
-        p = prepare(y_t, backend=backend, **t)
-        out = fused.filter_triton(p, **options) if backend == "triton" else fused.filter_torch(p)
+        p, y_t, t = prepared(y, kw, grad=True)
+        out = triton.filter(p, cfg) if backend == "triton" else torch_backend.filter(p)
         loss = sum((out[k] * w).sum() for k, w in weights.items())
         grads[backend] = torch.autograd.grad(loss, [y_t] + [t[k] for k in NAMES], allow_unused=True)
     return grads
 
 
-@pytest.mark.parametrize("fields", list(COTANGENT_PATTERNS))
-@pytest.mark.parametrize("T,stretch,per_step", [(63, 63, False), (63, 4, True), (201, 201, True), (201, 7, False)])
-def test_absent_cotangents_gradients_equal_torch_autograd(fields, T, stretch, per_step, poisoned, monkeypatch):
+# Every cotangent pattern on one stretch (T = 37, a walk no multiple of the unroll) and on several
+# (13 stretches of 5 steps, the last of 3; 9 forced stretches of 7, the last of 5), static and per
+# step in turn.
+SHAPES = [(37, config(), False), (63, FOURS, True), (61, config(stretch=7), False), (37, config(), True)]
+ABSENT_CASES = [(fields, *SHAPES[(i + k) % 4]) for i, fields in enumerate(COTANGENT_PATTERNS) for k in (0, 1)]
+
+
+@pytest.mark.parametrize("fields,T,cfg,per_step", ABSENT_CASES,
+                         ids=[f"{'+'.join(c[0])}-T{c[1]}-L{triton.plan(2, c[1], 3, c[2])[1]}-step{int(c[3])}"
+                              for c in ABSENT_CASES])
+def test_absent_cotangents_gradients_equal_torch_autograd(fields, T, cfg, per_step, poisoned, monkeypatch):
     """A loss on some outputs only: the backward gets the others' cotangents as None, reads none of
-    them (one stretch, and several through ``stretch``), and the gradients stay exact."""
+    them (one stretch, and several), and the gradients stay exact."""
     seen = []
-    backward = fused.filter_backward
+    backward = triton.filter_backward
 
-    def spy(views, init, mu, lam, cot, stretch=None):
+    def spy(views, init, mu, lam, cot, config):
         seen.append(tuple(g is not None for g in cot))
-        return backward(views, init, mu, lam, cot, stretch)
+        return backward(views, init, mu, lam, cot, config)
 
-    monkeypatch.setattr(fused, "filter_backward", spy)
+    monkeypatch.setattr(triton, "filter_backward", spy)
     rng = np.random.default_rng(90 + T + per_step)
     y, kw = random_problem(rng, T, C=3, batch=(2,), per_step=per_step, times=per_step, missing=0.15)
-    grads = _gradients_of_fields(y, kw, {k: torch.tensor(rng.normal(size=(2, T, 3))) for k in fields},
-                                 stretch=stretch)
+    grads = _gradients_of_fields(y, kw, {k: torch.tensor(rng.normal(size=(2, T, 3))) for k in fields}, cfg)
     assert seen == [COTANGENT_PATTERNS[fields]]
     _assert_gradients_equal(grads["torch"], grads["triton"])
 
 
 @pytest.mark.parametrize("field", ["logliks", "mean", "var"])
-def test_filter_loss_on_one_field_gradients_equal_torch_autograd(field, stretches, poisoned):
-    """Through ``ks.filter``: a plain sum of one field (a broadcast cotangent for ``mean``)."""
+def test_filter_loss_on_one_field_gradients_equal_torch_autograd(field, poisoned):
+    """Through ``ks.filter`` (the default launch: one stretch): a plain sum of one field (a
+    broadcast cotangent for ``mean``)."""
     rng = np.random.default_rng(95)
-    y, kw = random_problem(rng, 63, C=3, batch=(2,), per_step=True, times=True, missing=0.15)
+    y, kw = random_problem(rng, 23, C=3, batch=(2,), per_step=True, times=True, missing=0.15)
     grads = {}
     for backend in ("torch", "triton"):
-        t = problem_tensors(kw, grad=True)
-        y_t = torch.tensor(y, requires_grad=True)
+        _, y_t, t = prepared(y, kw, grad=True)
         post = ks.filter(y_t, backend=backend, **t)
         grads[backend] = torch.autograd.grad(getattr(post, field).sum(), [y_t] + [t[k] for k in NAMES],
                                              allow_unused=True)
     _assert_gradients_equal(grads["torch"], grads["triton"])
 
 
-def _saved_forward(y, kw, stretch=None):
-    """``(views, init, mu, lam)``: what :func:`fused.filter_backward` takes for the problem
-    ``(y, kw)``, the forward's saved state from :func:`fused.filter_forward`."""
+def _saved_forward(y, kw, cfg):
+    """``(views, init, mu, lam)``: what :func:`triton.filter_backward` takes for the problem
+    ``(y, kw)``, the forward's saved state from :func:`triton.filter_forward`."""
     views, init = forward_views(y, kw)
-    out = fused.filter_forward(views, init, stretch=stretch)
+    out = triton.filter_forward(views, init, config=cfg)
     return views, init, out["mu"], out["lam"]
 
 
-def _backward_problem(T=23, C=3, stretch=4):
-    """``(views, init, mu, lam, cot)`` of a per-step problem for :func:`fused.filter_backward`."""
+STRETCH4 = config(stretch=4)
+
+
+def _backward_problem(T=23, C=3):
+    """``(views, init, mu, lam, cot)`` of a per-step problem for :func:`triton.filter_backward`
+    on stretches of 4 steps."""
     rng = np.random.default_rng(97)
     y, kw = random_problem(rng, T, C=C, batch=(), per_step=True, times=True, missing=0.15)
-    return (*_saved_forward(y, kw, stretch), torch.tensor(rng.normal(size=(4, 1, T, C))))
+    return (*_saved_forward(y, kw, STRETCH4), torch.tensor(rng.normal(size=(4, 1, T, C))))
 
 
 def test_backward_without_cotangents_is_zero(poisoned):
     views, init, mu, lam, _ = _backward_problem()
-    for g in fused.filter_backward(views, init, mu, lam, (None,) * 4, stretch=4):
+    for g in triton.filter_backward(views, init, mu, lam, (None,) * 4, STRETCH4):
         assert torch.all(g == 0)
 
 
@@ -114,8 +127,8 @@ def test_backward_absent_cotangent_equals_zero_cotangent(poisoned):
     """``None`` gives the gradients of a zero cotangent; a ``(4, B, T, C)`` stack is four cotangents."""
     views, init, mu, lam, cot = _backward_problem()
     cot[1:3] = 0.0
-    got = fused.filter_backward(views, init, mu, lam, (cot[0], None, None, cot[3]), stretch=4)
-    want = fused.filter_backward(views, init, mu, lam, cot, stretch=4)
+    got = triton.filter_backward(views, init, mu, lam, (cot[0], None, None, cot[3]), STRETCH4)
+    want = triton.filter_backward(views, init, mu, lam, cot, STRETCH4)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
@@ -125,54 +138,75 @@ def test_backward_absent_cotangent_equals_zero_cotangent(poisoned):
 TILE_BWD_FIELDS = [("mean",), ("logliks",), ("mean", "var", "logliks", "pred_mean", "pred_var")]
 
 
-@pytest.fixture(params=[4, 8])
-def tile_bwd(request, tiles, monkeypatch):
-    """The time-parallel backward (``TILE_BWD``) on the :func:`tiles` of 16 steps, rows of 4 and 8
-    steps; yields the counted launches of its apply kernel."""
-    monkeypatch.setattr(fused, "TILE_BWD", True)
-    monkeypatch.setattr(fused, "TILE_ROW", request.param)
-    launches = Launches(fused.filter_tile_bwd_kernel)
-    monkeypatch.setattr(fused, "filter_tile_bwd_kernel", launches)
+@pytest.fixture
+def tile_launches(monkeypatch):
+    """The counted launches of the tile backward's apply kernel."""
+    launches = Launches(triton.filter_tile_bwd_kernel)
+    monkeypatch.setattr(triton, "filter_tile_bwd_kernel", launches)
     return launches
 
 
-# Every length with every parameter layout, and each with every cotangent pattern (a Latin square:
-# the full product of 72 problems took three minutes under the interpreter).
-TILE_BWD_CASES = [(T, per_step, times, TILE_BWD_FIELDS[(i + j) % 3])
-                  for i, T in enumerate((16, 37, 131, 201))
+def _tiles(row):
+    """The time-parallel forward and backward on tiles of 16 steps in rows of ``row``, at most 4
+    stretches of them; the walks (``tile_bwd`` off) on stretches of about 16 steps."""
+    return config(tile=16, tile_stretches=4, tile_row=row, tile_bwd=True, min_stretch=16, target_lanes=1 << 30)
+
+
+# (T, row, per_step, times, fields): one tile (T = 16); 3 tiles in 3 stretches, the last of 5
+# steps (37); 4 tiles in 4 stretches, the last ending mid-row (63); 7 tiles in 4 stretches of 2,
+# the last of one tile of 5 steps (101). Every length with every parameter layout; rows of 4 and 8 steps and
+# the cotangent patterns in a Latin square over them (the full product of 72 problems took three
+# minutes under the interpreter).
+TILE_BWD_CASES = [(T, (4, 8)[(i + j) % 2], per_step, times, TILE_BWD_FIELDS[(i + j) % 3])
+                  for i, T in enumerate((16, 37, 63, 101))
                   for j, (per_step, times) in enumerate(((False, False), (True, True), (True, False)))]
 
 
-@pytest.mark.parametrize("T,per_step,times,fields", TILE_BWD_CASES)
-def test_tile_backward_gradients_equal_torch_autograd(T, per_step, times, fields, tile_bwd, poisoned):
-    """Gradients of ``y`` and every parameter through the tile backward: one tile (T = 16) up to 4
-    stretches of 4 tiles (201), T no multiple of the row, missing values, static and per-step
+@pytest.mark.parametrize("T,row,per_step,times,fields", TILE_BWD_CASES,
+                         ids=[f"T{c[0]}-row{c[1]}-step{int(c[2])}-times{int(c[3])}-{len(c[4])}fields"
+                              for c in TILE_BWD_CASES])
+def test_tile_backward_gradients_equal_torch_autograd(T, row, per_step, times, fields, tile_launches, poisoned):
+    """Gradients of ``y`` and every parameter through the tile backward: one tile up to 4
+    stretches of 2 tiles, T no multiple of the row, missing values, static and per-step
     parameters, irregular times; a loss on some outputs only leaves the others' cotangents absent."""
-    assert fused.uses_tiles(T, 1)
+    cfg = _tiles(row)
+    assert triton.uses_tiles(T, 1, cfg)
     rng = np.random.default_rng(1000 + T + 10 * per_step + times)
     y, kw = random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=times, missing=0.15)
-    grads = _gradients_of_fields(y, kw, {k: torch.tensor(rng.normal(size=(2, T, 1))) for k in fields})
-    assert tile_bwd.count == 1
+    grads = _gradients_of_fields(y, kw, {k: torch.tensor(rng.normal(size=(2, T, 1))) for k in fields}, cfg)
+    assert tile_launches.count == 1
     _assert_gradients_equal(grads["torch"], grads["triton"])
 
 
-@pytest.mark.parametrize("present", [(True, False, False, False), (False, False, True, True), (True,) * 4])
-@pytest.mark.parametrize("T,per_step,wide", [(37, False, False), (131, True, False), (201, False, False),
-                                             (131, True, True)])
-def test_tile_backward_equals_walk_backward(T, per_step, wide, present, tile_bwd, poisoned, monkeypatch):
-    """:func:`fused.filter_backward` on tiles and on the walks (``TILE_BWD`` off) agree to float64
+# (T, row, per_step, wide, present): every cotangent pattern; static and per-step adjoints; one
+# case with 64-bit offsets on both.
+TILE_WALK_CASES = [
+    (37, 4, False, False, (True, False, False, False)),
+    (63, 8, True, False, (False, False, True, True)),
+    (131, 2, False, False, (True,) * 4),
+    (131, 8, True, True, (True, False, False, False)),
+    (63, 4, False, True, (True,) * 4),
+    (37, 16, True, False, (False, False, True, True)),
+]
+
+
+@pytest.mark.parametrize("T,row,per_step,wide,present", TILE_WALK_CASES,
+                         ids=[f"T{c[0]}-row{c[1]}-step{int(c[2])}-wide{int(c[3])}-{sum(c[4])}cot"
+                              for c in TILE_WALK_CASES])
+def test_tile_backward_equals_walk_backward(T, row, per_step, wide, present, tile_launches, poisoned):
+    """:func:`triton.filter_backward` on tiles and on the walks (``tile_bwd`` off) agree to float64
     rounding, per-step and summed adjoints and the initial state's alike; ``wide`` forces the
     64-bit offsets on both."""
+    cfg = _tiles(row)
     if wide:
-        monkeypatch.setattr(fused, "WIDE_FROM", 0)
+        cfg = dataclasses.replace(cfg, wide_from=0)
     rng = np.random.default_rng(1100 + T)
     y, kw = random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=per_step, missing=0.15)
-    views, init, mu, lam = _saved_forward(y, kw)
+    views, init, mu, lam = _saved_forward(y, kw, cfg)
     cot = [torch.tensor(rng.normal(size=(2, T, 1))) if on else None for on in present]
-    got = fused.filter_backward(views, init, mu, lam, cot)
-    monkeypatch.setattr(fused, "TILE_BWD", False)
-    want = fused.filter_backward(views, init, mu, lam, cot)
-    assert tile_bwd.count == 1
+    got = triton.filter_backward(views, init, mu, lam, cot, cfg)
+    want = triton.filter_backward(views, init, mu, lam, cot, dataclasses.replace(cfg, tile_bwd=False))
+    assert tile_launches.count == 1
     for a, b in zip(want, got):
         assert a.shape == b.shape and torch.all(torch.isfinite(b))
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
