@@ -151,7 +151,7 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         h, dt, times, backend: as :func:`kalmanscan.filter` (fixed). Irregular ``times`` and NaN
             gaps enter the likelihood exactly.
         estimate: names to estimate, a subset of ``("theta", "sigma", "obs_var", "mean",
-            "init_mean", "init_var")``. E.g. the local level model: ``theta=0.0, init_var=1e6,
+            "init_mean", "init_var")``. E.g. the local level model: ``theta=0.0, init_var=float("inf"),
             estimate=("sigma", "obs_var")``.
         shared: one set of parameters for all channels (per batch element) instead of one per
             channel.
