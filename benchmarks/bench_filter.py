@@ -18,11 +18,15 @@ so never read): 36 bytes per element at the least, forward 12 and backward 24 (r
 present cotangents and the saved mean and precision, writes grad y); the device-to-device copy
 bandwidth measured in the same run, the torch backend, a time-stepped torch loop at a small T (per
 element) and, from a separate process, the same algebra as two ``jax.lax.associative_scan`` passes.
+``--sweep`` also times launch variants (:data:`SWEEP`: fields of
+:class:`~kalmanscan.ops.filter.config.FilterConfig` changed from ``DEFAULT_CONFIG``, each passed to
+the launch wrappers of :mod:`kalmanscan.ops.filter.triton`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -32,6 +36,11 @@ import time
 
 import numpy as np
 import torch
+
+from kalmanscan.inputs import prepare
+from kalmanscan.ops.filter import torch as torch_backend
+from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.config import DEFAULT_CONFIG, FilterConfig
 
 SHAPES = [(4096, 32768), (64, 1 << 20), (1, 1 << 22), (1, 1 << 24)]
 FWD_BYTES = 12
@@ -58,42 +67,47 @@ def copy_bandwidth():
     return 2 * src.numel() * 4 / ms / 1e6
 
 
-def static_problem(T, C, dtype=torch.float32, seed=0):
-    """``(views, init, params)``: a static-parameter problem as the kernels' (1, T, C) views."""
-    from kalmanscan import fused
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    y = torch.randn(1, T, C, device="cuda", dtype=dtype, generator=g)
-    par = dict(theta=torch.rand(1, 1, C, device="cuda", generator=g, dtype=dtype) + 0.05,
-               sigma=torch.rand(1, 1, C, device="cuda", generator=g, dtype=dtype) + 0.1,
-               dt=torch.ones(1, 1, 1, device="cuda", dtype=dtype),
-               obs_var=torch.rand(1, 1, C, device="cuda", generator=g, dtype=dtype) + 0.1,
-               mean=torch.zeros(1, 1, C, device="cuda", dtype=dtype),
-               h=torch.ones(1, 1, C, device="cuda", dtype=dtype))
-    views = {"y": y, **{k: v.expand(1, T, C) for k, v in par.items()}}
-    lam0 = 2 * par["theta"][:, 0] / par["sigma"][:, 0] ** 2
-    init = torch.stack([lam0, torch.zeros_like(lam0)], 1).contiguous()
-    assert set(views) == set(fused._ORDER)
-    return views, init, par
+def static_problem(T, C, dtype=torch.float32, seed=0, device="cuda"):
+    """``(views, init, p)``: a static-parameter problem ``p`` (a validated
+    :class:`~kalmanscan.inputs.Problem` of one ``(T, C)`` series, stationary initial belief), its
+    ``(1, T, C)`` views in kernel order and initial state ``(1, 2, C)``: precision and
+    information mean."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    y = torch.randn(T, C, device=device, dtype=dtype, generator=g)
+    theta = torch.rand(C, device=device, generator=g, dtype=dtype) + 0.05
+    sigma = torch.rand(C, device=device, generator=g, dtype=dtype) + 0.1
+    obs_var = torch.rand(C, device=device, generator=g, dtype=dtype) + 0.1
+    p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, init_mean=0.0, init_var=sigma**2 / (2 * theta),
+                backend="triton")
+    return triton_backend.kernel_views(p), initial_state(p), p
 
 
-def bench_triton(T, C, gbps_copy):
-    from kalmanscan import fused
+def initial_state(p):
+    """The kernels' initial state ``(B, 2, C)`` of ``p``: ``lam0`` and ``lam0 (init_mean - mean_0)``
+    (as :func:`kalmanscan.ops.filter.triton.filter` builds it)."""
+    C = p.shape[-1]
+    lam0 = (1.0 / p.init_var).expand(p.shape[:-2] + (1, C)).reshape(-1, C)
+    mu0 = (p.init_mean - p.mean[..., :1, :]).expand(p.shape[:-2] + (1, C)).reshape(-1, C)
+    return torch.stack([lam0, lam0 * mu0], 1).contiguous()
+
+
+def bench_triton(T, C, gbps_copy, config: FilterConfig = DEFAULT_CONFIG):
     views, init, _ = static_problem(T, C)
     n = T * C
-    fwd = median_ms(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
-    out = fused.filter_forward(views, init)
+    fwd = median_ms(lambda: triton_backend.filter_forward(views, init, outputs=("mu", "lam"), config=config))
+    out = triton_backend.filter_forward(views, init, config=config)
     cot = (torch.randn(1, T, C, device="cuda"), torch.randn(1, T, C, device="cuda"), None, None)
     finite = all(bool(torch.isfinite(v).all()) for v in out.values())
     del out
 
     def fwd_bwd():
-        o = fused.filter_forward(views, init)
-        fused.filter_backward(views, init, o["mu"], o["lam"], cot)
+        o = triton_backend.filter_forward(views, init, config=config)
+        triton_backend.filter_backward(views, init, o["mu"], o["lam"], cot, config)
 
     both = median_ms(fwd_bwd)
-    fwd_graph = graph_ms(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
+    fwd_graph = graph_ms(lambda: triton_backend.filter_forward(views, init, outputs=("mu", "lam"), config=config))
     both_graph = graph_ms(fwd_bwd)
-    row = dict(C=C, T=T, **layout(T, C), fwd_ms=fwd, fwd_bwd_ms=both, fwd_graph_ms=fwd_graph,
+    row = dict(C=C, T=T, **layout(T, C, config), fwd_ms=fwd, fwd_bwd_ms=both, fwd_graph_ms=fwd_graph,
                fwd_bwd_graph_ms=both_graph, outputs_finite=finite,
                fwd_GBps=FWD_BYTES * n / fwd_graph / 1e6, fwd_bwd_GBps=FWD_BWD_BYTES * n / both_graph / 1e6)
     row["fwd_pct_copy"] = 100 * row["fwd_GBps"] / gbps_copy
@@ -102,27 +116,26 @@ def bench_triton(T, C, gbps_copy):
     return row
 
 
-def layout(T, C):
-    """The forward's layout at ``(T, C)``: time-parallel tiles or walks, and its stretches."""
-    from kalmanscan import fused
-    if fused.uses_tiles(T, C):
-        ns, r = fused.tile_plan(T)
-        return dict(layout="tiles", stretches=ns, stretch=r * fused.TILE)
-    ns, L = fused.plan(1, T, C)
+def layout(T, C, config: FilterConfig = DEFAULT_CONFIG):
+    """The forward's layout at ``(T, C)`` under ``config``: time-parallel tiles or walks, and its
+    stretches."""
+    if triton_backend.uses_tiles(T, C, config):
+        ns, r = triton_backend.tile_plan(T, config)
+        return dict(layout="tiles", stretches=ns, stretch=r * config.tile)
+    ns, L = triton_backend.plan(1, T, C, config)
     return dict(layout="walks", stretches=ns, stretch=L)
 
 
 def bench_torch_backend(T, C):
-    """The torch backend's forward (``filter_torch``) in float32; a smaller T if memory runs out."""
-    from kalmanscan.inputs import prepare
-    from kalmanscan.parallel import filter_torch
+    """The torch backend's forward (:func:`kalmanscan.ops.filter.torch.filter`) in float32; a
+    smaller T if memory runs out."""
     while T >= 1024:
         try:
             g = torch.Generator(device="cuda").manual_seed(1)
             y = torch.randn(T, C, device="cuda", generator=g)
             p = prepare(y, theta=torch.full((C,), 0.5, device="cuda"), sigma=1.0, obs_var=0.5)
             with torch.no_grad():
-                ms = median_ms(lambda: filter_torch(p))
+                ms = median_ms(lambda: torch_backend.filter(p))
             return dict(C=C, T=T, torch_fwd_ms=ms, torch_ns_per_elem=ms * 1e6 / (T * C))
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
@@ -153,50 +166,52 @@ def bench_loop(C=4096, T=256):
     return dict(C=C, T=T, loop_ms=ms, loop_ns_per_elem=ms * 1e6 / (T * C))
 
 
-SWEEP = {
-    (4096, 32768): [dict()] + [dict(CHAIN=True, CHAIN_STRETCH=n) for n in (16, 32, 64, 128)],
-    (64, 1 << 20): [dict(), dict(CHAIN=True, CHAIN_STRETCH=32), dict(CHAIN=True, CHAIN_STRETCH=128)],
-    (1, 1 << 22): [dict(TILE_MAX_C=0), dict(), dict(TILE_BWD=True), dict(TILE_BWD=True, TILE_ROW=4),
-                   dict(TILE_BWD=True, TILE_STRETCHES=4096)],
-    (4, 1 << 20): [dict(TILE_MAX_C=0), dict(TILE_MAX_C=4), dict(TILE_MAX_C=4, TILE_BWD=True)],
-    (1, 1 << 24): [dict(), dict(TILE_BWD=True), dict(TILE_BWD=True, TILE_STRETCHES=4096)],
+WALKS = dict(tile=1 << 40)  # no series is a tile long: the forward (and backward) walk
+
+SWEEP = {  # (C, T): FilterConfig fields changed from DEFAULT_CONFIG, one launch variant each
+    (4096, 32768): [dict()],
+    (64, 1 << 20): [dict()],
+    (1, 1 << 22): [WALKS, dict(tile_bwd=False), dict(), dict(tile_row=4), dict(tile_stretches=4096)],
+    (4, 1 << 20): [dict(), dict(tile_max_c=4, tile_bwd=False), dict(tile_max_c=4)],
+    (1, 1 << 24): [dict(tile_bwd=False), dict(), dict(tile_stretches=4096)],
 }
 
 
 def sweep(shapes=None):
-    """Forward and forward+backward times of launch variants (attributes of kalmanscan.fused), at
-    the ``(C, T)`` of ``SWEEP`` (those in ``shapes`` only, when given)."""
-    from kalmanscan import fused
+    """Forward and forward+backward times of launch variants (``FilterConfig`` fields, passed to the
+    launch wrappers), at the ``(C, T)`` of ``SWEEP`` (those in ``shapes`` only, when given)."""
     rows = []
     for (C, T), variants in SWEEP.items():
-        if shapes and (C, T) not in shapes:
-            continue
-        views, init, _ = static_problem(T, C)
-        cot = (torch.randn(1, T, C, device="cuda"), torch.randn(1, T, C, device="cuda"), None, None)
-        for variant in variants:
-            saved = {k: getattr(fused, k) for k in variant}
-            for k, v in variant.items():
-                setattr(fused, k, v)
+        if not shapes or (C, T) in shapes:
+            rows += sweep_shape(C, T, variants)
+    return rows
+
+
+def sweep_shape(C, T, variants):
+    """The rows of :func:`sweep` at one shape."""
+    views, init, _ = static_problem(T, C)
+    cot = (torch.randn(1, T, C, device="cuda"), torch.randn(1, T, C, device="cuda"), None, None)
+    rows = []
+    for variant in variants:
+        try:
+            config = dataclasses.replace(DEFAULT_CONFIG, **variant)
 
             def fwd_bwd():
-                o = fused.filter_forward(views, init)
-                fused.filter_backward(views, init, o["mu"], o["lam"], cot)
+                o = triton_backend.filter_forward(views, init, config=config)
+                triton_backend.filter_backward(views, init, o["mu"], o["lam"], cot, config)
 
-            try:
-                fwd = median_ms(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
-                post = median_ms(lambda: fused.filter_forward(views, init, posterior=True))
-                both = median_ms(fwd_bwd)
-                fwd_graph = graph_ms(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
-                post_graph = graph_ms(lambda: fused.filter_forward(views, init, posterior=True))
-                both_graph = graph_ms(fwd_bwd)
-                rows.append(dict(C=C, T=T, **variant, **layout(T, C), fwd_ms=fwd, posterior_ms=post,
-                                 fwd_bwd_ms=both, fwd_graph_ms=fwd_graph, posterior_graph_ms=post_graph,
-                                 fwd_bwd_graph_ms=both_graph))
-            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
-                rows.append(dict(C=C, T=T, **variant, error=repr(exc)[:300]))
-            for k, v in saved.items():
-                setattr(fused, k, v)
-        del views, cot
+            def fwd():
+                return triton_backend.filter_forward(views, init, outputs=("mu", "lam"), config=config)
+
+            def post():
+                return triton_backend.filter_forward(views, init, config=config, posterior=True)
+
+            rows.append(dict(C=C, T=T, **variant, **layout(T, C, config), fwd_ms=median_ms(fwd),
+                             posterior_ms=median_ms(post), fwd_bwd_ms=median_ms(fwd_bwd),
+                             fwd_graph_ms=graph_ms(fwd), posterior_graph_ms=graph_ms(post),
+                             fwd_bwd_graph_ms=graph_ms(fwd_bwd)))
+        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
+            rows.append(dict(C=C, T=T, **variant, error=repr(exc)[:300]))
     return rows
 
 
@@ -205,16 +220,16 @@ def jax_two_scans(shapes):
     import jax
     import jax.numpy as jnp
 
-    def mobius(e, l):
-        A = l[0] * e[0] + l[1] * e[2]
-        B = l[0] * e[1] + l[1] * e[3]
-        Cc = l[2] * e[0] + l[3] * e[2]
-        D = l[2] * e[1] + l[3] * e[3]
+    def mobius(e, f):
+        A = f[0] * e[0] + f[1] * e[2]
+        B = f[0] * e[1] + f[1] * e[3]
+        Cc = f[2] * e[0] + f[3] * e[2]
+        D = f[2] * e[1] + f[3] * e[3]
         s = 1.0 / (A + D)
         return A * s, B * s, Cc * s, D * s
 
-    def affine(e, l):
-        return l[0] * e[0], l[0] * e[1] + l[1]
+    def affine(e, f):
+        return f[0] * e[0], f[0] * e[1] + f[1]
 
     @jax.jit
     def filt(y, a, q, phi, hr, lam0):
@@ -269,7 +284,7 @@ def main():
     res["triton"] = triton.__version__
     from . import filter_checks as fc
     checks = dict(reference=fc.check_reference, regimes=fc.check_regimes, gradients=fc.check_gradients,
-                  tile_backward=fc.check_tile_backward, chain=fc.check_chain, extremes=fc.check_extremes)
+                  tile_backward=fc.check_tile_backward, extremes=fc.check_extremes)
     names = args.checks.split(",") if args.checks else [] if args.sweep_only else list(checks)
     if not args.skip_checks:
         for name in names:
@@ -280,7 +295,8 @@ def main():
     res["copy_GBps"] = copy_bandwidth()
     print("copy GB/s", res["copy_GBps"], flush=True)
     if args.sweep or args.sweep_only:
-        shapes = [tuple(int(v) for v in x.split("x")) for x in args.sweep_shapes.split(",")] if args.sweep_shapes else None
+        shapes = ([tuple(int(v) for v in x.split("x")) for x in args.sweep_shapes.split(",")]
+                  if args.sweep_shapes else None)
         res["sweep"] = sweep(shapes)
         for row in res["sweep"]:
             print(json.dumps(row), flush=True)
@@ -306,7 +322,8 @@ def main():
 
 
 def print_table(res):
-    jax = {(r["C"], r["T"]): r.get("jax_fwd_ms") for r in res["jax_two_scans"]} if isinstance(res["jax_two_scans"], list) else {}
+    scans = res["jax_two_scans"]
+    jax = {(r["C"], r["T"]): r.get("jax_fwd_ms") for r in scans} if isinstance(scans, list) else {}
     torch_b = dict(enumerate(res["torch_backend"]))
     print(f"copy bandwidth {res['copy_GBps']:.0f} GB/s on {res['device']}")
     print("GPU times from CUDA-graph replay (eager, with the host's launches, in brackets)")

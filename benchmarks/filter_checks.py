@@ -2,57 +2,85 @@
 
 The sequential reference on random problems (static and per-step parameters, irregular times,
 missing values, one and many stretches, tiles), the float64 torch backend at the benchmark's
-regimes, gradients against float64 torch autograd (walks, the tile backward, the chained forward),
-and the float32 error over the extreme-parameter matrix. Each ``check_*`` returns rows of errors
-and restores every ``kalmanscan.fused`` switch it sets.
+regimes, gradients against float64 torch autograd (walks, the tile backward), and the float32
+error over the extreme-parameter matrix. A check that needs another launch configuration than
+``DEFAULT_CONFIG`` runs the public ``ks.filter`` on a backend registered for it
+(:func:`triton_with`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+import types
 
 import numpy as np
 import torch
 
-from .bench_filter import layout, static_problem
+from kalmanscan.ops.filter import register_backend
+from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.config import DEFAULT_CONFIG, FilterConfig
+
+from .bench_filter import layout
+
+_REGISTERED: dict[FilterConfig, str] = {}
 
 
-def check_reference():
+def triton_with(config: FilterConfig) -> str:
+    """The name of a filter backend that is the triton backend launched with ``config`` (registered
+    on first use with :func:`kalmanscan.ops.filter.register_backend`), for ``ks.filter(...,
+    backend=name)``: the public call, with that launch configuration."""
+    if config == DEFAULT_CONFIG:
+        return "triton"
+    if config not in _REGISTERED:
+        name = f"triton_config{len(_REGISTERED)}"
+        module = types.ModuleType(name, f"the triton filter backend launched with {config}")
+        module.filter = lambda p: triton_backend.filter(p, config)
+        module.smooth = lambda f, mean_param: triton_backend.smooth(f, mean_param, config)
+        module.summary = lambda p: triton_backend.summary(p, config)
+        register_backend(name, module)
+        _REGISTERED[config] = name
+    return _REGISTERED[config]
+
+
+def _tests_helpers():
+    """``tests/helpers.py`` (random problems, posterior errors), importable as ``helpers``."""
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import helpers
+    return helpers
+
+
+def check_reference(T=3001, device="cuda"):
     """Float32 and float64 kernels on the GPU against the sequential float64 reference: walks over
     one and many stretches (C = 8), time-parallel tiles at the default and at small tiles (C = 1)."""
-    from kalmanscan import fused
     rng = np.random.default_rng(0)
     rows = []
-    for settings, C, batch in (
-            (dict(MIN_STRETCH=64, TARGET_LANES=fused.TARGET_LANES), 8, (2,)),
-            (dict(MIN_STRETCH=8, TARGET_LANES=1 << 30), 8, (2,)),
-            (dict(TILE=fused.TILE, TILE_STRETCHES=fused.TILE_STRETCHES), 1, (3,)),
-            (dict(TILE=64, TILE_STRETCHES=8), 1, (3,))):
-        saved = {k: getattr(fused, k) for k in settings}
-        for k, v in settings.items():
-            setattr(fused, k, v)
+    for config, C, batch in (
+            (DEFAULT_CONFIG, 8, (2,)),
+            (dataclasses.replace(DEFAULT_CONFIG, min_stretch=8, target_lanes=1 << 30), 8, (2,)),
+            (DEFAULT_CONFIG, 1, (3,)),
+            (dataclasses.replace(DEFAULT_CONFIG, tile=64, tile_stretches=8), 1, (3,))):
         for per_step, times in ((False, False), (True, True), (True, False)):
-            rows += _reference_rows(rng, C, batch, per_step, times)
-        for k, v in saved.items():
-            setattr(fused, k, v)
+            rows += _reference_rows(rng, C, batch, per_step, times, config, T, device)
     return rows
 
 
-def _reference_rows(rng, C, batch, per_step, times, T=3001):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from helpers import posterior_error, random_problem
-
+def _reference_rows(rng, C, batch, per_step, times, config, T, device="cuda"):
+    helpers = _tests_helpers()
     import kalmanscan as ks
-    y, kw = random_problem(rng, T, C=C, batch=batch, per_step=per_step, times=times, missing=0.1, offset=50.0)
+    y, kw = helpers.random_problem(rng, T, C=C, batch=batch, per_step=per_step, times=times, missing=0.1,
+                                   offset=50.0)
     ref = ks.filter(y, backend="reference", **kw)
     rows = []
     for dtype in (torch.float32, torch.float64):
-        t = {k: torch.tensor(v, device="cuda", dtype=torch.float64 if k == "times" else dtype)
+        t = {k: torch.tensor(v, device=device, dtype=torch.float64 if k == "times" else dtype)
              for k, v in kw.items()}
-        out = ks.filter(torch.tensor(y, device="cuda", dtype=dtype), backend="triton", **t)
-        err, errs = posterior_error(out, ref)
-        rows.append(dict(C=C, per_step=per_step, times=times, **layout(T, C), dtype=str(dtype),
+        out = ks.filter(torch.tensor(y, device=device, dtype=dtype), backend=triton_with(config), **t)
+        err, errs = helpers.posterior_error(out, ref)
+        rows.append(dict(C=C, per_step=per_step, times=times, **layout(T, C, config), dtype=str(dtype),
                          max_rel_err=err, worst_field=max(errs, key=errs.get)))
     return rows
 
@@ -67,68 +95,62 @@ def check_regimes():
         kw = dict(theta=torch.rand(C, device="cuda", dtype=torch.float64, generator=g) + 0.05,
                   sigma=1.0, obs_var=0.5)
         ref = ks.filter(y, backend="torch", **kw)
-        out = ks.filter(y.float(), backend="triton", **{k: (v.float() if torch.is_tensor(v) else v) for k, v in kw.items()})
-        errs = {k: float(((getattr(out, k).double() - getattr(ref, k)).abs() / getattr(ref, k).abs().clamp_min(1e-30)).max())
+        out = ks.filter(y.float(), backend="triton",
+                        **{k: (v.float() if torch.is_tensor(v) else v) for k, v in kw.items()})
+        errs = {k: float(((getattr(out, k).double() - getattr(ref, k)).abs()
+                          / getattr(ref, k).abs().clamp_min(1e-30)).max())
                 for k in ("precision", "pred_var")}
         errs["mean"] = float((out.mean.double() - ref.mean).abs().max() / ref.mean.abs().max())
         rows.append(dict(C=C, T=T, **errs))
     return rows
 
 
-def _filter_gradients(y, kw, backend, dtype, names):
+def _filter_gradients(y, kw, backend, dtype, names, device="cuda"):
     """Gradients of ``loglik + sum(mean) + sum(var)`` of ``ks.filter`` on the GPU with respect to
     ``y`` and the parameters ``names`` (inputs in ``dtype``; times in float64)."""
     import kalmanscan as ks
-    t = {k: torch.tensor(v, device="cuda", dtype=torch.float64 if k == "times" else dtype,
+    t = {k: torch.tensor(v, device=device, dtype=torch.float64 if k == "times" else dtype,
                          requires_grad=k in names) for k, v in kw.items()}
-    y_t = torch.tensor(y, device="cuda", dtype=dtype, requires_grad=True)
+    y_t = torch.tensor(y, device=device, dtype=dtype, requires_grad=True)
     post = ks.filter(y_t, backend=backend, **t)
     loss = post.loglik.sum() + post.mean.sum() + post.var.sum()
     return torch.autograd.grad(loss, [y_t] + [t[k] for k in names])
 
 
-def check_gradients():
-    """Float32 triton gradients against float64 torch autograd (relative norm error per input)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from helpers import random_problem
-
-    from kalmanscan import fused
+def check_gradients(T=1000, device="cuda"):
+    """Float32 triton gradients against float64 torch autograd (relative norm error per input), over
+    stretches of 16 steps."""
+    helpers = _tests_helpers()
     names = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
     rng = np.random.default_rng(5)
+    config = dataclasses.replace(DEFAULT_CONFIG, min_stretch=16, target_lanes=1 << 30)
     rows = []
-    saved = fused.MIN_STRETCH, fused.TARGET_LANES
-    fused.MIN_STRETCH, fused.TARGET_LANES = 16, 1 << 30
     for per_step, times in ((False, False), (True, True)):
-        y, kw = random_problem(rng, 1000, C=8, batch=(2,), per_step=per_step, times=times, missing=0.1)
-        grads = {backend: _filter_gradients(y, kw, backend, dtype, names)
-                 for backend, dtype in (("torch", torch.float64), ("triton", torch.float32))}
-        for name, a, b in zip(("y",) + names, grads["torch"], grads["triton"]):
+        y, kw = helpers.random_problem(rng, T, C=8, batch=(2,), per_step=per_step, times=times, missing=0.1)
+        grads = {backend: _filter_gradients(y, kw, backend, dtype, names, device)
+                 for backend, dtype in (("torch", torch.float64), (triton_with(config), torch.float32))}
+        for name, a, b in zip(("y",) + names, grads["torch"], grads[triton_with(config)]):
             rows.append(dict(per_step=per_step, input=name,
                              rel_err=float((a - b.double()).norm() / a.norm())))
-    fused.MIN_STRETCH, fused.TARGET_LANES = saved
     return rows
 
 
-def check_tile_backward():
-    """The time-parallel tile backward (``fused.TILE_BWD``) on one long series, float32, against the
-    walk backward (float32) and float64 torch autograd: relative norm error per input."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from helpers import random_problem
-
-    from kalmanscan import fused
+def check_tile_backward(lengths=(4097, 20011, 1 << 20), device="cuda"):
+    """The time-parallel tile backward (``FilterConfig.tile_bwd``, the default) on one long series,
+    float32, against the walk backward (float32) and float64 torch autograd: relative norm error
+    per input."""
+    helpers = _tests_helpers()
     names = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
     rng = np.random.default_rng(6)
     rows = []
-    saved = fused.TILE_BWD
-    for T, per_step, times in ((4097, False, False), (20011, True, True), (1 << 20, False, False)):
-        y, kw = random_problem(rng, T, C=1, batch=(), per_step=per_step, times=times, missing=0.1)
+    walks = triton_with(dataclasses.replace(DEFAULT_CONFIG, tile_bwd=False))
+    tiles = triton_with(dataclasses.replace(DEFAULT_CONFIG, tile_bwd=True))
+    for T, per_step, times in zip(lengths, (False, True, False), (False, True, False)):
+        y, kw = helpers.random_problem(rng, T, C=1, batch=(), per_step=per_step, times=times, missing=0.1)
         grads = {}
-        for label, backend, dtype, tile_bwd in (("float64", "torch", torch.float64, False),
-                                                ("walks", "triton", torch.float32, False),
-                                                ("tiles", "triton", torch.float32, True)):
-            fused.TILE_BWD = tile_bwd
-            grads[label] = _filter_gradients(y, kw, backend, dtype, names)
-        fused.TILE_BWD = saved
+        for label, backend, dtype in (("float64", "torch", torch.float64), ("walks", walks, torch.float32),
+                                      ("tiles", tiles, torch.float32)):
+            grads[label] = _filter_gradients(y, kw, backend, dtype, names, device)
         for i, name in enumerate(("y",) + names):
             ref = grads["float64"][i]
             rows.append(dict(T=T, per_step=per_step, input=name,
@@ -136,34 +158,6 @@ def check_tile_backward():
                              walks_vs_float64=float((grads["walks"][i].double() - ref).norm() / ref.norm()),
                              tiles_vs_walks=float((grads["tiles"][i] - grads["walks"][i]).double().norm()
                                                   / grads["walks"][i].double().norm())))
-    return rows
-
-
-def check_chain():
-    """The single-pass chained forward (``fused.CHAIN``) on the GPU: float32 and float64 against the
-    float64 reference (C = 256, per-step and static parameters, missing values; every stretch's
-    state published and every third), and float32 against the three-kernel forward at (4096, 4096)
-    (mean: max difference over max magnitude; precision: max relative difference)."""
-    from kalmanscan import fused
-    rng = np.random.default_rng(8)
-    rows = []
-    saved = fused.CHAIN, fused.CHAIN_STRETCH, fused.CHAIN_PUBLISH
-    for stretch, publish in ((32, 1), (16, 3)):
-        fused.CHAIN, fused.CHAIN_STRETCH, fused.CHAIN_PUBLISH = True, stretch, publish
-        for per_step, times in ((False, False), (True, True)):
-            rows += [dict(r, stretch=stretch, publish=publish)
-                     for r in _reference_rows(rng, 256, (2,), per_step, times)]
-    fused.CHAIN_PUBLISH = 1
-    views, init, _ = static_problem(4096, 4096)
-    fused.CHAIN = False
-    want = fused.filter_forward(views, init, outputs=("mu", "lam"))
-    for stretch in (16, 32, 128):
-        fused.CHAIN, fused.CHAIN_STRETCH = True, stretch
-        got = fused.filter_forward(views, init, outputs=("mu", "lam"))
-        rows.append(dict(C=4096, T=4096, stretch=stretch,
-                         mu=float((got["mu"] - want["mu"]).abs().max() / want["mu"].abs().max()),
-                         lam=float(((got["lam"] - want["lam"]).abs() / want["lam"]).max())))
-    fused.CHAIN, fused.CHAIN_STRETCH, fused.CHAIN_PUBLISH = saved
     return rows
 
 
