@@ -3,9 +3,10 @@
 The kernel benchmark (``bench_filter.py``) times the fused kernels alone; this script times what a
 user pays for ``ks.filter(y, ...)`` returning the full :class:`~kalmanscan.Posterior` (filtered and
 predicted moments, the predictive law of ``y`` and the log-likelihoods), and the fused kernels that
-write it alone, against the copy bandwidth measured in the same run, and checks the triton result against the float64 torch backend.
-It also times ``ks.smooth`` and its two smoothers alone on the filter's output: the fused reverse
-walks (``kalmanscan.fused_smooth``) and the torch reverse scans.
+write it alone, against the copy bandwidth measured in the same run, and checks the triton result
+against the float64 torch backend. It also times ``ks.smooth`` and its two smoothers alone on the filter's output: the fused reverse
+walks (:func:`kalmanscan.ops.filter.triton.smooth`) and the torch reverse scans
+(:func:`kalmanscan.ops.filter.torch.smooth`).
 
     python -m benchmarks.bench_filter_api --out results.json
 """
@@ -17,26 +18,22 @@ import json
 
 import torch
 
-from benchmarks.bench_filter import copy_bandwidth, median_ms
+from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
 
 import kalmanscan as ks
-from kalmanscan import fused
-from kalmanscan.fused_smooth import rts_triton
-from kalmanscan.filtering import run_backend
 from kalmanscan.inputs import prepare
-from kalmanscan.smooth import rts_torch
+from kalmanscan.ops.filter import run_backend
+from kalmanscan.ops.filter import torch as torch_backend
+from kalmanscan.ops.filter import triton as triton_backend
 
 SHAPES = [(4096, 32768), (64, 1 << 22)]
 OUT_FIELDS = 10  # (..., T, C) arrays a Posterior holds: each written once, 4 bytes per element
 
 
-def _kernel_inputs(y, kw):
+def kernel_inputs(y, kw):
     """The fused forward's ``(B, T, C)`` views and initial state for ``ks.filter(y, **kw)``."""
     p = prepare(y, backend="triton", **kw)
-    views = {k: fused._flat(getattr(p, k), p.shape) for k in fused._ORDER}
-    lam0 = 1.0 / p.init_var.expand(1, y.shape[-1])
-    init = torch.stack([lam0, lam0 * (p.init_mean - p.mean[..., :1, :]).expand(1, y.shape[-1])], 1)
-    return views, init.contiguous()
+    return triton_backend.kernel_views(p), initial_state(p)
 
 
 def _max_rel_err(got, ref, fields):
@@ -65,16 +62,16 @@ def main():
         theta = torch.rand(C, device="cuda", generator=g) + 0.05
         kw = dict(theta=theta, sigma=0.5, obs_var=0.3)
         ms = median_ms(lambda: ks.filter(y, backend="triton", **kw))
-        views, init = _kernel_inputs(y, kw)
-        kernel = median_ms(lambda: fused.filter_forward(views, init, posterior=True))
+        views, init = kernel_inputs(y, kw)
+        kernel = median_ms(lambda: triton_backend.filter_forward(views, init, posterior=True))
         floor = (4 + 4 * OUT_FIELDS) * T * C / bw / 1e6
         p = prepare(y, backend="triton", **kw)
         out = run_backend(p, "triton")
         f = {k: torch.broadcast_to(out[k], p.shape)
              for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
         m = torch.broadcast_to(p.mean, p.shape)
-        rts_fused = median_ms(lambda: rts_triton(f, m))
-        rts_scans = median_ms(lambda: rts_torch(f, m))
+        rts_fused = median_ms(lambda: triton_backend.smooth(f, m))
+        rts_scans = median_ms(lambda: torch_backend.smooth(f, m))
         smooth_ms = median_ms(lambda: ks.smooth(y, backend="triton", **kw))
         rows.append(dict(C=C, T=T, ms=ms, kernel_ms=kernel, floor_ms=floor, fraction_of_copy=floor / ms,
                          kernel_fraction_of_copy=floor / kernel, smooth_ms=smooth_ms,
