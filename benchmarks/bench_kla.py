@@ -1,20 +1,24 @@
 """GPU benchmark of ``kla_scan``: correctness on the device, launch-shape sweep, timings.
 
-    python benchmarks/bench_kla.py --out kla.json [--sweep] [--no-torch] [--no-fla]
+    python -m benchmarks.bench_kla --out kla.json [--sweep] [--no-torch] [--no-fla]
 
 1. Checks the triton backend against the float64 sequential recursion ON THE GPU (values and the
    gradients of all eight inputs), at shapes with several chunks, ragged channel blocks and a
    non-power-of-two state size, for every launch shape it later times.
 2. Measures the FP32 rate of this GPU in the same run: a Triton kernel of independent FMA chains and
    a float32 matrix product with TF32 off; the higher is the reference "FP32 issue rate".
-3. Times forward (no grad) and forward+backward, peak extra memory,
-   state updates per second, and the fraction of the FP32 rate that the forward's arithmetic
-   represents (``FWD_FP32_OPS`` per state update, counted from ``kernels/kla/fwd.py``), at the
-   issue's three shapes, with and without the forward's time split (``pieces=1``); side by side with the torch backend and, when installed, fla's
-   ``chunk_gla`` at the matched width (d_model 512: H=4, K=64, V=128, bf16). Times are per call
-   with launches queued ahead (:func:`timed`: calls back to back, as in a training loop; the GPU's
-   time) and, as ``*_per_call_ms``, each call alone after a synchronisation (:func:`timed_per_call`:
-   the host's launch latency added, the GPU idle meanwhile).
+3. Times forward (no grad) and forward+backward, peak extra memory, state updates per second, and
+   the fraction of the FP32 rate that the forward's arithmetic represents (``FWD_FP32_OPS`` per
+   state update, counted from ``kernels/kla/fwd.py``), at the issue's three shapes, with and
+   without the forward's time split (``pieces=1``); side by side with the torch backend and, when
+   installed, fla's ``chunk_gla`` at the matched width (d_model 512: H=4, K=64, V=128, bf16).
+   Times are per call with launches queued ahead (:func:`timed`: calls back to back, as in a
+   training loop; the GPU's time) and, as ``*_per_call_ms``, each call alone after a
+   synchronisation (:func:`timed_per_call`: the host's launch latency added, the GPU idle
+   meanwhile). The kernels are launched through :func:`kalmanscan.ops.kla.triton.kla_scan_triton`
+   with the timed :class:`KLAConfig` (the sweep's best with ``--sweep``, else ``DEFAULT_CONFIG``);
+   the ``triton_public_api`` rows time the public ``kla_scan(..., backend="triton")``, which
+   launches with ``DEFAULT_CONFIG``.
 
     python -m benchmarks.bench_kla --out kla.json --overhead   # the public call's host overhead only
 """
@@ -23,18 +27,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
 import time
 
 import torch
 import triton
 import triton.language as tl
 
-import kalmanscan.nn.kla_triton as kla_triton
-from benchmarks.train import commit
-from kalmanscan.nn.kla_triton import DEFAULT_CONFIG, KLAConfig, kla_scan_triton
-from kalmanscan.nn.scan import kla_scan, kla_scan_sequential
+from kalmanscan.ops.kla import kla_scan, validate
+from kalmanscan.ops.kla.reference import kla_scan_sequential
+from kalmanscan.ops.kla.triton import DEFAULT_CONFIG, KLAConfig, kla_scan_triton
 
 SHAPES = [(8, 2048, 1024, 16), (4, 4096, 2048, 16), (1, 16384, 1024, 16)]
 # Per state update in the forward: lam_v*k^2, decay^2 + noise*lam (fma), rho*lam + phi (fma),
@@ -42,6 +47,22 @@ SHAPES = [(8, 2048, 1024, 16), (4, 4096, 2048, 16), (1, 16384, 1024, 16)]
 # reciprocal (MUFU) plus one multiply: 11 FP32 pipe instructions and 2 MUFU.
 FWD_FP32_OPS = 11
 TOL = 2e-5
+
+
+def commit() -> str:
+    """``git rev-parse --short HEAD`` of this checkout, with ``+dirty`` when it has local changes;
+    the environment variable ``BENCHMARKS_COMMIT`` overrides it (for copies without git data)."""
+    if os.environ.get("BENCHMARKS_COMMIT"):
+        return os.environ["BENCHMARKS_COMMIT"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
 
 
 def timed(fn, reps=20, warmup=3, groups=5):
@@ -79,9 +100,11 @@ def peak_extra_mb(fn):
     return (torch.cuda.max_memory_allocated() - base) / 1e6
 
 
-def make_inputs(B, L, M, S, seed=0, dtype=torch.float32, state=False):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    kw = dict(device="cuda", generator=g)
+def make_inputs(B, L, M, S, seed=0, dtype=torch.float32, state=False, device="cuda"):
+    """Random ``kla_scan`` inputs ``(v, lam_v, k, q, decay, noise)`` and, with ``state``, an initial
+    ``(lam, eta)``."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    kw = dict(device=device, generator=g)
     xs = [
         torch.randn(B, L, M, **kw),
         0.1 + 2.0 * torch.rand(B, L, M, **kw),
@@ -100,21 +123,21 @@ def rel(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-300)).item()
 
 
-def check(B, L, M, S, config, seed=0, grads=True):
+def check(B, L, M, S, config, seed=0, grads=True, device="cuda"):
     """Max relative errors of the triton outputs (and all gradients) against float64 on the GPU."""
-    xs = make_inputs(B, L, M, S, seed=seed, state=True)
+    xs = make_inputs(B, L, M, S, seed=seed, state=True, device=device)
     if not grads:
         with torch.no_grad():
             ref = kla_scan_sequential(*[x.double() for x in xs])
             out = kla_scan_triton(*xs, config=config)
         errs = dict(zip(["y", "y_var", "lam", "eta"], [rel(a, b) for a, b in zip(out, ref)]))
         return max(errs.values()), errs
-    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    g = torch.Generator(device=device).manual_seed(seed + 1)
 
     def run(fn, inputs):
         inputs = [x.detach().clone().requires_grad_() for x in inputs]
         outs = fn(inputs)
-        w = [torch.randn(o.shape, device="cuda", dtype=torch.float64, generator=g) for o in outs]
+        w = [torch.randn(o.shape, device=device, dtype=torch.float64, generator=g) for o in outs]
         sum((o.double() * ww).sum() for o, ww in zip(outs, w)).backward()
         return [o.detach() for o in outs], [x.grad for x in inputs]
 
@@ -163,6 +186,8 @@ def fp32_rates():
 
 
 def bench_triton(shape, config, fp32_rate, public=True):
+    """Times of the kernels launched with ``config``, or with ``public`` of the public call (which
+    launches with ``DEFAULT_CONFIG``)."""
     B, L, M, S = shape
     xs = make_inputs(B, L, M, S)
     updates = B * L * M * S
@@ -234,8 +259,8 @@ def bench_fla(B, L, H=4, K=64, V=128):
             x.grad = None
 
     fb = timed(fwd_bwd, reps=10)
-    return dict(fwd_ms=fwd, fwd_bwd_ms=fb, fwd_per_call_ms=fwd_alone, fwd_bwd_per_call_ms=timed_per_call(fwd_bwd, reps=10),
-                fwd_bwd_peak_extra_mb=peak_extra_mb(fwd_bwd))
+    return dict(fwd_ms=fwd, fwd_bwd_ms=fb, fwd_per_call_ms=fwd_alone,
+                fwd_bwd_per_call_ms=timed_per_call(fwd_bwd, reps=10), fwd_bwd_peak_extra_mb=peak_extra_mb(fwd_bwd))
 
 
 def host_overhead(shape, n=50):
@@ -243,9 +268,8 @@ def host_overhead(shape, n=50):
     (the sync of the validation stalls the queue inside the timed interval) and the wall time of
     ``n`` calls back to back (a training loop's view), for the kernels alone, the validation alone
     and the public call; milliseconds."""
-    from kalmanscan.nn.scan import _validate
     xs = make_inputs(*shape)
-    calls = dict(kernels=lambda: kla_scan_triton(*xs)[:2], validation=lambda: _validate(*xs, None, "triton"),
+    calls = dict(kernels=lambda: kla_scan_triton(*xs)[:2], validation=lambda: validate(*xs, None, "triton"),
                  public=lambda: kla_scan(*xs, backend="triton"))
     res = {}
     with torch.no_grad():
@@ -339,8 +363,8 @@ def main():
         save(args.out, result)
     else:
         config = DEFAULT_CONFIG
-    kla_triton.DEFAULT_CONFIG = config
     result["timed_config"] = config.__dict__
+    result["public_api_config"] = DEFAULT_CONFIG.__dict__
 
     result["table"] = []
     for shape in [SHAPES[int(i)] for i in args.shapes]:
