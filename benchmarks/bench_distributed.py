@@ -13,8 +13,9 @@ backward, gradient all-reduce, AdamW) on ``batch`` sequences of ``seq`` tokens s
 Each part reports: the time per call (median over ``reps`` of the slowest rank, after warm-up),
 the same work on one process over the whole sequence (rank 0 alone; ``null`` if it does not fit),
 speed-up and scaling efficiency (speed-up / N), the local pass without exchange and the summary
-product a non-last rank adds (the last rank, hence N = 1, computes none; for KLA the fused
-kernel on GPUs and the torch product), the bytes each rank contributes to the all-gathers per call
+product a non-last rank adds (the last rank, hence N = 1, computes none; the backend's public
+``summary``: for the filter that of the backend the local pass runs, for KLA the fused kernel on
+GPUs and the torch product), the bytes each rank contributes to the all-gathers per call
 (each rank receives N - 1 times that) and what the backward exchanges, the device copy bandwidth
 measured in the same run and the filter's bytes per element (y read, the 9 posterior fields
 written) over its time as a fraction of it. Correctness checks compare every rank's rows with one
@@ -41,9 +42,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kalmanscan as ks  # noqa: E402
-from kalmanscan.distributed import kla as dkla  # noqa: E402
-from kalmanscan.distributed import series as dseries  # noqa: E402
 from kalmanscan.inputs import prepare  # noqa: E402
+from kalmanscan.ops.filter import get_backend, resolve_backend  # noqa: E402
+from kalmanscan.ops.kla import torch as kla_torch  # noqa: E402
 
 
 def parse():
@@ -136,12 +137,9 @@ def filter_part(args, rank, world, device):
     with torch.no_grad():
         out["ms"] = timed(lambda: ks.distributed.filter(y, backend=args.backend, **kw), device, args.reps)
         out["local_ms"] = timed(lambda: ks.filter(y, backend=args.backend, **kw), device, args.reps)
-        p = prepare(y, backend=args.backend, **kw)
-        fused = dseries._uses_kernels(p, args.backend)
-        out["summary_ms"] = timed(lambda: dseries._summary(p, 0, fused), device, args.reps)
+        out["summary_ms"] = summary_ms(prepare(y, backend=args.backend, **kw), args, device)
         n_fields = sum(1 for v in ks.filter(y[:2], backend=args.backend, **kw).__dict__.values()
                        if isinstance(v, torch.Tensor) and v.ndim == 2)
-        del p
         if world > 1 and not args.skip_single:
             def single():
                 full, _ = series(T, C, 0, T, device)
@@ -153,6 +151,13 @@ def filter_part(args, rank, world, device):
         out["bytes_per_element"] = 4 * (1 + n_fields)
         out["bytes_sent_per_rank"] = {"agreement": 5 * 8, "summaries": 7 * C * 4}
     return out
+
+
+def summary_ms(p, args, device):
+    """Time of the summary of the problem ``p`` (the public ``summary`` of the backend that
+    ``args.backend`` stands for on ``device``)."""
+    backend = get_backend(resolve_backend(args.backend, device))
+    return timed(lambda: backend.summary(p), device, args.reps)
 
 
 def filter_check(args, rank, world, device):
@@ -216,9 +221,11 @@ def model_part(args, rank, world, device):
          F.normalize(torch.randn(B, hi - lo, S, device=device), dim=-1),
          torch.rand(M, S, device=device) * 0.5 + 0.45, torch.rand(M, S, device=device) * 0.1]
     with torch.no_grad():
-        out["summary_torch_fwd_ms_per_layer"] = timed(lambda: dkla._total(*x, torch.float32), device, args.reps)
+        out["summary_torch_fwd_ms_per_layer"] = timed(lambda: kla_torch.summary(*x, torch.float32), device,
+                                                      args.reps)
         if device.type == "cuda":
-            out["summary_fused_fwd_ms_per_layer"] = timed(lambda: dkla._kernel_total(*x, torch.float32),
+            from kalmanscan.ops.kla import triton as kla_triton
+            out["summary_fused_fwd_ms_per_layer"] = timed(lambda: kla_triton.summary(*x, torch.float32),
                                                           device, args.reps)
     if world > 1 and not args.skip_single:
         def single():
@@ -259,7 +266,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(device) if want_cuda else "cpu",
-              "commit": args.commit or _commit(), "world": world, "backend": dist.get_backend(),
+              "commit": args.commit or commit(), "world": world, "backend": dist.get_backend(),
               "torch": torch.__version__,
               "copy_GBps": copy_gbps(device)}
     parts = set(args.parts.split(","))
@@ -284,10 +291,10 @@ def main():
     dist.destroy_process_group()
 
 
-def _commit():
+def commit():
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+                              check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
