@@ -7,9 +7,10 @@
 Each workload runs twice untraced (compilation, autotuning), then once between
 ``cudaProfilerStart`` and ``cudaProfilerStop``, so ``--profile-from-start off`` reports exactly the
 kernels of one call. Workloads: ``filter`` (the fused forward writing mean and precision at
-(C, T) = (4096, 32768) and (1, 2^22)), ``filter_chain`` (the opt-in single-pass chained forward,
-``fused.CHAIN``, at (4096, 32768)), ``filter_bwd`` (the backward at (4096, 32768)), ``kla``
-(``kla_scan`` forward and forward+backward at B=8, L=2048, M=1024, S=16).
+(C, T) = (4096, 32768) and (1, 2^22)), ``filter_bwd`` (the backward at (4096, 32768)), ``kla``
+(``kla_scan`` forward and forward+backward at B=8, L=2048, M=1024, S=16); the filter's launch
+configuration is ``DEFAULT_CONFIG`` (:mod:`kalmanscan.ops.filter.config`), or ``--filter-config
+key=value ...`` fields changed from it.
 
 With ``--page raw --csv > FILE`` added to the ``ncu`` line (and ``--section
 MemoryWorkloadAnalysis --section SchedulerStats`` for the L2 hit rate and issue activity),
@@ -19,12 +20,15 @@ the four largest stall reasons (warps stalled per issued instruction).
 """
 
 import argparse
+import ast
 import csv
+import dataclasses
 
 import torch
 
 from benchmarks.bench_filter import static_problem
 from benchmarks.bench_kla import make_inputs
+from kalmanscan.ops.filter.config import DEFAULT_CONFIG, FilterConfig
 
 
 def _traced(fn):
@@ -37,34 +41,23 @@ def _traced(fn):
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def filter_forward():
-    from kalmanscan import fused
+def filter_forward(config: FilterConfig = DEFAULT_CONFIG):
+    from kalmanscan.ops.filter import triton as triton_backend
     for C, T in ((4096, 32768), (1, 1 << 22)):
         views, init, _ = static_problem(T, C)
-        _traced(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
+        _traced(lambda: triton_backend.filter_forward(views, init, outputs=("mu", "lam"), config=config))
 
 
-def filter_chain():
-    from kalmanscan import fused
+def filter_backward(config: FilterConfig = DEFAULT_CONFIG):
+    from kalmanscan.ops.filter import triton as triton_backend
     views, init, _ = static_problem(32768, 4096)
-    saved = fused.CHAIN
-    fused.CHAIN = True
-    try:
-        _traced(lambda: fused.filter_forward(views, init, outputs=("mu", "lam")))
-    finally:
-        fused.CHAIN = saved
-
-
-def filter_backward():
-    from kalmanscan import fused
-    views, init, _ = static_problem(32768, 4096)
-    out = fused.filter_forward(views, init)
+    out = triton_backend.filter_forward(views, init, config=config)
     cot = torch.randn(4, 1, 32768, 4096, device="cuda")
-    _traced(lambda: fused.filter_backward(views, init, out["mu"], out["lam"], cot))
+    _traced(lambda: triton_backend.filter_backward(views, init, out["mu"], out["lam"], cot, config))
 
 
 def kla():
-    from kalmanscan.nn.scan import kla_scan
+    from kalmanscan.ops.kla import kla_scan
     xs = make_inputs(8, 2048, 1024, 16)
     with torch.no_grad():
         _traced(lambda: kla_scan(*xs, backend="triton"))
@@ -78,15 +71,18 @@ def kla():
     _traced(fwd_bwd)
 
 
-WORKLOADS = dict(filter=filter_forward, filter_chain=filter_chain, filter_bwd=filter_backward,
-                 kla=kla)
+WORKLOADS = dict(filter=filter_forward, filter_bwd=filter_backward, kla=lambda config: kla())  # config: the filter's
 
 
 STALL = "smsp__average_warps_issue_stalled_"
-SUMMARY = (("us", "gpu__time_duration.sum", 1e-3), ("DRAM %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
-           ("DRAM TB/s", "dram__bytes.sum.per_second", 1e-12), ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", 1),
-           ("issue %", "smsp__issue_active.avg.pct_of_peak_sustained_active", 1), ("L2 hit %", "lts__t_sector_hit_rate.pct", 1),
-           ("regs", "launch__registers_per_thread", 1), ("warps active %", "sm__warps_active.avg.pct_of_peak_sustained_active", 1))
+SUMMARY = (("us", "gpu__time_duration.sum", 1e-3),
+           ("DRAM %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
+           ("DRAM TB/s", "dram__bytes.sum.per_second", 1e-12),
+           ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", 1),
+           ("issue %", "smsp__issue_active.avg.pct_of_peak_sustained_active", 1),
+           ("L2 hit %", "lts__t_sector_hit_rate.pct", 1),
+           ("regs", "launch__registers_per_thread", 1),
+           ("warps active %", "sm__warps_active.avg.pct_of_peak_sustained_active", 1))
 
 
 def summary(path: str) -> str:
@@ -117,14 +113,26 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", nargs="*", help=f"any of {sorted(WORKLOADS)}")
     ap.add_argument("--summary", metavar="CSV", help="summarise an ncu raw CSV")
+    ap.add_argument("--filter-config", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="FilterConfig fields changed from DEFAULT_CONFIG (values as Python literals)")
     a = ap.parse_args()
     unknown = sorted(set(a.workloads) - set(WORKLOADS))
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {sorted(WORKLOADS)}")
     if a.summary:
         print(summary(a.summary))
+    config = filter_config(a.filter_config)
     for name in a.workloads:
-        WORKLOADS[name]()
+        WORKLOADS[name](config)
+
+
+def filter_config(options) -> FilterConfig:
+    """``DEFAULT_CONFIG`` with the fields of ``options`` (``"key=value"`` strings) changed."""
+    changes = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        changes[key] = ast.literal_eval(value)
+    return dataclasses.replace(DEFAULT_CONFIG, **changes)
 
 
 if __name__ == "__main__":
