@@ -26,7 +26,6 @@ from triton.compiler import ASTSource  # noqa: E402
 
 
 ALIGNED = "aligned"  # a runtime argument specialised as divisible by 16 (a pointer: 16-byte aligned)
-INT_POINTERS = ("flag_ptr", "ticket_ptr")  # int32 pointers (the chained forward's flags and ticket)
 
 
 def _signature(fn, const):
@@ -41,77 +40,78 @@ def _signature(fn, const):
         if p.is_constexpr or (name in const and const[name] != ALIGNED):
             sig[name] = "constexpr"
         else:
-            sig[name] = ("*i32" if name in INT_POINTERS else "*fp32") if ptr else "i32"
+            sig[name] = "*fp32" if ptr else "i32"
             if const.get(name) == ALIGNED or (ptr and const.get("*_ptr") == ALIGNED):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, {k: v for k, v in const.items() if sig.get(k) == "constexpr"}, attrs
 
 
-def kernels():
+def kernels(fc=None, cfg=None):
     """``name -> (jit function, constexprs, num_warps)``: every kernel at its production launch shape,
-    and the hot ones again with the other values of their feature switches (``*_variants``)."""
+    and the hot ones again with the other values of their feature switches (``*_variants``). Launch
+    shapes from the filter's :class:`~kalmanscan.ops.filter.config.FilterConfig` ``fc`` and KLA's
+    :class:`~kalmanscan.ops.kla.triton.KLAConfig` ``cfg`` (default: their ``DEFAULT_CONFIG``)."""
     from kalmanscan.kernels.filter.bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
-    from kernels.filter_chain import filter_chain_kernel
-    from kalmanscan.kernels.filter.fwd import filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel, filter_total_kernel
+    from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel,
+                                               filter_total_kernel)
+    from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
     from kalmanscan.kernels.filter.tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
     from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
     from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
     from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
     from kalmanscan.kernels.kla.split import kla_piece_map_kernel
-    from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
-    from kalmanscan import fused
-    from kalmanscan.nn.kla_triton import DEFAULT_CONFIG as cfg
+    from kalmanscan.ops.filter.config import DEFAULT_CONFIG as FILTER_DEFAULT
+    from kalmanscan.ops.kla.triton import DEFAULT_CONFIG as KLA_DEFAULT
+    fc = fc or FILTER_DEFAULT
+    cfg = cfg or KLA_DEFAULT
     common = dict(TRANS_STEP=False, OBS_STEP=False, WIDE=False, WRITE_MU=True, WRITE_LAM=True,
                   WRITE_PRED=False, POSTERIOR=False)
     other = dict(TRANS_STEP=True, OBS_STEP=True, WIDE=True, POSTERIOR=True)
-    walk = dict(common, BLOCK=fused.BLOCK, UNROLL=fused.UNROLL, PREFETCH=fused.PREFETCH)
+    walk = dict(common, BLOCK=fc.block, UNROLL=fc.unroll, PREFETCH=fc.prefetch)
     # tiles as launched for one contiguous series (C = 1, unit strides, aligned, T a multiple of 16):
     # the loads and stores of y and the outputs are then vectors (unspecialised, they are not, and
     # the old one-step-per-lane tile scan compiled to about 2.5x its launched instruction count)
-    tile = dict(common, TILE=fused.TILE, ROW=fused.TILE_ROW, C=1, sy_b=ALIGNED, sy_t=1, sy_c=1, T=ALIGNED,
+    tile = dict(common, TILE=fc.tile, ROW=fc.tile_row, C=1, sy_b=ALIGNED, sy_t=1, sy_c=1, T=ALIGNED,
                 **{"*_ptr": ALIGNED})
-    bwd = dict(common, BLOCK=fused.BLOCK, UNROLL=fused.BWD_UNROLL,
+    bwd = dict(common, BLOCK=fc.block, UNROLL=fc.bwd_unroll,
                HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
     loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
     tile_bwd = dict(tile, HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
     kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, MAP=False)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
-    carry = dict(CH=fused.CARRY_CHUNK)
+    carry = dict(CH=fc.carry_chunk)
     return {
-        "filter_agg": (filter_agg_kernel, walk, fused.NUM_WARPS),
-        "filter_fwd": (filter_fwd_kernel, walk, fused.NUM_WARPS),
-        "filter_chain": (filter_chain_kernel, dict(walk, PUBLISH=fused.CHAIN_PUBLISH), fused.NUM_WARPS),
-        "filter_chain_variants": (filter_chain_kernel, dict(walk, **other, PUBLISH=3, PREFETCH=False),
-                                  fused.NUM_WARPS),
-        "filter_tile_agg": (filter_tile_agg_kernel, tile, fused.TILE_WARPS),
-        "filter_tile_fwd": (filter_tile_fwd_kernel, tile, fused.TILE_WARPS),
-        "filter_bwd_agg": (filter_bwd_agg_kernel, bwd, fused.NUM_WARPS),
-        "filter_bwd": (filter_bwd_kernel, bwd, fused.NUM_WARPS),
-        "filter_carry": (filter_carry_kernel, carry, fused.CARRY_WARPS),
-        "filter_bwd_carry": (filter_bwd_carry_kernel, carry, fused.CARRY_WARPS),
-        "filter_total": (filter_total_kernel, carry, fused.CARRY_WARPS),
+        "filter_agg": (filter_agg_kernel, walk, fc.num_warps),
+        "filter_fwd": (filter_fwd_kernel, walk, fc.num_warps),
+        "filter_tile_agg": (filter_tile_agg_kernel, tile, fc.tile_warps),
+        "filter_tile_fwd": (filter_tile_fwd_kernel, tile, fc.tile_warps),
+        "filter_bwd_agg": (filter_bwd_agg_kernel, bwd, fc.num_warps),
+        "filter_bwd": (filter_bwd_kernel, bwd, fc.num_warps),
+        "filter_carry": (filter_carry_kernel, carry, fc.carry_warps),
+        "filter_bwd_carry": (filter_bwd_carry_kernel, carry, fc.carry_warps),
+        "filter_total": (filter_total_kernel, carry, fc.carry_warps),
         "kla_fwd": (kla_fwd_kernel, kla_fwd, cfg.num_warps),
         "kla_bwd": (kla_bwd_kernel, kla_bwd, cfg.bwd_num_warps),
         "kla_piece_map": (kla_piece_map_kernel, kla_fwd, cfg.num_warps),
-        "rts_agg": (rts_agg_kernel, walk, fused.NUM_WARPS),
-        "rts": (rts_kernel, walk, fused.NUM_WARPS),
-        "rts_wide": (rts_kernel, dict(walk, WIDE=True), fused.NUM_WARPS),
-        "filter_fwd_variants": (filter_fwd_kernel, dict(walk, **other, PREFETCH=False), fused.NUM_WARPS),
-        "filter_tile_fwd_variants": (filter_tile_fwd_kernel, dict(tile, **other), fused.TILE_WARPS),
-        "filter_tile_posterior": (filter_tile_fwd_kernel, dict(tile, POSTERIOR=True), fused.TILE_WARPS),
-        "filter_bwd_variants": (filter_bwd_kernel, dict(bwd, **other), fused.NUM_WARPS),
-        "filter_bwd_agg_loglik": (filter_bwd_agg_kernel, loglik, fused.NUM_WARPS),
-        "filter_tile_bwd_agg": (filter_tile_bwd_agg_kernel, tile_bwd, fused.TILE_WARPS),
-        "filter_tile_bwd": (filter_tile_bwd_kernel, tile_bwd, fused.TILE_WARPS),
-        "filter_tile_bwd_variants": (filter_tile_bwd_kernel, dict(tile_bwd, **other), fused.TILE_WARPS),
+        "rts_agg": (rts_agg_kernel, walk, fc.num_warps),
+        "rts": (rts_kernel, walk, fc.num_warps),
+        "rts_wide": (rts_kernel, dict(walk, WIDE=True), fc.num_warps),
+        "filter_fwd_variants": (filter_fwd_kernel, dict(walk, **other, PREFETCH=False), fc.num_warps),
+        "filter_tile_fwd_variants": (filter_tile_fwd_kernel, dict(tile, **other), fc.tile_warps),
+        "filter_tile_posterior": (filter_tile_fwd_kernel, dict(tile, POSTERIOR=True), fc.tile_warps),
+        "filter_bwd_variants": (filter_bwd_kernel, dict(bwd, **other), fc.num_warps),
+        "filter_bwd_agg_loglik": (filter_bwd_agg_kernel, loglik, fc.num_warps),
+        "filter_tile_bwd_agg": (filter_tile_bwd_agg_kernel, tile_bwd, fc.tile_warps),
+        "filter_tile_bwd": (filter_tile_bwd_kernel, tile_bwd, fc.tile_warps),
+        "filter_tile_bwd_variants": (filter_tile_bwd_kernel, dict(tile_bwd, **other), fc.tile_warps),
         "filter_tile_bwd_loglik": (filter_tile_bwd_kernel, dict(tile_bwd, HAS_G_MU=False, HAS_G_LAM=False),
-                                   fused.TILE_WARPS),
+                                   fc.tile_warps),
         "filter_tile_bwd_mean": (filter_tile_bwd_kernel,
-                                 dict(tile_bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False), fused.TILE_WARPS),
-        "filter_bwd_loglik": (filter_bwd_kernel, loglik, fused.NUM_WARPS),
+                                 dict(tile_bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False), fc.tile_warps),
+        "filter_bwd_loglik": (filter_bwd_kernel, loglik, fc.num_warps),
         "filter_bwd_mean": (filter_bwd_kernel, dict(bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False),
-                            fused.NUM_WARPS),
+                            fc.num_warps),
         "kla_fwd_variants": (kla_fwd_kernel, dict(kla_fwd, HAS_INIT=True, SAVE=True), cfg.num_warps),
         "kla_bwd_variants": (kla_bwd_kernel, dict(kla_bwd, HAS_INIT=True, MAP=True), cfg.bwd_num_warps),
     }
