@@ -4,9 +4,9 @@ The kernel benchmark (``bench_filter.py``) times the fused kernels alone; this s
 user pays for ``ks.filter(y, ...)`` returning the full :class:`~kalmanscan.Posterior` (filtered and
 predicted moments, the predictive law of ``y`` and the log-likelihoods), and the fused kernels that
 write it alone, against the copy bandwidth measured in the same run, and checks the triton result
-against the float64 torch backend. It also times ``ks.smooth`` and its two smoothers alone on the filter's output: the fused reverse
-walks (:func:`kalmanscan.ops.filter.triton.smooth`) and the torch reverse scans
-(:func:`kalmanscan.ops.filter.torch.smooth`).
+against the float64 torch backend. It also times ``ks.smooth`` and its two smoothers alone on the
+filter's output: the fused reverse walks (:func:`kalmanscan.ops.filter.triton.smooth`) and the
+torch reverse scans (:func:`kalmanscan.ops.filter.torch.smooth`).
 
     python -m benchmarks.bench_filter_api --out results.json
 """

@@ -12,11 +12,12 @@ autoencoder head.
 Training: AdamW (weight decay on matrices only; never on 1-D parameters or the log-parameterised
 SSM/OU rates), linear warm-up then cosine decay to zero over ``--steps`` or ``--time-limit``,
 whichever comes first (see :func:`schedule_progress`; ``--steps`` defaults to 2000, and to no
-step limit when ``--time-limit`` is given), bf16 autocast on CUDA (the KLA scan itself
-runs in float32), gradient clipping at 1. Validation every
-``--eval-every`` steps on the task's disjoint test split; training stops early once validation
-token accuracy reaches the task's threshold, after ``--time-limit`` seconds, or on a non-finite
-loss or gradient (before the step that would spoil the weights). ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the best.
+step limit when ``--time-limit`` is given), bf16 autocast on CUDA (the KLA scan itself runs in
+float32), gradient clipping at 1. Validation every ``--eval-every`` steps on the task's disjoint
+test split; training stops early once validation token accuracy reaches the task's threshold,
+after ``--time-limit`` seconds, or on a non-finite loss or gradient (before the step that would
+spoil the weights). ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the
+best.
 
 Pause and resume (one learning rate; not with ``--time-limit``, so the schedule is by steps only):
 
@@ -54,7 +55,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
