@@ -46,6 +46,12 @@ G_A, G_Q, G_R, G_H, G_M = range(5)
 S_MEAN, S_VAR, S_PMEAN, S_PVAR, S_DECAY, S_NOISE = range(6)
 
 
+# Only the prange loops become parallel: numba's other parfor conversions (array expressions,
+# reductions, fusion) find nothing to do here but cost compile time.
+_PARALLEL = dict(prange=True, comprehension=False, setitem=False, reduction=False, numpy=False, stencil=False,
+                 fusion=False, inplace_binop=False)
+
+
 def constants(dtype):
     """The array ``consts`` of the loops in ``dtype``."""
     return np.array([0.5, 1.0 / 6.0, 24.0, 1e-4, math.log(2.0 * math.pi), 0.0, 1.0, 2.0], dtype=dtype)
@@ -80,7 +86,7 @@ def _lanes(boff, cstride, s0, n, T, C):
     return base, obase
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=_PARALLEL, cache=True, error_model="numpy")
 def filter_forward(ins, boff, tstride, cstride, outs, write, k, T, C, W, trans_step, static_var):
     """The filter over every series; writes the outputs flagged in ``write`` (see module doc).
 
@@ -211,7 +217,7 @@ def filter_forward(ins, boff, tstride, cstride, outs, write, k, T, C, W, trans_s
                     o_zc[o] = zf
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=_PARALLEL, cache=True, error_model="numpy")
 def filter_backward(ins, boff, tstride, cstride, zc, var, cots, cboff, ctstride, ccstride, has, grads, step,
                     gy, ginit, k, T, C, W, trans_step):
     """The reverse recursion of the scalar adjoints of :func:`filter_forward`.
@@ -371,7 +377,7 @@ def filter_backward(ins, boff, tstride, cstride, zc, var, cots, cboff, ctstride,
                 g_m[s0 + j] = sums[G_M, j]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=_PARALLEL, cache=True, error_model="numpy")
 def rts_forward(ins, boff, tstride, cstride, outs, k, T, C, W):
     """The RTS smoother over every series, backwards in time; ``ins``: filtered ``mean, var,
     pred_mean, pred_var, decay, noise`` (order ``S_MEAN .. S_NOISE``); writes ``outs`` =
@@ -415,7 +421,7 @@ def rts_forward(ins, boff, tstride, cstride, outs, k, T, C, W):
                 o_prec[o] = one / vs[j]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=_PARALLEL, cache=True, error_model="numpy")
 def rts_backward(ins, boff, tstride, cstride, mean_s, var_s, cots, cboff, ctstride, ccstride, has, grads, step,
                  k, T, C, W):
     """The adjoints of :func:`rts_forward`, forwards in time. ``mean_s, var_s``: its outputs;
