@@ -201,7 +201,9 @@ def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
            stop_after: float | None = None, min_start_s: float = MIN_START_S) -> list:
     """Run ``runs`` as ``<python> -m evidence.train`` processes, ``parallel`` at a time.
 
-    Each writes ``<out_dir>/<label>.json`` and ``<out_dir>/<label>.log``. Returns one dict per run:
+    Each writes ``<out_dir>/<label>.json`` and ``<out_dir>/<label>.log``; the repository root is
+    put first on their ``PYTHONPATH`` (``evidence`` is not installed), so any working directory
+    will do. Returns one dict per run:
     the JSON result, or ``{"label", "returncode", "log"}`` for a run that wrote none.
     ``checkpoint_dir`` gives each run ``--checkpoint <checkpoint_dir>/<label>.pt``; ``stop_after``
     (seconds, needs ``checkpoint_dir``) is the launch's budget: a run starts with the whole seconds
@@ -215,6 +217,8 @@ def launch(runs, out_dir: str, parallel: int = 8, env: dict | None = None,
     os.makedirs(out_dir, exist_ok=True)
     pending, active, results = list(runs), [], {}
     full_env = {**os.environ, **(env or {})}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # evidence is not installed
+    full_env["PYTHONPATH"] = os.pathsep.join(x for x in (root, full_env.get("PYTHONPATH")) if x)
     deadline = None if stop_after is None else time.monotonic() + stop_after
     while pending or active:
         while pending and len(active) < parallel:
