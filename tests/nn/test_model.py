@@ -1,4 +1,5 @@
-"""SequenceModel and the mixer registry: decoding, prefill, baselines, training, bad input."""
+"""SequenceModel and the mixer registry: every mixer's decoding, prefill and gradients, training, bad
+input (the baselines' own recurrences: tests/nn/baselines/)."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch.nn.functional as F
 
 from kalmanscan.nn import KLA, MIXERS, SequenceModel, register_mixer
 from kalmanscan.nn.baselines.attention import CausalAttention
-from kalmanscan.nn.baselines.gla import GatedLinearAttention, GLAState, gla_chunked
+from kalmanscan.nn.baselines.gla import GatedLinearAttention
 from kalmanscan.nn.baselines.ssm import SelectiveSSM
 
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -55,28 +56,6 @@ def test_mixer_gradients_reach_every_parameter(name):
     m(series(L=9)).square().sum().backward()
     for pname, p in m.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, pname
-
-
-def gla_sequential(q, k, v, g, scale, state):
-    outs = []
-    for t in range(q.shape[1]):
-        state = g[:, t].exp()[..., None] * state + k[:, t, ..., None] * v[:, t, :, None, :]
-        outs.append(scale * (q[:, t, ..., None] * state).sum(-2))
-    return torch.stack(outs, 1), state
-
-
-@pytest.mark.parametrize("L,chunk", [(1, 16), (16, 16), (37, 16), (37, 8)])
-def test_gla_chunked_equals_recurrence(L, chunk):
-    torch.manual_seed(0)
-    B, H, K, V = 2, 3, 4, 5
-    q, k = torch.randn(2, B, L, H, K, dtype=torch.float64)
-    v = torch.randn(B, L, H, V, dtype=torch.float64)
-    g = F.logsigmoid(3 * torch.randn(B, L, H, K, dtype=torch.float64))
-    s0 = torch.randn(B, H, K, V, dtype=torch.float64)
-    o, s = gla_chunked(q, k, v, g, 0.5, s0, chunk=chunk)
-    o_ref, s_ref = gla_sequential(q, k, v, g, 0.5, s0)
-    torch.testing.assert_close(o, o_ref, **TOL)
-    torch.testing.assert_close(s, s_ref, **TOL)
 
 
 def test_attention_is_causal():
@@ -143,7 +122,7 @@ def test_tiny_model_overfits_a_toy_sequence():
     model = SequenceModel(vocab, 32, 2, mixer="kla", d_state=4, backend="torch")
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
-    for _ in range(50):
+    for _ in range(25):          # the loss passes 0.05 at step 16 and is 0.007 at step 25
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         opt.zero_grad()
@@ -180,16 +159,3 @@ def test_bad_tokens_raise():
         model.step(torch.zeros(3, 1, dtype=torch.long), model.init_state(3))
     with pytest.raises(ValueError, match="name"):
         register_mixer("")
-
-
-def test_gla_rejects_a_state_of_the_wrong_shape():
-    layer = GatedLinearAttention(16, n_heads=2)
-    x = torch.randn(3, 5, 16)
-    good = layer.init_state(3)
-    assert layer(x, good)[1].S.shape == good.S.shape
-    for bad in (good.S, GLAState(good.conv, torch.zeros(3, 2, 8, 16)),
-                GLAState(good.conv, torch.zeros(2, 2, 4, 16))):
-        with pytest.raises(ValueError, match="state"):
-            layer(x, bad)
-        with pytest.raises(ValueError, match="state"):
-            layer.step(x[:, 0], bad)

@@ -1,10 +1,17 @@
 """kla_scan: the torch, recurrent and triton backends against the float64 sequential recursion.
 
 The triton kernels run through the interpreter on CPU (``TRITON_INTERPRET=1``, set in conftest),
-with launch shapes small enough that every test crosses several chunks and several channel blocks.
+which runs the programs of a launch one after another: a test costs about (programs x tokens each
+walks). So every program walks at most 63 tokens, breadth comes from the channels and filters a
+program holds, and the boundaries (L = 1, 63, a multiple of the chunk and not, several chunks,
+several channel blocks with a partial last one, a non-power-of-two S, time split into pieces in the
+forward and the backward, an initial state, batch > 1) are spread over the cases as a Latin square
+instead of crossed with each other.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -16,8 +23,9 @@ from kalmanscan.ops.kla.reference import kla_scan_sequential
 from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
 
 TOL = 2e-5
-SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)
-SPLIT = KLAConfig(block_m=4, chunk=8, bwd_block_m=4, pieces=3, bwd_pieces=3)  # time in 3 stretches
+SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)        # M = 5: two channel blocks, one partial
+WIDE = KLAConfig(block_m=8, chunk=8, bwd_block_m=8)         # M = 5: one channel block
+SPLIT = KLAConfig(block_m=4, chunk=4, bwd_block_m=4, pieces=3, bwd_pieces=3)  # time in 3 stretches
 
 
 def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64):
@@ -105,13 +113,33 @@ def test_recurrent_backend_values_and_grads_equal_the_parallel_scan():
     assert_matches(r_grads, grads, "recurrent vs torch grads")
 
 
-@pytest.mark.parametrize("L, with_state, config", [(1, False, SMALL), (63, True, SMALL), (24, False, SMALL),
-                                                    (41, True, SPLIT)])
-def test_triton_matches_sequential_values_and_grads(L, with_state, config):
-    xs = make_inputs(1 + (L < 60), L, 5, 3, seed=10 + L, with_state=with_state)
+@contextlib.contextmanager
+def poisoned():
+    """Every buffer torch.empty and torch.empty_like allocate starts as NaN (torch's deterministic
+    mode with ``fill_uninitialized_memory``): an element a kernel leaves unwritten shows."""
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("B, L, with_state, config", [
+    (2, 1, False, SMALL),        # one token
+    (1, 24, False, SMALL),       # three whole chunks
+    (2, 23, True, SPLIT),        # 3 pieces of 8, 8 and 7 tokens (2 chunks each), forward and backward
+    (1, 63, True, WIDE),         # 8 chunks, the last partial
+])
+def test_triton_matches_sequential_values_and_grads(B, L, with_state, config):
+    """Outputs, final state and every gradient (initial state included) against the float64
+    recursion and the torch backend, with every buffer the wrappers allocate poisoned."""
+    xs = make_inputs(B, L, 5, 3, seed=10 + L, with_state=with_state)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
     xs32 = [x.float() for x in xs]
-    out, grads = outputs_and_grads(lambda a: run_triton(a, config), xs32)
+    with poisoned():
+        out, grads = outputs_and_grads(lambda a: run_triton(a, config), xs32)
     assert_matches(out, ref_out, "outputs")
     assert_matches(grads, ref_grads, "grads")
     t_out, t_grads = outputs_and_grads(run_torch, xs32)
@@ -119,16 +147,20 @@ def test_triton_matches_sequential_values_and_grads(L, with_state, config):
     assert_matches(grads, t_grads, "triton vs torch grads")
 
 
-@pytest.mark.parametrize("config", [KLAConfig(), KLAConfig(chunk=4, block_m=8, bwd_block_m=4, bwd_pieces=100)])
+@pytest.mark.parametrize("config", [
+    KLAConfig(),                                                   # 2 chunks; 2 backward channel blocks
+    KLAConfig(chunk=4, block_m=8, bwd_block_m=16, bwd_pieces=100),  # 2 forward channel blocks; the
+])                                                                 # backward in 10 pieces of one chunk
 def test_triton_configs_and_power_of_two_state(config):
     xs = make_inputs(1, 37, 9, 4, seed=7)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
-    out, grads = outputs_and_grads(lambda a: run_triton(a, config), [x.float() for x in xs])
+    with poisoned():
+        out, grads = outputs_and_grads(lambda a: run_triton(a, config), [x.float() for x in xs])
     assert_matches(out, ref_out, "outputs")
     assert_matches(grads, ref_grads, "grads")
 
 
-@pytest.mark.parametrize("backend", ["torch", "recurrent", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "torch", "recurrent", "triton"])
 def test_split_and_carry(backend):
     xs = make_inputs(2, 29, 5, 3, seed=21)
     xs = [x.float() for x in xs]
@@ -140,24 +172,6 @@ def test_split_and_carry(backend):
     y2, v2, (lam, eta) = kla_scan(*tail, initial_state=state, return_state=True, backend=backend)
     assert_matches((torch.cat([y1, y2], 1), torch.cat([v1, v2], 1), lam, eta),
                    (full[0], full[1], *full[2]), "split and carry")
-
-
-def _nan_empty(original):
-    def empty(*args, **kwargs):
-        x = original(*args, **kwargs)
-        return x.fill_(float("nan")) if x.dtype.is_floating_point else x
-
-    return empty
-
-
-def test_triton_writes_every_output_and_gradient(monkeypatch):
-    monkeypatch.setattr(torch, "empty", _nan_empty(torch.empty))
-    monkeypatch.setattr(torch, "empty_like", _nan_empty(torch.empty_like))
-    xs = make_inputs(2, 19, 6, 3, seed=5, with_state=True)
-    ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
-    out, grads = outputs_and_grads(lambda a: run_triton(a, SPLIT), [x.float() for x in xs])
-    assert_matches(out, ref_out, "outputs")
-    assert_matches(grads, ref_grads, "grads")
 
 
 def test_triton_without_grad_and_half_inputs():
@@ -184,12 +198,12 @@ def test_empty_sequence_returns_the_initial_state(backend):
     assert torch.equal(lam, xs[6]) and torch.equal(eta, xs[7])
 
 
-def test_auto_backend_on_cpu_is_torch_when_narrow_and_recurrent_when_wide(monkeypatch):
-    xs = [x.float() for x in make_inputs(1, 5, 2, 2, seed=8)]
-    for a, b in zip(kla_scan(*xs), kla_scan(*xs, backend="torch")):
-        assert torch.equal(a, b)
-    monkeypatch.setattr(scan, "RECURRENT_MIN_WIDTH", 4)          # B M S = 4: wide enough now
-    for a, b in zip(kla_scan(*xs), kla_scan(*xs, backend="recurrent")):
+@pytest.mark.parametrize("extra, backend", [(-1, "torch"), (0, "recurrent")])
+def test_auto_backend_on_cpu_is_torch_when_narrow_and_recurrent_when_wide(extra, backend):
+    """B M S one filter short of RECURRENT_MIN_WIDTH, then at least that (S = 16)."""
+    M = -(-RECURRENT_MIN_WIDTH // 16) + extra
+    xs = [x.float() for x in make_inputs(1, 3, M, 16, seed=8)]
+    for a, b in zip(kla_scan(*xs), kla_scan(*xs, backend=backend)):
         assert torch.equal(a, b)
 
 
