@@ -49,6 +49,8 @@ _SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
 MAX_LANES = 64      # series per task at most (a task walks time with its series innermost)
 MIN_LANES = 8       # ... and at least this many while there are enough series (overlaps their latency)
 TASKS_PER_THREAD = 4
+SMALL_WORK = 1 << 17  # steps (series x time) below which a call runs on one thread: waking the others costs
+                      # more than it saves, and on a busy machine a thread barrier can wait a time slice
 
 
 def _loops():
@@ -68,6 +70,21 @@ def _block(B: int, C: int) -> int:
     threads = numba.get_num_threads()
     tasks = threads * max(1, min(TASKS_PER_THREAD, N // (threads * MIN_LANES)))
     return max(1, min(MAX_LANES, -(-N // tasks)))
+
+
+def _run(kernel, N, T, *args):
+    """``kernel(*args)`` over ``N`` series of ``T`` steps: on numba's threads, or on this thread
+    alone for small work or a single series (the thread count changes no result)."""
+    import numba
+
+    if N * T >= SMALL_WORK and N > 1:
+        return kernel(*args)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        return kernel(*args)
+    finally:
+        numba.set_num_threads(threads)
 
 
 def _layout(xs, shape, dtype):
@@ -123,6 +140,11 @@ def _check(p: Problem):
     return _np_dtype(p.dtype)
 
 
+def _flat(x):
+    """A contiguous CPU tensor as a 1-D NumPy view (no copy)."""
+    return x.numpy().reshape(-1)
+
+
 def _dims(shape):
     return math.prod(shape[:-2]), shape[-2], shape[-1]
 
@@ -137,13 +159,13 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     wanted = set(fields) | ({"zc"} if save_zc else set())
     out = {k: torch.empty(shape, dtype=inputs[0].dtype) for k in names if k in wanted}
     placeholder = np.zeros(1, dtype)
-    outs = tuple(out[k].numpy().reshape(-1) if k in out else placeholder for k in names)
+    outs = tuple(_flat(out[k]) if k in out else placeholder for k in names)
     write = np.array([k in out for k in names])
     trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
     static_var = not (trans_step or tstride[L.OBS_VAR] or tstride[L.H])
     if B:
-        L.filter_forward(arrays, boff, tstride, cstride, outs, write, L.constants(dtype), T, C,
-                         _block(B, C), trans_step, static_var)
+        _run(L.filter_forward, B * C, T, arrays, boff, tstride, cstride, outs, write, L.constants(dtype), T, C,
+             _block(B, C), trans_step, static_var)
     zc = out.pop("zc", None)
     return out, zc
 
@@ -204,10 +226,9 @@ class _Filter(torch.autograd.Function):
         gy = torch.empty(shape, dtype=tdtype)
         ginit = torch.empty((2, B * C), dtype=tdtype)
         if B:
-            L.filter_backward(arrays, boff, tstride, cstride, zc.numpy().reshape(-1), var.numpy().reshape(-1),
-                              carrays, cboff, ctstride, ccstride, has,
-                              tuple(g.numpy().reshape(-1) for g in grads), step, gy.numpy().reshape(-1),
-                              ginit.numpy(), L.constants(dtype), T, C, _block(B, C), trans_step)
+            _run(L.filter_backward, B * C, T, arrays, boff, tstride, cstride, _flat(zc), _flat(var),
+                 carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads), step, _flat(gy),
+                 ginit.numpy(), L.constants(dtype), T, C, _block(B, C), trans_step)
         y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var = inputs
         out = dict.fromkeys(_INPUTS)
         if needs[0]:
@@ -269,7 +290,7 @@ def _rts_forward(inputs, shape):
     arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
     out = tuple(torch.empty(shape, dtype=inputs[0].dtype) for _ in range(3))
     if B:
-        L.rts_forward(arrays, boff, tstride, cstride, tuple(x.numpy().reshape(-1) for x in out),
+        _run(L.rts_forward, B * C, T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
                       L.constants(dtype), T, C, _block(B, C))
     return out
 
@@ -309,9 +330,9 @@ class _Smooth(torch.autograd.Function):
         grads = [torch.empty(shape, dtype=tdtype) for _ in range(4)]
         grads += [torch.empty((B, T if step[0] else 1, C), dtype=tdtype) for _ in range(2)]
         if B:
-            L.rts_backward(arrays, boff, tstride, cstride, mean_s.numpy().reshape(-1), var_s.numpy().reshape(-1),
-                           carrays, cboff, ctstride, ccstride, has, tuple(g.numpy().reshape(-1) for g in grads),
-                           step, L.constants(dtype), T, C, _block(B, C))
+            _run(L.rts_backward, B * C, T, arrays, boff, tstride, cstride, _flat(mean_s), _flat(var_s),
+                 carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads),
+                 step, L.constants(dtype), T, C, _block(B, C))
         steps = T if step[0] else 1
         res = [g.sum_to_size(x.shape) for g, x in zip(grads[:4], inputs[:4])]
         res += [_reduce(g, shape, steps, x) for g, x in zip(grads[4:], inputs[4:])]

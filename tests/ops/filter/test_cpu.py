@@ -290,9 +290,10 @@ def test_smoother_gradients(per_step):
                                     fast_mode=True)
 
 
-def test_thread_counts_give_identical_bits():
+def test_thread_counts_give_identical_bits(monkeypatch):
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has a single thread here")
+    monkeypatch.setattr(cpu, "SMALL_WORK", 0)  # small problems run on one thread otherwise
     rng = np.random.default_rng(11)
     y, kw = random_problem(rng, 50, C=7, batch=(5,), per_step=False, missing=0.1)
     before = numba.get_num_threads()

@@ -1,0 +1,215 @@
+"""The ``"cpu"`` backend (compiled loops) against what a CPU user would pick instead, in one process.
+
+Every contender filters the same NumPy float64 data (OU prior with a rate per series, h = 1, mean 0,
+stationary start, no missing values; ``N`` series as the channels of ``y``, shape ``(T, N)``) and
+is checked against the ``"cpu"`` backend before it is timed:
+
+* ``ks.filter(y, backend="cpu")``: the public call on NumPy float64 (and float32) input, returning
+  the whole :class:`~kalmanscan.Posterior` (validation, the compiled loop, all outputs);
+* the compiled loop alone with only ``mean, var`` written (``cpu.filter(p, outputs=...)``, no
+  validation): what the memory traffic of the ten outputs costs;
+* ``ks.filter(y, backend="torch")``: the time-parallel scan in torch;
+* a NumPy loop over time, vectorised over series, computing the same fields;
+* statsmodels' ``UnobservedComponents(irregular, autoregressive=1).loglike`` per series (the model
+  built outside the timing; for more than one series one is timed and the time multiplied,
+  labelled "extrapolated");
+* simdkalman, if installed.
+
+Times are medians of ``--repeat`` calls (a slow contender once, labelled) after one warm-up call;
+the first call of the compiled loop in this process (numba's on-disk cache load or compile) is
+reported separately. ::
+
+    python -m benchmarks.bench_cpu [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import kalmanscan as ks
+from kalmanscan.inputs import prepare
+from kalmanscan.ops.filter import cpu
+
+# (series N, steps T, what is compared)
+SHAPES = [(1000, 10_000, "all"), (10, 1_000_000, "all"), (1, 10_000, "loglik"), (50, 500, "all")]
+QUICK = [(100, 2_000, "all"), (4, 50_000, "all"), (1, 10_000, "loglik"), (50, 500, "all")]
+SLOW_S = 5.0  # a contender whose warm-up took longer than this is timed once
+
+
+def problem(N, T, seed=0):
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(0.05, 0.5, N)
+    sigma, obs_var = 1.0, 0.5
+    a = np.exp(-theta)
+    x = np.zeros((T, N))
+    x[0] = rng.normal(size=N) * sigma / np.sqrt(2 * theta)
+    noise = rng.normal(size=(T, N)) * sigma * np.sqrt(-np.expm1(-2 * theta) / (2 * theta))
+    for t in range(1, T):
+        x[t] = a * x[t - 1] + noise[t]
+    y = x + np.sqrt(obs_var) * rng.normal(size=(T, N))
+    return y, dict(theta=theta, sigma=sigma, obs_var=obs_var)
+
+
+def numpy_loop(y, theta, sigma, obs_var):
+    """The covariance-form filter as a loop over time, vectorised over series: the fields of the
+    Posterior (mean, var, precision, pred_mean, pred_var, pred_precision, pred_obs_mean,
+    pred_obs_var, logliks)."""
+    T, N = y.shape
+    decay, noise = ks.ou.discretize(theta, sigma, 1.0)
+    out = {k: np.empty((T, N)) for k in ("mean", "var", "precision", "pred_mean", "pred_var",
+                                          "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks")}
+    z = np.zeros(N)
+    P = np.broadcast_to(ks.ou.stationary_var(theta, sigma), (N,)).astype(float)
+    log2pi = math.log(2 * math.pi)
+    for t in range(T):
+        if t:
+            z = decay * z
+            P = decay * decay * P + noise
+        S = P + obs_var
+        v = y[t] - z
+        out["pred_mean"][t] = out["pred_obs_mean"][t] = z
+        out["pred_var"][t] = P
+        out["pred_precision"][t] = 1.0 / P
+        out["pred_obs_var"][t] = S
+        out["logliks"][t] = -0.5 * (log2pi + np.log(S) + v * v / S)
+        z = z + (P / S) * v
+        P = P * obs_var / S
+        out["mean"][t] = z
+        out["var"][t] = P
+        out["precision"][t] = 1.0 / P
+    return out
+
+
+def statsmodels_models(y, kw):
+    import statsmodels.api as sm
+
+    models = []
+    for i in range(y.shape[1]):
+        decay, noise = ks.ou.discretize(kw["theta"][i], kw["sigma"], 1.0)
+        mod = sm.tsa.UnobservedComponents(y[:, i], irregular=True, autoregressive=1)
+        models.append((mod, np.array([kw["obs_var"], noise, decay])))
+    return models
+
+
+def simdkalman_filter(y, kw):
+    import simdkalman
+
+    decay, noise = ks.ou.discretize(kw["theta"], kw["sigma"], 1.0)
+    N = y.shape[1]
+    kf = simdkalman.KalmanFilter(state_transition=np.eye(1), process_noise=np.eye(1),
+                                 observation_model=np.eye(1), observation_noise=kw["obs_var"])
+    # one model per series: simdkalman takes per-series matrices as a leading axis
+    kf.state_transition = decay.reshape(N, 1, 1)
+    kf.process_noise = noise.reshape(N, 1, 1)
+    init_var = ks.ou.stationary_var(kw["theta"], kw["sigma"]).reshape(N, 1, 1)
+    return kf.compute(y.T, 0, initial_value=np.zeros((N, 1)), initial_covariance=init_var,
+                      filtered=True, smoothed=False, log_likelihood=True)
+
+
+def timed(fn, repeat):
+    """``(median seconds, calls, result)``: one warm-up call, then ``repeat`` timed calls (one if the
+    warm-up took more than :data:`SLOW_S`)."""
+    t0 = time.perf_counter()
+    result = fn()
+    warm = time.perf_counter() - t0
+    n = 1 if warm > SLOW_S else repeat
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), n, result
+
+
+def rel(a, b):
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+def bench_shape(N, T, what, repeat, have):
+    y, kw = problem(N, T)
+    y32 = y.astype(np.float32)
+    rows = []
+
+    def add(name, seconds, calls, err=None, note=""):
+        rows.append(dict(N=N, T=T, what=what, contender=name, seconds=seconds, calls=calls,
+                         max_rel_err=err, note=note))
+
+    ref = ks.filter(y, backend="cpu", **kw)
+    want = (lambda post: post.loglik) if what == "loglik" else (lambda post: post)
+
+    s, n, _ = timed(lambda: want(ks.filter(y, backend="cpu", **kw)), repeat)
+    add("ks.filter cpu float64", s, n, 0.0, "public call, NumPy in and out")
+    s, n, post32 = timed(lambda: ks.filter(y32, backend="cpu", **kw), repeat)
+    add("ks.filter cpu float32", s, n, rel(post32.mean, ref.mean), "public call, float32 in and out")
+    if what == "all":
+        p = prepare(y, **kw)
+        s, n, part = timed(lambda: cpu.filter(p, outputs=("mean", "var")), repeat)
+        add("cpu loop, mean+var only", s, n, rel(part["var"].numpy(), ref.var), "validated problem, 2 outputs")
+    s, n, post_t = timed(lambda: ks.filter(y, backend="torch", **kw), repeat)
+    add("ks.filter torch float64", s, n, max(rel(post_t.mean, ref.mean), rel(post_t.loglik, ref.loglik)))
+    s, n, loop = timed(lambda: numpy_loop(y, **kw), repeat)
+    add("NumPy loop over time", s, n, max(rel(loop["mean"], ref.mean), rel(loop["logliks"], ref.logliks),
+                                          rel(loop["var"], ref.var)), "vectorised over series")
+    if have["statsmodels"] and (what == "loglik" or N * T <= 10_000_000):
+        models = statsmodels_models(y[:, :1], {**kw, "theta": kw["theta"][:1]})
+        mod, params = models[0]
+        s, n, llf = timed(lambda: mod.loglike(params), repeat)
+        note = "per series" + (f", x{N} extrapolated" if N > 1 else "")
+        add("statsmodels loglike", s * N, n, rel(llf, ref.loglik[0]), note)
+    if have["simdkalman"] and what == "all" and N > 1:
+        s, n, res = timed(lambda: simdkalman_filter(y, kw), repeat)
+        add("simdkalman", s, n, rel(res.filtered.states.mean[..., 0].T, ref.mean))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", help="write the rows and the machine to this file")
+    args = ap.parse_args()
+    import numba
+
+    have = {}
+    for name in ("statsmodels", "simdkalman"):
+        try:
+            __import__(name)
+            have[name] = True
+        except ImportError:
+            have[name] = False
+    t0 = time.perf_counter()
+    ks.filter(np.zeros((3, 2)), theta=1.0, sigma=1.0, obs_var=1.0, backend="cpu")
+    first = time.perf_counter() - t0
+    machine = dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
+                   numba_threads=numba.get_num_threads(), torch_threads=torch.get_num_threads(),
+                   numba=numba.__version__, torch=torch.__version__, numpy=np.__version__,
+                   first_cpu_call_s=first, installed=have)
+    print(f"numba {numba.__version__} threads {numba.get_num_threads()}, torch threads {torch.get_num_threads()}; "
+          f"first cpu call in this process {first:.2f} s (cache load or compile); installed: {have}")
+    rows = []
+    for N, T, what in (QUICK if args.quick else SHAPES):
+        shape_rows = bench_shape(N, T, what, args.repeat, have)
+        base = shape_rows[0]["seconds"]
+        print(f"\n{N} series x {T} steps ({'log-likelihood' if what == 'loglik' else 'all outputs'}), float64 data")
+        print(f"  {'contender':28s} {'time':>11s} {'vs cpu':>8s} {'calls':>5s} {'max rel err':>11s}  note")
+        for r in shape_rows:
+            err = "" if r["max_rel_err"] is None else f"{r['max_rel_err']:.1e}"
+            print(f"  {r['contender']:28s} {r['seconds'] * 1e3:9.1f}ms {r['seconds'] / base:7.2f}x "
+                  f"{r['calls']:5d} {err:>11s}  {r['note']}")
+        rows += shape_rows
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(machine=machine, rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
