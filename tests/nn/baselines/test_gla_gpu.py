@@ -29,10 +29,8 @@ if os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1":
 from kalmanscan.nn import SequenceModel  # noqa: E402 - after the autotuning switch
 from kalmanscan.nn.baselines.gla import GatedLinearAttention, GLAState  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-    or importlib.util.find_spec("fla") is None,
-    reason="needs a CUDA device, fla, and compiled (not interpreted) Triton kernels")
+pytestmark = [pytest.mark.gpu,                # a CUDA device and compiled kernels (tests/conftest.py)
+              pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs fla")]
 
 TF32_BOUND = 1e-2
 
