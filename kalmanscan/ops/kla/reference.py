@@ -43,4 +43,7 @@ def kla_scan_sequential(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
         qt = q[:, t, None, :]
         ys.append((qt * eta / lam).sum(-1))
         y_vars.append((qt * qt / lam).sum(-1))
+    if L == 0:
+        empty = v.new_zeros(B, 0, M)
+        return empty, empty, lam, eta
     return torch.stack(ys, 1), torch.stack(y_vars, 1), lam, eta

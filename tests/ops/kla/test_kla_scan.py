@@ -189,13 +189,13 @@ def test_triton_without_grad_and_half_inputs():
         assert max_rel_error(y_varb, ref_b[1]) < 1e-2
 
 
-@pytest.mark.parametrize("backend", ["torch", "recurrent", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "recurrent", "triton", "reference"])
 def test_empty_sequence_returns_the_initial_state(backend):
     xs = [x.float() for x in make_inputs(2, 0, 3, 2, seed=2, with_state=True)]
     y, y_var, (lam, eta) = kla_scan(*xs[:6], initial_state=(xs[6], xs[7]), return_state=True,
                                     backend=backend)
     assert y.shape == y_var.shape == (2, 0, 3)
-    assert torch.equal(lam, xs[6]) and torch.equal(eta, xs[7])
+    assert torch.equal(lam.to(xs[6].dtype), xs[6]) and torch.equal(eta.to(xs[7].dtype), xs[7])
 
 
 @pytest.mark.parametrize("extra, backend", [(-1, "torch"), (0, "recurrent")])
