@@ -15,8 +15,11 @@ is checked against the ``"cpu"`` backend before it is timed:
   labelled "extrapolated");
 * simdkalman, if installed.
 
-Times are medians of ``--repeat`` calls (a slow contender once, labelled) after one warm-up call;
-the first call of the compiled loop in this process (numba's on-disk cache load or compile) is
+Each contender's result is checked against the cpu backend on its warm-up call; then the
+contenders run in turns, ``--repeat`` rounds (a contender slower than :data:`SLOW_S` in one
+round only), and the table gives the median wall time and the median CPU time of the process
+(all threads: on a shared machine it shows the work when the wall time shows the waiting). The
+first call of the compiled loop in this process (numba's on-disk cache load or compile) is
 reported separately. ::
 
     python -m benchmarks.bench_cpu [--quick] [--json out.json]
@@ -114,19 +117,32 @@ def simdkalman_filter(y, kw):
                       filtered=True, smoothed=False, log_likelihood=True)
 
 
-def timed(fn, repeat):
-    """``(median seconds, calls, result)``: one warm-up call, then ``repeat`` timed calls (one if the
-    warm-up took more than :data:`SLOW_S`)."""
-    t0 = time.perf_counter()
-    result = fn()
-    warm = time.perf_counter() - t0
-    n = 1 if warm > SLOW_S else repeat
-    times = []
-    for _ in range(n):
+def run_round_robin(contenders, repeat):
+    """Time ``contenders`` (``(name, fn, check, note)``; ``check(result)`` gives the error against
+    the cpu backend) in turns, so that a change of load on a shared machine hits them alike: one
+    warm-up call each (its result checked), then ``repeat`` rounds of one call each (a contender
+    whose warm-up took more than :data:`SLOW_S` runs in the first round only). Returns rows with
+    the median wall time and the median process CPU time (all threads) of each."""
+    rows, slow = [], set()
+    for name, fn, check, note in contenders:
         t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), n, result
+        err = check(fn())
+        if time.perf_counter() - t0 > SLOW_S:
+            slow.add(name)
+        rows.append(dict(contender=name, max_rel_err=err, note=note, wall=[], cpu=[]))
+    for r in range(repeat):
+        for row, (name, fn, _, _) in zip(rows, contenders):
+            if r and name in slow:
+                continue
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            row["wall"].append(time.perf_counter() - t0)
+            row["cpu"].append(time.process_time() - c0)
+    for row in rows:
+        row["calls"] = len(row["wall"])
+        row["seconds"] = statistics.median(row.pop("wall"))
+        row["cpu_seconds"] = statistics.median(row.pop("cpu"))
+    return rows
 
 
 def rel(a, b):
@@ -137,37 +153,44 @@ def rel(a, b):
 def bench_shape(N, T, what, repeat, have):
     y, kw = problem(N, T)
     y32 = y.astype(np.float32)
-    rows = []
-
-    def add(name, seconds, calls, err=None, note=""):
-        rows.append(dict(N=N, T=T, what=what, contender=name, seconds=seconds, calls=calls,
-                         max_rel_err=err, note=note))
-
     ref = ks.filter(y, backend="cpu", **kw)
-    want = (lambda post: post.loglik) if what == "loglik" else (lambda post: post)
+    if what == "loglik":
+        def public(yy, backend):
+            return lambda: ks.filter(yy, backend=backend, **kw).loglik
 
-    s, n, _ = timed(lambda: want(ks.filter(y, backend="cpu", **kw)), repeat)
-    add("ks.filter cpu float64", s, n, 0.0, "public call, NumPy in and out")
-    s, n, post32 = timed(lambda: ks.filter(y32, backend="cpu", **kw), repeat)
-    add("ks.filter cpu float32", s, n, rel(post32.mean, ref.mean), "public call, float32 in and out")
+        def check_post(x):
+            return rel(x, ref.loglik)
+    else:
+        def public(yy, backend):
+            return lambda: ks.filter(yy, backend=backend, **kw)
+
+        def check_post(x):
+            return max(rel(x.mean, ref.mean), rel(x.var, ref.var), rel(x.loglik, ref.loglik))
+    c = [("ks.filter cpu float64", public(y, "cpu"), check_post, "public call, NumPy in and out"),
+         ("ks.filter cpu float32", public(y32, "cpu"), check_post, "public call, float32 in and out")]
     if what == "all":
         p = prepare(y, **kw)
-        s, n, part = timed(lambda: cpu.filter(p, outputs=("mean", "var")), repeat)
-        add("cpu loop, mean+var only", s, n, rel(part["var"].numpy(), ref.var), "validated problem, 2 outputs")
-    s, n, post_t = timed(lambda: ks.filter(y, backend="torch", **kw), repeat)
-    add("ks.filter torch float64", s, n, max(rel(post_t.mean, ref.mean), rel(post_t.loglik, ref.loglik)))
-    s, n, loop = timed(lambda: numpy_loop(y, **kw), repeat)
-    add("NumPy loop over time", s, n, max(rel(loop["mean"], ref.mean), rel(loop["logliks"], ref.logliks),
-                                          rel(loop["var"], ref.var)), "vectorised over series")
-    if have["statsmodels"] and (what == "loglik" or N * T <= 10_000_000):
-        models = statsmodels_models(y[:, :1], {**kw, "theta": kw["theta"][:1]})
-        mod, params = models[0]
-        s, n, llf = timed(lambda: mod.loglike(params), repeat)
-        note = "per series" + (f", x{N} extrapolated" if N > 1 else "")
-        add("statsmodels loglike", s * N, n, rel(llf, ref.loglik[0]), note)
+        c.append(("cpu loop, mean+var only", lambda: cpu.filter(p, outputs=("mean", "var")),
+                  lambda x: rel(x["var"].numpy(), ref.var), "validated problem, 2 outputs"))
+    c.append(("ks.filter torch float64", public(y, "torch"), check_post, ""))
+    c.append(("NumPy loop over time", lambda: numpy_loop(y, **kw),
+              lambda x: max(rel(x["mean"], ref.mean), rel(x["var"], ref.var), rel(x["logliks"], ref.logliks)),
+              "vectorised over series"))
+    scale = 1
+    if have["statsmodels"]:
+        mod, params = statsmodels_models(y[:, :1], {**kw, "theta": kw["theta"][:1]})[0]
+        scale = N
+        c.append(("statsmodels loglike", lambda: mod.loglike(params), lambda x: rel(x, ref.loglik[0]),
+                  "one series" + (f"; time x{N}, extrapolated" if N > 1 else "")))
     if have["simdkalman"] and what == "all" and N > 1:
-        s, n, res = timed(lambda: simdkalman_filter(y, kw), repeat)
-        add("simdkalman", s, n, rel(res.filtered.states.mean[..., 0].T, ref.mean))
+        c.append(("simdkalman", lambda: simdkalman_filter(y, kw),
+                  lambda x: rel(x.filtered.states.mean[..., 0].T, ref.mean), ""))
+    rows = run_round_robin(c, repeat)
+    for row in rows:
+        if row["contender"] == "statsmodels loglike":
+            row["seconds"] *= scale
+            row["cpu_seconds"] *= scale
+        row.update(N=N, T=T, what=what)
     return rows
 
 
@@ -200,11 +223,11 @@ def main():
         shape_rows = bench_shape(N, T, what, args.repeat, have)
         base = shape_rows[0]["seconds"]
         print(f"\n{N} series x {T} steps ({'log-likelihood' if what == 'loglik' else 'all outputs'}), float64 data")
-        print(f"  {'contender':28s} {'time':>11s} {'vs cpu':>8s} {'calls':>5s} {'max rel err':>11s}  note")
+        print(f"  {'contender':28s} {'wall':>11s} {'vs cpu':>8s} {'cpu time':>11s} {'calls':>5s} "
+              f"{'max rel err':>11s}  note")
         for r in shape_rows:
-            err = "" if r["max_rel_err"] is None else f"{r['max_rel_err']:.1e}"
             print(f"  {r['contender']:28s} {r['seconds'] * 1e3:9.1f}ms {r['seconds'] / base:7.2f}x "
-                  f"{r['calls']:5d} {err:>11s}  {r['note']}")
+                  f"{r['cpu_seconds'] * 1e3:9.1f}ms {r['calls']:5d} {r['max_rel_err']:11.1e}  {r['note']}")
         rows += shape_rows
     if args.json:
         with open(args.json, "w") as fh:

@@ -103,7 +103,7 @@ def _layout(xs, shape, dtype):
     cstride = np.zeros(len(xs), np.int64)
     arrays = []
     for i, x in enumerate(xs):
-        if x is None:
+        if x is None or x.numel() == 0:  # not read (an empty input means no series to read it for)
             arrays.append(np.zeros(1, dtype))
             continue
         x = x.detach()

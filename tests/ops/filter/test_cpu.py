@@ -135,6 +135,13 @@ def test_random_walk_and_batch_dims_with_times_per_batch():
     assert out["mean"].shape == (3, T, 2)
 
 
+def test_no_process_noise_and_empty_batch():
+    rng = np.random.default_rng(14)
+    check_reference(rng.normal(size=(2, 200, 2)), dict(theta=[0.5, 0.0], sigma=0.0, obs_var=0.5, init_var=1.0))
+    out = cpu.filter(prepare(np.zeros((0, 5, 2)), theta=0.3, sigma=1.0, obs_var=0.5))
+    assert out["mean"].shape == (0, 5, 2) and cpu.smooth(out)[0].shape == (0, 5, 2)
+
+
 def test_float32_within_measured_bound():
     rng = np.random.default_rng(9)
     worst = 0.0
