@@ -166,8 +166,12 @@ def bench_shape(N, T, what, repeat, have):
 
         def check_post(x):
             return max(rel(x.mean, ref.mean), rel(x.var, ref.var), rel(x.loglik, ref.loglik))
+    # float32: checked per step (mean, var, logliks): the Posterior's float32 loglik is a float32
+    # sum over T steps (make_posterior), whose own rounding grows with T
+    check32 = (lambda x: rel(x, ref.loglik)) if what == "loglik" else (
+        lambda x: max(rel(x.mean, ref.mean), rel(x.var, ref.var), rel(x.logliks, ref.logliks)))
     c = [("ks.filter cpu float64", public(y, "cpu"), check_post, "public call, NumPy in and out"),
-         ("ks.filter cpu float32", public(y32, "cpu"), check_post, "public call, float32 in and out")]
+         ("ks.filter cpu float32", public(y32, "cpu"), check32, "public call, float32 in and out")]
     if what == "all":
         p = prepare(y, **kw)
         c.append(("cpu loop, mean+var only", lambda: cpu.filter(p, outputs=("mean", "var")),

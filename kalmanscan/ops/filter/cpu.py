@@ -20,13 +20,17 @@ maps the decay and noise adjoints to ``theta, sigma, dt`` (and so to ``times``),
 every adjoint to its parameter's broadcast shape. The backward is not itself differentiable: a
 backward with ``create_graph=True`` raises ``RuntimeError`` (rather than silently treating the
 adjoints as constants); the Hessian-based standard errors of :func:`kalmanscan.fit` need the
-``"torch"`` backend. :func:`smooth` is the
-RTS smoother as a compiled reverse loop with its own compiled adjoint (:class:`_Smooth`).
+``"torch"`` backend. :func:`smooth` is the RTS smoother as a compiled reverse loop with its own
+compiled adjoint (:class:`_Smooth`), differentiable (once) like the filter.
 
-Compilation: nothing is compiled or imported from numba until the first call; each loop
-compiles once per dtype (a few seconds) and is cached on disk beside its module, so later
-processes load it. Results do not depend on the thread count (``numba.set_num_threads``): each
-series is computed by one thread with the same operations.
+Compilation: nothing is compiled or imported from numba until the first call; each of the four
+loops (filter, its adjoint, smoother, its adjoint) compiles on its first call per dtype (about
+3 to 10 s of CPU each on a 2-core machine) and is cached on disk beside its module
+(``__pycache__``, or ``NUMBA_CACHE_DIR``), so later processes load it (well under a second).
+
+Threads: numba's (``numba.set_num_threads``); work below :data:`SMALL_WORK` steps, or a single
+series, runs on the calling thread alone. Results do not depend on the thread count: each series
+is computed by one thread with the same operations.
 """
 
 from __future__ import annotations
@@ -267,17 +271,16 @@ def filter(p: Problem, outputs=None) -> dict:
     gradients; the dict then holds those and ``decay, noise``).
     """
     _check(p)
+    fields = FIELDS if outputs is None else tuple(outputs)
+    unknown = set(fields) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"outputs must be among {FIELDS}, got {sorted(unknown)}")
     inputs = tuple(getattr(p, k) for k in _INPUTS)
     decay, noise = p.decay_noise()
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         out = dict(zip(FIELDS, _Filter.apply(p.shape, *inputs)))
-        if outputs is not None:
-            out = {k: out[k] for k in outputs}
+        out = {k: out[k] for k in fields}
     else:
-        fields = FIELDS if outputs is None else tuple(outputs)
-        unknown = set(fields) - set(FIELDS)
-        if unknown:
-            raise ValueError(f"outputs must be among {FIELDS}, got {sorted(unknown)}")
         out, _ = _forward(inputs, p.shape, fields)
     out["decay"], out["noise"] = decay, noise
     return out
@@ -291,7 +294,7 @@ def _rts_forward(inputs, shape):
     out = tuple(torch.empty(shape, dtype=inputs[0].dtype) for _ in range(3))
     if B:
         _run(L.rts_forward, B * C, T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
-                      L.constants(dtype), T, C, _block(B, C))
+             L.constants(dtype), T, C, _block(B, C))
     return out
 
 
