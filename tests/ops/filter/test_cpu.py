@@ -205,6 +205,27 @@ def test_gradients_equal_torch_backend(case):
         assert (a - b).abs().max().item() < 1e-9 * scale, name
 
 
+def test_gradients_broadcast_parameters_and_times_per_batch():
+    """y (T, C) under parameters with batch dimensions, per-step obs_var, times per batch, a random
+    walk channel (theta = 0): every gradient reduced to its argument's own shape."""
+    rng = np.random.default_rng(15)
+    T = 20
+    y = rng.normal(size=(T, 2))
+    y[3, 0] = np.nan
+    kw = dict(theta=np.array([0.0, 0.4]), sigma=rng.uniform(0.2, 1, (3, 1, 2)), obs_var=rng.uniform(0.2, 1, (T, 2)),
+              times=np.cumsum(rng.uniform(0.1, 2, (3, T, 1)), axis=1), h=1.5, init_var=[10.0, 2.0],
+              init_mean=0.5, mean=rng.normal(size=(3, 1, 1)))
+    results = []
+    for fn in (cpu.filter, filter_torch):
+        leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in kw.items()}
+        yt = torch.tensor(y, requires_grad=True)
+        out = fn(prepare(yt, **leaves))
+        results.append(torch.autograd.grad(_loss(out, _weights(out)), [yt, *leaves.values()]))
+    for name, a, b in zip(["y", *kw], *results):
+        assert a.shape == b.shape, name
+        assert (a - b).abs().max().item() < 1e-9 * max(b.abs().max().item(), 1e-3), name
+
+
 def test_gradcheck_small_problem():
     rng = np.random.default_rng(7)
     y, kw = random_problem(rng, 6, C=2, batch=(2,), per_step=False, missing=0.2)
