@@ -4,29 +4,46 @@ The interpreter runs the kernels' Python; some code it accepts does not compile 
 returning different types from two branches, say). ``benchmarks.sass_stats`` compiles every kernel
 and the other values of its feature switches with Triton's bundled ``ptxas``, no GPU needed, in a
 process without ``TRITON_INTERPRET`` (the hardware reciprocal of :mod:`kalmanscan.kernels.fast_math` is
-chosen at import).
+chosen at import). The kernels are compiled in :data:`SHARDS` processes (one test each), so that
+pytest-xdist spreads the minute of compilation over its workers.
 """
 
+import functools
 import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARDS = 2
 
 
-def test_every_kernel_compiles_for_sm90(tmp_path):
+def _sass_stats(*args, cache=None):
+    """The output of ``python -m benchmarks.sass_stats *args`` without ``TRITON_INTERPRET``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=ROOT)
-    def run(*args):
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.sass_stats", *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc.stdout
+    env.update(TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=ROOT)
+    if cache is not None:
+        env["TRITON_CACHE_DIR"] = str(cache)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.sass_stats", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
 
-    names = set(run("--list").split())
-    out = run()
-    assert {line.split()[0] for line in out.splitlines() if " loop " in line} == names
-    assert len(names) >= 20 and "MUFU" in out
+
+@functools.cache
+def _kernel_names():
+    return tuple(sorted(_sass_stats("--list").split()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_every_kernel_compiles_for_sm90(shard, tmp_path):
+    assert len(_kernel_names()) >= 20
+    names = _kernel_names()[shard::SHARDS]
+    out = _sass_stats(*names, cache=tmp_path)
+    assert {line.split()[0] for line in out.splitlines() if " loop " in line} == set(names)
+    assert "MUFU" in out
 
 
 def test_no_nested_tuple_targets_in_kernels():

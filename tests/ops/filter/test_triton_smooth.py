@@ -2,6 +2,8 @@
 the float64 sequential smoother and the torch reverse scans: odd lengths, many stretches and carry
 chunks, static and per-step parameters, NaN-poisoned outputs; each lane walks at most ~64 steps."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,8 @@ CHUNKS = config(min_stretch=4, target_lanes=1 << 30, carry_chunk=4)
 
 # (T, config, per_step, times, dtype): one step; two stretches of one step; odd lengths on one
 # stretch (63) and on 13 stretches (the last of 3 steps), 41 of 5 steps in 10 carry chunks (201);
-# every length and configuration with static and per-step parameters in turn, float32 on half.
+# every length and configuration with static and per-step parameters in turn, float32 on half;
+# 64-bit offsets once.
 CASES = [
     (1, ONE, False, False, torch.float64),
     (2, config(stretch=1), True, True, torch.float32),
@@ -27,7 +30,7 @@ CASES = [
     (63, CHUNKS, False, False, torch.float64),
     (63, CHUNKS, True, True, torch.float32),
     (201, CHUNKS, True, True, torch.float64),
-    (201, CHUNKS, False, False, torch.float32),
+    (201, dataclasses.replace(CHUNKS, wide_from=0), False, False, torch.float32),
 ]
 
 
