@@ -56,7 +56,7 @@ class Diffuse:
 def finite_problem(p: Problem) -> tuple[Problem, Diffuse | None]:
     """The finite problem equivalent to ``p`` at every step from each channel's first observation
     on (module docstring), and where ``p`` is diffuse; ``(p, None)`` when no ``init_var`` is inf."""
-    if not bool(torch.isinf(p.init_var).any()):
+    if not p.diffuse:
         return p, None
     shape, T = p.shape, p.shape[-2]
     bshape = shape[:-2] + (1, shape[-1])
@@ -100,6 +100,8 @@ def restore(p: Problem, d: Diffuse, out: dict) -> dict:
                             ("pred_mean", d.upto, mean), ("pred_var", d.upto, inf),
                             ("pred_precision", d.upto, zero), ("pred_obs_mean", d.upto, h * mean),
                             ("pred_obs_var", d.upto, inf), ("logliks", d.upto, zero)):
+        if out.get(k) is None:
+            continue
         fixed[k] = torch.where(where, value, torch.broadcast_to(out[k], shape))
     fixed["decay"], fixed["noise"] = p.decay_noise()
     fixed["missing"] = torch.isnan(p.y).to(p.dtype)

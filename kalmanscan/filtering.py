@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .diffuse import finite_problem, restore
@@ -9,10 +11,10 @@ from .inputs import Problem, check_no_inf, prepare
 from .ops.filter import resolve_backend, run_backend
 from .posterior import Posterior
 
-__all__ = ["filter", "make_posterior"]
+__all__ = ["filter", "make_posterior", "OUTPUTS"]
 
 def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
-           init_mean=None, init_var=None, backend="auto") -> Posterior:
+           init_mean=None, init_var=None, backend="auto", outputs=None) -> Posterior:
     """Filter ``y`` of shape ``(..., T, C)`` with an OU prior per channel; returns a :class:`Posterior`.
 
     Model per channel ``c`` (independent channels): ``x_t - mean = decay_t (x_{t-1} - mean) +
@@ -40,6 +42,12 @@ def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
             ``"torch"``, ``"triton"``, ``"reference"`` (sequential float64 covariance form) or
             a name added by :func:`kalmanscan.ops.filter.register_backend`.
 
+        outputs: the fields to compute, a subset of :data:`OUTPUTS` (``None``: all). The others
+            are ``None`` in the result (``"loglik"`` needs the per-step ``logliks`` and keeps them;
+            ``"missing"`` is the 0/1 flag in ``params``). On the triton backend without gradients
+            the kernels write only these (e.g. ``("mean", "var")``: 12 bytes per element in
+            float32 instead of 44); the other backends compute everything and drop the rest.
+
     Parameters are static (scalars or ``(C,)``, or ``(..., 1, C)`` with batch dimensions) or per
     step (``(..., T, C)``); a per-step value at index ``t`` governs the transition into step ``t``
     and the observation at ``t`` (index 0 has no transition).
@@ -49,19 +57,42 @@ def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     """
     # The fused kernels skip the separate pass over y looking for inf: an inf in y always makes
     # the log-likelihood non-finite, and only then is y searched (and the ValueError raised).
+    wanted = _check_outputs(outputs)
     fused = (isinstance(y, torch.Tensor) and backend in ("auto", "triton")
              and resolve_backend(backend, y.device) == "triton")
+    by_loglik = fused and "logliks" in wanted
     p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                init_mean=init_mean, init_var=init_var, backend=backend, check_y=not fused)
+                init_mean=init_mean, init_var=init_var, backend=backend, check_y=not by_loglik)
+    if outputs is not None:
+        p = dataclasses.replace(p, outputs=wanted)
     finite, diffuse = finite_problem(p)
     out = run_backend(finite, backend)
     if diffuse is not None:
         out = restore(p, diffuse, out)
-    if fused:
+    if by_loglik:
         out["loglik"] = out["logliks"].sum(-2)
         if not bool(torch.isfinite(out["loglik"]).all()):
             check_no_inf(p.y)
+    if outputs is not None:
+        kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
+        out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
     return make_posterior(p, out, diffuse=diffuse)
+
+
+OUTPUTS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
+           "pred_obs_var", "logliks", "loglik", "missing")
+
+
+def _check_outputs(outputs) -> tuple:
+    """The fields to compute for ``outputs`` (``"loglik"`` brings ``"logliks"``)."""
+    if outputs is None:
+        return OUTPUTS
+    if isinstance(outputs, str) or not all(isinstance(k, str) for k in outputs):
+        raise ValueError(f"outputs must be a sequence of field names from {OUTPUTS}, got {outputs!r}")
+    unknown = sorted(set(outputs) - set(OUTPUTS))
+    if unknown or not outputs:
+        raise ValueError(f"outputs must name fields from {OUTPUTS}, got {outputs!r}")
+    return tuple(k for k in OUTPUTS if k in outputs or (k == "logliks" and "loglik" in outputs))
 
 
 def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None, diffuse=None) -> Posterior:
@@ -69,18 +100,24 @@ def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None, dif
     shape = p.shape
     out = dict(out)
     loglik = out.pop("loglik", None)
-    conv = {k: p.output(torch.broadcast_to(v, shape)) for k, v in out.items()}
+    conv = {k: None if v is None else p.output(torch.broadcast_to(v, shape)) for k, v in out.items()}
     params = {k: p.output(torch.broadcast_to(getattr(p, k), shape))
               for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
     for k in ("decay", "noise", "missing"):
-        params[k] = conv.pop(k)
+        params[k] = conv.pop(k, None)
     params["init_mean"] = p.output(p.init_mean.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
     params["init_var"] = p.output(p.init_var.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
     params["times"] = _times(p)
-    n_diffuse = torch.zeros(shape[:-2] + (shape[-1],), dtype=torch.int64) if diffuse is None else diffuse.n_diffuse
+    n_diffuse = (torch.zeros(shape[:-2] + (shape[-1],), dtype=torch.int64, device=p.y.device)
+                 if diffuse is None else diffuse.n_diffuse)
     params["n_diffuse"] = n_diffuse.cpu().numpy() if p.numpy_out else n_diffuse
-    logliks = conv.pop("logliks")
-    loglik = logliks.sum(-2) if loglik is None else p.output(loglik)
+    logliks = conv.pop("logliks", None)
+    if p.outputs is not None and "loglik" not in p.outputs:
+        loglik = None
+    elif loglik is None:
+        loglik = None if logliks is None else logliks.sum(-2)
+    else:
+        loglik = p.output(loglik)
     return Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import ou
+from . import mobius, ou
 
 __all__ = ["Problem", "prepare", "check_no_inf"]
 _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
@@ -26,7 +26,14 @@ _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
 
 @dataclass
 class Problem:
-    """Validated inputs as torch tensors of the compute dtype, broadcastable to ``shape``."""
+    """Validated inputs as torch tensors of the compute dtype, broadcastable to ``shape``.
+
+    Facts decided with the checks (no further synchronisation): ``diffuse``, whether any
+    ``init_var`` is inf (:mod:`kalmanscan.diffuse`); ``no_noise``, whether some filter with
+    ``decay < 1`` has process noise below :data:`kalmanscan.mobius.NO_NOISE`
+    (:func:`kalmanscan.mobius.no_process_noise`; ``None`` once a change of the parameters made it
+    unknown, and :meth:`no_process_noise` then computes it). ``outputs``: the fields the caller
+    asked for (``None``: all; backends may compute more, :func:`kalmanscan.filter` drops them)."""
 
     y: torch.Tensor
     theta: torch.Tensor
@@ -41,10 +48,19 @@ class Problem:
     numpy_out: bool
     out_dtype: object
     times: torch.Tensor | None = None
+    diffuse: bool = False
+    no_noise: bool | None = None
+    outputs: tuple | None = None
 
     @property
     def dtype(self):
         return self.y.dtype
+
+    def no_process_noise(self) -> bool:
+        """:attr:`no_noise`, computed (one synchronisation) when unknown."""
+        if self.no_noise is None:
+            self.no_noise = mobius.no_process_noise(*self.decay_noise())
+        return self.no_noise
 
     def decay_noise(self):
         """OU ``(decay, noise)`` per step, broadcastable to ``shape`` (index 0 unused)."""
@@ -82,15 +98,17 @@ def _to_tensor(name, x, dtype, device):
 
 
 class Checks:
-    """Value checks on device tensors, decided together with one synchronisation.
+    """Value checks and facts on tensors, decided together with at most one synchronisation.
 
-    ``add`` queues ``all(cond(x))`` without waiting for the device; ``decide`` copies every
-    verdict to the host at once and raises ``ValueError`` for the first that failed, in the
-    order they were added.
+    ``add`` queues ``all(cond(x))`` without waiting for the device; ``fact`` queues a boolean
+    tensor to be read back; ``decide`` reads every verdict and fact at once (those computed on the
+    CPU cost no synchronisation; all those on a device come back in one copy) and raises
+    ``ValueError`` for the first check that failed, in the order they were added.
     """
 
     def __init__(self):
         self.items = []
+        self.facts = {}
 
     def add(self, name, x, cond, what):
         """Queue ``all(cond(x))`` (NaN fails), reported as ``"{name} must be {what}"``."""
@@ -101,14 +119,26 @@ class Checks:
         """Queue a check given as a boolean tensor ``ok`` and its full error message."""
         self.items.append((message, ok))
 
-    def decide(self):
-        if not self.items:
-            return
-        verdicts = torch.stack([ok for _, ok in self.items]).cpu().tolist()
-        for (message, _), good in zip(self.items, verdicts):
+    def fact(self, name, value):
+        """Queue a boolean tensor (or a Python bool) read back by :meth:`decide` as ``name``."""
+        self.facts[name] = value
+
+    def decide(self) -> dict:
+        """Raise for the first failed check; return the facts as Python bools."""
+        entries = [ok for _, ok in self.items] + list(self.facts.values())
+        tensors = [x for x in entries if isinstance(x, torch.Tensor)]
+        on_device = [x for x in tensors if x.device.type != "cpu"]
+        values = {}
+        if on_device:
+            read = torch.stack([x.reshape(()).to(torch.bool) for x in on_device]).cpu().tolist()
+            values = {id(x): v for x, v in zip(on_device, read)}
+        verdict = [bool(values[id(x)]) if id(x) in values else bool(x) for x in entries]
+        for (message, _), good in zip(self.items, verdict):
             if not good:
                 raise ValueError(message)
-        self.items = []
+        facts = dict(zip(self.facts, verdict[len(self.items):]))
+        self.items, self.facts = [], {}
+        return facts
 
 
 def check_no_inf(y):
@@ -122,10 +152,11 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
             init_mean=None, init_var=None, backend="auto", check_y=True) -> Problem:
     """Validate and broadcast the filter's inputs; see the module docstring for the rules.
 
-    The value checks on the parameters are decided together (one device synchronisation).
-    ``check_y=False`` skips the pass over ``y`` that looks for ``inf``; the caller must then call
-    :func:`check_no_inf` itself, e.g. only when the log-likelihood comes out non-finite (an ``inf`` in
-    ``y`` always makes it so).
+    Parameters given as NumPy, Python numbers or CPU tensors are checked on the CPU before they
+    move to ``y``'s device; checks on device tensors (and the inf check on a device ``y``) are
+    decided together in one synchronisation, none when there are none. ``check_y=False`` skips the
+    pass over ``y`` that looks for ``inf``; the caller must then call :func:`check_no_inf` itself,
+    e.g. only when the log-likelihood comes out non-finite (an ``inf`` in ``y`` always makes it so).
     """
     from .ops.filter import backend_names  # (the registry imports this module)
 
@@ -142,19 +173,19 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         raise ValueError(f"y must have shape (..., T, C) with T >= 1 and C >= 1, got {tuple(y_t.shape)}")
     if y_t.shape[-2] < 1 or y_t.shape[-1] < 1:
         raise ValueError(f"y must have T >= 1 and C >= 1, got shape {tuple(y_t.shape)}")
-    if check_y:
-        check_no_inf(y_t)
 
     checks = Checks()
+    if check_y:
+        checks.add("y", y_t, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
     vals = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
     params = {}
     for name in _PARAMS:
         if vals[name] is None:
             raise ValueError(f"{name} is required")
-        params[name] = _as_2d(_to_tensor(name, vals[name], dtype, device))
+        params[name] = _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name])))
     times_t = None
     if times is not None:
-        params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, device, checks)
+        params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, _home(times), checks)
 
     checks.add("theta", params["theta"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
     checks.add("sigma", params["sigma"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
@@ -175,14 +206,14 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         checks.require("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
                        "is then 0 (a known state); pass init_var > 0, or float('inf') for a diffuse prior",
                        torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
-        init_v = ou.stationary_var(theta0, sigma0)
+        init_v = ou.stationary_var(theta0, sigma0.to(theta0.device))
     else:
-        init_v = _init_param("init_var", init_var, dtype, device)
+        init_v = _init_param("init_var", init_var, dtype, _home(init_var))
         checks.add("init_var", init_v, lambda v: v > 0, "> 0 (or inf: a diffuse prior)")
     if init_mean is None:
         init_m = params["mean"][..., :1, :]
     else:
-        init_m = _init_param("init_mean", init_mean, dtype, device)
+        init_m = _init_param("init_mean", init_mean, dtype, _home(init_mean))
         checks.add("init_mean", init_m, torch.isfinite, "finite")
     for name, p in (("init_mean", init_m), ("init_var", init_v)):
         try:
@@ -190,9 +221,23 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         except ValueError:
             raise ValueError(f"{name} of shape {tuple(p.shape)} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
         shape = batch[:-2] + shape[-2:-1] + batch[-1:]
-    checks.decide()
-    return Problem(y=y_t, init_mean=init_m, init_var=init_v, shape=shape,
-                   numpy_out=numpy_out, out_dtype=out_dtype, times=times_t, **params)
+    with torch.no_grad():
+        checks.fact("diffuse", torch.isinf(init_v.detach()).any())
+        trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
+        home = trans[0].device if len({x.device for x in trans}) == 1 else device
+        decay, noise = ou.discretize(*(x.to(home) for x in trans))
+        smallest = mobius.decaying_noise(decay, noise).amin()
+        checks.fact("no_noise", smallest < mobius.NO_NOISE.get(dtype, mobius.NO_NOISE[torch.float32]))
+    facts = checks.decide()
+    moved = {k: v.to(device) for k, v in params.items()}
+    return Problem(y=y_t, init_mean=init_m.to(device), init_var=init_v.to(device), shape=shape,
+                   numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"],
+                   no_noise=facts["no_noise"], times=None if times_t is None else times_t.to(device), **moved)
+
+
+def _home(x) -> torch.device:
+    """Where a value given by the caller is checked: a tensor's own device, else the CPU."""
+    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
 
 
 def _as_2d(p):

@@ -24,6 +24,7 @@ class Posterior:
       (at ``t = 0`` the initial belief);
     - ``pred_obs_mean, pred_obs_var``: the one-step predictive law of ``y_t``;
     - ``logliks``: ``log p(y_t | y_1..y_{t-1})``, 0 where ``y_t`` is missing; ``loglik`` its sum;
+    - fields left out by ``ks.filter(..., outputs=...)`` are ``None`` (the repr lists them);
     - ``filtered``: for a smoother, the filter's posterior it was computed from (else ``None``);
     - ``params``: the broadcast model inputs (``theta, sigma, obs_var, mean, h, dt, decay, noise``,
       and ``missing``: 1.0 where ``y_t`` was NaN, else 0.0; ``times``: the observation times in
@@ -58,13 +59,19 @@ class Posterior:
 
     def __repr__(self) -> str:
         kind = "smoother" if self.filtered is not None else "filter"
-        shape = tuple(getattr(self.mean, "shape", ()))
         names = [f.name for f in fields(self) if f.name not in ("params", "filtered")]
+        some = next((getattr(self, k) for k in names if getattr(self, k) is not None), None)
+        shape = tuple(getattr(some, "shape", ()))
+        computed = [k for k in names if getattr(self, k) is not None]
         if kind == "smoother":
-            names.append("filtered (the filter's posterior)")
-        lines = [f"Posterior ({kind}) of shape (..., T, C) = {shape}, {array_kind(self.mean)}",
-                 f"  fields: {', '.join(names)}",
-                 f"  {loglik_summary(self.loglik)}"]
+            computed.append("filtered (the filter's posterior)")
+        lines = [f"Posterior ({kind}) of shape (..., T, C) = {shape}, {array_kind(some)}",
+                 f"  fields: {', '.join(computed)}"]
+        skipped = [k for k in names if getattr(self, k) is None]
+        if skipped:
+            lines.append(f"  not computed (outputs=): {', '.join(skipped)}")
+        if self.loglik is not None:
+            lines.append(f"  {loglik_summary(self.loglik)}")
         if self.params:
             lines.append(f"  params: {', '.join(self.params)}")
         return "\n".join(lines)

@@ -43,7 +43,7 @@ def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
     mean_param = torch.broadcast_to(p.mean, shape)
     mean_s, var_s, precision_s = get_backend(resolve_backend(backend, p.y.device)).smooth(full, mean_param)
-    if mobius.no_process_noise(full["decay"], full["noise"]) and not bool(
+    if finite.no_process_noise() and not bool(
             (torch.isfinite(mean_s) & torch.isfinite(var_s)).all()):
         raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
                          "noise the smoother's gain is 1/decay and its backward recursion leaves the "

@@ -184,7 +184,7 @@ def _boundary_dt(p, rank, group):
     if rank == 0:
         return p
     first = (p.times[..., :1, :] - gathered[rank - 1, ..., 1:, :]).to(p.dtype)
-    return dataclasses.replace(p, dt=torch.cat([first, p.dt[..., 1:, :]], -2))
+    return dataclasses.replace(p, dt=torch.cat([first, p.dt[..., 1:, :]], -2), no_noise=None)
 
 
 def _continue_from(p, carry):

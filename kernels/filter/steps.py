@@ -232,7 +232,10 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
     (filtered precision), ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise``
     (the prediction before step ``t``; at ``t = 0`` the initial belief), each only if its flag is on.
 
-    With ``POSTERIOR`` the whole filter result of :func:`kalmanscan.ops.filter.torch.finish`: ``mu_ptr``
+    With ``POSTERIOR`` (a bit mask of the fields to write, in pointer order: 1 mean, 2 precision,
+    4 pred_mean, 8 pred_var, 16 var, 32 pred_precision, 64 pred_obs_mean, 128 pred_obs_var,
+    256 logliks, 512 missing; 0 for the centred moments) the filter result of
+    :func:`kalmanscan.ops.filter.torch.finish`, those fields only: ``mu_ptr``
     and ``pred_mu_ptr`` receive the uncentred means ``mu + mean`` and ``pred_mu + mean``,
     ``lam_ptr`` the precision, ``pred_var_ptr`` the predicted variance, and the other pointers
     ``var = 1 / lam``, ``pred_precision = 1 / pred_var``, the predictive law of ``y``
@@ -245,24 +248,34 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
     pred_var = decay * decay * inv + noise
     if POSTERIOR:
         pred_obs_var = h * h * pred_var + obs_var
-        innov = yc - h * pred_mu
-        loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
-        tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
-        tl.store(pred_var_ptr + o, pred_var, mask=valid)
-        tl.store(pred_prec_ptr + o, rcp(pred_var), mask=valid)
-        tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
-        tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
-        tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
-        tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
+        if POSTERIOR & 4:
+            tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
+        if POSTERIOR & 8:
+            tl.store(pred_var_ptr + o, pred_var, mask=valid)
+        if POSTERIOR & 32:
+            tl.store(pred_prec_ptr + o, rcp(pred_var), mask=valid)
+        if POSTERIOR & 64:
+            tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
+        if POSTERIOR & 128:
+            tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
+        if POSTERIOR & 256:
+            innov = yc - h * pred_mu
+            loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
+            tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
+        if POSTERIOR & 512:
+            tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
     elif WRITE_PRED:
         tl.store(pred_mu_ptr + o, pred_mu, mask=valid)
         tl.store(pred_var_ptr + o, pred_var, mask=valid)
     lam, eta = info_step(lam, eta, decay, noise, phi, info)
     var = rcp(lam)
     if POSTERIOR:
-        tl.store(mu_ptr + o, eta * var + mean, mask=valid)
-        tl.store(var_ptr + o, var, mask=valid)
-        tl.store(lam_ptr + o, lam, mask=valid)
+        if POSTERIOR & 1:
+            tl.store(mu_ptr + o, eta * var + mean, mask=valid)
+        if POSTERIOR & 16:
+            tl.store(var_ptr + o, var, mask=valid)
+        if POSTERIOR & 2:
+            tl.store(lam_ptr + o, lam, mask=valid)
     else:
         if WRITE_MU:
             tl.store(mu_ptr + o, eta * var, mask=valid)

@@ -132,15 +132,18 @@ POSTERIOR = ("mean", "precision", "pred_mean", "pred_var", "var", "pred_precisio
 
 
 def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"),
-                   config: FilterConfig = DEFAULT_CONFIG, posterior: bool = False) -> dict:
+                   config: FilterConfig = DEFAULT_CONFIG, posterior=False) -> dict:
     """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``.
 
     ``views`` maps ``y, theta, sigma, dt, obs_var, mean, h`` to ``(B, T, C)`` tensors (broadcast
     views are fine); ``init`` is ``(B, 2, C)``: initial precision and information mean ``lam0,
     eta0 = lam0 (init_mean - mean_0)``. Only the named centred outputs are written; with
-    ``posterior`` the fields of :data:`POSTERIOR` instead (those of
-    :func:`kalmanscan.ops.filter.torch.finish`, in one pass).
+    ``posterior`` (``True``: all, or a collection of names) the fields of :data:`POSTERIOR`
+    instead (those of :func:`kalmanscan.ops.filter.torch.finish`, in one pass), only those named.
     """
+    if posterior is True:
+        posterior = POSTERIOR
+    posterior = tuple(k for k in POSTERIOR if k in posterior) if posterior else ()
     y = views["y"]
     B, T, C = y.shape
     if uses_tiles(T, C, config):
@@ -165,8 +168,14 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"),
         filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                       num_warps=config.carry_warps)
     out, pointers, write = _outputs(y, outputs, posterior)
-    fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=posterior, **opts)
-    return {k: out[k] for k in (POSTERIOR if posterior else outputs)}
+    fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write,
+                     POSTERIOR=posterior_mask(posterior), **opts)
+    return {k: out[k] for k in (posterior or outputs)}
+
+
+def posterior_mask(fields) -> int:
+    """The kernels' ``POSTERIOR`` bit mask of ``fields`` (names of :data:`POSTERIOR`)."""
+    return sum(1 << i for i, k in enumerate(POSTERIOR) if k in fields)
 
 
 def _outputs(y, outputs, posterior):
@@ -177,8 +186,8 @@ def _outputs(y, outputs, posterior):
     B, T, C = y.shape
     like = dict(dtype=y.dtype, device=y.device)
     names = POSTERIOR if posterior else ("mu", "lam", "pred_mu", "pred_var")
-    wanted = set(names if posterior else outputs)
-    if wanted & {"pred_mu", "pred_var"}:
+    wanted = set(posterior if posterior else outputs)
+    if not posterior and wanted & {"pred_mu", "pred_var"}:
         wanted |= {"pred_mu", "pred_var"}
     out = {k: torch.empty(B, T, C, **like) for k in names if k in wanted}
     dummy = torch.empty(1, **like)
@@ -326,11 +335,12 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     init = torch.stack([lam0, lam0 * mu0], 1)
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
-    if mobius.no_process_noise(decay, noise):
+    if p.no_process_noise():
         return torch_backend.filter(p)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
-        out = filter_forward(views, init.contiguous(), config=config, posterior=True)
+        fields = POSTERIOR if p.outputs is None else tuple(k for k in POSTERIOR if k in p.outputs)
+        out = filter_forward(views, init.contiguous(), config=config, posterior=fields + ("missing",))
         return {**{k: x.reshape(shape) for k, x in out.items()}, "decay": decay, "noise": noise}
     mu_c, lam, pred_mu_c, pred_var = _FusedFilter.apply(*inputs, init, shape, config)
     missing = torch.isnan(p.y)

@@ -1,0 +1,64 @@
+"""``ks.filter(..., outputs=...)``: only the named fields are computed (the kernels write only
+those on the triton backend), they equal the full call's, and the others are ``None``."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import kalmanscan as ks
+from kalmanscan.filtering import OUTPUTS
+
+BACKENDS = [b for b in ks.ops.filter.backend_names() if b != "auto"]
+KW = dict(theta=0.3, sigma=0.7, obs_var=0.5)
+FIELDS = [f for f in OUTPUTS if f != "missing"]
+SELECTIONS = [("mean", "var"), ("loglik",), ("pred_obs_mean", "pred_obs_var", "missing"),
+              ("precision", "pred_mean", "pred_var", "pred_precision", "logliks")]
+
+
+def series(T=70):
+    y = np.random.default_rng(0).normal(size=(2, T, 3))
+    y[0, 5:9, 1] = np.nan
+    return torch.tensor(y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("outputs", SELECTIONS)
+def test_selected_fields_equal_the_full_call(backend, outputs, poisoned):
+    y = series()
+    full = ks.filter(y, backend="reference", **KW)
+    post = ks.filter(y, backend=backend, outputs=outputs, **KW)
+    wanted = set(outputs) | ({"logliks"} if "loglik" in outputs else set())
+    for k in FIELDS:
+        got = getattr(post, k)
+        if k not in wanted:
+            assert got is None, k
+            continue
+        np.testing.assert_allclose(got.numpy(), np.asarray(getattr(full, k)), rtol=1e-10, atol=1e-12, err_msg=k)
+    assert (post.params["missing"] is None) == ("missing" not in outputs)
+    assert "not computed" in repr(post)
+
+
+@pytest.mark.parametrize("outputs", [("mean",), None])
+def test_inf_in_y_is_still_refused(outputs):
+    y = series()
+    y[1, 3, 0] = math.inf
+    with pytest.raises(ValueError, match="y must be finite or NaN"):
+        ks.filter(y, backend="triton", outputs=outputs, **KW)
+
+
+@pytest.mark.parametrize("bad", ["mean", ("mean", "sd"), (), [1]])
+def test_unknown_outputs_are_named(bad):
+    with pytest.raises(ValueError, match="outputs"):
+        ks.filter(series(), outputs=bad, **KW)
+
+
+def test_diffuse_prior_with_selected_outputs():
+    y = series()
+    y[:, :2, :] = np.nan
+    kw = dict(KW, init_var=math.inf)
+    full = ks.filter(y, backend="torch", **kw)
+    post = ks.filter(y, backend="triton", outputs=("mean", "loglik"), **kw)
+    torch.testing.assert_close(post.mean, full.mean, equal_nan=True)
+    torch.testing.assert_close(post.loglik, full.loglik)
