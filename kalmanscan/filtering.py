@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from .diffuse import finite_problem, restore
@@ -70,7 +71,7 @@ def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
     if diffuse is not None:
         out = restore(p, diffuse, out)
     if by_loglik:
-        out["loglik"] = out["logliks"].sum(-2)
+        out["loglik"] = out["logliks"].sum(-2, dtype=torch.float64).to(out["logliks"].dtype)
         if not bool(torch.isfinite(out["loglik"]).all()):
             check_no_inf(p.y)
     if outputs is not None:
@@ -115,10 +116,18 @@ def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None, dif
     if p.outputs is not None and "loglik" not in p.outputs:
         loglik = None
     elif loglik is None:
-        loglik = None if logliks is None else logliks.sum(-2)
+        loglik = None if logliks is None else _sum_time(logliks)
     else:
         loglik = p.output(loglik)
     return Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
+
+
+def _sum_time(logliks):
+    """The sum over time, accumulated in float64 (a float32 sum over 10^6 steps would lose about
+    3 digits), returned in the input's dtype and array kind."""
+    if isinstance(logliks, torch.Tensor):
+        return logliks.sum(-2, dtype=torch.float64).to(logliks.dtype)
+    return logliks.sum(-2, dtype=np.float64).astype(logliks.dtype, copy=False)
 
 
 def _times(p: Problem):

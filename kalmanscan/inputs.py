@@ -13,6 +13,7 @@ Nothing the caller passed is modified: the tensors made here are new or read-onl
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,7 +95,11 @@ def _to_tensor(name, x, dtype, device):
     arr = np.asarray(x)
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    return torch.as_tensor(arr.astype(np.float64), dtype=dtype, device=device)
+    if arr.dtype != np.float64 and not (arr.dtype == np.float32 and dtype == torch.float32):
+        arr = arr.astype(np.float64)
+    with warnings.catch_warnings():  # read-only arrays are shared, never written (nothing is)
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(arr, dtype=dtype, device=device)
 
 
 class Checks:

@@ -9,6 +9,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # one process per core: threads inside each would only contend
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need a CUDA device and compiled kernels: skipped without them."""

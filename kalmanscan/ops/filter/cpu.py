@@ -267,10 +267,13 @@ def filter(p: Problem, outputs=None) -> dict:
     tensors; ``decay, noise`` are :meth:`Problem.decay_noise`'s).
 
     Differentiable with respect to ``y``, every parameter and the initial belief (once: see the
-    module docstring). ``outputs``, a subset of :data:`FIELDS`, writes only those fields (without
-    gradients; the dict then holds those and ``decay, noise``).
+    module docstring). ``outputs``, a subset of :data:`FIELDS` (default: those of ``p.outputs``,
+    all when that is ``None``), writes only those fields (without gradients; the dict then holds
+    those and ``decay, noise``).
     """
     _check(p)
+    if outputs is None and p.outputs is not None:
+        outputs = [k for k in FIELDS if k in p.outputs]
     fields = FIELDS if outputs is None else tuple(outputs)
     unknown = set(fields) - set(FIELDS)
     if unknown:

@@ -11,10 +11,11 @@ import torch
 
 from ...inputs import Problem
 
-__all__ = ["register_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]
+__all__ = ["register_backend", "unregister_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]
 
 _BACKENDS: dict[str, str | ModuleType] = {
     name: f"kalmanscan.ops.filter.{name}" for name in ("reference", "torch", "triton", "cpu")}
+_BUILT_IN = tuple(_BACKENDS)
 
 
 def register_backend(name: str, module: str | ModuleType) -> None:
@@ -27,16 +28,24 @@ def register_backend(name: str, module: str | ModuleType) -> None:
     _BACKENDS[name] = module
 
 
+def unregister_backend(name: str) -> None:
+    """Remove a backend added by :func:`register_backend` (the built-in ones stay)."""
+    if name in _BUILT_IN:
+        raise ValueError(f"name: the built-in backend {name!r} cannot be removed")
+    _BACKENDS.pop(name, None)
+
+
 def backend_names() -> tuple[str, ...]:
     """The names ``backend`` accepts: ``"auto"`` and every registered backend."""
     return ("auto", *_BACKENDS)
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """The backend ``backend`` stands for on ``device``: ``"auto"`` is triton on CUDA and the
-    compiled loop (``"cpu"``) elsewhere; any other registered name stands for itself."""
+    """The backend ``backend`` stands for on ``device``: ``"auto"`` is triton on CUDA, the
+    compiled loop (``"cpu"``) on the CPU and torch on any other device; any other registered name
+    stands for itself."""
     if backend == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        return "triton" if device.type == "cuda" else "cpu" if device.type == "cpu" else "torch"
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
     return backend

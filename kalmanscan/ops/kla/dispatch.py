@@ -12,11 +12,12 @@ import torch
 from ... import mobius
 from .state import FilterState
 
-__all__ = ["kla_scan", "register_backend", "backend_names", "validate", "RECURRENT_MIN_WIDTH"]
+__all__ = ["kla_scan", "register_backend", "unregister_backend", "backend_names", "validate", "RECURRENT_MIN_WIDTH"]
 
 RECURRENT_MIN_WIDTH = 4096   # B * M * S from which "auto" scans CPU tensors token by token
 
 _BACKENDS = {name: f"kalmanscan.ops.kla.{name}" for name in ("reference", "torch", "recurrent", "triton")}
+_BUILT_IN = tuple(_BACKENDS)
 
 
 def register_backend(name: str, module: str) -> None:
@@ -25,6 +26,13 @@ def register_backend(name: str, module: str) -> None:
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"name must be a non-empty string other than 'auto', got {name!r}")
     _BACKENDS[name] = module
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a backend added by :func:`register_backend` (the built-in ones stay)."""
+    if name in _BUILT_IN:
+        raise ValueError(f"name: the built-in backend {name!r} cannot be removed")
+    _BACKENDS.pop(name, None)
 
 
 def backend_names() -> tuple[str, ...]:

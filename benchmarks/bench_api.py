@@ -1,0 +1,140 @@
+"""The public GPU calls beside their kernels, in one process: ``ks.filter``, ``ks.smooth``,
+``ks.nn.kla_scan``.
+
+For each shape ``(C, T)``: the public ``ks.filter(y, ...)`` on a CUDA float32 ``y`` with every
+output and with ``outputs=("mean", "var")``, the fused kernels that write the same fields alone
+(:func:`kalmanscan.ops.filter.triton.filter_forward`), ``ks.smooth`` and its kernels, each as
+*queued* (calls back to back, the GPU's time per call: ``triton.testing.do_bench``) and *alone*
+(host wall time of one synchronised call, median). The floors are the bytes each call must move
+(4 bytes per element read of ``y``, 4 per element written per field) over the copy bandwidth
+measured in the same run. The KLA scan's public call is timed against its kernels the same way.
+Results are checked against the float64 torch backend first.
+
+    python -m benchmarks.bench_api --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import kalmanscan as ks
+from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
+from kalmanscan.inputs import prepare
+from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.kla.triton import kla_scan_triton
+
+SHAPES = [(4096, 32768), (64, 1 << 22), (4096, 2048), (1, 1 << 22), (64, 1 << 20), (64, 2048)]
+ALL_FIELDS = 10            # (..., T, C) arrays of a Posterior, 4 bytes each
+KLA_SHAPE = (8, 2048, 1024, 16)
+
+
+def alone_ms(fn, reps: int = 30) -> float:
+    """Median host wall time of one call followed by a device synchronisation."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def both(fn) -> dict:
+    return dict(queued=median_ms(fn), alone=alone_ms(fn))
+
+
+def check(g) -> float:
+    y = torch.randn(3, 700, 5, device="cuda", dtype=torch.float64, generator=g)
+    kw = dict(theta=0.3, sigma=0.7, obs_var=0.4)
+    ref = ks.filter(y, backend="torch", **kw)
+    got = ks.filter(y.float(), backend="triton", **kw)
+    sel = ks.filter(y.float(), backend="triton", outputs=("mean", "var"), **kw)
+    errs = [float((getattr(p, k).double() - getattr(ref, k)).abs().max() / getattr(ref, k).abs().max())
+            for p in (got, sel) for k in ("mean", "var")]
+    errs.append(float((got.loglik.double() - ref.loglik).abs().max() / ref.loglik.abs().max()))
+    return max(errs)
+
+
+def filter_rows(g, bw) -> list[dict]:
+    rows = []
+    for C, T in SHAPES:
+        y = torch.randn(T, C, device="cuda", generator=g)
+        kw = dict(theta=0.2, sigma=0.5, obs_var=0.3)
+        p = prepare(y, backend="triton", **kw)
+        views, init = triton_backend.kernel_views(p), initial_state(p)
+        n = T * C
+        row = dict(C=C, T=T,
+                   public_all=both(lambda: ks.filter(y, backend="triton", **kw)),
+                   kernel_all=both(lambda: triton_backend.filter_forward(views, init, posterior=True)),
+                   public_mean_var=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"), **kw)),
+                   kernel_mean_var=both(lambda: triton_backend.filter_forward(views, init,
+                                                                              posterior=("mean", "var"))),
+                   floor_all_ms=(4 + 4 * ALL_FIELDS) * n / bw / 1e6, floor_mean_var_ms=12 * n / bw / 1e6)
+        if n <= (1 << 27):
+            row["public_smooth"] = both(lambda: ks.smooth(y, backend="triton", **kw))
+        rows.append(row)
+        del y, p, views, init
+    return rows
+
+
+def kla_row(g) -> dict:
+    B, L, M, S = KLA_SHAPE
+    v = torch.randn(B, L, M, device="cuda", generator=g)
+    lam_v = torch.rand(B, L, M, device="cuda", generator=g) + 0.5
+    k = torch.nn.functional.normalize(torch.randn(B, L, S, device="cuda", generator=g), dim=-1)
+    q = torch.nn.functional.normalize(torch.randn(B, L, S, device="cuda", generator=g), dim=-1)
+    decay = torch.rand(M, S, device="cuda", generator=g) * 0.5 + 0.45
+    noise = torch.rand(M, S, device="cuda", generator=g) * 0.1 + 0.01
+    xs = [x.requires_grad_() for x in (v, lam_v, k, q, decay, noise)]
+
+    def fwd_bwd(fn):
+        def run():
+            y, y_var = fn()[:2]
+            torch.autograd.backward((y, y_var), (torch.ones_like(y), torch.ones_like(y_var)))
+        return run
+
+    public = lambda: ks.nn.kla_scan(*xs, backend="triton")  # noqa: E731
+    kernels = lambda: kla_scan_triton(*xs)  # noqa: E731
+    with torch.no_grad():
+        fwd = dict(public=both(public), kernels=both(kernels))
+    return dict(B=B, L=L, M=M, S=S, fwd=fwd,
+                fwd_bwd=dict(public=both(fwd_bwd(public)), kernels=both(fwd_bwd(kernels))))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    err = check(g)
+    bw = copy_bandwidth()
+    rows = filter_rows(g, bw)
+    kla = kla_row(g)
+    result = dict(device=torch.cuda.get_device_name(), copy_GBps=bw, max_rel_error_vs_float64=err,
+                  filter=rows, kla=kla)
+    print(f"device {result['device']}, copy {bw:.0f} GB/s, triton vs float64 torch {err:.1e}")
+    print("ks.filter (ms; queued / alone): public all fields, kernels all, floor; public mean+var, kernels, floor")
+    for r in rows:
+        pa, ka, pm, km = (r[k] for k in ("public_all", "kernel_all", "public_mean_var", "kernel_mean_var"))
+        print(f"C={r['C']:>5} T={r['T']:>8}  {pa['queued']:7.3f}/{pa['alone']:7.3f} {ka['queued']:7.3f} "
+              f"{r['floor_all_ms']:7.3f} ({100 * r['floor_all_ms'] / pa['queued']:4.1f}% of copy)   "
+              f"{pm['queued']:7.3f}/{pm['alone']:7.3f} {km['queued']:7.3f} {r['floor_mean_var_ms']:7.3f} "
+              f"({100 * r['floor_mean_var_ms'] / pm['queued']:4.1f}%)"
+              + (f"   smooth {r['public_smooth']['queued']:7.3f}" if "public_smooth" in r else ""))
+    for part in ("fwd", "fwd_bwd"):
+        d = kla[part]
+        print(f"kla_scan {part}: public {d['public']['queued']:.3f}/{d['public']['alone']:.3f} ms, "
+              f"kernels {d['kernels']['queued']:.3f}/{d['kernels']['alone']:.3f} ms")
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
