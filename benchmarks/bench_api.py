@@ -80,7 +80,6 @@ def filter_rows(g, bw) -> list[dict]:
         if n <= (1 << 27):
             row["public_smooth"] = both(lambda: ks.smooth(y, backend="triton", **kw))
         rows.append(row)
-        del y, p, views, init
     return rows
 
 

@@ -233,7 +233,7 @@ def _model(args, data) -> dict:
         if args.params:
             raise ValueError("--fit and --params exclude each other")
         ds = _fit_dataset(args, data, flags)
-        _print_fit(ds, data, heading="fitted model")
+        print_fit(ds, data, heading="fitted model")
         params = ks.xr.params(ds)
     elif args.params:
         params = {**io.read_params(args.params, data.da, data.dim), **flags}
@@ -333,7 +333,7 @@ def _run_fit(args) -> int:
         if args.output:
             step("write")
             io.write_dataset(ds, args.output, data.dim)
-    _print_fit(ds, data, heading=f"fit of {args.input}")
+    print_fit(ds, data, heading=f"fit of {args.input}")
     _wrote(args.output)
     return 0
 
@@ -364,7 +364,9 @@ def _table(header, rows, gap=3):
             for row in [header, *rows]]
 
 
-def _print_fit(ds, data, heading):
+def print_fit(ds, data, heading: str) -> None:
+    """Print the fitted parameters of ``ds`` (a ``kalmanscan fit`` result) as an aligned table,
+    one row per channel of ``data``, with convergence and any unfitted channel."""
     est = ds.attrs["estimate"].split(",")
     shared = bool(ds.attrs["shared"])
     fitted = np.ravel(ds["fitted"].values) if "fitted" in ds else np.ones(1, bool)

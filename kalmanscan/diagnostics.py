@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-__all__ = ["numpy_post", "inside", "effective_dof", "nees", "nis", "pit", "crps", "log_score", "coverage", "predictive_coverage",
+__all__ = ["numpy_post", "inside", "effective_dof", "nees", "nis", "pit", "crps", "log_score", "coverage",
+           "predictive_coverage",
            "report", "CalibrationReport", "LEVELS"]
 
 LEVELS = (0.5, 0.8, 0.9, 0.95)
@@ -260,7 +261,8 @@ def report(post, y, truth=None, *, levels=LEVELS, alpha=0.05) -> CalibrationRepo
     ks = stats.kstest(u, "uniform")
     pit_mean, pit_var = float(u.mean()), float(u.var())
     if ks.pvalue < a:
-        reasons.append(f"PIT is not uniform (KS D = {ks.statistic:.3g}, p = {ks.pvalue:.2g}): " + _pit_shape(pit_mean, pit_var, n))
+        reasons.append(f"PIT is not uniform (KS D = {ks.statistic:.3g}, p = {ks.pvalue:.2g}): "
+                       + _pit_shape(pit_mean, pit_var, n))
 
     cov, bands = {}, {}
     for lvl in levels:

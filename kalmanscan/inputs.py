@@ -224,7 +224,8 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
         try:
             batch = np.broadcast_shapes(shape[:-2] + (1, shape[-1]), tuple(p.shape))
         except ValueError:
-            raise ValueError(f"{name} of shape {tuple(p.shape)} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
+            raise ValueError(f"{name} of shape {tuple(p.shape)} does not broadcast to "
+                             f"{shape[:-2] + (shape[-1],)}") from None
         shape = batch[:-2] + shape[-2:-1] + batch[-1:]
     with torch.no_grad():
         checks.fact("diffuse", torch.isinf(init_v.detach()).any())

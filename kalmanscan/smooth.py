@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from . import mobius
 from .diffuse import finite_problem, restore, smooth_leading
 from .filtering import make_posterior
 from .inputs import prepare

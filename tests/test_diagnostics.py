@@ -41,7 +41,8 @@ def test_elementwise_scores_match_their_definitions(data):
             continue
         F = stats.norm(m[t, ch], s[t, ch]).cdf
         lo, hi = m[t, ch] - 12 * s[t, ch], m[t, ch] + 12 * s[t, ch]
-        num = integrate.quad(lambda z: F(z) ** 2, lo, y[t, ch])[0] + integrate.quad(lambda z: (1 - F(z)) ** 2, y[t, ch], hi)[0]
+        num = (integrate.quad(lambda z: F(z) ** 2, lo, y[t, ch])[0]
+               + integrate.quad(lambda z: (1 - F(z)) ** 2, y[t, ch], hi)[0])
         assert abs(c[t, ch] - num) < 1e-7 * s[t, ch]
 
 

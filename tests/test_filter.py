@@ -129,7 +129,8 @@ def test_gates_match_definitions():
     forget, write = post.gates()
     assert np.all(forget[..., 0, :] == 1)
     a, q = post.params["decay"], post.params["noise"]
-    np.testing.assert_allclose(forget[..., 1:, :], a[..., 1:, :] / (a[..., 1:, :] ** 2 + q[..., 1:, :] * post.precision[..., :-1, :]))
+    want = a[..., 1:, :] / (a[..., 1:, :] ** 2 + q[..., 1:, :] * post.precision[..., :-1, :])
+    np.testing.assert_allclose(forget[..., 1:, :], want)
     seen = ~np.isnan(y)
     gain = post.params["h"] ** 2 / post.params["obs_var"] / post.precision
     np.testing.assert_allclose(write[seen], gain[seen])

@@ -279,7 +279,7 @@ def test_fit_table_columns_never_touch(capsys):
     class Data:
         labels = ["a_rather_long_channel_label"]
 
-    cli._print_fit(ds, Data(), "fit")
+    cli.print_fit(ds, Data(), "fit")
     lines = capsys.readouterr().out.splitlines()
     header, row = lines[1].split(), lines[2].split()
     assert header == ["channel", "theta", "sigma", "obs_var", "mean"]

@@ -81,4 +81,5 @@ def test_torch_elementwise_and_differentiable():
     np.testing.assert_allclose(noise.detach().numpy(), q_np, rtol=1e-15)
     assert torch.autograd.gradcheck(lambda t, s: ou.discretize(t, s, dt), (theta, sigma))
     assert torch.autograd.gradcheck(lambda d, q: ou.continuous(d, q, dt),
-                                    (decay.detach().clone()[1:].requires_grad_(), noise.detach().clone()[1:].requires_grad_()))
+                                    (decay.detach().clone()[1:].requires_grad_(),
+                                     noise.detach().clone()[1:].requires_grad_()))

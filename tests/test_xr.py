@@ -94,7 +94,8 @@ def test_one_dimensional_and_float32_and_integer_input():
     y = xr.DataArray(np.arange(1.0, 64.0), dims="time")
     ds = kxr.filter(y, theta=0.2, sigma=1.0, obs_var=1.0)
     assert ds["mean"].dims == ("time",) and ds["loglik"].dims == ()
-    np.testing.assert_allclose(ds["mean"].values, ks.filter(y.values[:, None], theta=0.2, sigma=1.0, obs_var=1.0).mean[:, 0])
+    want = ks.filter(y.values[:, None], theta=0.2, sigma=1.0, obs_var=1.0).mean[:, 0]
+    np.testing.assert_allclose(ds["mean"].values, want)
     f32 = kxr.filter(y.astype(np.float32), theta=0.2, sigma=1.0, obs_var=1.0)
     assert f32["mean"].dtype == np.float32
     np.testing.assert_allclose(f32["mean"].values, ds["mean"].values, rtol=1e-4)
@@ -193,7 +194,8 @@ def _fit_data():
     """(a, b, time) with 4 independent OU channels simulated from known parameters, a few gaps."""
     from kalmanscan.datasets import simulate
 
-    theta, sigma, obs_var = np.array([0.3, 0.5, 0.3, 0.8]), np.array([1.0, 0.7, 1.5, 1.0]), np.array([0.5, 0.3, 0.8, 0.4])
+    theta, sigma = np.array([0.3, 0.5, 0.3, 0.8]), np.array([1.0, 0.7, 1.5, 1.0])
+    obs_var = np.array([0.5, 0.3, 0.8, 0.4])
     times = np.cumsum(np.random.default_rng(8).uniform(0.5, 1.5, 150))
     _, y = simulate(theta, sigma, obs_var, times=times, seed=7)
     y[40:50, 1] = np.nan

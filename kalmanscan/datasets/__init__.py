@@ -60,7 +60,8 @@ def simulate(theta, sigma, obs_var, *, T=None, times=None, dt=1.0, mean=0.0, h=1
         raise ValueError("T or times is required")
     else:
         steps = np.full(T - 1, float(dt))
-    theta, sigma, obs_var, mean, h = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, float)) for v in (theta, sigma, obs_var, mean, h)))
+    theta, sigma, obs_var, mean, h = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(v, float)) for v in (theta, sigma, obs_var, mean, h)))
     C = theta.shape[-1]
     m0 = mean if init_mean is None else np.broadcast_to(np.asarray(init_mean, float), (C,))
     if init_var is None:

@@ -87,7 +87,8 @@ def tile_adjoint_scan(t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c,
     """Everything the reverse steps of the block ``t`` (``[NT, ROW]``, at offsets ``o`` of the
     ``(B, T, C)`` arrays) need, and the scan of its row maps: ``(valid, observed, yc, hr, x, g,
     maps)`` (``statics``: the stretch's static parameters, :func:`stretch_backward_setup`) with
-    ``hr = h / obs_var`` (:func:`kalmanscan.kernels.filter.steps.observation`; a scalar when static), ``x`` the columns, last
+    ``hr = h / obs_var`` (:func:`kalmanscan.kernels.filter.steps.observation`; a scalar when
+    static), ``x`` the columns, last
     first (:func:`reversed_columns`), of ``(lam_t, mu_t, lam_{t-1}, mu_{t-1}, decay, noise, t)``
     (the saved states after and before each step, the initial ``(lam0, mu0)`` before step 0;
     ``(1, 0)`` past ``T``) and ``g`` those of the cotangents ``(g_mu, g_lam, g_pm, g_pv)``

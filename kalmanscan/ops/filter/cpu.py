@@ -43,13 +43,13 @@ import torch
 from ... import ou
 from ...inputs import Problem
 
-__all__ = ["filter", "smooth", "FIELDS"]
+__all__ = ["filter", "smooth", "layout", "FIELDS", "INPUTS", "SMOOTH_INPUTS"]
 
 # The forward's outputs in the loops' order (cpu_loops.O_MEAN .. O_MISS).
 FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
           "pred_obs_var", "logliks", "missing")
-_INPUTS = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h", "init_mean", "init_var")
-_SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
+INPUTS = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h", "init_mean", "init_var")
+SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
 MAX_LANES = 64      # series per task at most (a task walks time with its series innermost)
 MIN_LANES = 8       # ... and at least this many while there are enough series (overlaps their latency)
 TASKS_PER_THREAD = 4
@@ -91,7 +91,7 @@ def _run(kernel, N, T, *args):
         numba.set_num_threads(threads)
 
 
-def _layout(xs, shape, dtype):
+def layout(xs, shape, dtype):
     """``(arrays, boff, tstride, cstride)`` of the loops for tensors broadcastable to ``shape``.
 
     ``arrays``: a 1-D NumPy view of each tensor's elements from its first one on (zero-copy,
@@ -158,7 +158,7 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     L = _loops()
     dtype = _np_dtype(inputs[0].dtype)
     B, T, C = _dims(shape)
-    arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
+    arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
     names = FIELDS + ("zc",)
     wanted = set(fields) | ({"zc"} if save_zc else set())
     out = {k: torch.empty(shape, dtype=inputs[0].dtype) for k in names if k in wanted}
@@ -220,9 +220,9 @@ class _Filter(torch.autograd.Function):
         needs = ctx.needs_input_grad[1:]
         if all(g is None for g in cot[:9]) or not any(needs):
             return (None,) * 10
-        arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
+        arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
         cots = [None if g is None else g.to(tdtype) for g in cot[:9]]
-        carrays, cboff, ctstride, ccstride = _layout(cots, shape, dtype)
+        carrays, cboff, ctstride, ccstride = layout(cots, shape, dtype)
         has = np.array([g is not None for g in cots])
         trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
         step = np.array([trans_step, trans_step] + [bool(tstride[i]) for i in (L.OBS_VAR, L.H, L.MEAN)])
@@ -234,19 +234,19 @@ class _Filter(torch.autograd.Function):
                  carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads), step, _flat(gy),
                  ginit.numpy(), L.constants(dtype), T, C, _block(B, C), trans_step)
         y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var = inputs
-        out = dict.fromkeys(_INPUTS)
+        out = dict.fromkeys(INPUTS)
         if needs[0]:
             out["y"] = gy.sum_to_size(y.shape)
         for name, g, s, x in (("obs_var", grads[2], step[2], obs_var), ("h", grads[3], step[3], h),
                               ("mean", grads[4], step[4], mean)):
-            if needs[_INPUTS.index(name)]:
+            if needs[INPUTS.index(name)]:
                 out[name] = _reduce(g, shape, T if s else 1, x)
         init_shape = shape[:-2] + (1, C)
         if needs[7]:
             out["init_mean"] = ginit[0].reshape(init_shape).sum_to_size(init_mean.shape)
         if needs[8]:
             out["init_var"] = ginit[1].reshape(init_shape).sum_to_size(init_var.shape)
-        trans = [k for k in ("theta", "sigma", "dt") if needs[_INPUTS.index(k)]]
+        trans = [k for k in ("theta", "sigma", "dt") if needs[INPUTS.index(k)]]
         if trans:
             steps = T if trans_step else 1
             tshape = shape[:-2] + (steps, C)
@@ -257,7 +257,7 @@ class _Filter(torch.autograd.Function):
                 got = torch.autograd.grad(total, [leaves[k] for k in trans], allow_unused=True)
             for k, g in zip(trans, got):
                 out[k] = torch.zeros_like(leaves[k]) if g is None else g
-        return (None, *(out[k] for k in _INPUTS))
+        return (None, *(out[k] for k in INPUTS))
 
 
 def filter(p: Problem, outputs=None) -> dict:
@@ -278,7 +278,7 @@ def filter(p: Problem, outputs=None) -> dict:
     unknown = set(fields) - set(FIELDS)
     if unknown:
         raise ValueError(f"outputs must be among {FIELDS}, got {sorted(unknown)}")
-    inputs = tuple(getattr(p, k) for k in _INPUTS)
+    inputs = tuple(getattr(p, k) for k in INPUTS)
     decay, noise = p.decay_noise()
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         out = dict(zip(FIELDS, _Filter.apply(p.shape, *inputs)))
@@ -293,7 +293,7 @@ def _rts_forward(inputs, shape):
     L = _loops()
     dtype = _np_dtype(inputs[0].dtype)
     B, T, C = _dims(shape)
-    arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
+    arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
     out = tuple(torch.empty(shape, dtype=inputs[0].dtype) for _ in range(3))
     if B:
         _run(L.rts_forward, B * C, T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
@@ -328,9 +328,9 @@ class _Smooth(torch.autograd.Function):
         tdtype = mean_s.dtype
         dtype = _np_dtype(tdtype)
         B, T, C = _dims(shape)
-        arrays, boff, tstride, cstride = _layout(inputs, shape, dtype)
+        arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
         cots = [None if g is None else g.to(tdtype) for g in cot]
-        carrays, cboff, ctstride, ccstride = _layout(cots, shape, dtype)
+        carrays, cboff, ctstride, ccstride = layout(cots, shape, dtype)
         has = np.array([g is not None for g in cots])
         step = np.array([bool(tstride[L.S_DECAY] or tstride[L.S_NOISE])])
         grads = [torch.empty(shape, dtype=tdtype) for _ in range(4)]
@@ -354,7 +354,7 @@ def smooth(f: dict, mean_param=None):
     ``mean_s_t = mean_t + J_t (mean_s_{t+1} - pred_mean_{t+1})`` does not depend on it.
     Differentiable (once) with respect to every tensor of ``f``.
     """
-    inputs = tuple(f[k] for k in _SMOOTH_INPUTS)
+    inputs = tuple(f[k] for k in SMOOTH_INPUTS)
     if inputs[0].device.type != "cpu":
         raise ValueError(f"backend='cpu' needs CPU tensors; the filtered mean is on {inputs[0].device}")
     shape = tuple(torch.broadcast_shapes(*(x.shape for x in inputs)))

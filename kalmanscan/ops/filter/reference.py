@@ -77,7 +77,8 @@ def smooth(f: dict, mean_param):
         for t in range(mu.shape[-2] - 2, -1, -1):
             a, pv = g["decay"][..., t + 1, :], g["pred_var"][..., t + 1, :]
             J = a * var[..., t, :] / pv
-            mu_s[..., t, :] = mu[..., t, :] + J * (mu_s[..., t + 1, :] - (g["pred_mean"][..., t + 1, :] - mean_param[..., t + 1, :]))
+            pred_next = g["pred_mean"][..., t + 1, :] - mean_param[..., t + 1, :]
+            mu_s[..., t, :] = mu[..., t, :] + J * (mu_s[..., t + 1, :] - pred_next)
             var_s[..., t, :] = var[..., t, :] + J * J * (var_s[..., t + 1, :] - pv)
     dev, dtype = f["mean"].device, f["mean"].dtype
     mean_s, var_s = (torch.as_tensor(x, device=dev).to(dtype) for x in (mu_s + mean_param, var_s))

@@ -3,7 +3,8 @@ time-parallel information-form filter and RTS smoother in torch tensor ops.
 
 Two associative scans along time (:func:`kalmanscan.scan.associative_scan`): the Möbius scan of the precision
 (:mod:`kalmanscan.mobius`), read out as the variance, then the affine scan of the mean whose gates
-need the previous variance (mean form, so no process noise, ``sigma = 0``, stays in range). Runs on any device, float32 or float64, and is differentiable by autograd
+need the previous variance (mean form, so no process noise, ``sigma = 0``, stays in range). Runs on
+any device, float32 or float64, and is differentiable by autograd
 with respect to ``y`` and every parameter (the power-of-two rescaling in the Möbius products is
 piecewise constant, so those gradients are exact).
 """

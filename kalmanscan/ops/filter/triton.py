@@ -13,7 +13,7 @@ per-lane sums inside the kernel; the last step from ``(decay, noise, phi, info)`
 user's parameters is the derivative of :func:`kalmanscan.ou.discretize` and of
 ``phi = h^2 / obs_var``, ``info = (h / obs_var)(y - h mean)``, taken by torch autograd on
 ``(..., 1 or T, C)`` tensors. With ``tile_bwd`` on (the default), few long series (the forward's tile regime,
-:func:`uses_tiles`) run backwards time-parallel too (:mod:`kalmanscan.kernels.filter.tiles_bwd`). 
+:func:`uses_tiles`) run backwards time-parallel too (:mod:`kalmanscan.kernels.filter.tiles_bwd`).
 
 Arithmetic is in the compute dtype of the problem: float32 (half-precision inputs are promoted by
 :mod:`kalmanscan.inputs`), or float64 for float64 inputs. Runs on CUDA tensors, or on the CPU under
@@ -36,7 +36,7 @@ from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
 from kalmanscan.kernels.filter.tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
 from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
 
-from ... import mobius, ou
+from ... import ou
 from ...inputs import Problem
 from ..launch import cdiv, next_power_of_2
 from . import torch as torch_backend

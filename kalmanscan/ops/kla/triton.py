@@ -6,7 +6,8 @@ run by separate programs, :mod:`kalmanscan.kernels.kla.split`); under autograd i
 chunk start (``2 B M S ceil(L / CHUNK)`` floats).
 Backward (:mod:`kalmanscan.kernels.kla.bwd`): chunks in reverse, each recomputed from its checkpoint, then the
 scalar-adjoint reverse recursion (optionally split into stretches of time whose affine adjoint maps
-are composed first); exact gradients for ``v, lam_v, k, q, decay, noise`` and the initial state. ``k``/``q`` gradients are reduced over M through per-program partials
+are composed first); exact gradients for ``v, lam_v, k, q, decay, noise`` and the initial state.
+``k``/``q`` gradients are reduced over M through per-program partials
 (``B L ceil(M / BLOCK_M) S`` floats each) summed afterwards: deterministic, no atomics.
 
 Arithmetic is float32 whatever the input dtype; ``y``/``y_var`` come back in ``v``'s dtype, the
@@ -201,7 +202,8 @@ class _KLAScan(torch.autograd.Function):
 
 
 def summary(v, lam_v, k, q, decay, noise, dtype, config: KLAConfig | None = None):
-    """The product of every token's step (7 tensors ``(B, M, S)``, :mod:`kalmanscan.merged`) from the triton backend's piece-map kernel (float32, divided by the trace
+    """The product of every token's step (7 tensors ``(B, M, S)``, :mod:`kalmanscan.merged`) from
+    the triton backend's piece-map kernel (float32, divided by the trace
     after every token; forward only), in ``dtype``.
 
     The tokens are cut into ``P`` pieces so that about :data:`KERNEL_PROGRAMS` programs walk them

@@ -4,7 +4,6 @@ differences, the smoother equal to a sequential RTS loop, float32 within a measu
 same bits on 1 and 2 threads, inputs untouched, and nothing compiled at import."""
 
 import dataclasses
-import importlib
 import subprocess
 import sys
 
@@ -17,6 +16,8 @@ numba = pytest.importorskip("numba")
 
 from kalmanscan.inputs import prepare  # noqa: E402
 from kalmanscan.ops.filter import cpu  # noqa: E402
+from kalmanscan.ops.filter import reference as reference_backend  # noqa: E402
+from kalmanscan.ops.filter import torch as torch_backend  # noqa: E402
 
 FIELDS = cpu.FIELDS[:9]  # the differentiable fields (missing is 0/1)
 # Worst float32 error against the float64 reference over 48 random problems (T up to 5000,
@@ -26,37 +27,13 @@ FIELDS = cpu.FIELDS[:9]  # the differentiable fields (missing is 0/1)
 FLOAT32_BOUND = 4e-6
 
 
-def _find(modules, names):
-    """The first of ``names`` found in the first importable of ``modules`` (the backends move)."""
-    for module in modules:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        for name in names:
-            if callable(getattr(mod, name, None)):
-                return getattr(mod, name)
-    return None
-
-
 def reference(y, kw):
     """The float64 reference backend's dict of NumPy arrays for the NumPy problem ``(y, kw)``."""
-    fn = _find(("kalmanscan.ops.filter.reference", "kalmanscan.reference"), ("filter", "filter_reference"))
-    if fn is not None:
-        return {k: np.asarray(to_np(v)) for k, v in fn(prepare(y, **kw)).items()}
-    import kalmanscan as ks
-
-    post = ks.filter(y, backend="reference", **kw)
-    out = {k: getattr(post, k) for k in FIELDS}
-    out.update({k: post.params[k] for k in ("decay", "noise", "missing")})
-    return out
+    return {k: np.asarray(to_np(v)) for k, v in reference_backend.filter(prepare(y, **kw)).items()}
 
 
 def filter_torch(p):
-    fn = _find(("kalmanscan.ops.filter.torch", "kalmanscan.parallel"), ("filter", "filter_torch"))
-    if fn is None:
-        pytest.skip("torch backend not importable")
-    return fn(p)
+    return torch_backend.filter(p)
 
 
 def errors(out, ref, shape):
@@ -161,7 +138,7 @@ def test_reads_inputs_in_place():
     y, kw = random_problem(rng, 30, per_step=False)
     yt = torch.tensor(y)
     p = prepare(yt, **kw)
-    arrays, boff, tstride, cstride = cpu._layout([getattr(p, k) for k in cpu._INPUTS], p.shape, np.float64)
+    arrays, boff, tstride, cstride = cpu.layout([getattr(p, k) for k in cpu.INPUTS], p.shape, np.float64)
     assert np.shares_memory(arrays[0], yt.numpy()) and arrays[1].size == 3
     assert tstride[1] == 0 and tstride[0] == 3 and list(boff[:, 0]) == [0, 90]
 
@@ -302,7 +279,7 @@ def test_smoother_gradients(per_step):
     p = prepare(yt, **leaves)
     f = cpu.filter(p)
     results = []
-    for fn in (lambda: cpu.smooth(f, p.mean), lambda: _rts_torch_loop(*(f[k] for k in cpu._SMOOTH_INPUTS))):
+    for fn in (lambda: cpu.smooth(f, p.mean), lambda: _rts_torch_loop(*(f[k] for k in cpu.SMOOTH_INPUTS))):
         out = fn()
         w = [torch.rand(x.shape, generator=torch.Generator().manual_seed(i), dtype=x.dtype) for i, x in enumerate(out)]
         loss = sum((x * wi).sum() for x, wi in zip(out, w))
@@ -312,9 +289,9 @@ def test_smoother_gradients(per_step):
 
     # gradcheck of the smoother alone on a small filter output (per-step decay and noise)
     f = {k: v.detach()[:1, :5].clone().requires_grad_() if v.shape[-2] > 1 else v.detach().clone().requires_grad_()
-         for k, v in f.items() if k in cpu._SMOOTH_INPUTS}
-    assert torch.autograd.gradcheck(lambda *xs: cpu.smooth(dict(zip(cpu._SMOOTH_INPUTS, xs))),
-                                    tuple(f[k] for k in cpu._SMOOTH_INPUTS), atol=1e-7, rtol=1e-6,
+         for k, v in f.items() if k in cpu.SMOOTH_INPUTS}
+    assert torch.autograd.gradcheck(lambda *xs: cpu.smooth(dict(zip(cpu.SMOOTH_INPUTS, xs))),
+                                    tuple(f[k] for k in cpu.SMOOTH_INPUTS), atol=1e-7, rtol=1e-6,
                                     fast_mode=True)
 
 
