@@ -97,6 +97,8 @@ def _to_tensor(name, x, dtype, device):
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
     if arr.dtype != np.float64 and not (arr.dtype == np.float32 and dtype == torch.float32):
         arr = arr.astype(np.float64)
+    elif any(s < 0 for s in arr.strides):  # torch takes no negative strides: copy reversed views
+        arr = arr.copy()
     with warnings.catch_warnings():  # read-only arrays are shared, never written (nothing is)
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.as_tensor(arr, dtype=dtype, device=device)
@@ -205,13 +207,15 @@ def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
 
     theta0 = params["theta"][..., :1, :]
     sigma0 = params["sigma"][..., :1, :]
+    if theta0.device != sigma0.device:
+        theta0, sigma0 = theta0.to(device), sigma0.to(device)
     if init_var is None:
         checks.require("init_var is required when theta = 0 (the random walk has no stationary law); "
                        "pass init_var > 0, or float('inf') for a diffuse prior", torch.all(theta0.detach() != 0))
         checks.require("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
                        "is then 0 (a known state); pass init_var > 0, or float('inf') for a diffuse prior",
                        torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
-        init_v = ou.stationary_var(theta0, sigma0.to(theta0.device))
+        init_v = ou.stationary_var(theta0, sigma0)
     else:
         init_v = _init_param("init_var", init_var, dtype, _home(init_var))
         checks.add("init_var", init_v, lambda v: v > 0, "> 0 (or inf: a diffuse prior)")
