@@ -30,7 +30,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import time
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
@@ -41,6 +40,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from benchmarks.records import commit  # noqa: E402
 import kalmanscan as ks  # noqa: E402
 from kalmanscan.inputs import prepare  # noqa: E402
 from kalmanscan.ops.filter import get_backend, resolve_backend  # noqa: E402
@@ -289,14 +289,6 @@ def main():
             with open(args.out, "w") as fh:
                 fh.write(text + "\n")
     dist.destroy_process_group()
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 if __name__ == "__main__":

@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
-import subprocess
 import time
 
 import torch
 import triton
 import triton.language as tl
 
+from benchmarks.records import commit
 from kalmanscan.ops.kla import kla_scan, validate
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 from kalmanscan.ops.kla.triton import DEFAULT_CONFIG, KLAConfig, kla_scan_triton
@@ -47,22 +46,6 @@ SHAPES = [(8, 2048, 1024, 16), (4, 4096, 2048, 16), (1, 16384, 1024, 16)]
 # reciprocal (MUFU) plus one multiply: 11 FP32 pipe instructions and 2 MUFU.
 FWD_FP32_OPS = 11
 TOL = 2e-5
-
-
-def commit() -> str:
-    """``git rev-parse --short HEAD`` of this checkout, with ``+dirty`` when it has local changes;
-    the environment variable ``BENCHMARKS_COMMIT`` overrides it (for copies without git data)."""
-    if os.environ.get("BENCHMARKS_COMMIT"):
-        return os.environ["BENCHMARKS_COMMIT"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev + ("+dirty" if dirty else "")
 
 
 def timed(fn, reps=20, warmup=3, groups=5):

@@ -51,12 +51,13 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks.records import commit
 
 from .calibration import autocast, variance_calibration
 from .checkpoint import load_checkpoint, restore, run_identity, save_checkpoint, should_pause, training_state
@@ -322,22 +323,6 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
         save_checkpoint(args.checkpoint, {"args": run_identity(args, lr), "finished": stop != "paused",
                                           "model": model.state_dict(), **rest})
     return record
-
-
-def commit() -> str:
-    """``git rev-parse --short HEAD`` of this checkout, with ``+dirty`` when it has local changes;
-    the environment variable ``BENCHMARKS_COMMIT`` overrides it (for copies without git data)."""
-    if os.environ.get("BENCHMARKS_COMMIT"):
-        return os.environ["BENCHMARKS_COMMIT"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev + ("+dirty" if dirty else "")
 
 
 def device_name(device: torch.device) -> str:

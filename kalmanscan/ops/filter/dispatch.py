@@ -3,41 +3,33 @@
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
 import numpy as np
 import torch
 
 from ...inputs import Problem
+from ..registry import Registry
 
 __all__ = ["register_backend", "unregister_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]
 
-_BACKENDS: dict[str, str | ModuleType] = {
-    name: f"kalmanscan.ops.filter.{name}" for name in ("reference", "torch", "triton", "cpu")}
-_BUILT_IN = tuple(_BACKENDS)
+_REGISTRY = Registry({name: f"kalmanscan.ops.filter.{name}" for name in ("reference", "torch", "triton", "cpu")})
 
 
 def register_backend(name: str, module: str | ModuleType) -> None:
     """Make ``backend=name`` run ``module`` (a module, or its import path, imported on first use),
-    which provides ``filter(p)`` and ``smooth(f, mean_param)`` as described above."""
-    if not isinstance(name, str) or not name or name == "auto":
-        raise ValueError(f"name must be a non-empty string other than 'auto', got {name!r}")
-    if not isinstance(module, (str, ModuleType)):
-        raise ValueError(f"module must be a module or its import path, got {module!r}")
-    _BACKENDS[name] = module
+    which provides ``filter(p)`` and ``smooth(f, mean_param)`` (:mod:`kalmanscan.ops.filter`)."""
+    _REGISTRY.register(name, module)
 
 
 def unregister_backend(name: str) -> None:
     """Remove a backend added by :func:`register_backend` (the built-in ones stay)."""
-    if name in _BUILT_IN:
-        raise ValueError(f"name: the built-in backend {name!r} cannot be removed")
-    _BACKENDS.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def backend_names() -> tuple[str, ...]:
     """The names ``backend`` accepts: ``"auto"`` and every registered backend."""
-    return ("auto", *_BACKENDS)
+    return _REGISTRY.names()
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -46,17 +38,14 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     stands for itself."""
     if backend == "auto":
         return "triton" if device.type == "cuda" else "cpu" if device.type == "cpu" else "torch"
-    if backend not in _BACKENDS:
+    if backend not in backend_names():
         raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
     return backend
 
 
 def get_backend(name: str) -> ModuleType:
     """The module of the registered backend ``name`` (imported on first use)."""
-    if name not in _BACKENDS:
-        raise ValueError(f"backend must be one of {list(backend_names())}, got {name!r}")
-    module = _BACKENDS[name]
-    return importlib.import_module(module) if isinstance(module, str) else module
+    return _REGISTRY.module(name)
 
 
 def run_backend(p: Problem, backend: str) -> dict:

@@ -3,41 +3,37 @@ the operation is described in :mod:`kalmanscan.ops.kla`."""
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 
 import torch
 
 from ... import mobius
+from ..registry import Registry
 from .state import FilterState
 
 __all__ = ["kla_scan", "register_backend", "unregister_backend", "backend_names", "validate", "RECURRENT_MIN_WIDTH"]
 
 RECURRENT_MIN_WIDTH = 4096   # B * M * S from which "auto" scans CPU tensors token by token
 
-_BACKENDS = {name: f"kalmanscan.ops.kla.{name}" for name in ("reference", "torch", "recurrent", "triton")}
-_BUILT_IN = tuple(_BACKENDS)
+_REGISTRY = Registry({name: f"kalmanscan.ops.kla.{name}"
+                       for name in ("reference", "torch", "recurrent", "triton")})
 
 
-def register_backend(name: str, module: str) -> None:
+def register_backend(name: str, module) -> None:
     """Make ``kla_scan(..., backend=name)`` call ``module.kla_scan(v, lam_v, k, q, decay, noise,
-    initial_state) -> (y, y_var, state)`` (the module imported on first use)."""
-    if not isinstance(name, str) or not name or name == "auto":
-        raise ValueError(f"name must be a non-empty string other than 'auto', got {name!r}")
-    _BACKENDS[name] = module
+    initial_state) -> (y, y_var, state)`` (a module, or its import path imported on first use)."""
+    _REGISTRY.register(name, module)
 
 
 def unregister_backend(name: str) -> None:
     """Remove a backend added by :func:`register_backend` (the built-in ones stay)."""
-    if name in _BUILT_IN:
-        raise ValueError(f"name: the built-in backend {name!r} cannot be removed")
-    _BACKENDS.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def backend_names() -> tuple[str, ...]:
     """The names ``backend`` accepts: ``"auto"`` and every registered backend."""
-    return ("auto", *_BACKENDS)
+    return _REGISTRY.names()
 
 
 def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, return_state=False, backend="auto"):
@@ -62,7 +58,7 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, return_state=F
         backend = "triton" if v.is_cuda else "recurrent" if v.device.type == "cpu" and wide else "torch"
     if backend == "triton" and mean_form:
         backend = "torch"
-    module = importlib.import_module(_BACKENDS[backend])
+    module = _REGISTRY.module(backend)
     y, y_var, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state)
     y, y_var = y.to(v.dtype), y_var.to(v.dtype)
     return (y, y_var, state) if return_state else (y, y_var)
