@@ -111,3 +111,15 @@ def test_sigma_zero_with_init_var_is_exact(backend):
     for k in ("mean", "var", "loglik"):
         assert np.all(np.isfinite(f[k]))
         np.testing.assert_allclose(f[k], g[k], rtol=1e-9)
+
+
+def test_cli_refuses_sigma_zero_without_init_var_and_takes_a_diffuse_prior(tmp_path, capsys):
+    from kalmanscan.cli import main
+
+    data = np.column_stack([np.arange(30.0), np.random.default_rng(2).normal(size=30)])
+    path = tmp_path / "s.csv"
+    np.savetxt(path, data, delimiter=",", header="time,a", comments="")
+    args = ["filter", str(path), "--theta", "0.1", "--sigma", "0", "--obs-var", "1", "-o", str(tmp_path / "o.csv")]
+    assert main(args) != 0
+    assert "init_var is required where sigma = 0" in capsys.readouterr().err
+    assert main(args + ["--init-var", "inf"]) == 0
