@@ -22,8 +22,14 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import xarray as xr
+
 
 __all__ = ["main", "build_parser"]
 
@@ -364,7 +370,7 @@ def _table(header, rows, gap=3):
             for row in [header, *rows]]
 
 
-def print_fit(ds, data, heading: str) -> None:
+def print_fit(ds: xr.Dataset, data: xr.DataArray, heading: str) -> None:
     """Print the fitted parameters of ``ds`` (a ``kalmanscan fit`` result) as an aligned table,
     one row per channel of ``data``, with convergence and any unfitted channel."""
     est = ds.attrs["estimate"].split(",")

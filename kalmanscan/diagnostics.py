@@ -19,9 +19,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 
 import numpy as np
 from scipy import stats
+
+from .types import ArrayLike
+
+if TYPE_CHECKING:
+    from .posterior import Posterior
+
 
 __all__ = ["numpy_post", "inside", "effective_dof", "nees", "nis", "pit", "crps", "log_score", "coverage",
            "predictive_coverage",
@@ -30,7 +38,7 @@ __all__ = ["numpy_post", "inside", "effective_dof", "nees", "nis", "pit", "crps"
 LEVELS = (0.5, 0.8, 0.9, 0.95)
 
 
-def numpy_post(post):
+def numpy_post(post: Posterior) -> Posterior:
     """``post`` with NumPy arrays (a torch-backed :class:`~kalmanscan.Posterior` converted)."""
     return post.to_numpy() if hasattr(post.mean, "detach") else post
 
@@ -59,25 +67,25 @@ def _state(post, truth):
     return _aligned("truth", truth, mu.shape), mu, var
 
 
-def nees(post, truth):
+def nees(post: Posterior, truth: ArrayLike) -> np.ndarray:
     """Normalised estimation error squared ``(truth - mean)^2 / var``, shape ``(..., T, C)``."""
     x, mu, var = _state(post, truth)
     return (x - mu) ** 2 / var
 
 
-def nis(post, y):
+def nis(post: Posterior, y: ArrayLike) -> np.ndarray:
     """Normalised innovation squared ``(y - pred_obs_mean)^2 / pred_obs_var``; NaN where missing."""
     y, m, s2 = _predictive(post, y)
     return (y - m) ** 2 / s2
 
 
-def pit(post, y):
+def pit(post: Posterior, y: ArrayLike) -> np.ndarray:
     """Probability integral transform ``Phi((y - m) / sqrt(S))`` of ``y`` under its one-step predictive."""
     y, m, s2 = _predictive(post, y)
     return stats.norm.cdf(y, loc=m, scale=np.sqrt(s2))
 
 
-def crps(post, y):
+def crps(post: Posterior, y: ArrayLike) -> np.ndarray:
     """Continuous ranked probability score of the Gaussian one-step predictive (lower is better).
 
     Closed form with ``z = (y - m) / s``: ``s (z (2 Phi(z) - 1) + 2 phi(z) - 1 / sqrt(pi))``, in
@@ -89,7 +97,7 @@ def crps(post, y):
     return s * (z * (2 * stats.norm.cdf(z) - 1) + 2 * stats.norm.pdf(z) - 1 / math.sqrt(math.pi))
 
 
-def log_score(post, y):
+def log_score(post: Posterior, y: ArrayLike) -> np.ndarray:
     """Negative log predictive density ``-log N(y; m, S)`` (lower is better); NaN where missing.
 
     Where ``y`` is observed it equals ``-post.logliks``.
@@ -98,7 +106,8 @@ def log_score(post, y):
     return -stats.norm.logpdf(y, loc=m, scale=np.sqrt(s2))
 
 
-def inside(mean, var, x, level, axis):
+def inside(mean: np.ndarray, var: np.ndarray, x: np.ndarray, level: ArrayLike,
+           axis: int | tuple[int, ...] | None) -> np.ndarray:
     """Fraction of ``x`` inside the central ``level`` band(s) of ``N(mean, var)``, over ``axis``
     (NaN ``x`` ignored); ``level`` a scalar or an array of levels in ``(0, 1)``."""
     levels = np.asarray(level, dtype=np.float64)
@@ -111,7 +120,8 @@ def inside(mean, var, x, level, axis):
     return np.nanmean(frac, axis=tuple((a % mean.ndim) + levels.ndim for a in axes))
 
 
-def coverage(post, truth, level=0.9, *, axis=None):
+def coverage(post: Posterior, truth: ArrayLike, level: ArrayLike = 0.9, *,
+             axis: int | tuple[int, ...] | None = None) -> float | np.ndarray:
     """Fraction of ``truth`` inside the central ``level`` credible interval ``mean ± z sqrt(var)``.
 
     ``level`` is a number or a sequence (its shape leads the result). ``axis=None`` averages over
@@ -122,7 +132,8 @@ def coverage(post, truth, level=0.9, *, axis=None):
     return float(out) if np.ndim(out) == 0 else out
 
 
-def predictive_coverage(post, y, level=0.9, *, axis=None):
+def predictive_coverage(post: Posterior, y: ArrayLike, level: ArrayLike = 0.9, *,
+                        axis: int | tuple[int, ...] | None = None) -> float | np.ndarray:
     """Fraction of observed ``y`` inside the central ``level`` interval of its one-step predictive."""
     y, m, s2 = _predictive(post, y)
     out = inside(m, s2, y, level, axis)
@@ -200,7 +211,7 @@ def _chi2_check(mean, dof, a):
     return band, p
 
 
-def effective_dof(err):
+def effective_dof(err: np.ndarray) -> float:
     """Effective count of ``err^2`` terms for standardised errors ``err`` ``(..., T, C)``.
 
     Posterior errors are correlated over time. For an AR(1) error with lag-1 correlation ``rho``,
@@ -216,7 +227,8 @@ def effective_dof(err):
     return np.isfinite(err).sum() * (1 - r2) / (1 + r2)
 
 
-def report(post, y, truth=None, *, levels=LEVELS, alpha=0.05) -> CalibrationReport:
+def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, levels: ArrayLike = LEVELS,
+           alpha: float = 0.05) -> CalibrationReport:
     """Check the calibration of a filter (or smoother) run over ``y``; returns a :class:`CalibrationReport`.
 
     Checks, each at level ``alpha / n_checks``:

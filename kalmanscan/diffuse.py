@@ -109,7 +109,8 @@ def restore(p: Problem, d: Diffuse, out: dict) -> dict:
     return fixed
 
 
-def smooth_leading(p: Problem, d: Diffuse, mean_s, var_s, precision_s=None):
+def smooth_leading(p: Problem, d: Diffuse, mean_s: torch.Tensor, var_s: torch.Tensor,
+                   precision_s: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Smoothed ``(mean, var, precision)`` with the steps before each diffuse channel's first
     observation smoothed backwards through ``p``'s transitions (module docstring)."""
     if not bool(d.before.any()):

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+
 
 import numpy as np
 import torch
 
-from .diffuse import finite_problem, restore
+from .diffuse import Diffuse, finite_problem, restore
 from .inputs import Problem, check_no_inf, prepare
 from .ops.filter import resolve_backend, run_backend
 from .posterior import Posterior
+from .types import ArrayLike
+
 
 __all__ = ["filter", "make_posterior", "OUTPUTS"]
 
-def filter(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
-           init_mean=None, init_var=None, backend="auto", outputs=None) -> Posterior:
+def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+           h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
+           init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
+           outputs: Sequence[str] | None = None) -> Posterior:
     """Filter ``y`` of shape ``(..., T, C)`` with an OU prior per channel; returns a :class:`Posterior`.
 
     Model per channel ``c`` (independent channels): ``x_t - mean = decay_t (x_{t-1} - mean) +
@@ -96,7 +102,8 @@ def _check_outputs(outputs) -> tuple:
     return tuple(k for k in OUTPUTS if k in outputs or (k == "logliks" and "loglik" in outputs))
 
 
-def make_posterior(p: Problem, out: dict, filtered: Posterior | None = None, diffuse=None) -> Posterior:
+def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior | None = None,
+                   diffuse: Diffuse | None = None) -> Posterior:
     """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind."""
     shape = p.shape
     out = dict(out)

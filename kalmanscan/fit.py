@@ -29,12 +29,17 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from .filtering import filter as _filter
+from .types import ArrayLike
+
+if TYPE_CHECKING:
+    from .posterior import Posterior
+
 
 __all__ = ["fit", "FitResult", "ESTIMABLE"]
 
@@ -91,11 +96,11 @@ class FitResult:
         """Every keyword :func:`kalmanscan.filter` needs to run the fitted model."""
         return {**self.params, **self.settings}
 
-    def filter(self, y, **overrides):
+    def filter(self, y: ArrayLike, **overrides: Any) -> Posterior:
         """:func:`kalmanscan.filter` of ``y`` under the fitted model (keywords override)."""
         return _filter(y, **{**self.filter_kwargs, **overrides})
 
-    def smooth(self, y, **overrides):
+    def smooth(self, y: ArrayLike, **overrides: Any) -> Posterior:
         """:func:`kalmanscan.smooth` of ``y`` under the fitted model (keywords override)."""
         from .smooth import smooth
 

@@ -15,12 +15,17 @@ compose exactly: ``discretize`` over ``L1 + L2`` is the composition of the two s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from . import ou
+from .types import ArrayLike
+
+if TYPE_CHECKING:
+    from .posterior import Posterior
+
 
 __all__ = ["forecast", "Forecast"]
 
@@ -46,7 +51,7 @@ class Forecast:
     lead: Any
 
     @property
-    def std(self):
+    def std(self) -> Any:
         """Standard deviation of the state forecast."""
         return self.var**0.5
 
@@ -62,11 +67,11 @@ class Forecast:
                           f"  {span}"]).rstrip()
 
     @property
-    def obs_std(self):
+    def obs_std(self) -> Any:
         """Standard deviation of the observation forecast."""
         return self.obs_var**0.5
 
-    def interval(self, level: float = 0.9, of: str = "obs"):
+    def interval(self, level: float = 0.9, of: str = "obs") -> tuple[Any, Any]:
         """Central ``level`` interval ``(lower, upper)`` of the ``"obs"`` or ``"state"`` forecast."""
         if not 0 < level < 1:
             raise ValueError(f"level must be in (0, 1), got {level!r}")
@@ -79,7 +84,7 @@ class Forecast:
         return m - z * s, m + z * s
 
 
-def forecast(post, steps=None, *, times=None) -> Forecast:
+def forecast(post: Posterior, steps: int | None = None, *, times: ArrayLike | None = None) -> Forecast:
     """Forecast ``steps`` regular steps, or to the given future ``times``, after a filter run.
 
     Args:

@@ -14,12 +14,16 @@ Nothing the caller passed is modified: the tensors made here are new or read-onl
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from . import mobius, ou
+from .types import ArrayLike
+
 
 __all__ = ["Problem", "prepare", "check_no_inf"]
 _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
@@ -54,7 +58,7 @@ class Problem:
     outputs: tuple | None = None
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         return self.y.dtype
 
     def no_process_noise(self) -> bool:
@@ -63,11 +67,11 @@ class Problem:
             self.no_noise = mobius.no_process_noise(*self.decay_noise())
         return self.no_noise
 
-    def decay_noise(self):
+    def decay_noise(self) -> tuple[torch.Tensor, torch.Tensor]:
         """OU ``(decay, noise)`` per step, broadcastable to ``shape`` (index 0 unused)."""
         return ou.discretize(self.theta, self.sigma, self.dt)
 
-    def output(self, x):
+    def output(self, x: torch.Tensor) -> torch.Tensor | np.ndarray:
         """Cast a result tensor back to the caller's array kind and dtype."""
         if self.numpy_out:
             return x.detach().cpu().numpy().astype(self.out_dtype, copy=False)
@@ -117,16 +121,16 @@ class Checks:
         self.items = []
         self.facts = {}
 
-    def add(self, name, x, cond, what):
+    def add(self, name: str, x: torch.Tensor, cond: Callable[[torch.Tensor], torch.Tensor], what: str) -> None:
         """Queue ``all(cond(x))`` (NaN fails), reported as ``"{name} must be {what}"``."""
         with torch.no_grad():
             self.items.append((f"{name} must be {what}", torch.all(cond(x.detach()))))
 
-    def require(self, message, ok):
+    def require(self, message: str, ok: torch.Tensor) -> None:
         """Queue a check given as a boolean tensor ``ok`` and its full error message."""
         self.items.append((message, ok))
 
-    def fact(self, name, value):
+    def fact(self, name: str, value: torch.Tensor | bool) -> None:
         """Queue a boolean tensor (or a Python bool) read back by :meth:`decide` as ``name``."""
         self.facts[name] = value
 
@@ -148,15 +152,17 @@ class Checks:
         return facts
 
 
-def check_no_inf(y):
+def check_no_inf(y: ArrayLike) -> None:
     """Raise ``ValueError`` if ``y`` holds ``inf`` (NaN is allowed: it marks a missing value)."""
     checks = Checks()
     checks.add("y", y, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
     checks.decide()
 
 
-def prepare(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
-            init_mean=None, init_var=None, backend="auto", check_y=True) -> Problem:
+def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
+            init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
+            check_y: bool = True) -> Problem:
     """Validate and broadcast the filter's inputs; see the module docstring for the rules.
 
     Parameters given as NumPy, Python numbers or CPU tensors are checked on the CPU before they

@@ -11,7 +11,11 @@ kept. Every problem is a ``ValueError`` whose message names the file, the column
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
+
 from pathlib import Path
+from typing import Any
+
 
 import numpy as np
 import pandas as pd
@@ -25,7 +29,7 @@ _CSV = (".csv", ".txt")
 _NETCDF = (".nc", ".nc4", ".netcdf", ".cdf")
 
 
-def file_format(path, role="input") -> str:
+def file_format(path: str | os.PathLike, role: str = "input") -> str:
     """``"csv"`` or ``"netcdf"`` from the suffix of ``path``; ``ValueError`` for anything else."""
     suffix = Path(path).suffix.lower()
     if suffix in _CSV:
@@ -36,7 +40,7 @@ def file_format(path, role="input") -> str:
                      f"(use one of {', '.join(_CSV + _NETCDF)})")
 
 
-def check_output(path, inputs) -> None:
+def check_output(path: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> None:
     """Refuse to write ``path`` when it is one of ``inputs`` (the same file under any name)."""
     for src in inputs:
         if src is None:
@@ -46,7 +50,8 @@ def check_output(path, inputs) -> None:
             raise ValueError(f"refusing to overwrite the input file '{src}' with output '{path}'; choose another name")
 
 
-def read_series(path, *, time_col=None, columns=None, var=None, dim="time") -> xr.DataArray:
+def read_series(path: str | os.PathLike, *, time_col: str | None = None, columns: Sequence[str] | None = None,
+                var: str | None = None, dim: str = "time") -> xr.DataArray:
     """The series in ``path`` (CSV or NetCDF) as a DataArray with time dimension ``dim``.
 
     CSV: ``time_col`` (default: the first column) and ``columns`` (default: every other column).
@@ -181,7 +186,7 @@ def _read_netcdf(path, var, dim):
     return da
 
 
-def channel_labels(da, dim="time") -> list:
+def channel_labels(da: xr.DataArray, dim: str = "time") -> list[str]:
     """One label per channel of :func:`kalmanscan.xr.to_numpy`'s flattening of ``da``'s other dims."""
     other = [d for d in da.dims if d != dim]
     if not other:
@@ -193,7 +198,7 @@ def channel_labels(da, dim="time") -> list:
     return [",".join(f"{d}={v[i]}" for d, v in zip(other, flat)) for i in range(flat[0].size)]
 
 
-def read_params(path, like: xr.DataArray, dim: str = "time") -> dict:
+def read_params(path: str | os.PathLike, like: xr.DataArray, dim: str = "time") -> dict[str, Any]:
     """Model parameters saved by ``kalmanscan fit -o`` (NetCDF or CSV), as keywords for ``ks.xr``.
 
     Both formats are checked against ``like`` the same way: a fit that records the channels it was
@@ -298,7 +303,7 @@ def _params_table(path, like, dim):
     return ds, fitted_on
 
 
-def write_dataset(ds: xr.Dataset, path, dim: str = "time", time_name: str | None = None) -> None:
+def write_dataset(ds: xr.Dataset, path: str | os.PathLike, dim: str = "time", time_name: str | None = None) -> None:
     """Write ``ds`` to NetCDF, or to CSV: one row per time (variables with ``dim`` as columns
     ``<channel>_<variable>``), or one row per channel for a dataset without ``dim`` (a fit, with
     its ``time_unit`` and, for one channel without a channel dimension, a ``channel`` column).

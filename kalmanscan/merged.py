@@ -28,24 +28,30 @@ The initial belief becomes a summary too: ``K(lam0, eta0) = [[0, lam0, 0], [0, 1
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from . import mobius
+
+Combine = Callable[[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]
+"""An associative ``combine(earlier, later)`` on tuples of tensors."""
+
 
 __all__ = ["leaf", "compose", "total", "chunked_total", "initial", "affine_total", "CHUNK_ELEMENTS"]
 
 CHUNK_ELEMENTS = 1 << 22  # elements (steps x filters) per chunk of :func:`chunked_total`
 
 
-def leaf(decay, noise, phi, b):
+def leaf(decay: torch.Tensor, noise: torch.Tensor, phi: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The 7-tuple of one step per element; arguments broadcast to one shape, ``decay, noise,
     phi >= 0``."""
     A, B, C, D = mobius.leaf(decay, noise, phi)
     return A, B, C, D, b * C, b * D, decay + 0.0 * b
 
 
-def compose(earlier, later):
+def compose(earlier: tuple[torch.Tensor, ...], later: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """``later @ earlier`` for 7-tuples of broadcastable tensors, divided by a power of two.
 
     The scale is ``2^e`` with ``2^e <= A + D < 2^(e+1)`` for the product's 2x2 block (``A + D >
@@ -59,7 +65,7 @@ def compose(earlier, later):
     return mobius.rescale((A, B, C, D, E, F, lG * eG), A + D)
 
 
-def total(combine, elems, dim: int):
+def total(combine: Combine, elems: tuple[torch.Tensor, ...], dim: int) -> tuple[torch.Tensor, ...]:
     """The ordered combination of ``elems[0], ..., elems[n-1]`` along ``dim`` (kept, size 1).
 
     ``combine(earlier, later)`` is associative on tuples of tensors; the pairwise tree does
@@ -76,7 +82,8 @@ def total(combine, elems, dim: int):
     return tuple(torch.movedim(x, 0, dim) for x in xs)
 
 
-def chunked_total(steps, sliced, dim: int, width: int, *, chunk_elements: int = CHUNK_ELEMENTS):
+def chunked_total(steps: Callable[..., tuple[torch.Tensor, ...]], sliced: Sequence[torch.Tensor], dim: int, width: int,
+                  *, chunk_elements: int = CHUNK_ELEMENTS) -> tuple[torch.Tensor, ...]:
     """The ordered product over ``dim`` of the step summaries ``steps(i, *parts)``, in chunks.
 
     ``sliced`` are tensors of one length ``n`` (or 1, passed whole) along ``dim``; chunk ``i``
@@ -105,13 +112,13 @@ def _chunk(steps, i: int, dim: int, *parts):
     return total(compose, steps(i, *parts), dim)
 
 
-def initial(lam0, eta0):
+def initial(lam0: torch.Tensor, eta0: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The summary ``K`` that sets the state to ``(lam0, eta0)`` (see the module docstring)."""
     zero = torch.zeros_like(lam0 + eta0)
     return zero, lam0 + zero, zero, zero + 1.0, zero, eta0 + zero, zero
 
 
-def affine_total(f, b, dim: int):
+def affine_total(f: torch.Tensor, b: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The map ``s -> F s + B`` of the affine steps ``s_t = f_t s_{t+1} + b_t`` along ``dim``,
     applied from the last index back to the first: ``(F, B)`` with ``dim`` kept at size 1."""
     flipped = tuple(torch.flip(x, (dim,)) for x in (f, b))

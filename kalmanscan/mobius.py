@@ -36,11 +36,15 @@ from __future__ import annotations
 
 import torch
 
+Entries = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""A Möbius map's ``(A, B, C, D)``, tensors broadcastable to one shape."""
+
+
 __all__ = ["leaf", "compose", "product", "rescale", "readout", "readout_var", "propagate_var", "mean_gate",
            "decaying_noise", "precision_overflows", "no_process_noise", "NO_NOISE", "affine_compose"]
 
 
-def leaf(decay, noise, phi):
+def leaf(decay: torch.Tensor, noise: torch.Tensor, phi: torch.Tensor) -> Entries:
     """Möbius entries ``(A, B, C, D)`` of one predict-then-update step.
 
     ``decay`` (a), ``noise`` (q) and ``phi`` (h^2 r) broadcast together; all must be ``>= 0``.
@@ -49,7 +53,7 @@ def leaf(decay, noise, phi):
     return 1.0 + noise * phi, a2 * phi, noise + 0.0 * phi, a2 + 0.0 * phi
 
 
-def compose(earlier, later):
+def compose(earlier: Entries, later: Entries) -> Entries:
     """The product ``later @ earlier`` of two Möbius maps, rescaled by a power of two.
 
     Arguments and result are tuples ``(A, B, C, D)`` of broadcastable tensors with entries
@@ -60,14 +64,14 @@ def compose(earlier, later):
     return rescale((A, B, C, D), A + D)
 
 
-def product(earlier, later):
+def product(earlier: Entries, later: Entries) -> Entries:
     """The unscaled 2x2 product ``later @ earlier`` of ``(A, B, C, D)`` tuples."""
     eA, eB, eC, eD = earlier
     lA, lB, lC, lD = later
     return lA * eA + lB * eC, lA * eB + lB * eD, lC * eA + lD * eC, lC * eB + lD * eD
 
 
-def rescale(entries, trace):
+def rescale(entries: tuple[torch.Tensor, ...], trace: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``entries`` divided by ``2^e``, ``2^e <= trace < 2^(e+1)`` (exact; ``e`` from the detached
     ``trace > 0``), so a map whose trace is ``trace`` gets a trace in ``[1, 2)``."""
     _, e = torch.frexp(trace.detach())
@@ -76,7 +80,7 @@ def rescale(entries, trace):
     return tuple(torch.ldexp(x, shift) for x in entries)
 
 
-def readout(P, lam0):
+def readout(P: Entries, lam0: torch.Tensor | float) -> torch.Tensor:
     """``lam = (A lam0 + B) / (C lam0 + D)``: the precision after the map ``P`` from ``lam0 >= 0``."""
     A, B, C, D = P
     return (A * lam0 + B) / (C * lam0 + D)
@@ -85,7 +89,7 @@ def readout(P, lam0):
 NO_NOISE = {torch.float32: 1e-30, torch.float64: 1e-290}  # process noise treated as none
 
 
-def precision_overflows(min_noise, dtype) -> bool:
+def precision_overflows(min_noise: torch.Tensor | float, dtype: torch.dtype) -> bool:
     """Whether the information-form recursion (which carries ``lam``) can leave the range of
     ``dtype``: ``min_noise`` is the smallest process noise among filters with ``decay < 1``.
 
@@ -97,26 +101,26 @@ def precision_overflows(min_noise, dtype) -> bool:
     return float(min_noise) < NO_NOISE.get(dtype, NO_NOISE[torch.float32])
 
 
-def decaying_noise(decay, noise):
+def decaying_noise(decay: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """``noise`` where ``decay < 1``, else 1 (detached): its minimum is what
     :func:`precision_overflows` takes."""
     return torch.where(decay.detach() < 1, noise.detach(), torch.ones_like(noise))
 
 
-def no_process_noise(decay, noise) -> bool:
+def no_process_noise(decay: torch.Tensor, noise: torch.Tensor) -> bool:
     """:func:`precision_overflows` for broadcastable ``decay`` and ``noise`` tensors (one sync)."""
     with torch.no_grad():
         return precision_overflows(decaying_noise(decay, noise).amin(), noise.dtype)
 
 
-def readout_var(P, lam0):
+def readout_var(P: Entries, lam0: torch.Tensor | float) -> torch.Tensor:
     """``var = (C lam0 + D) / (A lam0 + B)``: the variance ``1 / lam`` after the map ``P`` from
     ``lam0 > 0``, a ratio of non-negative sums that stays in range when ``lam`` would not."""
     A, B, C, D = P
     return (C * lam0 + D) / (A * lam0 + B)
 
 
-def propagate_var(P, var0):
+def propagate_var(P: Entries, var0: torch.Tensor | float) -> torch.Tensor:
     """``var = (C + D var0) / (A + B var0)``: :func:`readout_var` from the variance ``var0 >= 0``
     instead of the precision, so ``var0 = 0`` (a precision beyond the floating-point range) gives
     ``C / A``, not ``inf / inf``."""
@@ -124,13 +128,14 @@ def propagate_var(P, var0):
     return (C + D * var0) / (A + B * var0)
 
 
-def mean_gate(decay, pred_var, phi):
+def mean_gate(decay: torch.Tensor, pred_var: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
     """``g = a / (1 + phi pred_var)`` in ``[0, a]``: the weight of the previous mean in the updated
     mean ``mu = g mu_prev + b var`` (``pred_var = a^2 var_prev + q`` the predicted variance)."""
     return decay / (1.0 + phi * pred_var)
 
 
-def affine_compose(earlier, later):
+def affine_compose(earlier: tuple[torch.Tensor, torch.Tensor],
+                   later: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(g, w)`` maps ``x -> g x + w`` composed as "earlier then later"."""
     f1, b1 = earlier
     f2, b2 = later

@@ -23,9 +23,14 @@ noise and its variance grows without bound in ``dt`` instead of saturating.
 from __future__ import annotations
 
 import math
+from typing import Any
+
 
 import numpy as np
 import torch
+
+from .types import ArrayLike
+
 
 __all__ = ["discretize", "stationary_var", "half_life", "continuous", "phi"]
 
@@ -47,7 +52,7 @@ def _as_array(x, ns, like=None):
     return np.asarray(x, dtype=np.result_type(np.asarray(x).dtype, np.float64))
 
 
-def phi(x):
+def phi(x: ArrayLike) -> ArrayLike:
     """``-expm1(-x) / x`` for ``x >= 0``, equal to 1 at 0; accurate to rounding everywhere."""
     ns = _ns(x)
     x = _as_array(x, ns)
@@ -58,7 +63,7 @@ def phi(x):
     return ns.where(small, taylor, exact)
 
 
-def discretize(theta, sigma, dt=1.0, method: str = "ou"):
+def discretize(theta: ArrayLike, sigma: ArrayLike, dt: ArrayLike = 1.0, method: str = "ou") -> tuple[Any, Any]:
     """``(theta, sigma, dt) -> (decay, noise)`` for the OU prior over a step ``dt``.
 
     ``theta >= 0`` is the mean-reversion rate, ``sigma >= 0`` the diffusion scale, ``dt > 0`` the
@@ -79,7 +84,7 @@ def discretize(theta, sigma, dt=1.0, method: str = "ou"):
     return decay, noise
 
 
-def stationary_var(theta, sigma):
+def stationary_var(theta: ArrayLike, sigma: ArrayLike) -> ArrayLike:
     """Stationary variance ``sigma^2 / (2 theta)``; ``inf`` for the random walk ``theta = 0``."""
     ns = _ns(theta, sigma)
     like = theta if isinstance(theta, torch.Tensor) else sigma
@@ -88,7 +93,7 @@ def stationary_var(theta, sigma):
         return sigma * sigma / (2.0 * theta)
 
 
-def half_life(theta):
+def half_life(theta: ArrayLike) -> ArrayLike:
     """Time for the mean deviation to halve: ``ln 2 / theta`` (``inf`` at ``theta = 0``)."""
     ns = _ns(theta)
     theta = _as_array(theta, ns)
@@ -96,7 +101,7 @@ def half_life(theta):
         return math.log(2.0) / theta
 
 
-def continuous(decay, noise, dt=1.0):
+def continuous(decay: ArrayLike, noise: ArrayLike, dt: ArrayLike = 1.0) -> tuple[Any, Any]:
     """Inverse of :func:`discretize`: ``(decay, noise, dt) -> (theta, sigma)``.
 
     ``decay`` in ``(0, 1]``, ``noise >= 0``; ``theta = -log(decay) / dt`` and

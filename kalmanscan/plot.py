@@ -15,9 +15,13 @@ import numpy as np
 from scipy import stats
 
 from . import diagnostics
+from .types import ArrayLike
+
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from .posterior import Posterior
+
 
 __all__ = ["belief_band", "pit_histogram", "reliability", "nis", "gates"]
 
@@ -140,7 +144,8 @@ def belief_band(post: Any, y: Any = None, times: Any = None, channel: int = 0, z
     return _label(ax, "time", None, title or f"belief band, channel {channel}", "best", 2)
 
 
-def pit_histogram(post, y, bins=10, ax=None, *, channel=None, index=None, level=0.95, title=None):
+def pit_histogram(post: Posterior, y: ArrayLike, bins: int = 10, ax: Axes | None = None, *, channel: int | None = None,
+                  index: tuple | None = None, level: float = 0.95, title: str | None = None) -> Axes:
     """Histogram of the PIT values (density, 1 = uniform) with the band a uniform sample stays in.
 
     Each bin's count is Binomial(n, 1/bins) under calibration; the grey band is its central
@@ -170,8 +175,9 @@ def pit_histogram(post, y, bins=10, ax=None, *, channel=None, index=None, level=
     return _label(ax, "PIT value", "density (1 = uniform)", title or "PIT histogram", "upper center")
 
 
-def reliability(post, truth_or_y, levels=None, ax=None, *, target="state", channel=None,
-                index=None, level=0.95, label=None, title=None):
+def reliability(post: Posterior, truth_or_y: ArrayLike, levels: ArrayLike | None = None, ax: Axes | None = None, *,
+                target: str = "state", channel: int | None = None, index: tuple | None = None, level: float = 0.95,
+                label: str | None = None, title: str | None = None) -> Axes:
     """Reliability diagram: observed coverage of central intervals against their nominal level.
 
     ``target="state"`` checks ``truth`` against the posterior ``mean ± z sqrt(var)``;

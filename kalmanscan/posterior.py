@@ -7,6 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from .types import ArrayLike
+
+
 __all__ = ["Posterior"]
 
 
@@ -46,12 +49,12 @@ class Posterior:
     filtered: "Posterior | None" = field(default=None, repr=False)
 
     @property
-    def std(self):
+    def std(self) -> Any:
         """Standard deviation of the (filtered or smoothed) belief."""
         return self.var**0.5
 
     @property
-    def n_diffuse(self):
+    def n_diffuse(self) -> Any:
         """Observations left out of ``loglik`` per channel, ``(..., C)`` integers: 1 where the
         prior was diffuse (``init_var = inf``) and the channel has an observation (its first: the
         diffuse step, whose density is improper, as statsmodels and KFAS leave it out), else 0."""
@@ -76,7 +79,7 @@ class Posterior:
             lines.append(f"  params: {', '.join(self.params)}")
         return "\n".join(lines)
 
-    def gates(self):
+    def gates(self) -> tuple[Any, Any]:
         """``(forget, write)`` gate traces of the filter, each of shape ``(..., T, C)``.
 
         ``forget_t = a_t / (a_t^2 + q_t lam_{t-1})`` scales the previous information mean;
@@ -109,14 +112,14 @@ class Posterior:
         return Posterior(**conv)
 
 
-def array_kind(x) -> str:
+def array_kind(x: ArrayLike) -> str:
     """``"float64, NumPy"`` or ``"torch.float32 on cuda:0, requires grad"``: an array's dtype and device."""
     if hasattr(x, "detach"):
         return f"{x.dtype} on {x.device}" + (", requires grad" if x.requires_grad else "")
     return f"{np.asarray(x).dtype}, NumPy"
 
 
-def loglik_summary(loglik) -> str:
+def loglik_summary(loglik: ArrayLike) -> str:
     """``"loglik: total -640.99 over 1 series"`` (with the range over series when there are several)."""
     ll = np.asarray(_to_numpy(loglik), dtype=np.float64).reshape(-1)
     if ll.size == 0:

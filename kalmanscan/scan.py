@@ -19,12 +19,15 @@ levels, and autograd through it stores ``O(T)`` intermediates (a Hillis–Steele
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 __all__ = ["associative_scan"]
 
 
-def associative_scan(combine, elems, dim: int = -2, reverse: bool = False):
+def associative_scan(combine: Callable[[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]],
+                     elems: tuple[torch.Tensor, ...], dim: int = -2, reverse: bool = False) -> tuple[torch.Tensor, ...]:
     """Inclusive scan of the tuple ``elems`` of tensors along ``dim`` (see module docstring)."""
     elems = tuple(torch.movedim(x, dim, 0) for x in elems)
     if reverse:

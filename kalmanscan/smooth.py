@@ -16,18 +16,26 @@ the reference a float64 loop, triton fused reverse walks (without gradients), cp
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .diffuse import finite_problem, restore, smooth_leading
 from .filtering import make_posterior
 from .inputs import prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
+from .types import ArrayLike
+
+if TYPE_CHECKING:
+    from .posterior import Posterior
+
 
 __all__ = ["smooth"]
 
 
-def smooth(y, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
-           init_mean=None, init_var=None, backend="auto"):
+def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+           h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
+           init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto") -> Posterior:
     """Smoothed moments ``p(x_t | y_0..y_{T-1})``; arguments as :func:`kalmanscan.filter`.
 
     Returns a :class:`~kalmanscan.Posterior` whose ``mean, var, precision`` are smoothed; its

@@ -36,9 +36,20 @@ import datetime
 import math
 import numbers
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
+
 
 import numpy as np
 import xarray as xr
+
+from .types import ArrayLike
+
+if TYPE_CHECKING:
+    from .posterior import Posterior
+
+TimeUnit = Any
+"""A pandas offset string (``"1D"``), ``numpy.timedelta64`` or ``datetime.timedelta``."""
+
 
 __all__ = ["filter", "smooth", "fit", "params", "to_numpy", "to_dataset", "KalmanAccessor", "times_from_coord",
            "parse_time_unit"]
@@ -65,7 +76,7 @@ _DESCRIPTIONS = {
 }
 
 
-def parse_time_unit(time_unit) -> np.timedelta64:
+def parse_time_unit(time_unit: TimeUnit) -> np.timedelta64:
     """``time_unit`` (``"1D"``, ``"s"``, ``"15min"``, ``numpy.timedelta64``, ``datetime.timedelta``)
     as a positive ``numpy.timedelta64`` in nanoseconds."""
     import pandas as pd
@@ -86,7 +97,8 @@ def parse_time_unit(time_unit) -> np.timedelta64:
     return unit.to_timedelta64().astype("timedelta64[ns]")
 
 
-def times_from_coord(values, time_unit=None, name="time") -> tuple[np.ndarray, str]:
+def times_from_coord(values: ArrayLike, time_unit: TimeUnit | None = None,
+                     name: str = "time") -> tuple[np.ndarray, str]:
     """Model times ``(T,)`` float64 from coordinate ``values``, and the unit's label.
 
     ``datetime64``/``timedelta64`` values become ``(t - t_0) / time_unit`` (``time_unit`` required);
@@ -291,7 +303,8 @@ def _describe(ds, da):
             ds.coords[name].attrs = dict(coord.attrs)
 
 
-def to_numpy(da, dim="time", *, time_unit=None):
+def to_numpy(da: xr.DataArray, dim: str = "time", *,
+             time_unit: TimeUnit | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(y, times)`` for the NumPy API: ``y`` of shape ``(T, C)`` (the non-time dimensions of ``da``
     flattened in order into ``C`` channels, float) and ``times`` ``(T,)`` float64 from the coordinate
     along ``dim`` (``None`` without one); the inverse of :func:`to_dataset`. Loads dask data."""
@@ -302,7 +315,8 @@ def to_numpy(da, dim="time", *, time_unit=None):
     return y.reshape(-1, y.shape[-1]).T.copy(), times
 
 
-def to_dataset(post, da, dim="time", *, time_unit=None, level=0.95) -> xr.Dataset:
+def to_dataset(post: Posterior, da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = None,
+               level: float = 0.95) -> xr.Dataset:
     """The Dataset :func:`filter` (or :func:`smooth`) returns, from a NumPy :class:`~kalmanscan.Posterior`
     computed on ``to_numpy(da, dim)``: its ``(T, C)`` arrays are unflattened onto ``da``'s dims."""
     _check_dataarray(da, dim)
@@ -321,7 +335,8 @@ def to_dataset(post, da, dim="time", *, time_unit=None, level=0.95) -> xr.Datase
     return _moments_dataset(stacked, fields, da, dim, "smooth" if smoothed else "filter", unit_label, level, z)
 
 
-def filter(da, dim="time", *, time_unit=None, level=0.95, **filter_kwargs) -> xr.Dataset:
+def filter(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = None, level: float = 0.95,
+           **filter_kwargs: Any) -> xr.Dataset:
     """Filter every non-time position of ``da`` along ``dim``; returns an ``xarray.Dataset``.
 
     Args:
@@ -343,7 +358,8 @@ def filter(da, dim="time", *, time_unit=None, level=0.95, **filter_kwargs) -> xr
     return _moments("filter", da, dim, time_unit, level, filter_kwargs)
 
 
-def smooth(da, dim="time", *, time_unit=None, level=0.95, **filter_kwargs) -> xr.Dataset:
+def smooth(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = None, level: float = 0.95,
+           **filter_kwargs: Any) -> xr.Dataset:
     """As :func:`filter` with smoothed ``mean, var, precision, lower, upper``
     (:func:`kalmanscan.smooth`), plus the filter's ``filtered_mean`` and ``filtered_var``."""
     return _moments("smooth", da, dim, time_unit, level, filter_kwargs)
@@ -365,7 +381,7 @@ _FIT_DESCRIPTIONS = {
 FIT_NAMES = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
 
 
-def fit(da: xr.DataArray, dim: str = "time", *, time_unit=None, **fit_kwargs) -> xr.Dataset:
+def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = None, **fit_kwargs: Any) -> xr.Dataset:
     """Maximum-likelihood parameters for every non-time position of ``da`` (:func:`kalmanscan.fit`).
 
     Args:
@@ -466,14 +482,14 @@ class KalmanAccessor:
     def __init__(self, da: xr.DataArray):
         self._da = da
 
-    def filter(self, dim="time", **kwargs) -> xr.Dataset:
+    def filter(self, dim: str = "time", **kwargs: Any) -> xr.Dataset:
         """:func:`kalmanscan.xr.filter` of this DataArray."""
         return filter(self._da, dim, **kwargs)
 
-    def smooth(self, dim="time", **kwargs) -> xr.Dataset:
+    def smooth(self, dim: str = "time", **kwargs: Any) -> xr.Dataset:
         """:func:`kalmanscan.xr.smooth` of this DataArray."""
         return smooth(self._da, dim, **kwargs)
 
-    def fit(self, dim="time", **kwargs) -> xr.Dataset:
+    def fit(self, dim: str = "time", **kwargs: Any) -> xr.Dataset:
         """:func:`kalmanscan.xr.fit` of this DataArray."""
         return fit(self._da, dim, **kwargs)

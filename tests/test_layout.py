@@ -61,3 +61,31 @@ def test_nn_imports_no_data_or_plotting_libraries():
             "print(sorted(m for m in ('xarray', 'pandas', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _untyped(path: Path) -> list[str]:
+    """Public functions and public methods of public classes in ``path`` lacking a parameter or
+    return annotation (``self``/``cls`` need none)."""
+    found = []
+
+    def check(node: ast.FunctionDef, owner: str = "") -> None:
+        a = node.args
+        args = a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]
+        if owner and args and args[0].arg in ("self", "cls"):
+            args = args[1:]
+        if node.returns is None or any(x.annotation is None for x in args):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}:{owner}{node.name}")
+
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            check(node)
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            for m in node.body:
+                if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and not m.name.startswith("_"):
+                    check(m, f"{node.name}.")
+    return found
+
+
+def test_public_functions_have_type_hints():
+    gaps = [g for path in sorted((ROOT / "kalmanscan").rglob("*.py")) for g in _untyped(path)]
+    assert not gaps, "\n".join(gaps)

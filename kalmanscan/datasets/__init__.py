@@ -15,6 +15,8 @@ from importlib import resources
 import numpy as np
 
 from .. import ou
+from ..types import ArrayLike
+
 
 __all__ = ["load_nile", "sensors", "simulate", "Dataset"]
 
@@ -43,8 +45,10 @@ def load_nile() -> Dataset:
     return Dataset(name="nile", times=rows[:, 0], y=rows[:, 1:2], channels=("volume",), time_unit="year")
 
 
-def simulate(theta, sigma, obs_var, *, T=None, times=None, dt=1.0, mean=0.0, h=1.0,
-             init_mean=None, init_var=None, seed=None):
+def simulate(theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, *, T: int | None = None,
+             times: ArrayLike | None = None, dt: ArrayLike = 1.0, mean: ArrayLike = 0.0, h: ArrayLike = 1.0,
+             init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None,
+             seed: int | np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Draw ``(x, y)`` of shape ``(T, C)`` from the OU state-space model of :func:`kalmanscan.filter`.
 
     Parameters are static, broadcasting to ``(C,)``. Give ``T`` (regular steps ``dt``) or ``times``

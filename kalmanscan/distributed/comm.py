@@ -15,13 +15,17 @@ so no rank skips one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
 import torch
 import torch.distributed as dist
 
 __all__ = ["rank_world", "all_gather", "tie", "agree"]
 
 
-def rank_world(group=None):
+def rank_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
     """``(rank, world_size)`` of this process in ``group`` (the default group when ``None``).
 
     Raises ``ValueError`` when ``torch.distributed`` is not initialised.
@@ -48,7 +52,7 @@ class _AllGather(torch.autograd.Function):
         return grad[rank], None
 
 
-def all_gather(x, group=None):
+def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Stack of every rank's ``x``: shape ``(world, *x.shape)``, index = rank; differentiable."""
     return _AllGather.apply(x, group)
 
@@ -67,7 +71,7 @@ class _Tie(torch.autograd.Function):
         return (zero, *grads)
 
 
-def tie(anchor, xs: dict) -> dict:
+def tie(anchor: torch.Tensor, xs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``xs`` unchanged, but recorded as depending on ``anchor`` (with a zero gradient).
 
     The backward of a gather is collective; tying a rank's outputs to a gathered tensor its
@@ -82,7 +86,8 @@ def tie(anchor, xs: dict) -> dict:
     return dict(xs, **dict(zip(keys, tied)))
 
 
-def agree(check, info, size: int, device, group=None):
+def agree(check: Callable[[], Any], info: Callable[[Any], Sequence[float]], size: int, device: torch.device,
+          group: dist.ProcessGroup | None = None) -> tuple[Any, torch.Tensor]:
     """Run the local validation ``check()`` and agree with the other ranks on its outcome.
 
     ``check`` returns any value or raises ``ValueError``; ``info(value)`` returns ``size`` floats

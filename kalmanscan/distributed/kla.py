@@ -17,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import functools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 
 import torch
 import torch.distributed as dist
@@ -26,11 +29,19 @@ from .. import merged
 from . import summaries
 from .comm import agree, all_gather, rank_world, tie
 
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..ops.kla import FilterState
+
+
 __all__ = ["kla_scan", "sequence_parallel", "reduce_gradients"]
 
 
 
-def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, group=None, backend="auto"):
+def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+             noise: torch.Tensor, *, initial_state: FilterState | None = None, group: dist.ProcessGroup | None = None,
+             backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """KLA scan over tokens split along ``L`` across the ranks of ``group``; a collective call.
 
     Shapes as :func:`kalmanscan.nn.kla_scan` for this rank's tokens: ``v, lam_v`` ``(B, L_local,
@@ -238,7 +249,7 @@ def _forward(layer, x, state=None, return_variance=False, *, group=None):
 
 
 @contextlib.contextmanager
-def sequence_parallel(model, group=None):
+def sequence_parallel(model: nn.Module, group: dist.ProcessGroup | None = None) -> Iterator[None]:
     """Run ``model``'s KLA layers over a sequence split along time across ``group``'s ranks.
 
         with ks.distributed.sequence_parallel(model, group):
@@ -269,7 +280,7 @@ def sequence_parallel(model, group=None):
         yield model
 
 
-def reduce_gradients(model, group=None):
+def reduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None) -> None:
     """Sum the gradients of ``model``'s trainable parameters over the ranks of ``group``.
 
     With the sequence split across ranks each rank's backward gives its share of the gradient of

@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
+
 
 import torch
+import torch.distributed as dist
+
 
 from ..filtering import make_posterior
 from ..inputs import prepare
@@ -39,14 +43,22 @@ from ..ops.filter.torch import smooth as rts_torch
 from .. import merged
 from . import summaries
 from .comm import agree, all_gather, rank_world, tie
+from ..types import ArrayLike
+
+if TYPE_CHECKING:
+    from ..posterior import Posterior
+
+
 
 __all__ = ["filter", "smooth"]
 
 _INPUTS = ("y", "theta", "sigma", "obs_var", "mean", "h", "dt", "init_mean", "init_var")
 
 
-def filter(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
-           init_mean=None, init_var=None, group=None, backend="auto"):
+def filter(y_local: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+           h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
+           init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None,
+           group: dist.ProcessGroup | None = None, backend: str = "auto") -> Posterior:
     """Filter one series split along time across the ranks of ``group``; a collective call.
 
     Args:
@@ -81,8 +93,10 @@ def filter(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=Non
     return make_posterior(p, out)
 
 
-def smooth(y_local, *, theta, sigma, obs_var, mean=0.0, h=1.0, dt=1.0, times=None,
-           init_mean=None, init_var=None, group=None, backend="auto"):
+def smooth(y_local: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+           h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
+           init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None,
+           group: dist.ProcessGroup | None = None, backend: str = "auto") -> Posterior:
     """RTS-smooth one series split along time across ranks; arguments as :func:`filter`.
 
     Returns this rank's smoothed :class:`~kalmanscan.Posterior` (``filtered`` holds its filter

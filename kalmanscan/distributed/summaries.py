@@ -8,12 +8,15 @@ middle column: ``lam = B / D``, ``eta = F / D``.
 
 from __future__ import annotations
 
+import torch
+
+
 from ..merged import compose
 
 __all__ = ["incoming", "incoming_moments"]
 
 
-def incoming(gathered, rank: int):
+def incoming(gathered: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(lam, eta)`` entering rank ``rank`` from the stacked summaries ``(world, 7, ...)``.
 
     ``gathered[0]`` must include the initial belief (rank 0 sends ``P_0 K``); ``rank >= 1``.
@@ -23,7 +26,7 @@ def incoming(gathered, rank: int):
     return B / D, F / D
 
 
-def incoming_moments(gathered, rank: int):
+def incoming_moments(gathered: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(var, mu)`` entering rank ``rank``: :func:`incoming` read as the variance ``D / B`` and
     the mean ``F / B``, which stay in range when the precision ``B / D`` would not (no process
     noise, docs/math.md)."""

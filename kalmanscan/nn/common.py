@@ -4,6 +4,8 @@ and the initialisations of steps and rates."""
 from __future__ import annotations
 
 import math
+from typing import Any
+
 
 import torch
 from torch import nn
@@ -20,23 +22,23 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (out * self.weight.to(out.dtype)).to(x.dtype)
 
 
-def l2_normalize(x, eps: float = 1e-12):
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     """``x / max(||x||, eps)`` over the last dimension."""
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
 
 
-def scan_dtype(x):
+def scan_dtype(x: torch.Tensor) -> torch.dtype:
     """float64 stays float64; every lower precision (bf16, fp16, fp32) is filtered in float32."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def causal_conv(z, window, conv: nn.Conv1d):
+def causal_conv(z: torch.Tensor, window: torch.Tensor | None, conv: nn.Conv1d) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv of ``z`` (B, L, M) continuing the pre-conv ``window`` (B, K - 1, M).
 
     ``out[t] = bias + sum_j weight[:, j] * padded[t + j]`` with ``padded = [window; z]``, written as
@@ -53,20 +55,20 @@ def causal_conv(z, window, conv: nn.Conv1d):
     return out, padded[:, L:]
 
 
-def positive_int(name: str, value) -> int:
+def positive_int(name: str, value: Any) -> int:
     """``value`` if it is a positive int, else ``ValueError`` naming ``name``."""
     if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
-def positive_ints(**values) -> None:
+def positive_ints(**values: Any) -> None:
     """:func:`positive_int` for each keyword, in order."""
     for name, value in values.items():
         positive_int(name, value)
 
 
-def inner_width(d_model: int, expand) -> int:
+def inner_width(d_model: int, expand: float) -> int:
     """``M = expand * d_model``, which must be a positive integer."""
     d_inner = expand * d_model
     if not float(d_inner).is_integer() or d_inner < 1:
@@ -74,19 +76,21 @@ def inner_width(d_model: int, expand) -> int:
     return int(d_inner)
 
 
-def init_log_dt(shape, dt_min: float, dt_max: float, device=None, dtype=None):
+def init_log_dt(shape: int | tuple[int, ...], dt_min: float, dt_max: float, device: torch.device | str | None = None,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
     """``log dt`` with ``dt`` log-uniform in ``[dt_min, dt_max]`` (Mamba's step initialisation)."""
     if not 0 < dt_min <= dt_max:
         raise ValueError(f"dt_min, dt_max must satisfy 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
     return torch.empty(shape, device=device, dtype=dtype).uniform_(math.log(dt_min), math.log(dt_max))
 
 
-def init_log_rates(d_inner: int, d_state: int, device=None, dtype=None):
+def init_log_rates(d_inner: int, d_state: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
     """``log theta`` (M, S) with the S4D-real rates ``theta[m, s] = s + 1``."""
     rates = torch.arange(1, d_state + 1, device=device, dtype=dtype or torch.get_default_dtype())
     return torch.log(rates).expand(d_inner, d_state).clone()
 
 
-def heads(x, n_heads: int):
+def heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, L, H * d) -> (B, L, H, d)."""
     return x.unflatten(-1, (n_heads, -1))

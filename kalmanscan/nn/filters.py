@@ -24,17 +24,24 @@ its bands are correspondingly too narrow (read the statistics, or report one ``s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+
 import torch
 
 from .. import ou
 from ..filtering import filter as kalman_filter
 from ..posterior import Posterior
 
+if TYPE_CHECKING:
+    from .layer import KLA
+
+
 __all__ = ["layer_filters"]
 
 
 @torch.no_grad()
-def layer_filters(layer, x, backend: str = "torch") -> tuple:
+def layer_filters(layer: KLA, x: torch.Tensor, backend: str = "torch") -> tuple[Any, Posterior]:
     """``(obs, post)``: the filters of ``layer`` (a :class:`kalmanscan.nn.KLA`) run over ``x``.
 
     A diagnostic: it runs without gradients, and under the caller's autocast for the layer's

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +42,7 @@ _FORWARD = contextvars.ContextVar("kalmanscan_kla_forward", default=None)
 
 
 @contextlib.contextmanager
-def forward_with(runner, layers):
+def forward_with(runner: Any, layers: Iterable[KLA]) -> Iterator[None]:
     """Inside the block, ``layer(x, state, return_variance)`` for each :class:`KLA` in ``layers``
     returns ``runner(layer, x, state, return_variance)`` instead of the block's own forward.
 
@@ -71,11 +73,11 @@ class KLAState(NamedTuple):
     mu: torch.Tensor
 
     @property
-    def lam(self):
+    def lam(self) -> torch.Tensor:
         return information(self.var, self.mu)[0]
 
     @property
-    def eta(self):
+    def eta(self) -> torch.Tensor:
         return information(self.var, self.mu)[1]
 
 
@@ -164,16 +166,16 @@ class KLA(nn.Module):
         for p in (self.log_dt, self.log_theta, self.log_sigma, self.skip):
             p._no_weight_decay = True
 
-    def ou_params(self):
+    def ou_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(theta, sigma, dt)``, each (M, S), in float32 (float64 for a float64 layer)."""
         dtype = scan_dtype(self.log_dt)
         return tuple(torch.exp(p.to(dtype)) for p in (self.log_theta, self.log_sigma, self.log_dt))
 
-    def discretized(self):
+    def discretized(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(decay, noise)``, each (M, S): the OU prior over one token step."""
         return ou.discretize(*self.ou_params(), method=self.discretization)
 
-    def init_state(self, batch: int, device=None) -> KLAState:
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> KLAState:
         """The state before the first token: zero conv window, ``var = 1``, ``mu = 0``."""
         device = self.log_dt.device if device is None else device
         dtype = scan_dtype(self.log_dt)
@@ -182,7 +184,7 @@ class KLA(nn.Module):
         var = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
         return KLAState(conv, var, torch.zeros_like(var))
 
-    def observe(self, x, window=None):
+    def observe(self, x: torch.Tensor, window: torch.Tensor | None = None) -> tuple[Any, ...]:
         """What the filters see of ``x`` (B, L, D): ``(z, gate, window, (v, lam_v, k, q))``.
 
         ``z`` (B, L, M) is the conv + SiLU output, ``gate`` (B, L, M) the output gate before its
@@ -197,7 +199,7 @@ class KLA(nn.Module):
         z = F.silu(z)
         return z, gate, window, self.sensors(z)
 
-    def sensors(self, z):
+    def sensors(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype."""
         M, S, r = self.d_inner, self.d_state, self.var_rank
         if self.variant == "plain":
@@ -210,14 +212,15 @@ class KLA(nn.Module):
         k, q = l2_normalize(k.to(dtype)), l2_normalize(q.to(dtype))
         return v.to(dtype), lam_v, k, q
 
-    def check_input(self, x, ndim: int, name: str) -> None:
+    def check_input(self, x: Any, ndim: int, name: str) -> None:
         """``ValueError`` naming ``name`` unless ``x`` is ``(B, L, D)`` (``ndim`` 3) or ``(B, D)``."""
         if x.ndim != ndim or x.shape[-1] != self.d_model:
             want = "(B, L, D)" if ndim == 3 else "(B, D)"
             raise ValueError(f"{name} must have shape {want} with D = {self.d_model}, "
                              f"got {tuple(x.shape)}")
 
-    def read_out(self, y, y_var, z, gate, return_variance):
+    def read_out(self, y: torch.Tensor, y_var: torch.Tensor, z: torch.Tensor, gate: torch.Tensor,
+                 return_variance: bool) -> tuple[torch.Tensor, ...]:
         """The block's output from the scan's ``y, y_var`` (B, L, M): ``out_proj((y + D_skip z)
         SiLU(gate))``, and with ``return_variance`` the variance through the squared gate and
         weights. Returns a tuple: ``(out,)`` or ``(out, out_var)``."""
@@ -230,7 +233,8 @@ class KLA(nn.Module):
             out_var = F.linear(y_var * g2, self.out_proj.weight.to(y_var.dtype).square())
         return out, out_var
 
-    def forward(self, x, state: KLAState | None = None, return_variance: bool = False):
+    def forward(self, x: torch.Tensor, state: KLAState | None = None,
+                return_variance: bool = False) -> torch.Tensor | tuple[Any, ...]:
         """Run the block over a whole sequence (or a chunk of one, continuing ``state``).
 
         x: (B, L, D). Returns ``y`` (B, L, D); ``(y, y_var)`` with ``return_variance``; and, when a
@@ -257,7 +261,7 @@ class KLA(nn.Module):
             out = out + (KLAState(window, final.var, final.mu),)
         return out if len(out) > 1 else out[0]
 
-    def step(self, x_t, state: KLAState, return_variance: bool = False):
+    def step(self, x_t: torch.Tensor, state: KLAState, return_variance: bool = False) -> tuple[Any, ...]:
         """Advance by one token in O(M S) work: x_t (B, D) -> ``(y_t, state)`` (or ``(y_t, y_var_t,
         state)``), y_t (B, D).
 

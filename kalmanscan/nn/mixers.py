@@ -17,6 +17,11 @@ is given (chunked prefill); ``step(x_t, state) -> (y_t, state)`` with x_t (B, D)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from torch import nn
+
+
 from .baselines.attention import CausalAttention
 from .baselines.gdn import GatedDeltaNet
 from .baselines.gla import GatedLinearAttention, GLAState, gla_chunked
@@ -32,7 +37,7 @@ MIXERS: dict = {"kla": KLA, "attention": CausalAttention, "gla": GatedLinearAtte
                 "mamba": SelectiveSSM, "gdn": GatedDeltaNet, "mlstm": MLSTM, "gru": GRUMixer}
 
 
-def register_mixer(name: str):
+def register_mixer(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     """Decorator: register a mixer constructor (usually an ``nn.Module`` class) under ``name``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")

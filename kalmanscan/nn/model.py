@@ -13,6 +13,10 @@ one is given), ``step(x_t, state) -> (y_t, state)``, ``init_state(batch, device=
 from __future__ import annotations
 
 import inspect
+from typing import Any
+
+import torch
+
 
 import torch.nn.functional as F
 from torch import nn
@@ -35,7 +39,7 @@ class SwiGLU(nn.Module):
         self.w_in = nn.Linear(d_model, 2 * hidden, bias=False, device=device, dtype=dtype)
         self.w_out = nn.Linear(hidden, d_model, bias=False, device=device, dtype=dtype)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_in(x).chunk(2, -1)
         return self.w_out(F.silu(gate) * up)
 
@@ -50,7 +54,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(d_model, device=device, dtype=dtype)
         self.mlp = SwiGLU(d_model, mlp_ratio, device=device, dtype=dtype)
 
-    def forward(self, x, state=None):
+    def forward(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         if state is None:
             x = x + self.mixer(self.mixer_norm(x))
         else:
@@ -58,7 +62,7 @@ class Block(nn.Module):
             x = x + y
         return x + self.mlp(self.mlp_norm(x)), state
 
-    def step(self, x_t, state):
+    def step(self, x_t: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
         y, state = self.mixer.step(self.mixer_norm(x_t), state)
         x_t = x_t + y
         return x_t + self.mlp(self.mlp_norm(x_t)), state
@@ -118,11 +122,11 @@ class SequenceModel(nn.Module):
         self.norm = RMSNorm(d_model, **factory)
         self.head = nn.Linear(d_model, vocab_size, bias=False, **factory)
 
-    def init_state(self, batch: int, device=None) -> list:
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> list:
         """One recurrent state per layer, for decoding from the start of a sequence."""
         return [b.mixer.init_state(batch, device=device) for b in self.blocks]
 
-    def forward(self, tokens, state: list | None = None):
+    def forward(self, tokens: torch.Tensor, state: list | None = None) -> torch.Tensor | tuple[torch.Tensor, list]:
         """tokens (B, L) int -> logits (B, L, vocab_size); with ``state`` (from :meth:`init_state`
         or a previous call) continues the sequence and returns ``(logits, state)``: chunked prefill.
         """
@@ -137,7 +141,7 @@ class SequenceModel(nn.Module):
         logits = self.head(self.norm(x))
         return logits if state is None else (logits, new_state)
 
-    def step(self, token, state: list):
+    def step(self, token: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         """One decoding step: token (B,) int -> ``(logits (B, vocab_size), state)``."""
         if token.ndim != 1:
             raise ValueError(f"token must have shape (B,), got {tuple(token.shape)}")

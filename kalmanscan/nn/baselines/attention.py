@@ -20,7 +20,7 @@ class AttentionState(NamedTuple):
     v: torch.Tensor
 
 
-def rotary(x, offset: int, base: float):
+def rotary(x: torch.Tensor, offset: int, base: float) -> torch.Tensor:
     """Rotary position embedding of x (B, H, L, d) at positions ``offset .. offset + L - 1``."""
     d = x.shape[-1]
     inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
@@ -45,13 +45,14 @@ class CausalAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False, device=device, dtype=dtype)
         self.out_proj = nn.Linear(d_model, d_model, bias=False, device=device, dtype=dtype)
 
-    def init_state(self, batch: int, device=None) -> AttentionState:
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> AttentionState:
         w = self.qkv.weight
         empty = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device or w.device,
                             dtype=w.dtype)
         return AttentionState(empty, empty)
 
-    def forward(self, x, state: AttentionState | None = None):
+    def forward(self, x: torch.Tensor,
+                state: AttentionState | None = None) -> torch.Tensor | tuple[torch.Tensor, AttentionState]:
         B, L, _ = x.shape
         q, k, v = heads(self.qkv(x), 3 * self.n_heads).transpose(1, 2).chunk(3, 1)
         offset = 0 if state is None else state.k.shape[2]
@@ -67,6 +68,6 @@ class CausalAttention(nn.Module):
         y = self.out_proj(o.transpose(1, 2).flatten(2))
         return y if state is None else (y, AttentionState(k, v))
 
-    def step(self, x_t, state: AttentionState):
+    def step(self, x_t: torch.Tensor, state: AttentionState) -> tuple[torch.Tensor, AttentionState]:
         y, state = self.forward(x_t[:, None], state)
         return y[:, 0], state

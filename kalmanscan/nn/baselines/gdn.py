@@ -28,7 +28,8 @@ from ..common import (RMSNorm, causal_conv, init_log_dt, inner_width, l2_normali
 __all__ = ["GatedDeltaNet", "GDNState", "gated_delta_rule_chunked", "gated_delta_rule_sequential"]
 
 
-def gated_delta_rule_sequential(q, k, v, g, beta, scale: float, state):
+def gated_delta_rule_sequential(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                                scale: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule one token at a time (O(L) Python steps: the reference form).
 
     q, k (B, L, H, K); v (B, L, H, V); g (B, L, H) the log decay (``<= 0``); beta (B, L, H);
@@ -47,7 +48,8 @@ def gated_delta_rule_sequential(q, k, v, g, beta, scale: float, state):
     return o, state
 
 
-def gated_delta_rule_chunked(q, k, v, g, beta, scale: float, state, chunk: int = 64):
+def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                             scale: float, state: torch.Tensor, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule in chunks of ``chunk`` tokens; same arguments and result as
     :func:`gated_delta_rule_sequential`.
 
@@ -151,7 +153,7 @@ class GatedDeltaNet(nn.Module):
         for p in (self.dt_bias, self.A_log):
             p._no_weight_decay = True
 
-    def init_state(self, batch: int, device=None) -> GDNState:
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> GDNState:
         """Zero conv window and zero ``S``."""
         w = self.in_proj.weight
         device = w.device if device is None else device
@@ -170,7 +172,7 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"state.S must have shape (batch, n_heads, d_key, d_value) = {want}, "
                              f"got {tuple(state.S.shape)}")
 
-    def inputs(self, x, window):
+    def inputs(self, x: torch.Tensor, window: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """x (B, L, D) -> q, k (B, L, H, K), v (B, L, H, V), g, beta (B, L, H) in the scan dtype,
         and the new conv window."""
         qkv, window = causal_conv(self.in_proj(x), window, self.conv)
@@ -186,7 +188,7 @@ class GatedDeltaNet(nn.Module):
         gate = F.silu(self.g_proj(x)).unflatten(-1, (self.n_heads, -1))
         return self.out_proj((self.o_norm(o.to(x.dtype)) * gate).flatten(-2))
 
-    def forward(self, x, state: GDNState | None = None):
+    def forward(self, x: torch.Tensor, state: GDNState | None = None) -> torch.Tensor | tuple[torch.Tensor, GDNState]:
         """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
         self._check(x, 3, "x", state)
         start = self.init_state(x.shape[0], x.device) if state is None else state
@@ -197,7 +199,7 @@ class GatedDeltaNet(nn.Module):
         y = self._output(o, x)
         return y if state is None else (y, GDNState(window, S))
 
-    def step(self, x_t, state: GDNState):
+    def step(self, x_t: torch.Tensor, state: GDNState) -> tuple[torch.Tensor, GDNState]:
         """One token in O(H K V) work: x_t (B, D) -> ``(y_t (B, D), state)``."""
         self._check(x_t, 2, "x_t", state)
         q, k, v, g, beta, window = self.inputs(x_t[:, None], state.conv)

@@ -25,7 +25,8 @@ def _fla_chunk_gla():
     return chunk_gla, "head_first" in inspect.signature(chunk_gla).parameters
 
 
-def gla_chunked(q, k, v, g, scale: float, state, chunk: int = 16):
+def gla_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float, state: torch.Tensor,
+                chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated linear attention in chunks, in torch ops (the fallback for fla's ``chunk_gla``).
 
     Recurrence per head: ``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t``.
@@ -103,7 +104,7 @@ class GatedLinearAttention(nn.Module):
         self.o_norm = RMSNorm(self.d_value, device=device, dtype=dtype)
         self.o_proj = nn.Linear(value_dim, d_model, **factory)
 
-    def init_state(self, batch: int, device=None) -> GLAState:
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> GLAState:
         """Zero conv window and zero ``S``."""
         w = self.qkv_proj.weight
         device = device or w.device
@@ -132,7 +133,7 @@ class GatedLinearAttention(nn.Module):
         gate = heads(F.silu(self.g_proj(x)), self.n_heads)
         return self.o_proj((self.o_norm(o.to(x.dtype)) * gate).flatten(-2))
 
-    def forward(self, x, state: GLAState | None = None):
+    def forward(self, x: torch.Tensor, state: GLAState | None = None) -> torch.Tensor | tuple[torch.Tensor, GLAState]:
         """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
         self._check_state(state, x.shape[0])
         start = self.init_state(x.shape[0], x.device) if state is None else state
@@ -149,7 +150,7 @@ class GatedLinearAttention(nn.Module):
         y = self._output(o, x)
         return y if state is None else (y, GLAState(window, S))
 
-    def step(self, x_t, state: GLAState):
+    def step(self, x_t: torch.Tensor, state: GLAState) -> tuple[torch.Tensor, GLAState]:
         """One token: x_t (B, D) -> ``(y_t (B, D), state)``."""
         self._check_state(state, x_t.shape[0])
         q, k, v, g, window = self._qkvg(x_t[:, None], state.conv)

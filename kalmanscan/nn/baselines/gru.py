@@ -45,12 +45,12 @@ class GRUMixer(nn.Module):
         self.rnn = nn.GRU(d_model, H, batch_first=True, **factory)
         self.out_proj = nn.Linear(H, d_model, bias=False, **factory)
 
-    def init_state(self, batch: int, device=None) -> GRUState:
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> GRUState:
         """The zero hidden state."""
         w = self.out_proj.weight
         return GRUState(torch.zeros(batch, self.d_hidden, device=device or w.device, dtype=w.dtype))
 
-    def forward(self, x, state: GRUState | None = None):
+    def forward(self, x: torch.Tensor, state: GRUState | None = None) -> torch.Tensor | tuple[torch.Tensor, GRUState]:
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (B, L, D) with D = {self.d_model}, got {tuple(x.shape)}")
         h0 = None if state is None else state.h[None].to(x.dtype)
@@ -58,6 +58,6 @@ class GRUMixer(nn.Module):
         y = self.out_proj(h)
         return y if state is None else (y, GRUState(h_last[0]))
 
-    def step(self, x_t, state: GRUState):
+    def step(self, x_t: torch.Tensor, state: GRUState) -> tuple[torch.Tensor, GRUState]:
         y, state = self.forward(x_t[:, None], state)
         return y[:, 0], state

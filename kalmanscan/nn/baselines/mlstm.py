@@ -43,7 +43,9 @@ def _initial(q, v, state):
     return C, C.new_zeros(B, H, d_k), C.new_zeros(B, H)
 
 
-def mlstm_sequential(q, k, v, i_pre, log_f, state=None):
+def mlstm_sequential(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, log_f: torch.Tensor,
+                     state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The mLSTM recurrence one token at a time (the reference, O(L) Python steps).
 
     q, k (B, L, H, d_k); v (B, L, H, d_v); i_pre, log_f (B, L, H) with ``log_f <= 0``;
@@ -65,7 +67,9 @@ def mlstm_sequential(q, k, v, i_pre, log_f, state=None):
     return torch.stack(hs, 1), (C, n, m)
 
 
-def mlstm_chunkwise(q, k, v, i_pre, log_f, state=None, chunk: int = 64):
+def mlstm_chunkwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, log_f: torch.Tensor,
+                    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                    chunk: int = 64) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The mLSTM recurrence in chunks: the parallel (attention-like) form within a chunk of
     ``chunk`` tokens, the state ``(C, n, m)`` passed between chunks. Same arguments, result and
     dtype as :func:`mlstm_sequential`.
@@ -176,7 +180,7 @@ class MLSTM(nn.Module):
             self.gate_proj.bias[:n_heads].normal_(0.0, 0.1)
             self.gate_proj.bias[n_heads:].copy_(torch.linspace(3.0, 6.0, n_heads))
 
-    def init_state(self, batch: int, device=None) -> MLSTMState:
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> MLSTMState:
         """Zero conv window and memory, ``m = 0``."""
         w = self.up_proj.weight
         device = device or w.device
@@ -211,13 +215,14 @@ class MLSTM(nn.Module):
         y = self.down_proj((h + self.skip.to(c.dtype) * c) * F.silu(z))
         return y, MLSTMState(window, C, n, m)
 
-    def forward(self, x, state: MLSTMState | None = None):
+    def forward(self, x: torch.Tensor,
+                state: MLSTMState | None = None) -> torch.Tensor | tuple[torch.Tensor, MLSTMState]:
         """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
         self._check_state(state, x.shape[0])
         y, new_state = self._mix(x, state, partial(mlstm_chunkwise, chunk=self.chunk_size))
         return y if state is None else (y, new_state)
 
-    def step(self, x_t, state: MLSTMState):
+    def step(self, x_t: torch.Tensor, state: MLSTMState) -> tuple[torch.Tensor, MLSTMState]:
         """One token: x_t (B, D) -> ``(y_t (B, D), state)``; the memory update is O(H d_head^2)."""
         self._check_state(state, x_t.shape[0])
         y, state = self._mix(x_t[:, None], state, mlstm_sequential)

@@ -56,7 +56,7 @@ class SelectiveSSM(nn.Module):
         self.log_theta = nn.Parameter(init_log_rates(M, d_state, **factory))
         self.skip = nn.Parameter(torch.ones(M, **factory))
 
-    def init_state(self, batch: int, device=None) -> SSMState:
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> SSMState:
         w = self.in_proj.weight
         device = device or w.device
         conv = torch.zeros(batch, self.d_conv - 1, self.d_inner, device=device, dtype=w.dtype)
@@ -76,7 +76,7 @@ class SelectiveSSM(nn.Module):
         y = (h * C[..., None, :]).sum(-1).to(z.dtype) + self.skip.to(z.dtype) * z
         return self.out_proj(y * F.silu(gate))
 
-    def forward(self, x, state: SSMState | None = None):
+    def forward(self, x: torch.Tensor, state: SSMState | None = None) -> torch.Tensor | tuple[torch.Tensor, SSMState]:
         z, gate = self.in_proj(x).chunk(2, -1)
         start = self.init_state(x.shape[0], x.device) if state is None else state
         z, window = causal_conv(z, start.conv, self.conv)
@@ -87,7 +87,7 @@ class SelectiveSSM(nn.Module):
         y = self._output(h, C, z, gate)
         return y if state is None else (y, SSMState(window, h[:, -1]))
 
-    def step(self, x_t, state: SSMState):
+    def step(self, x_t: torch.Tensor, state: SSMState) -> tuple[torch.Tensor, SSMState]:
         z, gate = self.in_proj(x_t).chunk(2, -1)
         z, window = causal_conv(z[:, None], state.conv, self.conv)
         z = F.silu(z[:, 0])

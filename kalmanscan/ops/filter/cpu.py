@@ -35,6 +35,8 @@ is computed by one thread with the same operations.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import math
 
 import numpy as np
@@ -91,7 +93,8 @@ def _run(kernel, N, T, *args):
         numba.set_num_threads(threads)
 
 
-def layout(xs, shape, dtype):
+def layout(xs: Sequence[torch.Tensor], shape: tuple[int, ...],
+           dtype: torch.dtype) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray, np.ndarray]:
     """``(arrays, boff, tstride, cstride)`` of the loops for tensors broadcastable to ``shape``.
 
     ``arrays``: a 1-D NumPy view of each tensor's elements from its first one on (zero-copy,
@@ -260,7 +263,7 @@ class _Filter(torch.autograd.Function):
         return (None, *(out[k] for k in INPUTS))
 
 
-def filter(p: Problem, outputs=None) -> dict:
+def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
     """Filter the validated problem ``p`` (CPU tensors) with the compiled loops; the contract of
     every backend's ``filter``: a dict of the :data:`FIELDS` and ``decay, noise``, tensors of the
     compute dtype broadcastable to ``p.shape`` (here the fields are contiguous ``p.shape``
@@ -345,7 +348,7 @@ class _Smooth(torch.autograd.Function):
         return (None, *(g if need else None for g, need in zip(res, ctx.needs_input_grad[1:])))
 
 
-def smooth(f: dict, mean_param=None):
+def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` (``mean, var,
     pred_mean, pred_var, decay, noise``, CPU tensors broadcastable to one ``(..., T, C)`` shape)
     by the RTS recursion as a compiled reverse loop; the contract of every backend's ``smooth``.

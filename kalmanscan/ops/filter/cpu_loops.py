@@ -52,7 +52,7 @@ _PARALLEL = dict(prange=True, comprehension=False, setitem=False, reduction=Fals
                  fusion=False, inplace_binop=False)
 
 
-def constants(dtype):
+def constants(dtype: np.dtype | type) -> np.ndarray:
     """The array ``consts`` of the loops in ``dtype``."""
     return np.array([0.5, 1.0 / 6.0, 24.0, 1e-4, math.log(2.0 * math.pi), 0.0, 1.0, 2.0], dtype=dtype)
 
@@ -87,7 +87,10 @@ def _lanes(boff, cstride, s0, n, T, C):
 
 
 @njit(parallel=_PARALLEL, cache=True, error_model="numpy")
-def filter_forward(ins, boff, tstride, cstride, outs, write, k, T, C, W, trans_step, static_var):
+def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
+                   outs: tuple[np.ndarray, ...],
+                   write: np.ndarray, k: np.ndarray, T: int, C: int, W: int, trans_step: bool,
+                   static_var: bool) -> None:
     """The filter over every series; writes the outputs flagged in ``write`` (see module doc).
 
     ``ins``: 9 input arrays (order ``Y .. INIT_VAR``); ``outs``: 11 output arrays (``O_MEAN ..
@@ -218,8 +221,12 @@ def filter_forward(ins, boff, tstride, cstride, outs, write, k, T, C, W, trans_s
 
 
 @njit(parallel=_PARALLEL, cache=True, error_model="numpy")
-def filter_backward(ins, boff, tstride, cstride, zc, var, cots, cboff, ctstride, ccstride, has, grads, step,
-                    gy, ginit, k, T, C, W, trans_step):
+def filter_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
+                    zc: np.ndarray,
+                    var: np.ndarray, cots: tuple[np.ndarray, ...], cboff: np.ndarray, ctstride: np.ndarray,
+                    ccstride: np.ndarray,
+                    has: np.ndarray, grads: tuple[np.ndarray, ...], step: np.ndarray, gy: np.ndarray, ginit: np.ndarray,
+                    k: np.ndarray, T: int, C: int, W: int, trans_step: bool) -> None:
     """The reverse recursion of the scalar adjoints of :func:`filter_forward`.
 
     ``zc``, ``var``: the forward's centred filtered mean and variance ``(B T C,)``. ``cots``: the
@@ -378,7 +385,9 @@ def filter_backward(ins, boff, tstride, cstride, zc, var, cots, cboff, ctstride,
 
 
 @njit(parallel=_PARALLEL, cache=True, error_model="numpy")
-def rts_forward(ins, boff, tstride, cstride, outs, k, T, C, W):
+def rts_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
+                outs: tuple[np.ndarray, ...],
+                k: np.ndarray, T: int, C: int, W: int) -> None:
     """The RTS smoother over every series, backwards in time; ``ins``: filtered ``mean, var,
     pred_mean, pred_var, decay, noise`` (order ``S_MEAN .. S_NOISE``); writes ``outs`` =
     smoothed ``(mean, var, precision)``, each ``(B T C,)``.
@@ -422,8 +431,12 @@ def rts_forward(ins, boff, tstride, cstride, outs, k, T, C, W):
 
 
 @njit(parallel=_PARALLEL, cache=True, error_model="numpy")
-def rts_backward(ins, boff, tstride, cstride, mean_s, var_s, cots, cboff, ctstride, ccstride, has, grads, step,
-                 k, T, C, W):
+def rts_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
+                 mean_s: np.ndarray,
+                 var_s: np.ndarray, cots: tuple[np.ndarray, ...], cboff: np.ndarray, ctstride: np.ndarray,
+                 ccstride: np.ndarray,
+                 has: np.ndarray, grads: tuple[np.ndarray, ...], step: np.ndarray, k: np.ndarray, T: int, C: int,
+                 W: int) -> None:
     """The adjoints of :func:`rts_forward`, forwards in time. ``mean_s, var_s``: its outputs;
     ``cots``: cotangents of its three outputs, read through ``cboff, ctstride, ccstride``
     (placeholders where ``has`` is unset). Writes ``grads`` in the order of ``ins``: ``(B T C,)``

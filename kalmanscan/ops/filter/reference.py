@@ -66,7 +66,7 @@ def filter(p: Problem) -> dict:
     return out
 
 
-def smooth(f: dict, mean_param):
+def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` by the RTS recursion as a
     sequential float64 NumPy loop: the oracle of every backend's ``smooth``."""
     g = {k: v.detach().cpu().double().numpy() for k, v in f.items()}

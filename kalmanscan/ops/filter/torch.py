@@ -22,7 +22,7 @@ from ...scan import associative_scan
 __all__ = ["filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity"]
 
 
-def first_step_identity(x, value):
+def first_step_identity(x: torch.Tensor, value: float) -> torch.Tensor:
     """``x`` broadcast to its time length with index 0 replaced by ``value`` (no transition)."""
     return torch.cat([torch.full_like(x[..., :1, :], value), x[..., 1:, :]], -2)
 
@@ -53,7 +53,8 @@ def filter(p: Problem) -> dict:
     return finish(p, mu_c, 1.0 / var, pred_mu_c, pred_var, missing, decay, noise)
 
 
-def finish(p: Problem, mu_c, lam, pred_mu_c, pred_var, missing, decay, noise) -> dict:
+def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.Tensor, pred_var: torch.Tensor,
+           missing: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor) -> dict[str, torch.Tensor]:
     """Add the offsets, the predictive law of y and log-likelihoods to centred filter moments.
 
     ``mu_c`` and ``pred_mu_c`` are centred (``x - mean``); ``lam`` is the filtered precision.
@@ -73,7 +74,7 @@ def finish(p: Problem, mu_c, lam, pred_mu_c, pred_var, missing, decay, noise) ->
                 missing=missing.to(p.dtype))
 
 
-def gain_terms(f: dict, mean_param):
+def gain_terms(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``(mu, J, bm, bv)`` of the RTS recursion from the filter's tensors ``f``: the centred
     filtered mean, the gains ``J_t = a_{t+1} var_t / pred_var_{t+1}`` and the offsets of the mean
     and variance recursions (``(..., T - 1, C)``; see :mod:`kalmanscan.smooth`)."""
@@ -86,7 +87,7 @@ def gain_terms(f: dict, mean_param):
     return mu, J, bm, bv
 
 
-def smooth(f: dict, mean_param):
+def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` (each ``(..., T, C)``)
     by two reverse affine scans; differentiable by autograd. The contract of every backend's
     ``smooth`` (:mod:`kalmanscan.ops.filter`)."""
@@ -99,7 +100,7 @@ def smooth(f: dict, mean_param):
     return mu_s + mean_param, var_s, 1.0 / var_s
 
 
-def summary(p: Problem, *, chunk_elements: int = merged.CHUNK_ELEMENTS):
+def summary(p: Problem, *, chunk_elements: int = merged.CHUNK_ELEMENTS) -> tuple[torch.Tensor, ...]:
     """The merged-form product of every step of ``p`` with no transition at step 0
     (:mod:`kalmanscan.merged`: 7 tensors ``(..., 1, C)``), in chunks of ``chunk_elements``
     step-channels (bounded memory), differentiable (each chunk recomputed in the backward).

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 
 import torch
 
@@ -66,7 +69,7 @@ def plan(B: int, T: int, C: int, config: FilterConfig = DEFAULT_CONFIG) -> tuple
     return cdiv(T, stretch), stretch
 
 
-def flat(x, shape) -> torch.Tensor:
+def flat(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``x`` (``(..., 1 or T, C or 1)``) broadcast to ``shape`` and viewed as ``(B, T, C)``."""
     B = math.prod(shape[:-2])
     return torch.broadcast_to(x, shape).reshape(B, shape[-2], shape[-1])
@@ -105,7 +108,8 @@ def _steps(views, names):
     return any(views[n].stride(1) != 0 and views[n].shape[1] > 1 for n in names)
 
 
-def launch(B: int, T: int, C: int, ns: int, config: FilterConfig = DEFAULT_CONFIG):
+def launch(B: int, T: int, C: int, ns: int,
+           config: FilterConfig = DEFAULT_CONFIG) -> tuple[tuple[int, int], dict[str, Any]]:
     """Grid and launch options of the walking kernels (``WIDE``: 64-bit offsets); the forward
     ones add :func:`fwd_opts`, the backward ones ``UNROLL=config.bwd_unroll``."""
     block = min(config.small_c_block if C < 32 else config.block, next_power_of_2(ns * C))
@@ -120,7 +124,7 @@ def fwd_opts(config: FilterConfig = DEFAULT_CONFIG, posterior: bool = False) -> 
     return dict(UNROLL=config.unroll, PREFETCH=config.posterior_prefetch if posterior else config.prefetch)
 
 
-def check_device(y) -> None:
+def check_device(y: torch.Tensor) -> None:
     """``ValueError`` unless ``y`` is on CUDA (or ``TRITON_INTERPRET=1`` runs the kernels on the CPU)."""
     if y.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); "
@@ -131,8 +135,10 @@ POSTERIOR = ("mean", "precision", "pred_mean", "pred_var", "var", "pred_precisio
              "pred_obs_var", "logliks", "missing")  # in the kernel's pointer order
 
 
-def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"),
-                   config: FilterConfig = DEFAULT_CONFIG, posterior=False) -> dict:
+def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
+                   outputs: Sequence[str] = ("mu", "lam", "pred_mu", "pred_var"),
+                   config: FilterConfig = DEFAULT_CONFIG,
+                   posterior: Sequence[str] | bool = False) -> dict[str, torch.Tensor]:
     """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``.
 
     ``views`` maps ``y, theta, sigma, dt, obs_var, mean, h`` to ``(B, T, C)`` tensors (broadcast
@@ -173,7 +179,7 @@ def filter_forward(views, init, outputs=("mu", "lam", "pred_mu", "pred_var"),
     return {k: out[k] for k in (posterior or outputs)}
 
 
-def posterior_mask(fields) -> int:
+def posterior_mask(fields: Iterable[str]) -> int:
     """The kernels' ``POSTERIOR`` bit mask of ``fields`` (names of :data:`POSTERIOR`)."""
     return sum(1 << i for i, k in enumerate(POSTERIOR) if k in fields)
 
@@ -195,7 +201,9 @@ def _outputs(y, outputs, posterior):
     return out, pointers, dict(WRITE_MU="mu" in out, WRITE_LAM="lam" in out, WRITE_PRED="pred_mu" in out)
 
 
-def filter_backward(views, init, mu, lam, cot, config: FilterConfig = DEFAULT_CONFIG):
+def filter_backward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor], mu: torch.Tensor, lam: torch.Tensor,
+                    cot: Sequence[torch.Tensor | None],
+                    config: FilterConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, ...]:
     """Launch the backward; returns ``grad_y``, the observation and transition adjoints, init's.
 
     ``cot`` is a sequence of four cotangents, of ``(mu, lam, pred_mu, pred_var)``: each a
@@ -347,7 +355,8 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     return torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
 
 
-def smooth(f: dict, mean_param, config: FilterConfig = DEFAULT_CONFIG):
+def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor,
+           config: FilterConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, ...]:
     """Smoothed ``(mean, var, precision)``, each ``(..., T, C)``, from the filter's tensors ``f``
     (``mean, var, pred_mean, pred_var, decay, noise``, broadcastable to ``(..., T, C)``) and the
     model's mean parameter: the reverse walks of :mod:`kalmanscan.kernels.filter.rts`; the
@@ -375,7 +384,7 @@ def smooth(f: dict, mean_param, config: FilterConfig = DEFAULT_CONFIG):
     return tuple(x.reshape(shape) for x in out)
 
 
-def summary(p: Problem, config: FilterConfig = DEFAULT_CONFIG):
+def summary(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, ...]:
     """The merged-form product of every step of ``p`` with no transition at step 0
     (:mod:`kalmanscan.merged`: 7 tensors ``(..., 1, C)``), without gradient: the aggregate kernel's
     per-(stretch, channel) products (one pass over the inputs) composed by a kernel per series

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+from types import ModuleType
+
 
 import torch
 
@@ -20,7 +22,7 @@ _REGISTRY = Registry({name: f"kalmanscan.ops.kla.{name}"
                        for name in ("reference", "torch", "recurrent", "triton")})
 
 
-def register_backend(name: str, module) -> None:
+def register_backend(name: str, module: ModuleType) -> None:
     """Make ``kla_scan(..., backend=name)`` call ``module.kla_scan(v, lam_v, k, q, decay, noise,
     initial_state) -> (y, y_var, state)`` (a module, or its import path imported on first use)."""
     _REGISTRY.register(name, module)
@@ -36,7 +38,10 @@ def backend_names() -> tuple[str, ...]:
     return _REGISTRY.names()
 
 
-def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, return_state=False, backend="auto"):
+def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+             noise: torch.Tensor, *,
+             initial_state: FilterState | None = None, return_state: bool = False,
+             backend: str = "auto") -> tuple[torch.Tensor, ...]:
     """Run the KLA filters over the sequence (see the module docstring for shapes and numerics).
 
     Returns ``(y, y_var)``, or ``(y, y_var, state)`` with the final :class:`FilterState` (it
@@ -64,7 +69,9 @@ def kla_scan(v, lam_v, k, q, decay, noise, *, initial_state=None, return_state=F
     return (y, y_var, state) if return_state else (y, y_var)
 
 
-def validate(v, lam_v, k, q, decay, noise, initial_state, backend):
+def validate(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+             noise: torch.Tensor,
+             initial_state: FilterState | None, backend: str) -> bool:
     """Check shapes, dtypes, devices and value ranges; return whether the filters need the mean
     form of the torch backend (a precision past the fused kernels' range, see :func:`kla_scan`)."""
     if backend not in backend_names():

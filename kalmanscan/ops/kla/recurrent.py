@@ -15,7 +15,9 @@ from .state import FilterState, prepare
 __all__ = ["kla_scan", "kla_step"]
 
 
-def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None):
+def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+             noise: torch.Tensor,
+             initial_state: FilterState | None = None) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
     """The KLA filters token by token in mean form (:func:`kla_step`), in the compute dtype.
 
     Same arguments and result as :func:`kalmanscan.ops.kla.torch.kla_scan`; differentiable by autograd. ``L`` steps
@@ -38,7 +40,9 @@ def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None):
     return torch.stack(ys, 1), torch.stack(y_vars, 1), FilterState.from_moments(var, mu)
 
 
-def kla_step(v, lam_v, k, q, decay, noise, var, mu):
+def kla_step(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+             noise: torch.Tensor,
+             var: torch.Tensor, mu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token of the scan in mean form, for decoding: ``(y, y_var, var, mu)``.
 
     ``v``, ``lam_v`` ``(B, M)``; ``k``, ``q`` ``(B, S)``; ``decay``, ``noise`` ``(M, S)``; the

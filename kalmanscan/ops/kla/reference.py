@@ -14,7 +14,9 @@ from .state import FilterState
 __all__ = ["kla_scan", "kla_scan_sequential"]
 
 
-def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None):
+def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+             noise: torch.Tensor,
+             initial_state: FilterState | None = None) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
     """``(y, y_var, state)`` in float64, the signature of every KLA backend (``initial_state`` a
     pair ``(lam, eta)`` or ``None``)."""
     lam0, eta0 = (None, None) if initial_state is None else initial_state
@@ -22,7 +24,9 @@ def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None):
     return y, y_var, FilterState.from_information(lam, eta)
 
 
-def kla_scan_sequential(v, lam_v, k, q, decay, noise, lam0=None, eta0=None):
+def kla_scan_sequential(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+                        noise: torch.Tensor, lam0: torch.Tensor | None = None, eta0: torch.Tensor | None = None,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The plain token-by-token recursion in float64: the independent oracle for both backends.
 
     Same shapes as :func:`kla_scan`; returns ``(y, y_var, lam, eta)`` as float64 tensors.

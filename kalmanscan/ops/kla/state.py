@@ -7,12 +7,14 @@ state (``lam = 1, eta = 0`` unless given).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 __all__ = ["FilterState", "information", "compute_dtype", "prepare"]
 
 
-def information(var, mu):
+def information(var: torch.Tensor, mu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(lam, eta) = (1 / var, mu / var)`` from the variance ``var >= 0`` and the mean ``mu``.
 
     Where ``var`` underflowed to 0 the exact precision is beyond the range: ``lam = inf`` and
@@ -40,27 +42,29 @@ class FilterState(tuple):
         return (*self, self.var, self.mu)
 
     @classmethod
-    def from_moments(cls, var, mu):
+    def from_moments(cls, var: torch.Tensor, mu: torch.Tensor) -> FilterState:
         """The state of variance ``var >= 0`` and mean ``mu``."""
         return cls(*information(var, mu), var, mu)
 
     @classmethod
-    def from_information(cls, lam, eta):
+    def from_information(cls, lam: torch.Tensor, eta: torch.Tensor) -> FilterState:
         """The state of precision ``lam > 0`` and information mean ``eta``."""
         var = 1.0 / lam
         return cls(lam, eta, var, eta * var)
 
-    def to(self, dtype):
+    def to(self, dtype: torch.dtype) -> FilterState:
         """The four tensors cast to ``dtype``."""
         return FilterState(*(x.to(dtype) for x in (*self, self.var, self.mu)))
 
 
-def compute_dtype(*tensors):
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """float64 if any tensor is float64, else float32."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def prepare(v, lam_v, k, q, decay, noise, initial_state):
+def prepare(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+            noise: torch.Tensor,
+            initial_state: FilterState) -> tuple[Any, ...]:
     """The inputs in the compute dtype and the initial :class:`FilterState` (``lam = 1, eta = 0``
     for ``None``; from a ``(lam, eta)`` pair; a given :class:`FilterState` cast)."""
     dtype = compute_dtype(v, lam_v, k, q, decay, noise)

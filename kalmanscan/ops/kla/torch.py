@@ -15,7 +15,9 @@ from .state import FilterState, prepare
 __all__ = ["kla_scan", "summary"]
 
 
-def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None):
+def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+             noise: torch.Tensor,
+             initial_state: FilterState | None = None) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
     """Time-parallel KLA scan in torch ops; returns ``(y, y_var, state)`` in the compute dtype.
 
     ``initial_state`` is a pair ``(lam, eta)``, a :class:`FilterState` or ``None`` (``lam = 1,
@@ -49,7 +51,9 @@ def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None):
     return y, y_var, FilterState.from_moments(var[:, -1], mu[:, -1])
 
 
-def summary(v, lam_v, k, q, decay, noise, dtype, *, chunk_elements: int = merged.CHUNK_ELEMENTS):
+def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+            noise: torch.Tensor,
+            dtype: torch.dtype, *, chunk_elements: int = merged.CHUNK_ELEMENTS) -> tuple[torch.Tensor, ...]:
     """The product of every token's step, 7 tensors ``(B, M, S)``, in the compute ``dtype``
     (:func:`kalmanscan.merged.chunked_total` in chunks of ``chunk_elements`` token-filters:
     memory bounded, recomputed in the backward)."""

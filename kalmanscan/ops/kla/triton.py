@@ -60,7 +60,9 @@ class KLAConfig:
 DEFAULT_CONFIG = KLAConfig()
 
 
-def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None, config=None):
+def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+             noise: torch.Tensor, initial_state: FilterState | None = None,
+             config: KLAConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
     """``(y, y_var, state)``: the signature every KLA backend shares (:func:`kla_scan_triton` with
     ``initial_state`` a pair ``(lam, eta)`` or ``None``, the state a :class:`FilterState`)."""
     lam0, eta0 = (None, None) if initial_state is None else initial_state
@@ -68,7 +70,10 @@ def kla_scan(v, lam_v, k, q, decay, noise, initial_state=None, config=None):
     return y, y_var, FilterState.from_information(lam, eta)
 
 
-def kla_scan_triton(v, lam_v, k, q, decay, noise, lam0=None, eta0=None, config=None):
+def kla_scan_triton(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+                    noise: torch.Tensor,
+                    lam0: torch.Tensor | None = None, eta0: torch.Tensor | None = None,
+                    config: KLAConfig | None = None) -> tuple[torch.Tensor, ...]:
     """Fused KLA scan; returns ``(y, y_var, lam, eta)`` (shapes as :func:`kalmanscan.ops.kla.kla_scan`).
 
     Differentiable with respect to every tensor argument. ``config`` (a :class:`KLAConfig`)
@@ -201,7 +206,9 @@ class _KLAScan(torch.autograd.Function):
         return grads + (None, None)
 
 
-def summary(v, lam_v, k, q, decay, noise, dtype, config: KLAConfig | None = None):
+def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+            noise: torch.Tensor,
+            dtype: torch.dtype, config: KLAConfig | None = None) -> tuple[torch.Tensor, ...]:
     """The product of every token's step (7 tensors ``(B, M, S)``, :mod:`kalmanscan.merged`) from
     the triton backend's piece-map kernel (float32, divided by the trace
     after every token; forward only), in ``dtype``.
