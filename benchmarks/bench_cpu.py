@@ -13,7 +13,11 @@ is checked against the ``"cpu"`` backend before it is timed:
 * statsmodels' ``UnobservedComponents(irregular, autoregressive=1).loglike`` per series (the model
   built outside the timing; for more than one series one is timed and the time multiplied,
   labelled "extrapolated");
-* simdkalman, if installed.
+* simdkalman, if installed;
+* filterpy's and pykalman's filters, if installed, on one series of at most :data:`SUBSET` steps,
+  the time multiplied to the whole shape (labelled "extrapolated");
+* ``ks.fit`` of the local level on the bundled Nile series (exact diffuse prior) against
+  statsmodels' ``UnobservedComponents("llevel").fit()``, log-likelihoods compared.
 
 Each contender's result is checked against the cpu backend on its warm-up call; then the
 contenders run in turns, ``--repeat`` rounds (a contender slower than :data:`SLOW_S` in one
@@ -103,18 +107,69 @@ def statsmodels_models(y, kw):
 
 
 def simdkalman_filter(y, kw):
+    """simdkalman on every series with the first series' rate (it takes one model for all series:
+    its state transition's leading axis is the state, not the series)."""
     import simdkalman
 
-    decay, noise = ks.ou.discretize(kw["theta"], kw["sigma"], 1.0)
-    N = y.shape[1]
-    kf = simdkalman.KalmanFilter(state_transition=np.eye(1), process_noise=np.eye(1),
+    decay, noise = ks.ou.discretize(kw["theta"][0], kw["sigma"], 1.0)
+    kf = simdkalman.KalmanFilter(state_transition=np.array([[decay]]), process_noise=np.array([[noise]]),
                                  observation_model=np.eye(1), observation_noise=kw["obs_var"])
-    # one model per series: simdkalman takes per-series matrices as a leading axis
-    kf.state_transition = decay.reshape(N, 1, 1)
-    kf.process_noise = noise.reshape(N, 1, 1)
-    init_var = ks.ou.stationary_var(kw["theta"], kw["sigma"]).reshape(N, 1, 1)
-    return kf.compute(y.T, 0, initial_value=np.zeros((N, 1)), initial_covariance=init_var,
+    init_var = float(ks.ou.stationary_var(kw["theta"][0], kw["sigma"]))
+    N = y.shape[1]
+    return kf.compute(y.T, 0, initial_value=np.zeros((N, 1, 1)), initial_covariance=np.array([[init_var]]),
                       filtered=True, smoothed=False, log_likelihood=True)
+
+
+SUBSET = 10_000  # steps of one series that filterpy and pykalman filter (then extrapolated)
+
+
+def filterpy_filter(y1, decay, noise, obs_var, init_var):
+    """filterpy's ``KalmanFilter.batch_filter`` on one series (predict then update each step; the
+    stationary prior with mean 0 is unchanged by the first prediction, so the moments agree)."""
+    from filterpy.kalman import KalmanFilter
+
+    kf = KalmanFilter(dim_x=1, dim_z=1)
+    kf.F, kf.H = np.array([[decay]]), np.array([[1.0]])
+    kf.Q, kf.R = np.array([[noise]]), np.array([[obs_var]])
+    kf.x, kf.P = np.zeros((1, 1)), np.array([[init_var]])
+    means, _, _, _ = kf.batch_filter(y1)
+    return means[:, 0, 0]
+
+
+def pykalman_filter(y1, decay, noise, obs_var, init_var):
+    from pykalman import KalmanFilter
+
+    kf = KalmanFilter(transition_matrices=[[decay]], observation_matrices=[[1.0]],
+                      transition_covariance=[[noise]], observation_covariance=[[obs_var]],
+                      initial_state_mean=[0.0], initial_state_covariance=[[init_var]])
+    means, _ = kf.filter(y1)
+    return means[:, 0]
+
+
+def fit_rows(repeat, have):
+    """``ks.fit`` of the Nile local level (exact diffuse prior) against statsmodels' fit."""
+    nile = ks.datasets.load_nile()
+    y = np.asarray(nile.y, float).reshape(-1, 1)
+
+    def ours():
+        return ks.fit(y, theta=0.0, init_var=math.inf, estimate=("sigma", "obs_var"), progress=False)
+
+    ref = float(np.asarray(ours().loglik).ravel()[0])
+    c = [("ks.fit cpu (L-BFGS)", ours, lambda r: rel(np.asarray(r.loglik).ravel()[0], ref),
+          "exact diffuse prior, loglik without the diffuse step")]
+    if have["statsmodels"]:
+        import statsmodels.api as sm
+
+        def theirs():
+            mod = sm.tsa.UnobservedComponents(y[:, 0], "llevel", use_exact_diffuse=True)
+            return mod.fit(disp=False)
+
+        c.append(("statsmodels fit", theirs, lambda r: rel(r.llf_obs[1:].sum(), ref),
+                  "UnobservedComponents('llevel'), exact diffuse; loglik without the diffuse step"))
+    rows = run_round_robin(c, repeat)
+    for row in rows:
+        row.update(N=1, T=y.shape[0], what="fit")
+    return rows
 
 
 def run_round_robin(contenders, repeat):
@@ -187,13 +242,27 @@ def bench_shape(N, T, what, repeat, have):
         c.append(("statsmodels loglike", lambda: mod.loglike(params), lambda x: rel(x, ref.loglik[0]),
                   "one series" + (f"; time x{N}, extrapolated" if N > 1 else "")))
     if have["simdkalman"] and what == "all" and N > 1:
+        shared = ks.filter(y, backend="cpu", **{**kw, "theta": kw["theta"][0]})
         c.append(("simdkalman", lambda: simdkalman_filter(y, kw),
-                  lambda x: rel(x.filtered.states.mean[..., 0].T, ref.mean), ""))
+                  lambda x: rel(x.filtered.states.mean[..., 0].T, shared.mean),
+                  "one rate for all series (checked against the cpu backend on the same)"))
+    steps = min(T, SUBSET)
+    decay, noise = ks.ou.discretize(kw["theta"][0], kw["sigma"], 1.0)
+    one = (float(decay), float(noise), kw["obs_var"], float(ks.ou.stationary_var(kw["theta"][0], kw["sigma"])))
+    extrapolate = {}
+    for name, fn in (("filterpy", filterpy_filter), ("pykalman", pykalman_filter)):
+        if have[name] and what == "all":
+            extrapolate[name] = N * T / steps
+            c.append((name, lambda fn=fn: fn(y[:steps, 0], *one), lambda x: rel(x, ref.mean[:steps, 0]),
+                      f"one series of {steps} steps; time x{N * T / steps:g}, extrapolated"))
     rows = run_round_robin(c, repeat)
     for row in rows:
         if row["contender"] == "statsmodels loglike":
             row["seconds"] *= scale
             row["cpu_seconds"] *= scale
+        if row["contender"] in extrapolate:
+            row["seconds"] *= extrapolate[row["contender"]]
+            row["cpu_seconds"] *= extrapolate[row["contender"]]
         row.update(N=N, T=T, what=what)
     return rows
 
@@ -207,7 +276,7 @@ def main():
     import numba
 
     have = {}
-    for name in ("statsmodels", "simdkalman"):
+    for name in ("statsmodels", "simdkalman", "filterpy", "pykalman"):
         try:
             __import__(name)
             have[name] = True
@@ -223,10 +292,12 @@ def main():
     print(f"numba {numba.__version__} threads {numba.get_num_threads()}, torch threads {torch.get_num_threads()}; "
           f"first cpu call in this process {first:.2f} s (cache load or compile); installed: {have}")
     rows = []
-    for N, T, what in (QUICK if args.quick else SHAPES):
-        shape_rows = bench_shape(N, T, what, args.repeat, have)
+    for N, T, what in (QUICK if args.quick else SHAPES) + [(None, None, "fit")]:
+        shape_rows = fit_rows(args.repeat, have) if what == "fit" else bench_shape(N, T, what, args.repeat, have)
+        N, T = shape_rows[0]["N"], shape_rows[0]["T"]
         base = shape_rows[0]["seconds"]
-        print(f"\n{N} series x {T} steps ({'log-likelihood' if what == 'loglik' else 'all outputs'}), float64 data")
+        kind = {"loglik": "log-likelihood", "fit": "local level fit, Nile"}.get(what, "all outputs")
+        print(f"\n{N} series x {T} steps ({kind}), float64 data")
         print(f"  {'contender':28s} {'wall':>11s} {'vs cpu':>8s} {'cpu time':>11s} {'calls':>5s} "
               f"{'max rel err':>11s}  note")
         for r in shape_rows:
