@@ -109,14 +109,16 @@ def restore(p: Problem, d: Diffuse, out: dict) -> dict:
     return fixed
 
 
-def smooth_leading(p: Problem, d: Diffuse, mean_s: torch.Tensor, var_s: torch.Tensor,
-                   precision_s: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def smooth_leading(p: Problem, d: Diffuse, filtered: dict, mean_s: torch.Tensor, var_s: torch.Tensor,
+                   precision_s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Smoothed ``(mean, var, precision)`` with the steps before each diffuse channel's first
-    observation smoothed backwards through ``p``'s transitions (module docstring)."""
+    observation smoothed backwards through ``p``'s transitions (module docstring): ``filtered`` is
+    :func:`restore`'s result (its ``decay, noise`` are ``p``'s), the others the smoother's output
+    on the finite problem."""
     if not bool(d.before.any()):
-        return mean_s, var_s, 1.0 / var_s if precision_s is None else precision_s
+        return mean_s, var_s, precision_s
     shape = p.shape
-    decay, noise = (torch.broadcast_to(x, shape).to(mean_s.dtype) for x in p.decay_noise())
+    decay, noise = (torch.broadcast_to(filtered[k], shape).to(mean_s.dtype) for k in ("decay", "noise"))
     mean = torch.broadcast_to(p.mean, shape).to(mean_s.dtype)
     a_next = torch.cat([decay[..., 1:, :], torch.ones_like(decay[..., :1, :])], -2)
     q_next = torch.cat([noise[..., 1:, :], torch.zeros_like(noise[..., :1, :])], -2)

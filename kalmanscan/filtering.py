@@ -77,7 +77,7 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if diffuse is not None:
         out = restore(p, diffuse, out)
     if by_loglik:
-        out["loglik"] = out["logliks"].sum(-2, dtype=torch.float64).to(out["logliks"].dtype)
+        out["loglik"] = _sum_time(out["logliks"])
         if not bool(torch.isfinite(out["loglik"]).all()):
             check_no_inf(p.y)
     if outputs is not None:

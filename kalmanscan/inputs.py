@@ -36,8 +36,9 @@ class Problem:
     Facts decided with the checks (no further synchronisation): ``diffuse``, whether any
     ``init_var`` is inf (:mod:`kalmanscan.diffuse`); ``no_noise``, whether some filter with
     ``decay < 1`` has process noise below :data:`kalmanscan.mobius.NO_NOISE`
-    (:func:`kalmanscan.mobius.no_process_noise`; ``None`` once a change of the parameters made it
-    unknown, and :meth:`no_process_noise` then computes it). ``outputs``: the fields the caller
+    (:func:`kalmanscan.mobius.no_process_noise`; decided with the checks only for the triton
+    backend, which picks its path by it; ``None`` otherwise or once a change of the parameters
+    made it unknown, and :meth:`no_process_noise` then computes it). ``outputs``: the fields the caller
     asked for (``None``: all; backends may compute more, :func:`kalmanscan.filter` drops them)."""
 
     y: torch.Tensor
@@ -155,8 +156,12 @@ class Checks:
 def check_no_inf(y: ArrayLike) -> None:
     """Raise ``ValueError`` if ``y`` holds ``inf`` (NaN is allowed: it marks a missing value)."""
     checks = Checks()
-    checks.add("y", y, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
+    _check_y(checks, y)
     checks.decide()
+
+
+def _check_y(checks: Checks, y: torch.Tensor) -> None:
+    checks.add("y", y, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
 
 
 def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
@@ -171,7 +176,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     pass over ``y`` that looks for ``inf``; the caller must then call :func:`check_no_inf` itself,
     e.g. only when the log-likelihood comes out non-finite (an ``inf`` in ``y`` always makes it so).
     """
-    from .ops.filter import backend_names  # (the registry imports this module)
+    from .ops.filter import backend_names, resolve_backend  # (the registry imports this module)
 
     if backend not in backend_names():
         raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
@@ -189,7 +194,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
 
     checks = Checks()
     if check_y:
-        checks.add("y", y_t, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
+        _check_y(checks, y_t)
     vals = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
     params = {}
     for name in _PARAMS:
@@ -239,16 +244,17 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         shape = batch[:-2] + shape[-2:-1] + batch[-1:]
     with torch.no_grad():
         checks.fact("diffuse", torch.isinf(init_v.detach()).any())
-        trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
-        home = trans[0].device if len({x.device for x in trans}) == 1 else device
-        decay, noise = ou.discretize(*(x.to(home) for x in trans))
-        smallest = mobius.decaying_noise(decay, noise).amin()
-        checks.fact("no_noise", smallest < mobius.NO_NOISE.get(dtype, mobius.NO_NOISE[torch.float32]))
+        if resolve_backend(backend, device) == "triton":  # it picks its path by this fact
+            trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
+            home = trans[0].device if len({x.device for x in trans}) == 1 else device
+            decay, noise = ou.discretize(*(x.to(home) for x in trans))
+            smallest = mobius.decaying_noise(decay, noise).amin()
+            checks.fact("no_noise", smallest < mobius.NO_NOISE.get(dtype, mobius.NO_NOISE[torch.float32]))
     facts = checks.decide()
     moved = {k: v.to(device) for k, v in params.items()}
     return Problem(y=y_t, init_mean=init_m.to(device), init_var=init_v.to(device), shape=shape,
                    numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"],
-                   no_noise=facts["no_noise"], times=None if times_t is None else times_t.to(device), **moved)
+                   no_noise=facts.get("no_noise"), times=None if times_t is None else times_t.to(device), **moved)
 
 
 def _home(x) -> torch.device:

@@ -57,6 +57,6 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
                          "floating-point range (ks.filter handles sigma = 0)")
     if diffuse is not None:
         out = restore(p, diffuse, out)
-        mean_s, var_s, precision_s = smooth_leading(p, diffuse, mean_s, var_s)
+        mean_s, var_s, precision_s = smooth_leading(p, diffuse, out, mean_s, var_s, precision_s)
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     return make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)

@@ -336,6 +336,8 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     """
     shape = p.shape
     check_device(p.y)
+    if p.no_process_noise():
+        return torch_backend.filter(p)
     B, C = math.prod(shape[:-2]), shape[-1]
     bshape = shape[:-2] + (1, C)
     lam0 = (1.0 / p.init_var).expand(bshape).reshape(B, C)
@@ -343,12 +345,10 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     init = torch.stack([lam0, lam0 * mu0], 1)
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
-    if p.no_process_noise():
-        return torch_backend.filter(p)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
         fields = POSTERIOR if p.outputs is None else tuple(k for k in POSTERIOR if k in p.outputs)
-        out = filter_forward(views, init.contiguous(), config=config, posterior=fields + ("missing",))
+        out = filter_forward(views, init.contiguous(), config=config, posterior=fields)
         return {**{k: x.reshape(shape) for k, x in out.items()}, "decay": decay, "noise": noise}
     mu_c, lam, pred_mu_c, pred_var = _FusedFilter.apply(*inputs, init, shape, config)
     missing = torch.isnan(p.y)
