@@ -22,16 +22,12 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
-
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import xarray as xr
+from .cli_report import MAX_ROWS, plot_bands, plot_calibration, print_fit, table
 
-
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "print_fit"]
 
 # Maximum-likelihood local-level variances of the Nile series (Durbin and Koopman, 2012, §2.10).
 NILE_LEVEL_VAR = 1469.1
@@ -46,9 +42,7 @@ _HELP = {
     "init_mean": "mean of the belief at the first time (default: --mean)",
     "init_var": "variance of the belief at the first time (default: stationary)",
 }
-_MAX_PANELS = 6
 _LONG_BYTES = 20_000_000
-_MAX_ROWS = 20
 
 
 def _demo(args) -> int:
@@ -156,7 +150,7 @@ class _Data:
             value = value.sel({d: template[d].values for d in value.dims if d in template.coords})
         except KeyError:
             raise ValueError(f"parameter '{name}' is not given for every channel of the input "
-                             f"({', '.join(self.labels[:_MAX_ROWS])})") from None
+                             f"({', '.join(self.labels[:MAX_ROWS])})") from None
         return value.broadcast_like(template).transpose(*template.dims).values.reshape(-1)
 
     def _by_label(self, name, value):
@@ -166,8 +160,8 @@ class _Data:
         given = [str(v) for v in (value[d].values if d in value.coords else range(value.sizes[d]))]
         absent = [lab for lab in self.labels if lab not in given]
         if absent:
-            raise ValueError(f"parameter '{name}' is given for {d} {', '.join(given[:_MAX_ROWS])}, not for "
-                             f"{', '.join(absent[:_MAX_ROWS])} of the input")
+            raise ValueError(f"parameter '{name}' is given for {d} {', '.join(given[:MAX_ROWS])}, not for "
+                             f"{', '.join(absent[:MAX_ROWS])} of the input")
         return value.values[[given.index(lab) for lab in self.labels]]
 
 
@@ -188,7 +182,7 @@ def _flag_params(args, data) -> dict:
                                      if other[0] in data.da.coords else None)
         else:
             raise ValueError(f"--{name.replace('_', '-')} has {len(values)} values; give one, or one per channel "
-                             f"({len(data.labels)}: {', '.join(data.labels[:_MAX_ROWS])})")
+                             f"({len(data.labels)}: {', '.join(data.labels[:MAX_ROWS])})")
     return out
 
 
@@ -282,16 +276,16 @@ def _run_filter(args, smooth: bool) -> int:
             io.write_dataset(ds, args.output, data.dim, data.da.attrs.get("time_column"))
         if args.plot:
             step("plot")
-            _plot_bands(post, data, ds.attrs["z"], args)
+            plot_bands(post, data, ds.attrs["z"], args.level, args.plot)
     band = ds.attrs["z"] * np.sqrt(post.var[-1])
     print(f"{'smoothed' if smooth else 'filtered'} {args.input}: T = {data.y.shape[0]}, "
           f"{data.y.shape[1]} channel(s), {ds.attrs['time_unit']}")
     rows = [[lab, str(int(np.isnan(data.y[:, c]).sum())), f"{post.loglik[c]:.6g}", f"{post.mean[-1, c]:.6g}",
              f"+/- {band[c]:.4g}"] for c, lab in enumerate(data.labels)]
-    for line in _table(["channel", "missing", "loglik", "last mean", f"{args.level:.0%} band"], rows[:_MAX_ROWS]):
+    for line in table(["channel", "missing", "loglik", "last mean", f"{args.level:.0%} band"], rows[:MAX_ROWS]):
         print(line)
-    if len(rows) > _MAX_ROWS:
-        print(f"  ... and {len(rows) - _MAX_ROWS} more channels")
+    if len(rows) > MAX_ROWS:
+        print(f"  ... and {len(rows) - MAX_ROWS} more channels")
     _wrote(args.output, args.plot)
     return 0
 
@@ -353,103 +347,11 @@ def _run_calibrate(args) -> int:
         report = ks.diagnostics.report(post, data.y, alpha=args.alpha)
         if args.plot:
             step("plot")
-            _plot_calibration(post, data, args)
+            plot_calibration(post, data, args.plot)
     print(f"calibration of the filter on {args.input} ({data.y.shape[1]} channel(s) pooled)")
     print(report)
     _wrote(args.plot)
     return 1 if args.strict and not report.calibrated else 0
-
-
-def _table(header, rows, gap=3):
-    """Lines of a table indented by two spaces: the first column left-aligned, the others
-    right-aligned, each as wide as its widest cell and ``gap`` spaces apart, so cells never touch."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    sep = " " * gap
-    return ["  " + sep.join(str(cell).ljust(w) if i == 0 else str(cell).rjust(w)
-                            for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-            for row in [header, *rows]]
-
-
-def print_fit(ds: xr.Dataset, data: xr.DataArray, heading: str) -> None:
-    """Print the fitted parameters of ``ds`` (a ``kalmanscan fit`` result) as an aligned table,
-    one row per channel of ``data``, with convergence and any unfitted channel."""
-    est = ds.attrs["estimate"].split(",")
-    shared = bool(ds.attrs["shared"])
-    fitted = np.ravel(ds["fitted"].values) if "fitted" in ds else np.ones(1, bool)
-    status = "converged" if bool(ds["converged"].all()) else "NOT converged"
-    print(f"{heading}: {status}, log-likelihood {float(ds['loglik'].sum()):.6g} "
-          f"({'shared' if shared else 'per channel'}; time unit: {ds.attrs['time_unit']})")
-    names = [k for k in ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var") if k in ds]
-    rows = []
-    for c, lab in enumerate(data.labels[:_MAX_ROWS] if not shared else ["all"]):
-        cells = [lab]
-        for k in names:
-            v = np.ravel(ds[k].values)[c if ds[k].ndim else 0]
-            se = f" +/- {np.ravel(ds[k + '_stderr'].values)[c if ds[k].ndim else 0]:.3g}" if k in est else ""
-            cells.append(f"{v:.5g}{se}")
-        rows.append(cells)
-    for line in _table(["channel", *names], rows):
-        print(line)
-    if not shared and len(data.labels) > _MAX_ROWS:
-        print(f"  ... and {len(data.labels) - _MAX_ROWS} more channels")
-    n_obs = np.ravel(ds["n_obs"].values)
-    if not fitted.all():
-        which = ["all"] if shared else [lab for lab, ok in zip(data.labels, fitted) if not ok]
-        counts = sorted({int(n) for n, ok in zip(n_obs, np.broadcast_to(fitted, n_obs.shape)) if not ok}) \
-            if not shared else [int(n_obs.sum())]
-        what = "no observations" if counts == [0] else \
-            f"{'/'.join(map(str, counts))} observation(s), fewer than the {len(est)} estimated parameters"
-        note = (f"not fitted ({what}): {', '.join(which[:_MAX_ROWS])}" + (" ..." if len(which) > _MAX_ROWS else "")
-                + "; the values shown for it are the initial guess, not estimates")
-        print(f"  {note}")
-        print(f"kalmanscan: warning: {note}", file=sys.stderr)
-    elif status != "converged":
-        print("kalmanscan: warning: the optimiser stopped before converging; raise --max-iter or check the model",
-              file=sys.stderr)
-
-
-def _figure(n, height):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(n, 1, figsize=(10, height * n), layout="constrained", squeeze=False)
-    return plt, fig, axes[:, 0]
-
-
-def _plot_bands(post, data, z, args):
-    import kalmanscan as ks
-
-    n = min(data.y.shape[1], _MAX_PANELS)
-    plt, fig, axes = _figure(n, 2.8)
-    for c in range(n):
-        ks.plot.belief_band(post, y=data.y, times=data.plot_times(), channel=c, z=z, ax=axes[c],
-                            title=f"{data.labels[c]}: {'smoothed' if post.filtered is not None else 'filtered'} "
-                                  f"state, {args.level:.0%} band")
-        axes[c].set_xlabel(data.time_label())
-    fig.savefig(args.plot, dpi=110)
-    plt.close(fig)
-
-
-def _plot_calibration(post, data, args):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    import kalmanscan as ks
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
-    ks.plot.pit_histogram(post, data.y, ax=axes[0, 0])
-    ks.plot.reliability(post, data.y, target="obs", ax=axes[0, 1])
-    ks.plot.nis(post, data.y, channel=0, times=data.plot_times(), ax=axes[1, 0], title=f"NIS, {data.labels[0]}")
-    ks.plot.belief_band(post, y=data.y, times=data.plot_times(), channel=0, ax=axes[1, 1],
-                        title=f"{data.labels[0]}: filtered state")
-    for ax in axes[1]:
-        ax.set_xlabel(data.time_label())
-    fig.savefig(args.plot, dpi=110)
-    plt.close(fig)
 
 
 def _check_outputs(args):

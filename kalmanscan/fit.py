@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .filtering import filter as _filter
+from .optimize import adam, lbfgs
 from .types import ArrayLike
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         progress = sys.stderr.isatty() and y_t.numel() * max_iter >= 5e6
     with torch.no_grad():
         objective(u)  # errors in the inputs surface here, before the optimiser runs
-    run = _lbfgs if method == "lbfgs" else _adam
+    run = lbfgs if method == "lbfgs" else adam
     converged, n_iter, message = run(objective, u, max_iter, tol, progress)
     reason = "" if converged else message
     if not bool(identified.all()):
@@ -425,102 +426,6 @@ def _np(x):
 def _block_shape(est):
     shape = next(iter(est.values())).shape if est else ()
     return tuple(s for s in shape if s != 1) or (1,)
-
-
-def _lbfgs(objective, u, max_iter, tol, progress):
-    """``scipy.optimize.minimize(method="L-BFGS-B")`` on the flattened coordinates, torch gradients.
-
-    Stops when the largest gradient component is at most ``tol`` or when an iteration reduces the
-    objective by less than rounding (``ftol`` of 10 float64 ulps, relative).
-    """
-    from scipy.optimize import minimize
-    from tqdm.auto import tqdm
-
-    params = list(u.values())
-    sizes = [p.numel() for p in params]
-    last = {}
-
-    def fun(x):
-        with torch.no_grad():
-            for p, chunk in zip(params, np.split(x, np.cumsum(sizes)[:-1])):
-                p.copy_(torch.as_tensor(chunk, dtype=p.dtype).reshape(p.shape))
-        for p in params:
-            p.grad = None
-        try:
-            loss = objective(u)
-        except ValueError:  # a step so long that a parameter under- or overflowed: rejected like inf
-            last["f"] = math.inf
-            return math.inf, np.zeros(sum(sizes))
-        loss.backward()
-        grad = torch.cat([p.grad.reshape(-1) for p in params]).detach().cpu().double().numpy()
-        f = float(loss.detach())
-        last["f"] = f
-        return (f, grad) if math.isfinite(f) and np.all(np.isfinite(grad)) else (math.inf, np.zeros_like(grad))
-
-    x0 = np.zeros(sum(sizes))
-    with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
-        def callback(xk):
-            bar.update(1)
-            bar.set_postfix(objective=f"{last['f']:.6g}", refresh=False)
-
-        res = minimize(fun, x0, jac=True, method="L-BFGS-B", callback=callback,
-                       options=dict(maxiter=max_iter, gtol=tol, ftol=10 * np.finfo(np.float64).eps, maxcor=20))
-        _finish(bar, bool(res.success))
-    f, grad = fun(res.x)
-    gmax = float(np.max(np.abs(grad))) if grad.size else 0.0
-    if not math.isfinite(f):
-        return False, int(res.nit), "the objective or its gradient became non-finite"
-    message = res.message if isinstance(res.message, str) else res.message.decode()
-    return bool(res.success), int(res.nit), f"{message.lower()} (max gradient {gmax:.2e})"
-
-
-def _finish(bar, converged):
-    """End the bar at 100% when the fit stops before ``max_iter``, saying whether it converged."""
-    if bar.disable:
-        return
-    bar.total = max(bar.n, 1)
-    if bar.n == 0:
-        bar.update(1)
-    bar.set_postfix_str("converged" if converged else "stopped, not converged", refresh=False)
-    bar.refresh()
-
-
-def _adam(objective, u, max_iter, tol, progress, lr=0.05, betas=(0.9, 0.999), eps=1e-8):
-    """Adam (Kingma and Ba) with bias correction, written out to keep ``torch.optim`` unneeded."""
-    from tqdm.auto import tqdm
-
-    params = list(u.values())
-    m = [torch.zeros_like(p) for p in params]
-    v = [torch.zeros_like(p) for p in params]
-    with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
-        for it in range(max_iter + 1):
-            for p in params:
-                p.grad = None
-            try:
-                loss = objective(u)
-            except ValueError:  # a parameter under- or overflowed
-                _finish(bar, False)
-                return False, it, "the objective or its gradient became non-finite"
-            loss.backward()
-            f = float(loss.detach())
-            gmax = max(float(p.grad.abs().max()) for p in params)
-            bar.set_postfix(objective=f"{f:.6g}", grad=f"{gmax:.2e}", refresh=False)
-            if not math.isfinite(f) or not math.isfinite(gmax):
-                _finish(bar, False)
-                return False, it, "the objective or its gradient became non-finite"
-            if gmax <= tol:
-                _finish(bar, True)
-                return True, it, f"gradient below tol ({gmax:.2e})"
-            if it == max_iter:
-                break
-            with torch.no_grad():
-                for p, mi, vi in zip(params, m, v):
-                    mi.mul_(betas[0]).add_(p.grad, alpha=1 - betas[0])
-                    vi.mul_(betas[1]).addcmul_(p.grad, p.grad, value=1 - betas[1])
-                    step = lr * (mi / (1 - betas[0] ** (it + 1))) / ((vi / (1 - betas[1] ** (it + 1))).sqrt() + eps)
-                    p.sub_(step)
-            bar.update(1)
-    return False, max_iter, f"reached max_iter = {max_iter} (max gradient {gmax:.2e})"
 
 
 def _covariance(loglik, nat, names):
