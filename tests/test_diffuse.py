@@ -5,11 +5,10 @@ import math
 
 import numpy as np
 import pytest
+import statsmodels.api as sm
 import torch
 
 import kalmanscan as ks
-
-sm = pytest.importorskip("statsmodels.api")
 
 S2_EPS, S2_ETA = 15099.0, 1469.1           # Durbin and Koopman's MLE of the Nile local level
 BACKENDS = [b for b in ks.ops.filter.backend_names() if b != "auto"]

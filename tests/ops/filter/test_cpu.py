@@ -7,17 +7,16 @@ import dataclasses
 import subprocess
 import sys
 
+import numba
 import numpy as np
 import pytest
 import torch
 from helpers import POSITIVE, max_rel_error, random_problem, rel_error, to_np
 
-numba = pytest.importorskip("numba")
-
-from kalmanscan.inputs import prepare  # noqa: E402
-from kalmanscan.ops.filter import cpu  # noqa: E402
-from kalmanscan.ops.filter import reference as reference_backend  # noqa: E402
-from kalmanscan.ops.filter import torch as torch_backend  # noqa: E402
+from kalmanscan.inputs import prepare
+from kalmanscan.ops.filter import cpu
+from kalmanscan.ops.filter import reference as reference_backend
+from kalmanscan.ops.filter import torch as torch_backend
 
 FIELDS = cpu.FIELDS[:9]  # the differentiable fields (missing is 0/1)
 # Worst float32 error against the float64 reference over 48 random problems (T up to 5000,
