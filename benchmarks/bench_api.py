@@ -7,8 +7,11 @@ output and with ``outputs=("mean", "var")``, the fused kernels that write the sa
 *queued* (calls back to back, the GPU's time per call: ``triton.testing.do_bench``) and *alone*
 (host wall time of one synchronised call, median). The floors are the bytes each call must move
 (4 bytes per element read of ``y``, 4 per element written per field) over the copy bandwidth
-measured in the same run. The KLA scan's public call is timed against its kernels the same way.
-Results are checked against the float64 torch backend first.
+measured in the same run. Per shape it also prints the fixed cost of a call (the public call alone
+minus its kernels alone) and what one ``ks.filter`` / ``ks.smooth`` call dispatches: torch
+operations, synchronisations (scalar reads) and host-to-device copies. The KLA scan's public call
+is timed against its kernels the same way. Results are checked against the float64 torch backend
+first.
 
     python -m benchmarks.bench_api --out results.json
 """
@@ -16,11 +19,13 @@ Results are checked against the float64 torch backend first.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kalmanscan as ks
 from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
@@ -44,6 +49,32 @@ def alone_ms(fn, reps: int = 30) -> float:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+class Dispatched(TorchDispatchMode):
+    """Counts the torch operations a call dispatches, its scalar reads back to the host (one
+    synchronisation each) and its copies from the host to the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+        self.to_device = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops[str(func)] += 1
+        ins = [a for a in args if isinstance(a, torch.Tensor)]
+        if isinstance(out, torch.Tensor) and out.device.type == "cuda" and any(a.device.type == "cpu" for a in ins):
+            self.to_device += 1
+        return out
+
+
+def call_counts(fn) -> dict:
+    """Operations, synchronisations and host-to-device copies of one call of ``fn``."""
+    fn()
+    with Dispatched() as d:
+        fn()
+    return dict(ops=sum(d.ops.values()), syncs=d.ops["aten._local_scalar_dense.default"], h2d=d.to_device)
 
 
 def both(fn) -> dict:
@@ -79,6 +110,9 @@ def filter_rows(g, bw) -> list[dict]:
                    floor_all_ms=(4 + 4 * ALL_FIELDS) * n / bw / 1e6, floor_mean_var_ms=12 * n / bw / 1e6)
         if n <= (1 << 27):
             row["public_smooth"] = both(lambda: ks.smooth(y, backend="triton", **kw))
+        row["fixed_all_ms"] = row["public_all"]["alone"] - row["kernel_all"]["alone"]
+        row["counts_all"] = call_counts(lambda: ks.filter(y, backend="triton", **kw))
+        row["counts_smooth"] = call_counts(lambda: ks.smooth(y, backend="triton", **kw))
         rows.append(row)
     return rows
 
@@ -127,6 +161,12 @@ def main():
               f"{pm['queued']:7.3f}/{pm['alone']:7.3f} {km['queued']:7.3f} {r['floor_mean_var_ms']:7.3f} "
               f"({100 * r['floor_mean_var_ms'] / pm['queued']:4.1f}%)"
               + (f"   smooth {r['public_smooth']['queued']:7.3f}" if "public_smooth" in r else ""))
+    print("fixed cost of a call (public all fields alone - its kernels alone, ms) and what one call dispatches:")
+    for r in rows:
+        print(f"C={r['C']:>5} T={r['T']:>8}  fixed {r['fixed_all_ms']:7.3f}  public/kernels queued "
+              f"{r['public_all']['queued'] / r['kernel_all']['queued']:5.2f}x all, "
+              f"{r['public_mean_var']['queued'] / r['kernel_mean_var']['queued']:5.2f}x mean+var   "
+              f"ks.filter {r['counts_all']}  ks.smooth {r['counts_smooth']}")
     for part in ("fwd", "fwd_bwd"):
         d = kla[part]
         print(f"kla_scan {part}: public {d['public']['queued']:.3f}/{d['public']['alone']:.3f} ms, "

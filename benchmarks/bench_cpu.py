@@ -8,6 +8,9 @@ is checked against the ``"cpu"`` backend before it is timed:
   the whole :class:`~kalmanscan.Posterior` (validation, the compiled loop, all outputs);
 * the compiled loop alone with only ``mean, var`` written (``cpu.filter(p, outputs=...)``, no
   validation): what the memory traffic of the ten outputs costs;
+* the memory floor: allocating and filling ten float64 arrays of ``y``'s shape (no filter), what
+  any filter returning the ten outputs in fresh memory pays at least;
+* for the log-likelihood, the public call with ``outputs=("loglik",)``;
 * ``ks.filter(y, backend="torch")``: the time-parallel scan in torch;
 * a NumPy loop over time, vectorised over series, computing the same fields;
 * statsmodels' ``UnobservedComponents(irregular, autoregressive=1).loglike`` per series (the model
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import time
@@ -92,6 +96,15 @@ def numpy_loop(y, theta, sigma, obs_var):
         out["mean"][t] = z
         out["var"][t] = P
         out["precision"][t] = 1.0 / P
+    return out
+
+
+def write_outputs(shape, n):
+    """What writing ``n`` fresh output arrays of ``shape`` costs alone: the memory floor of a
+    filter that returns them (allocation, first touch, one write of every element)."""
+    out = [np.empty(shape) for _ in range(n)]
+    for x in out:
+        x.fill(1.0)
     return out
 
 
@@ -227,10 +240,17 @@ def bench_shape(N, T, what, repeat, have):
         lambda x: max(rel(x.mean, ref.mean), rel(x.var, ref.var), rel(x.logliks, ref.logliks)))
     c = [("ks.filter cpu float64", public(y, "cpu"), check_post, "public call, NumPy in and out"),
          ("ks.filter cpu float32", public(y32, "cpu"), check32, "public call, float32 in and out")]
+    if what == "loglik":
+        def loglik_only():
+            return ks.filter(y, backend="cpu", outputs=("loglik",), **kw).loglik
+
+        c.append(("ks.filter cpu, outputs=loglik", loglik_only, check_post, "public call, log-likelihoods alone"))
     if what == "all":
         p = prepare(y, **kw)
         c.append(("cpu loop, mean+var only", lambda: cpu.filter(p, outputs=("mean", "var")),
                   lambda x: rel(x["var"].numpy(), ref.var), "validated problem, 2 outputs"))
+        c.append(("memory floor: 10 outputs", lambda: write_outputs(y.shape, len(cpu.FIELDS)), lambda x: 0.0,
+                  "allocate and fill the cpu backend's 10 float64 outputs (NumPy, one thread): no filter"))
     c.append(("ks.filter torch float64", public(y, "torch"), check_post, ""))
     c.append(("NumPy loop over time", lambda: numpy_loop(y, **kw),
               lambda x: max(rel(x["mean"], ref.mean), rel(x["var"], ref.var), rel(x["logliks"], ref.logliks)),
@@ -286,11 +306,13 @@ def main():
     ks.filter(np.zeros((3, 2)), theta=1.0, sigma=1.0, obs_var=1.0, backend="cpu")
     first = time.perf_counter() - t0
     machine = dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
+                   load_average=os.getloadavg(),
                    numba_threads=numba.get_num_threads(), torch_threads=torch.get_num_threads(),
                    numba=numba.__version__, torch=torch.__version__, numpy=np.__version__,
                    first_cpu_call_s=first, installed=have)
     print(f"numba {numba.__version__} threads {numba.get_num_threads()}, torch threads {torch.get_num_threads()}; "
-          f"first cpu call in this process {first:.2f} s (cache load or compile); installed: {have}")
+          f"first cpu call in this process {first:.2f} s (cache load or compile); installed: {have}; "
+          f"load average {os.getloadavg()[0]:.2f}")
     rows = []
     for N, T, what in (QUICK if args.quick else SHAPES) + [(None, None, "fit")]:
         shape_rows = fit_rows(args.repeat, have) if what == "fit" else bench_shape(N, T, what, args.repeat, have)

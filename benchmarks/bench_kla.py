@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from benchmarks.records import commit
-from kalmanscan.ops.kla import kla_scan, validate
+from kalmanscan.ops.kla import kla_scan, kla_scan_unchecked, validate
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 from kalmanscan.ops.kla.triton import DEFAULT_CONFIG, KLAConfig, kla_scan_triton
 
@@ -249,11 +249,12 @@ def bench_fla(B, L, H=4, K=64, V=128):
 def host_overhead(shape, n=50):
     """Where the public ``kla_scan`` spends the time its kernels do not: per-call CUDA-event medians
     (the sync of the validation stalls the queue inside the timed interval) and the wall time of
-    ``n`` calls back to back (a training loop's view), for the kernels alone, the validation alone
-    and the public call; milliseconds."""
+    ``n`` calls back to back (a training loop's view), for the kernels alone, the validation alone,
+    the public call and the unchecked call the layer makes (no synchronisation); milliseconds."""
     xs = make_inputs(*shape)
     calls = dict(kernels=lambda: kla_scan_triton(*xs)[:2], validation=lambda: validate(*xs, None, "triton"),
-                 public=lambda: kla_scan(*xs, backend="triton"))
+                 public=lambda: kla_scan(*xs, backend="triton"),
+                 unchecked=lambda: kla_scan_unchecked(*xs, backend="triton"))
     res = {}
     with torch.no_grad():
         for name, fn in calls.items():

@@ -22,6 +22,7 @@ from .forecast import forecast
 from .ops.filter import register_backend
 from .posterior import Posterior
 from .smooth import smooth
+from .stream import StreamState
 
 __version__ = "0.1.0"
 
@@ -29,7 +30,8 @@ __version__ = "0.1.0"
 # package, so a lazily bound ``ks.fit`` would become the module after ``import kalmanscan.fit``.
 _LAZY = ("diagnostics", "plot", "nn", "datasets", "distributed", "xr", "ops")
 
-__all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "register_backend", "ou", "mobius", *_LAZY]
+__all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "StreamState", "register_backend", "ou", "mobius",
+           *_LAZY]
 
 
 if "xarray" in sys.modules:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 
@@ -11,8 +12,9 @@ import torch
 
 from .diffuse import Diffuse, finite_problem, restore
 from .inputs import Problem, check_no_inf, prepare
-from .ops.filter import resolve_backend, run_backend
-from .posterior import Posterior
+from .ops.filter import run_backend
+from .posterior import Params, Posterior
+from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike
 
 
@@ -21,7 +23,7 @@ __all__ = ["filter", "make_posterior", "OUTPUTS"]
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
            init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
-           outputs: Sequence[str] | None = None) -> Posterior:
+           outputs: Sequence[str] | None = None, state: StreamState | Posterior | None = None) -> Posterior:
     """Filter ``y`` of shape ``(..., T, C)`` with an OU prior per channel; returns a :class:`Posterior`.
 
     Model per channel ``c`` (independent channels): ``x_t - mean = decay_t (x_{t-1} - mean) +
@@ -54,6 +56,11 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
             ``"missing"`` is the 0/1 flag in ``params``). On the triton backend without gradients
             the kernels write only these (e.g. ``("mean", "var")``: 12 bytes per element in
             float32 instead of 44); the other backends compute everything and drop the rest.
+        state: continue a stream from a previous call's ``post.state`` (a :class:`StreamState`)
+            or its Posterior: the prior is the state's prediction through this chunk's transition
+            into step 0 (``dt`` at index 0, or ``times[0] - state.time``; with ``state`` index 0
+            has a transition), so chunk by chunk equals one call over the whole series
+            (:mod:`kalmanscan.stream`). Excludes ``init_mean`` and ``init_var``.
 
     Parameters are static (scalars or ``(C,)``, or ``(..., 1, C)`` with batch dimensions) or per
     step (``(..., T, C)``); a per-step value at index ``t`` governs the transition into step ``t``
@@ -62,28 +69,35 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     Raises:
         ValueError: naming the argument, for bad values or shapes (see :mod:`kalmanscan.inputs`).
     """
-    # The fused kernels skip the separate pass over y looking for inf: an inf in y always makes
-    # the log-likelihood non-finite, and only then is y searched (and the ValueError raised).
+    # No separate pass over y looking for inf when the result shows it: an inf in y makes the
+    # log-likelihood and the filtered mean from its step on (the last step's too) non-finite; one
+    # reduction of the result is read back (the call's one synchronisation), and only when it is
+    # not finite is y searched (and the ValueError raised).
     wanted = _check_outputs(outputs)
-    fused = (isinstance(y, torch.Tensor) and backend in ("auto", "triton")
-             and resolve_backend(backend, y.device) == "triton")
-    by_loglik = fused and "logliks" in wanted
-    p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                init_mean=init_mean, init_var=init_var, backend=backend, check_y=not by_loglik)
+    by_result = "logliks" in wanted or "mean" in wanted
+    if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
+        state, init_mean, init_var = as_prior(state, init_mean, init_var)
+    with naming_state(state):
+        p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
+                    init_mean=init_mean, init_var=init_var, backend=backend, check_y=not by_result)
+    if state is not None:
+        p = continue_problem(p, state)
     if outputs is not None:
         p = dataclasses.replace(p, outputs=wanted)
     finite, diffuse = finite_problem(p)
     out = run_backend(finite, backend)
     if diffuse is not None:
         out = restore(p, diffuse, out)
-    if by_loglik:
+    if "logliks" in wanted:
         out["loglik"] = _sum_time(out["logliks"])
-        if not bool(torch.isfinite(out["loglik"]).all()):
-            check_no_inf(p.y)
+    if by_result and (diffuse is not None or not _finite(out["loglik"] if "logliks" in wanted else
+                                                         out["mean"][..., -1, :])):
+        check_no_inf(p.y)  # a diffuse channel's first observation leaves no trace in its result
     if outputs is not None:
         kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
         out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
-    return make_posterior(p, out, diffuse=diffuse)
+    post = make_posterior(p, out, diffuse=diffuse)
+    return post if state is None else mark(post, state)
 
 
 OUTPUTS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
@@ -108,33 +122,64 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
     shape = p.shape
     out = dict(out)
     loglik = out.pop("loglik", None)
-    conv = {k: None if v is None else p.output(torch.broadcast_to(v, shape)) for k, v in out.items()}
-    params = {k: p.output(torch.broadcast_to(getattr(p, k), shape))
-              for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
+    def full(v):
+        return p.output(v if tuple(v.shape) == shape else torch.broadcast_to(v, shape))
+
+    conv = {k: None if v is None else full(v) for k, v in out.items()}
+    # The parameters, times and counts are made when read (Params): most callers read none.
+    lazy = {k: (lambda k=k: full(getattr(p, k))) for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
     for k in ("decay", "noise", "missing"):
-        params[k] = conv.pop(k, None)
-    params["init_mean"] = p.output(p.init_mean.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
-    params["init_var"] = p.output(p.init_var.expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
-    params["times"] = _times(p)
-    n_diffuse = (torch.zeros(shape[:-2] + (shape[-1],), dtype=torch.int64, device=p.y.device)
-                 if diffuse is None else diffuse.n_diffuse)
-    params["n_diffuse"] = n_diffuse.cpu().numpy() if p.numpy_out else n_diffuse
+        v = out.get(k)
+        lazy[k] = (lambda v=v: None if v is None else full(v))
+        conv.pop(k, None)
+    for k in ("init_mean", "init_var"):
+        lazy[k] = lambda k=k: p.output(getattr(p, k).expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
+    lazy["times"] = lambda: _times(p)
+    lazy["n_diffuse"] = lambda: _n_diffuse(p, diffuse)
+    params = Params({"times_given": p.times is not None}, lazy)
     logliks = conv.pop("logliks", None)
     if p.outputs is not None and "loglik" not in p.outputs:
         loglik = None
-    elif loglik is None:
-        loglik = None if logliks is None else _sum_time(logliks)
+    elif loglik is None:  # summed as filter() sums it: before any conversion to NumPy
+        loglik = None if out.get("logliks") is None else p.output(_sum_time(out["logliks"]))
     else:
         loglik = p.output(loglik)
     return Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
 
 
+def _n_diffuse(p: Problem, diffuse: Diffuse | None):
+    """Observations left out of the log-likelihood per channel, ``(..., C)`` (:attr:`Posterior.n_diffuse`)."""
+    shape = p.shape
+    n = (torch.zeros(shape[:-2] + (shape[-1],), dtype=torch.int64, device=p.y.device)
+         if diffuse is None else diffuse.n_diffuse)
+    return n.cpu().numpy() if p.numpy_out else n
+
+
+_BLOCK = 64
+"""Steps summed in the input's dtype before the float64 sum over blocks (:func:`_sum_time`)."""
+
+
 def _sum_time(logliks):
-    """The sum over time, accumulated in float64 (a float32 sum over 10^6 steps would lose about
-    3 digits), returned in the input's dtype and array kind."""
-    if isinstance(logliks, torch.Tensor):
+    """The sum over time, returned in the input's dtype and array kind, accumulated in float64 (a
+    float32 sum over 10^6 steps would lose about 3 digits). A large float32 tensor is summed in
+    blocks of :data:`_BLOCK` steps in float32 (relative rounding below ``64 eps`` of a block's
+    magnitude, under the float32 result's own) and the blocks in float64: no float64 copy of every
+    step, which torch's ``sum(dtype=float64)`` would make."""
+    if not isinstance(logliks, torch.Tensor):
+        return logliks.sum(-2, dtype=np.float64).astype(logliks.dtype, copy=False)
+    T = logliks.shape[-2]
+    if logliks.dtype == torch.float64 or logliks.numel() < (1 << 20) or T < 2 * _BLOCK:
         return logliks.sum(-2, dtype=torch.float64).to(logliks.dtype)
-    return logliks.sum(-2, dtype=np.float64).astype(logliks.dtype, copy=False)
+    whole = T - T % _BLOCK
+    blocks = logliks[..., :whole, :].unflatten(-2, (whole // _BLOCK, _BLOCK)).sum(-2)
+    total = blocks.sum(-2, dtype=torch.float64) + logliks[..., whole:, :].sum(-2, dtype=torch.float64)
+    return total.to(logliks.dtype)
+
+
+def _finite(x: torch.Tensor) -> bool:
+    """Whether the sum of ``x`` is finite: false when an element is not (or the sum overflows). One
+    reduction read back: one synchronisation on a device."""
+    return math.isfinite(float(x.detach().sum()))
 
 
 def _times(p: Problem):

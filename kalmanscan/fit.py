@@ -8,11 +8,17 @@ coordinate starts at 0 and is of order 1. The minimised objective is the sum ove
 series of ``-loglik / n_obs`` (per observation), so tolerances do not depend on ``T`` or on the
 number of channels.
 
+The objective is lean (:class:`kalmanscan.likelihood.Likelihood`): the inputs are validated once,
+and each evaluation is one call of the backend's filter for the log-likelihoods and its exact
+first-order backward, on whatever device ``y`` is (the compiled loops on the CPU, the fused
+kernels on CUDA), read back by the optimiser with the gradient in one transfer.
+
 Standard errors come from the observed information: the Hessian of ``-loglik`` with respect to the
-natural parameters at the optimum, by double backward through the torch backend. Independent
-series (channels when ``shared=False``, batch elements always) have a block-diagonal Hessian, so
-``P`` Hessian-vector products with all-ones directions recover every ``P x P`` block at once
-(``P`` the number of estimated names). A positive parameter whose optimum is on its boundary (such
+natural parameters at the optimum, by central differences of the exact gradient in float64
+(:func:`kalmanscan.likelihood.gradient_and_hessian`). Independent series (channels when
+``shared=False``, batch elements always) have a block-diagonal Hessian, so moving one name in
+every series at once gives a column of every ``P x P`` block (``P`` the number of estimated
+names): ``2 P`` gradient evaluations in all. A positive parameter whose optimum is on its boundary (such
 as ``theta -> 0``: the likelihood still rises towards 0 and a Newton step from the estimate would
 cross it) has no standard error (NaN, flagged in ``on_boundary``); the others come from the Hessian
 of the free parameters alone. A block that is still not positive definite gets NaN throughout.
@@ -35,6 +41,8 @@ import numpy as np
 import torch
 
 from .filtering import filter as _filter
+from .likelihood import POSITIVE as _POSITIVE
+from .likelihood import Likelihood, gradient_and_hessian, valid
 from .optimize import adam, lbfgs
 from .types import ArrayLike
 
@@ -45,7 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["fit", "FitResult", "ESTIMABLE"]
 
 ESTIMABLE = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
-_POSITIVE = ("theta", "sigma", "obs_var", "init_var")
 _MODEL = ("theta", "sigma", "obs_var", "mean")
 
 
@@ -221,26 +228,21 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             out[k] = guess[k] * torch.exp(u[k]) if k in _POSITIVE else guess[k] + scale * u[k]
         return out
 
-    def loglik(nat, which_backend):
-        kw = {**fixed, **{k: (v.unsqueeze(-2) if k in _MODEL else v) for k, v in nat.items()}}
-        post = _filter(y_t, **kw, h=h, dt=dt, times=times, backend=which_backend)
-        if tuple(post.loglik.shape[:-1]) != batch:
-            raise ValueError(f"fixed parameters must not add batch dimensions to y's {batch}")
-        return post
-
+    lik = Likelihood(y_t, fixed, guess, h=h, dt=dt, times=times, backend=backend)
     weight = 1.0 / torch.clamp(n_group, min=1.0)
+    infinite = torch.tensor(math.inf, dtype=y_t.dtype, device=y_t.device)
 
     def objective(u):
-        ll = loglik(natural(u), backend).loglik
+        nat = natural(u)
+        ll = lik(nat)
         if shared:
             ll = ll.sum(-1, keepdim=True)
-        return -torch.where(identified, ll * weight, torch.zeros_like(ll)).sum()
+        loss = -torch.where(identified, ll * weight, torch.zeros_like(ll)).sum()
+        return torch.where(valid(nat), loss, infinite)  # a step so long that a parameter under- or overflowed
 
     u = {k: torch.zeros(batch + (Cp,), dtype=y_t.dtype, device=y_t.device, requires_grad=True) for k in estimate}
     if progress is None:
         progress = sys.stderr.isatty() and y_t.numel() * max_iter >= 5e6
-    with torch.no_grad():
-        objective(u)  # errors in the inputs surface here, before the optimiser runs
     run = lbfgs if method == "lbfgs" else adam
     converged, n_iter, message = run(objective, u, max_iter, tol, progress)
     reason = "" if converged else message
@@ -250,8 +252,8 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
 
     with torch.no_grad():
         nat = {k: v.detach() for k, v in natural(u).items()}
-        post = loglik(nat, backend)
-    cov, bound = _covariance(lambda n: loglik(n, "torch"), nat, estimate)
+        loglik = lik(nat)
+    cov, bound = _covariance(lik, nat, estimate, scale)
     nan = torch.tensor(math.nan, dtype=cov.dtype, device=cov.device)
     cov = torch.where(identified[..., None, None], cov, nan)
     bound = bound & identified[..., None]
@@ -269,7 +271,7 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
     stderr = {k: out(se[..., i], k) for i, k in enumerate(estimate)}
     on_boundary = {k: out(bound[..., i], k) for i, k in enumerate(estimate)}
     conv = (lambda x: x.detach().cpu().numpy()) if numpy_in else (lambda x: x.detach())
-    return FitResult(params=params, loglik=conv(post.loglik), converged=converged, n_iter=n_iter,
+    return FitResult(params=params, loglik=conv(loglik), converged=converged, n_iter=n_iter,
                      message=message, stderr=stderr, cov=conv(cov), names=estimate,
                      n_obs=conv(observed), method=method, settings=settings, reason=reason,
                      on_boundary=on_boundary, fitted=conv(identified))
@@ -428,27 +430,21 @@ def _block_shape(est):
     return tuple(s for s in shape if s != 1) or (1,)
 
 
-def _covariance(loglik, nat, names):
+def _covariance(lik, nat, names, scale):
     """Inverse Hessian of ``-loglik`` per independent series, ``B + (Cp, P, P)``, and the boundary
-    mask ``B + (Cp, P)``.
+    mask ``B + (Cp, P)``, in ``nat``'s dtype.
 
-    A positive parameter ``p`` is on its boundary when ``-loglik`` still decreases towards 0 there
-    (gradient ``g > 0``) and a Newton step ``g / H_pp`` would cross 0 (or ``H_pp <= 0``). Its row
-    and column are NaN; the covariance of the others is the inverse of the Hessian of the free
-    parameters alone. A block whose free part is not positive definite is NaN throughout.
+    The Hessian is :func:`kalmanscan.likelihood.gradient_and_hessian` of the likelihood in float64
+    (central differences of the exact gradient). A positive parameter ``p`` is on its boundary
+    when ``-loglik`` still decreases towards 0 there (gradient ``g > 0``) and a Newton step
+    ``g / H_pp`` would cross 0 (or ``H_pp <= 0``). Its row and column are NaN; the covariance of
+    the others is the inverse of the Hessian of the free parameters alone. A block whose free
+    part is not positive definite is NaN throughout.
     """
-    leaves = [nat[k].detach().clone().requires_grad_(True) for k in names]
-    with torch.enable_grad():
-        total = -loglik(dict(zip(names, leaves))).loglik.sum()
-        grads = torch.autograd.grad(total, leaves, create_graph=True)
-        rows = []
-        for g in grads:
-            cols = torch.autograd.grad(g.sum(), leaves, retain_graph=True, allow_unused=True)
-            rows.append(torch.stack([torch.zeros_like(leaves[0]) if c is None else c for c in cols], -1))
-    H = torch.stack(rows, -2).detach()
-    H = 0.5 * (H + H.transpose(-1, -2))
-    g = torch.stack([x.detach() for x in grads], -1)
-    p = torch.stack([x.detach() for x in leaves], -1)
+    dtype = next(iter(nat.values())).dtype
+    nat = {k: v.double() for k, v in nat.items()}
+    g, H = gradient_and_hessian(lik.in_float64(), nat, names, scale.double())
+    p = torch.stack([nat[k] for k in names], -1)
     positive = torch.tensor([k in _POSITIVE for k in names], device=H.device)
     h_pp = torch.diagonal(H, dim1=-2, dim2=-1)
     bound = positive & (g > 0) & ((h_pp <= 0) | (g >= p * h_pp))
@@ -460,4 +456,4 @@ def _covariance(loglik, nat, names):
     bad = ((info != 0) | ~torch.isfinite(L).all(-1).all(-1))[..., None, None]
     cov = torch.cholesky_inverse(torch.where(bad, eye, L))
     nan = torch.full_like(cov, math.nan)
-    return torch.where(bad | ~pair, nan, cov), bound
+    return torch.where(bad | ~pair, nan, cov).to(dtype), bound

@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,6 +27,10 @@ from .types import ArrayLike
 
 __all__ = ["Problem", "prepare", "check_no_inf"]
 _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
+_NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
+                         "pass init_var > 0, or float('inf') for a diffuse prior")
+_NEEDS_INIT_VAR_SIGMA = ("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
+                         "is then 0 (a known state); pass init_var > 0, or float('inf') for a diffuse prior")
 
 
 @dataclass
@@ -39,7 +43,11 @@ class Problem:
     (:func:`kalmanscan.mobius.no_process_noise`; decided with the checks only for the triton
     backend, which picks its path by it; ``None`` otherwise or once a change of the parameters
     made it unknown, and :meth:`no_process_noise` then computes it). ``outputs``: the fields the caller
-    asked for (``None``: all; backends may compute more, :func:`kalmanscan.filter` drops them)."""
+    asked for (``None``: all; backends may compute more, :func:`kalmanscan.filter` drops them).
+    ``derived``: when every parameter came from the host as a scalar or ``(C,)`` (the common call),
+    ``decay, noise, lam0, eta0`` computed there in float64 with the checks and moved with the
+    parameters in one copy (views ``(1, C)`` of one tensor), and the fields they came from (``from``);
+    read through :meth:`decay_noise` and :meth:`initial_info`."""
 
     y: torch.Tensor
     theta: torch.Tensor
@@ -57,6 +65,7 @@ class Problem:
     diffuse: bool = False
     no_noise: bool | None = None
     outputs: tuple | None = None
+    derived: dict | None = field(default=None, repr=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -69,8 +78,30 @@ class Problem:
         return self.no_noise
 
     def decay_noise(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """OU ``(decay, noise)`` per step, broadcastable to ``shape`` (index 0 unused)."""
+        """OU ``(decay, noise)`` per step, broadcastable to ``shape`` (index 0 unused): computed on
+        the host with the checks when every parameter came from the host (:attr:`derived`), else
+        by :func:`kalmanscan.ou.discretize` on the parameters' device."""
+        known = self._derived(("theta", "sigma", "dt"))
+        if known is not None:
+            return known["decay"], known["noise"]
         return ou.discretize(self.theta, self.sigma, self.dt)
+
+    def initial_info(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lam0, eta0)``, each broadcastable to ``shape[:-2] + (1, C)``: the initial precision
+        ``1 / init_var`` and information mean ``lam0 (init_mean - mean_0)`` (centred)."""
+        known = self._derived(("init_mean", "init_var", "mean"))
+        if known is not None:
+            return known["lam0"], known["eta0"]
+        lam0 = 1.0 / self.init_var
+        return lam0, lam0 * (self.init_mean - self.mean[..., :1, :])
+
+    def _derived(self, sources: tuple[str, ...]) -> dict | None:
+        """:attr:`derived` when the fields ``sources`` it was computed from are still this problem's
+        (``dataclasses.replace`` of any of them makes it stale), else ``None``."""
+        d = self.derived
+        if d is None or any(getattr(self, k) is not d["from"][k] for k in sources):
+            return None
+        return d
 
     def output(self, x: torch.Tensor) -> torch.Tensor | np.ndarray:
         """Cast a result tensor back to the caller's array kind and dtype."""
@@ -125,11 +156,12 @@ class Checks:
     def add(self, name: str, x: torch.Tensor, cond: Callable[[torch.Tensor], torch.Tensor], what: str) -> None:
         """Queue ``all(cond(x))`` (NaN fails), reported as ``"{name} must be {what}"``."""
         with torch.no_grad():
-            self.items.append((f"{name} must be {what}", torch.all(cond(x.detach()))))
+            self.items.append((f"{name} must be {what}", torch.all(cond(x.detach())), None))
 
-    def require(self, message: str, ok: torch.Tensor) -> None:
-        """Queue a check given as a boolean tensor ``ok`` and its full error message."""
-        self.items.append((message, ok))
+    def require(self, message: str, ok: torch.Tensor, confirm: Callable[[], None] | None = None) -> None:
+        """Queue a check given as a boolean tensor ``ok`` and its full error message; when ``ok``
+        is false and ``confirm`` is given, ``confirm()`` decides instead (it raises or returns)."""
+        self.items.append((message, ok, confirm))
 
     def fact(self, name: str, value: torch.Tensor | bool) -> None:
         """Queue a boolean tensor (or a Python bool) read back by :meth:`decide` as ``name``."""
@@ -137,7 +169,7 @@ class Checks:
 
     def decide(self) -> dict:
         """Raise for the first failed check; return the facts as Python bools."""
-        entries = [ok for _, ok in self.items] + list(self.facts.values())
+        entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
         tensors = [x for x in entries if isinstance(x, torch.Tensor)]
         on_device = [x for x in tensors if x.device.type != "cpu"]
         values = {}
@@ -145,23 +177,31 @@ class Checks:
             read = torch.stack([x.reshape(()).to(torch.bool) for x in on_device]).cpu().tolist()
             values = {id(x): v for x, v in zip(on_device, read)}
         verdict = [bool(values[id(x)]) if id(x) in values else bool(x) for x in entries]
-        for (message, _), good in zip(self.items, verdict):
-            if not good:
+        for (message, _, confirm), good in zip(self.items, verdict):
+            if not good and confirm is None:
                 raise ValueError(message)
+            if not good:
+                confirm()
         facts = dict(zip(self.facts, verdict[len(self.items):]))
         self.items, self.facts = [], {}
         return facts
 
 
+_Y_MESSAGE = "y must be finite or NaN (missing); it contains inf"
+
+
 def check_no_inf(y: ArrayLike) -> None:
     """Raise ``ValueError`` if ``y`` holds ``inf`` (NaN is allowed: it marks a missing value)."""
-    checks = Checks()
-    _check_y(checks, y)
-    checks.decide()
+    if bool(torch.isinf(torch.as_tensor(y)).any()):
+        raise ValueError(_Y_MESSAGE)
 
 
 def _check_y(checks: Checks, y: torch.Tensor) -> None:
-    checks.add("y", y, lambda v: ~torch.isinf(v), "finite or NaN (missing); it contains inf")
+    """Queue the check that ``y`` holds no ``inf`` as one reduction with no temporary the size of
+    ``y``: ``nansum(y)`` is finite unless ``y`` holds an ``inf`` or the sum overflows, and only
+    then is ``y`` searched (:func:`check_no_inf`)."""
+    with torch.no_grad():
+        checks.require(_Y_MESSAGE, torch.isfinite(torch.nansum(y.detach())), confirm=lambda: check_no_inf(y))
 
 
 def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
@@ -170,11 +210,14 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
             check_y: bool = True) -> Problem:
     """Validate and broadcast the filter's inputs; see the module docstring for the rules.
 
-    Parameters given as NumPy, Python numbers or CPU tensors are checked on the CPU before they
-    move to ``y``'s device; checks on device tensors (and the inf check on a device ``y``) are
-    decided together in one synchronisation, none when there are none. ``check_y=False`` skips the
-    pass over ``y`` that looks for ``inf``; the caller must then call :func:`check_no_inf` itself,
-    e.g. only when the log-likelihood comes out non-finite (an ``inf`` in ``y`` always makes it so).
+    When every parameter is a scalar or ``(C,)`` on the host (Python numbers, NumPy, CPU tensors
+    without gradient) and ``times`` is not given, they are checked with NumPy and reach ``y``'s
+    device in one copy with their derived values (:attr:`Problem.derived`). Otherwise parameters
+    given as NumPy, Python numbers or CPU tensors are checked on the CPU before they move to
+    ``y``'s device, and checks on device tensors are decided together in one synchronisation. The
+    inf check on ``y`` is one reduction (one synchronisation on a device). ``check_y=False`` skips
+    it; the caller must then call :func:`check_no_inf` itself, e.g. only when the log-likelihood
+    comes out non-finite (an ``inf`` in ``y`` always makes it so).
     """
     from .ops.filter import backend_names, resolve_backend  # (the registry imports this module)
 
@@ -192,25 +235,27 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     if y_t.shape[-2] < 1 or y_t.shape[-1] < 1:
         raise ValueError(f"y must have T >= 1 and C >= 1, got shape {tuple(y_t.shape)}")
 
-    checks = Checks()
-    if check_y:
-        _check_y(checks, y_t)
     vals = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
-    params = {}
     for name in _PARAMS:
         if vals[name] is None:
             raise ValueError(f"{name} is required")
-        params[name] = _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name])))
+    if times is None and all(_on_host(x) for x in (*vals.values(), init_mean, init_var)):
+        p = _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype)
+        if check_y:
+            checks = Checks()
+            _check_y(checks, y_t)
+            checks.decide()
+        return p
+    checks = Checks()
+    if check_y:
+        _check_y(checks, y_t)
+    params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in _PARAMS}
     times_t = None
     if times is not None:
         params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, _home(times), checks)
 
-    checks.add("theta", params["theta"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
-    checks.add("sigma", params["sigma"], lambda v: (v >= 0) & torch.isfinite(v), "finite and >= 0")
-    checks.add("obs_var", params["obs_var"], lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
-    checks.add("mean", params["mean"], torch.isfinite, "finite")
-    checks.add("h", params["h"], torch.isfinite, "finite")
-    checks.add("dt", params["dt"], lambda v: (v > 0) & torch.isfinite(v), "finite and > 0")
+    for name, bound in _BOUNDS.items():
+        checks.add(name, params[name], lambda v, b=bound: _within(v, b), _requirement(bound))
 
     shape = tuple(y_t.shape)
     for name, p in params.items():
@@ -221,11 +266,8 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     if theta0.device != sigma0.device:
         theta0, sigma0 = theta0.to(device), sigma0.to(device)
     if init_var is None:
-        checks.require("init_var is required when theta = 0 (the random walk has no stationary law); "
-                       "pass init_var > 0, or float('inf') for a diffuse prior", torch.all(theta0.detach() != 0))
-        checks.require("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
-                       "is then 0 (a known state); pass init_var > 0, or float('inf') for a diffuse prior",
-                       torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
+        checks.require(_NEEDS_INIT_VAR_THETA, torch.all(theta0.detach() != 0))
+        checks.require(_NEEDS_INIT_VAR_SIGMA, torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
         init_v = ou.stationary_var(theta0, sigma0)
     else:
         init_v = _init_param("init_var", init_var, dtype, _home(init_var))
@@ -236,12 +278,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         init_m = _init_param("init_mean", init_mean, dtype, _home(init_mean))
         checks.add("init_mean", init_m, torch.isfinite, "finite")
     for name, p in (("init_mean", init_m), ("init_var", init_v)):
-        try:
-            batch = np.broadcast_shapes(shape[:-2] + (1, shape[-1]), tuple(p.shape))
-        except ValueError:
-            raise ValueError(f"{name} of shape {tuple(p.shape)} does not broadcast to "
-                             f"{shape[:-2] + (shape[-1],)}") from None
-        shape = batch[:-2] + shape[-2:-1] + batch[-1:]
+        shape = _broadcast_init(name, shape, tuple(p.shape))
     with torch.no_grad():
         checks.fact("diffuse", torch.isinf(init_v.detach()).any())
         if resolve_backend(backend, device) == "triton":  # it picks its path by this fact
@@ -255,6 +292,96 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     return Problem(y=y_t, init_mean=init_m.to(device), init_var=init_v.to(device), shape=shape,
                    numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"],
                    no_noise=facts.get("no_noise"), times=None if times_t is None else times_t.to(device), **moved)
+
+
+_BOUNDS = dict(theta=">= 0", sigma=">= 0", obs_var="> 0", mean=None, h=None, dt="> 0")
+"""Each parameter's rule besides being finite (checked in this order)."""
+_DERIVED = ("decay", "noise", "lam0", "eta0")
+
+
+def _requirement(bound: str | None) -> str:
+    return "finite" if bound is None else f"finite and {bound}"
+
+
+def _within(v, bound: str | None):
+    """Elementwise: ``v`` finite and within ``bound`` (``">= 0"``, ``"> 0"`` or ``None``); NumPy or torch."""
+    finite = torch.isfinite(v) if isinstance(v, torch.Tensor) else np.isfinite(v)
+    if bound is None:
+        return finite
+    return finite & ((v >= 0) if bound == ">= 0" else (v > 0))
+
+
+def _on_host(x) -> bool:
+    """Whether ``x`` is ``None``, or a scalar or ``(C,)`` given on the host without gradient: the
+    parameters :func:`_prepare_host` takes."""
+    if x is None:
+        return True
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "cpu" and x.ndim <= 1 and not x.requires_grad
+    return np.ndim(x) <= 1
+
+
+def _host_array(name, x, np_dtype) -> np.ndarray:
+    """``x`` as a NumPy array of the compute dtype (then float64, exactly): what the kernels see."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to(torch.float64).numpy()
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    return arr.astype(np_dtype, copy=False).astype(np.float64, copy=False)
+
+
+def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Problem:
+    """:func:`prepare` for parameters that are scalars or ``(C,)`` on the host (the common call):
+    checked with NumPy (no torch operation, no synchronisation), the derived ``decay, noise,
+    lam0, eta0`` computed in float64, and everything moved to ``y``'s device in one copy of one
+    ``(12, C)`` tensor whose rows become the problem's fields (``(1, C)`` views)."""
+    dtype, shape = y_t.dtype, tuple(y_t.shape)
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    arrs = {name: _host_array(name, vals[name], np_dtype) for name in _PARAMS}
+    for name, a in arrs.items():
+        shape = _broadcast(name, shape, (1,) * (2 - a.ndim) + a.shape, shape[-2])
+    inits = {name: None if x is None else _host_array(name, x, np_dtype)
+             for name, x in (("init_mean", init_mean), ("init_var", init_var))}
+    for name, a in inits.items():
+        if a is not None:
+            shape = _broadcast_init(name, shape, (1,) * (2 - a.ndim) + a.shape)
+    C = shape[-1]
+    rows = np.empty((12, C))
+    for i, name in enumerate(_PARAMS):
+        rows[i] = arrs[name]
+    good = np.isfinite(rows[:6]).all(1)
+    nonneg, positive = (rows[:6] >= 0).all(1), (rows[:6] > 0).all(1)
+    for i, (name, bound) in enumerate(_BOUNDS.items()):
+        if not (good[i] and (bound is None or (nonneg if bound == ">= 0" else positive)[i])):
+            raise ValueError(f"{name} must be {_requirement(bound)}")
+    theta, sigma, obs_var, mean, h, dt = rows[:6]
+    if inits["init_var"] is None:
+        if not (theta != 0).all():
+            raise ValueError(_NEEDS_INIT_VAR_THETA)
+        if not ((sigma != 0) | (theta == 0)).all():
+            raise ValueError(_NEEDS_INIT_VAR_SIGMA)
+        with np.errstate(divide="ignore", over="ignore"):
+            rows[7] = (sigma * sigma / (2.0 * theta)).astype(np_dtype)
+    else:
+        rows[7] = inits["init_var"]
+        if not (rows[7] > 0).all():
+            raise ValueError("init_var must be > 0 (or inf: a diffuse prior)")
+    rows[6] = mean if inits["init_mean"] is None else inits["init_mean"]
+    if not np.isfinite(rows[6]).all():
+        raise ValueError("init_mean must be finite")
+    rows[8], rows[9] = ou.discretize(theta, sigma, dt)
+    with np.errstate(divide="ignore"):
+        rows[10] = 1.0 / rows[7]
+    rows[11] = rows[10] * (rows[6] - mean)
+    smallest = np.where(rows[8] < 1, rows[9], 1.0).min()
+    packed = torch.from_numpy(rows.astype(np_dtype)).to(y_t.device).view(12, 1, C).unbind(0)
+    fields = dict(zip(_PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
+    derived = {k: fields.pop(k) for k in _DERIVED}
+    p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=bool(np.isinf(rows[7]).any()),
+                no_noise=bool(smallest < mobius.NO_NOISE.get(dtype, mobius.NO_NOISE[torch.float32])), **fields)
+    p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in _PARAMS + ("init_mean", "init_var")}})
+    return p
 
 
 def _home(x) -> torch.device:
@@ -282,6 +409,15 @@ def _broadcast(name, shape, pshape, T):
     if out[-2] != T:
         raise ValueError(f"{name} of shape {pshape} has a time axis of length {pshape[-2]}, but y has T = {T}")
     return out
+
+
+def _broadcast_init(name, shape, pshape):
+    """``shape`` broadcast with an initial-state parameter of shape ``pshape`` (``(..., 1, C)``)."""
+    try:
+        batch = np.broadcast_shapes(shape[:-2] + (1, shape[-1]), pshape)
+    except ValueError:
+        raise ValueError(f"{name} of shape {pshape} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
+    return batch[:-2] + shape[-2:-1] + batch[-1:]
 
 
 def _dt_from_times(times, T, dtype, device, checks):

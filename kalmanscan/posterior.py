@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -10,7 +11,39 @@ import numpy as np
 from .types import ArrayLike
 
 
-__all__ = ["Posterior"]
+__all__ = ["Posterior", "Params"]
+
+
+class Params(MutableMapping):
+    """``Posterior.params``: a dict whose entries given in ``lazy`` (name -> function of no
+    arguments) are computed on first access and then kept, so a call pays only for the
+    broadcast parameters, times and counts that are read."""
+
+    def __init__(self, values: dict | None = None, lazy: dict[str, Callable[[], Any]] | None = None):
+        self._values = dict(values or {})
+        self._lazy = {k: f for k, f in (lazy or {}).items() if k not in self._values}
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._lazy:
+            self._values[key] = self._lazy.pop(key)()
+        return self._values[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._lazy.pop(key, None)
+        self._values[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if self._lazy.pop(key, None) is None:
+            del self._values[key]
+
+    def __iter__(self):
+        return iter([*self._values, *self._lazy])
+
+    def __len__(self) -> int:
+        return len(self._values) + len(self._lazy)
+
+    def __repr__(self) -> str:
+        return f"Params({', '.join(self)})"
 
 
 @dataclass
@@ -32,7 +65,8 @@ class Posterior:
     - ``params``: the broadcast model inputs (``theta, sigma, obs_var, mean, h, dt, decay, noise``,
       and ``missing``: 1.0 where ``y_t`` was NaN, else 0.0; ``times``: the observation times in
       float64, from 0 in steps of ``dt`` when no ``times`` were given)
-      as arrays of the same kind, for forecasting and diagnostics.
+      as arrays of the same kind, for forecasting and diagnostics (a :class:`Params` mapping
+      from :func:`kalmanscan.filter`: each entry is made on first access).
     """
 
     mean: Any
@@ -45,7 +79,7 @@ class Posterior:
     pred_obs_var: Any
     logliks: Any
     loglik: Any
-    params: dict = field(default_factory=dict, repr=False)
+    params: MutableMapping = field(default_factory=dict, repr=False)
     filtered: "Posterior | None" = field(default=None, repr=False)
 
     @property
@@ -59,6 +93,15 @@ class Posterior:
         prior was diffuse (``init_var = inf``) and the channel has an observation (its first: the
         diffuse step, whose density is improper, as statsmodels and KFAS leave it out), else 0."""
         return self.params["n_diffuse"]
+
+    @property
+    def state(self) -> Any:
+        """The :class:`~kalmanscan.StreamState` at the last step: the filtered mean and variance
+        ``(..., C)``, the OU mean level there, the last time (when ``times`` were given) and the
+        steps filtered so far; ``ks.filter(next_chunk, ..., state=post.state)`` continues from it."""
+        from .stream import last_state
+
+        return last_state(self)
 
     def __repr__(self) -> str:
         kind = "smoother" if self.filtered is not None else "filter"

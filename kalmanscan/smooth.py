@@ -24,6 +24,7 @@ from .diffuse import finite_problem, restore, smooth_leading
 from .filtering import make_posterior
 from .inputs import prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
+from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike
 
 if TYPE_CHECKING:
@@ -35,15 +36,22 @@ __all__ = ["smooth"]
 
 def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
-           init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto") -> Posterior:
+           init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
+           state: StreamState | Posterior | None = None) -> Posterior:
     """Smoothed moments ``p(x_t | y_0..y_{T-1})``; arguments as :func:`kalmanscan.filter`.
 
     Returns a :class:`~kalmanscan.Posterior` whose ``mean, var, precision`` are smoothed; its
     ``pred_*`` fields and ``logliks`` are the filter's (one-step predictions and likelihood do not
-    change under smoothing), and ``filtered`` holds the filter's full posterior.
+    change under smoothing), and ``filtered`` holds the filter's full posterior. With ``state``
+    (as :func:`kalmanscan.filter`) the chunk is smoothed given all the data before it as well.
     """
-    p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                init_mean=init_mean, init_var=init_var, backend=backend)
+    if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
+        state, init_mean, init_var = as_prior(state, init_mean, init_var)
+    with naming_state(state):
+        p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
+                    init_mean=init_mean, init_var=init_var, backend=backend)
+    if state is not None:
+        p = continue_problem(p, state)
     finite, diffuse = finite_problem(p)
     out = run_backend(finite, backend)
     shape = p.shape
@@ -59,4 +67,5 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         out = restore(p, diffuse, out)
         mean_s, var_s, precision_s = smooth_leading(p, diffuse, out, mean_s, var_s, precision_s)
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
-    return make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
+    post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
+    return post if state is None else mark(post, state)

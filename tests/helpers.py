@@ -155,14 +155,15 @@ def forward_views(y, kw):
     return views, torch.stack([lam0, lam0 * mu0], 1)
 
 
-def random_kla(variant="plain", discretization="ou", d_model=4, d_state=3, seed=0, **kwargs):
-    """A float64 ``KLA`` layer on the torch backend with every parameter moved off its initial
-    value (so all paths are exercised); ``kwargs`` go to the constructor."""
+def random_kla(variant="plain", discretization="ou", d_model=4, d_state=3, seed=0, init="kalmanscan", **kwargs):
+    """A float64 ``KLA`` layer (scheme ``init``, by default the one with ``log_sigma`` and a
+    per-channel skip) on the torch backend with every parameter moved off its initial value (so
+    all paths are exercised); ``kwargs`` go to the constructor."""
     from kalmanscan.nn import KLA
 
     torch.manual_seed(seed)
     layer = KLA(d_model, d_state=d_state, expand=2, variant=variant, discretization=discretization,
-                backend="torch", **kwargs).double()
+                init=init, backend="torch", **kwargs).double()
     with torch.no_grad():
         for p in layer.parameters():
             p.add_(0.1 * torch.randn_like(p))

@@ -22,7 +22,7 @@ def test_autoencoder_and_noise_zero_models():
     logits = model(torch.from_numpy(task.generate(np.random.default_rng(0), 2, False)[0]))
     assert logits.shape == (2, 32, 16)
     kla = model.encoder.blocks[0].mixer
-    assert not kla.log_sigma.requires_grad and (kla.discretized()[1] == 0).all()
+    assert not kla.noise_parameter().requires_grad and (kla.discretized()[1] == 0).all()
     groups = train.param_groups(model, 0.1)
     decayed = {id(p) for p in groups[0]["params"]}
     assert id(kla.log_dt) not in decayed and id(kla.in_proj.weight) in decayed

@@ -137,8 +137,8 @@ def test_mqar_attention_learns_a_tiny_instance_on_cpu(tmp_path):
     argv = ["--task", "mqar", "--len", "32", "--kv-pairs", "4", "--vocab", "32", "--filler", "zero",
             "--mixer", "attention", "--layers", "2", "--d-model", "32", "--steps", "400",
             "--batch", "32", "--lr", "3e-3", "--eval-every", "50", "--eval-size", "256",
-            "--threshold", "0.6", "--device", "cpu", "--no-progress"]
-    record = train.main([*argv, "--out", str(tmp_path / "mqar.json")])
+            "--threshold", "0.6", "--device", "cpu", "--no-progress", "--weight-init", "torch"]
+    record = train.main([*argv, "--out", str(tmp_path / "mqar.json")])   # N(0, 0.02) is slow at width 32
     assert record["best_token_acc"] > 0.5
 
 

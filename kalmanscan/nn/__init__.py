@@ -4,6 +4,7 @@
     ks.nn.KLA(d_model, d_state=16, expand=2, ...)
     ks.nn.SequenceModel(vocab_size, d_model, n_layers, mixer="kla", ...)
     ks.nn.layer_filters(layer, x) -> (obs, post)     # a KLA layer's filters as ks.filter's
+    ks.nn.initial_statistics(layer, x) -> dict       # what its filters do (kalmanscan.nn.init)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ _EXPORTS = {
     "MIXERS": ".mixers",
     "register_mixer": ".mixers",
     "layer_filters": ".filters",
+    "initial_statistics": ".init",
 }
 
 __all__ = list(_EXPORTS)

@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ou
-from ..ops.kla import FilterState, backend_names, information, kla_scan
+from ..ops.kla import FilterState, backend_names, information, kla_scan_unchecked
 from ..ops.kla.recurrent import kla_step
 from .common import causal_conv, init_log_dt, init_log_rates, inner_width, l2_normalize, positive_ints, scan_dtype
+from .init import DEFAULT_INIT, init_scheme, initial_log_sigma, obs_var_bias
 
 __all__ = ["KLA", "KLAState", "forward_with"]
 
@@ -90,29 +91,38 @@ class KLA(nn.Module):
         expand: M = expand * D channels (an integer result is required).
         variant: ``"plain"`` (full-width projections of z to v and to the log obs-variance) or
             ``"mamba"`` (v = z, and the log obs-variance through a rank ``var_rank`` bottleneck,
-            default ``ceil(D / 8)`` as in the paper's code).
+            default ``ceil(D / 8)`` as in the paper's code); default: the scheme's (``"plain"``
+            for ``init="kalmanscan"``, ``"mamba"`` for ``"authors"``).
         discretization: ``"ou"`` (exact OU step) or ``"zoh"`` (the zero-order-hold ablation).
         d_conv: width of the causal depthwise conv.
+        init: the initialisation scheme, ``"authors"`` (the default: the authors' current code,
+            one rate, noise from ``3 theta dt``, observation variance ``1/S`` through a zeroed
+            projection and a bias, a scalar skip; :mod:`kalmanscan.nn.init`, where the MQAR
+            comparison that chose it is summarised) or ``"kalmanscan"`` (the earlier default, below).
         dt_min, dt_max: range of the log-uniform initial step.
-        sigma_init: initial OU diffusion scale.
+        sigma_init: initial OU diffusion scale (default: the scheme's, 0.1 for ``"kalmanscan"``,
+            ``sqrt(3 theta dt)`` per filter for ``"authors"``).
         theta_init: ``"s4d"`` (the rates ``1..S`` below) or a positive number, the rate every
-            filter starts at (``1.0`` is the paper's code, ``a = -1``).
-        skip_init: initial value of the per-channel skip ``D_skip``.
+            filter starts at (``1.0`` is the paper's code, ``a = -1``); default: the scheme's.
+        skip_init: initial value of the skip ``D_skip`` (per channel, (M,); a scalar for
+            ``"authors"``).
         backend: forwarded to :func:`kalmanscan.nn.kla_scan` (``"auto"``, ``"torch"``, ``"triton"``,
             ``"recurrent"``).
 
-    OU parameters (each (M, S), stored as logs so they stay positive):
+    OU parameters (each (M, S), stored as logs so they stay positive; ``init="kalmanscan"`` below,
+    ``"authors"`` in :mod:`kalmanscan.nn.init`):
 
     * ``dt = exp(log_dt)``, log-uniform in ``[dt_min, dt_max] = [1e-3, 1e-1]`` at init, per (m, s):
       the paper's code and Mamba use this range (the paper stores it through a softplus; the log
       gives the same initial values and keeps dt positive without a floor).
-    * ``theta = exp(log_theta)``, by default the S4D-real initialisation ``theta[m, s] = s + 1``
+    * ``theta = exp(log_theta)``, with ``init="kalmanscan"`` the S4D-real initialisation ``theta[m, s] = s + 1``
       (Mamba's ``A``): the paper's code starts every rate at 1 (``a = -exp(0)``, here
       ``theta_init=1.0``), which is our ``s = 0`` row; spreading the rates over ``1..S`` gives each
       channel a range of memory lengths from the first step, ``decay = exp(-theta dt)`` from about
       0.2 to 0.999, at no cost in parameters.
-    * ``sigma = exp(log_sigma)``, ``sigma_init = 0.1``: ``sigma^2 = 0.01`` is the paper's initial
-      continuous process noise (its ``process_noise_scale``, reported best of those tried).
+    * ``sigma = exp(log_sigma)``, with ``init="kalmanscan"`` ``sigma_init = 0.1``: ``sigma^2 = 0.01``
+      is the paper's initial continuous process noise (its ``process_noise_scale``, reported best of those tried). With
+      ``init="authors"`` the parameter is ``log_sigma_sq = log sigma^2`` (:meth:`noise_parameter`).
 
     ``decay, noise = ou.discretize(theta, sigma, dt, discretization)`` (the toolkit's own code).
 
@@ -121,21 +131,25 @@ class KLA(nn.Module):
     is at most 1e4.
     """
 
-    def __init__(self, d_model: int, d_state: int = 16, expand: float = 2, variant: str = "plain",
-                 discretization: str = "ou", d_conv: int = 4, *, var_rank: int | None = None,
-                 dt_min: float = 1e-3, dt_max: float = 1e-1, sigma_init: float = 0.1,
-                 theta_init: str | float = "s4d", skip_init: float = -1.0, backend: str = "auto",
-                 device=None, dtype=None):
+    def __init__(self, d_model: int, d_state: int = 16, expand: float = 2, variant: str | None = None,
+                 discretization: str = "ou", d_conv: int = 4, *, init: str = DEFAULT_INIT,
+                 var_rank: int | None = None, dt_min: float = 1e-3, dt_max: float = 1e-1,
+                 sigma_init: float | None = None, theta_init: str | float | None = None,
+                 skip_init: float = -1.0, backend: str = "auto", device=None, dtype=None):
         super().__init__()
         positive_ints(d_model=d_model, d_state=d_state, d_conv=d_conv)
         M, S = inner_width(d_model, expand), d_state
+        scheme = init_scheme(init)
+        variant = scheme.variant if variant is None else variant
+        theta_init = scheme.theta_init if theta_init is None else theta_init
+        sigma_init = scheme.sigma_init if sigma_init is None else sigma_init
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
         if discretization not in ("ou", "zoh"):
             raise ValueError(f"discretization must be 'ou' or 'zoh', got {discretization!r}")
         if backend not in backend_names():
             raise ValueError(f"backend must be one of {backend_names()}, got {backend!r}")
-        if not sigma_init > 0:
+        if sigma_init is not None and not sigma_init > 0:
             raise ValueError(f"sigma_init must be positive, got {sigma_init!r}")
         if theta_init != "s4d" and (isinstance(theta_init, str) or not theta_init > 0):
             raise ValueError(f"theta_init must be 's4d' or a positive number, got {theta_init!r}")
@@ -143,7 +157,8 @@ class KLA(nn.Module):
             raise ValueError(f"var_rank applies to variant='mamba' and must be >= 1, got {var_rank!r}")
         factory = dict(device=device, dtype=dtype)
         self.d_model, self.d_inner, self.d_state, self.d_conv = d_model, M, S, d_conv
-        self.variant, self.discretization, self.backend = variant, discretization, backend
+        self.variant, self.discretization, self.backend, self.init = variant, discretization, backend, init
+        self.log_noise_var = scheme.log_noise_var
 
         self.in_proj = nn.Linear(d_model, 2 * M, bias=False, **factory)
         self.conv = nn.Conv1d(M, M, d_conv, groups=M, bias=True, **factory)
@@ -161,15 +176,47 @@ class KLA(nn.Module):
         self.log_theta = nn.Parameter(
             init_log_rates(M, S, **factory) if theta_init == "s4d"
             else torch.full((M, S), math.log(theta_init), **factory))
-        self.log_sigma = nn.Parameter(torch.full((M, S), math.log(sigma_init), **factory))
-        self.skip = nn.Parameter(torch.full((M,), float(skip_init), **factory))
-        for p in (self.log_dt, self.log_theta, self.log_sigma, self.skip):
-            p._no_weight_decay = True
+        log_sigma = initial_log_sigma(self.log_theta.detach().exp(), self.log_dt.detach().exp(), sigma_init)
+        if self.log_noise_var:
+            self.log_sigma_sq = nn.Parameter(2.0 * log_sigma)
+        else:
+            self.log_sigma = nn.Parameter(log_sigma)
+        self.skip = nn.Parameter(torch.full(() if scheme.scalar_skip else (M,), float(skip_init), **factory))
+        self.obs_var_bias = None
+        if scheme.obs_var_bias:
+            self.obs_var_bias = nn.Parameter(torch.full((M,), obs_var_bias(S, _OBS_VAR_FLOOR), **factory))
+            self.zero_obs_var_projection()
+        if scheme.zero_conv_bias:
+            with torch.no_grad():
+                self.conv.bias.zero_()
+        for p in (self.log_dt, self.log_theta, self.noise_parameter(), self.skip, self.obs_var_bias):
+            if p is not None:
+                p._no_weight_decay = True
+
+    def noise_parameter(self) -> nn.Parameter:
+        """The learned process noise: ``log_sigma``, or ``log_sigma_sq = log sigma^2`` for
+        ``init="authors"`` (each (M, S)); filling it with ``-inf`` gives ``noise = 0``."""
+        return self.log_sigma_sq if self.log_noise_var else self.log_sigma
+
+    @torch.no_grad()
+    def zero_obs_var_projection(self) -> None:
+        """Zero the weights that produce the log observation-variance (``var_expand`` in the
+        "mamba" block, those rows of ``sensor_proj`` in "plain") and mark the weight ``_no_reinit``
+        (kept by ``SequenceModel(weight_init="normal")``), as the authors' scheme does."""
+        if self.var_expand is not None:
+            weight = self.var_expand.weight
+            weight.zero_()
+        else:
+            weight = self.sensor_proj.weight
+            weight[self.d_inner:2 * self.d_inner].zero_()
+        weight._no_reinit = True
 
     def ou_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(theta, sigma, dt)``, each (M, S), in float32 (float64 for a float64 layer)."""
         dtype = scan_dtype(self.log_dt)
-        return tuple(torch.exp(p.to(dtype)) for p in (self.log_theta, self.log_sigma, self.log_dt))
+        log_noise = self.noise_parameter().to(dtype)           # log sigma, or log sigma^2
+        sigma = torch.exp(0.5 * log_noise if self.log_noise_var else log_noise)
+        return torch.exp(self.log_theta.to(dtype)), sigma, torch.exp(self.log_dt.to(dtype))
 
     def discretized(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(decay, noise)``, each (M, S): the OU prior over one token step."""
@@ -208,7 +255,10 @@ class KLA(nn.Module):
             log_var, k, q = self.sensor_proj(z).split([r, S, S], -1)
             v, log_var = z, self.var_expand(log_var)
         dtype = scan_dtype(z)
-        lam_v = 1.0 / (F.softplus(log_var.to(dtype)) + _OBS_VAR_FLOOR)
+        log_var = log_var.to(dtype)
+        if self.obs_var_bias is not None:
+            log_var = log_var + self.obs_var_bias.to(dtype)
+        lam_v = 1.0 / (F.softplus(log_var) + _OBS_VAR_FLOOR)
         k, q = l2_normalize(k.to(dtype)), l2_normalize(q.to(dtype))
         return v.to(dtype), lam_v, k, q
 
@@ -233,6 +283,10 @@ class KLA(nn.Module):
             out_var = F.linear(y_var * g2, self.out_proj.weight.to(y_var.dtype).square())
         return out, out_var
 
+    noise_free: bool = False
+    """Set true when the process noise is fixed at 0 (``sigma = 0``, frozen): known on the host,
+    so the forward runs the filters in mean form, exact at every length, without reading a value."""
+
     def forward(self, x: torch.Tensor, state: KLAState | None = None,
                 return_variance: bool = False) -> torch.Tensor | tuple[Any, ...]:
         """Run the block over a whole sequence (or a chunk of one, continuing ``state``).
@@ -240,12 +294,20 @@ class KLA(nn.Module):
         x: (B, L, D). Returns ``y`` (B, L, D); ``(y, y_var)`` with ``return_variance``; and, when a
         ``state`` is given, the new state appended: ``(y, state)`` or ``(y, y_var, state)``.
 
+        The parameters are valid by construction, so the scan runs unchecked
+        (:func:`kalmanscan.ops.kla.kla_scan_unchecked`): no device-to-host synchronisation in the
+        forward or the backward, and ``torch.compile`` traces the block whole. On the triton
+        backend the kernels take ``noise + NOISE_FLOOR`` (:data:`kalmanscan.ops.kla.NOISE_FLOOR`,
+        1e-15: below float32's rounding of any noise above 1e-8), which keeps their precision in
+        range whatever the noise learns; with :attr:`noise_free` the filters run in mean form on
+        the torch backend instead.
+
         ``y_var`` (B, L, D, float32) is the paper's propagated output variance and is an
         approximation: it treats the scan outputs of different channels as independent given the
         inputs, the gate and skip as deterministic, and maps ``y_var * SiLU(gate)^2`` through the
         squared output weights; it ignores the projections' own uncertainty.
         """
-        runner = _FORWARD.get()
+        runner = None if torch.compiler.is_compiling() else _FORWARD.get()
         if runner is not None and id(self) in runner[0]:
             return runner[1](self, x, state, return_variance)
         self.check_input(x, 3, "x")
@@ -253,9 +315,9 @@ class KLA(nn.Module):
         decay, noise = self.discretized()
         initial = None if state is None else FilterState.from_moments(state.var, state.mu)
         with torch.autocast(x.device.type, enabled=False):
-            y, y_var, final = kla_scan(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
-                                            initial_state=initial, return_state=True,
-                                            backend=self.backend)
+            y, y_var, final = kla_scan_unchecked(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
+                                                 initial_state=initial, return_state=True,
+                                                 backend=self.backend, noise_free=self.noise_free)
         out = self.read_out(y, y_var, z, gate, return_variance)
         if state is not None:
             out = out + (KLAState(window, final.var, final.mu),)

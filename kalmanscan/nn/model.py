@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import RMSNorm
+from .init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
 from .mixers import MIXERS
 
 __all__ = ["SequenceModel", "SwiGLU"]
@@ -85,14 +86,24 @@ class SequenceModel(nn.Module):
             e.g. ``["attention"] * (n - 1) + ["kla"]``).
         d_state, expand: passed to the mixers that take them (``kla``, ``mamba``).
         mlp_ratio: SwiGLU width ratio.
+        weight_init: ``"normal"`` (the default) or ``"torch"`` (each module's own initialisation,
+            which trains faster at widths far below 128). With ``"normal"`` every ``nn.Linear`` and
+            ``nn.Embedding`` weight of the model (every mixer alike, the MLPs, the head) is drawn
+            from ``N(0, 0.02^2)`` after construction, as the KLA authors' sequence model does
+            (:func:`kalmanscan.nn.init.normal_init_`: biases, convolutions, norms, the mixers'
+            rates and weights a scheme fixes are kept).
         **mixer_kwargs: each passed to every mixer whose constructor takes it (e.g. ``n_heads``
-            for attention and gla, ``variant`` or ``backend`` for kla); one that no mixer in the
-            model takes is a ``ValueError``.
+            for attention and gla, ``variant``, ``init`` or ``backend`` for kla); one that no mixer
+            in the model takes is a ``ValueError``. The defaults, ``init="authors"`` (for kla) and
+            ``weight_init="normal"``, are the KLA authors' whole recipe.
     """
 
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, mixer="kla", d_state: int = 16,
-                 expand: float = 2, mlp_ratio: float = 4.0, **mixer_kwargs):
+                 expand: float = 2, mlp_ratio: float = 4.0, weight_init: str = WEIGHT_INIT_DEFAULT,
+                 **mixer_kwargs):
         super().__init__()
+        if weight_init not in WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
 
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers)):
             if not isinstance(value, int) or value < 1:
@@ -121,6 +132,8 @@ class SequenceModel(nn.Module):
         self.blocks = nn.ModuleList(Block(m, d_model, mlp_ratio, **factory) for m in mixers)
         self.norm = RMSNorm(d_model, **factory)
         self.head = nn.Linear(d_model, vocab_size, bias=False, **factory)
+        if weight_init == "normal":
+            normal_init_(self)
 
     def init_state(self, batch: int, device: torch.device | str | None = None) -> list:
         """One recurrent state per layer, for decoding from the start of a sequence."""

@@ -40,4 +40,6 @@ class Registry:
         if name not in self._modules:
             raise ValueError(f"backend must be one of {list(self.names())}, got {name!r}")
         module = self._modules[name]
-        return importlib.import_module(module) if isinstance(module, str) else module
+        if isinstance(module, str):  # kept once imported: torch.compile traces a lookup, not an import
+            module = self._modules[name] = importlib.import_module(module)
+        return module

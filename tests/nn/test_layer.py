@@ -1,5 +1,6 @@
 """The KLA block: gradients, decoding, chunked prefill, discretisation switch, variance, bad input."""
 
+import functools
 import math
 
 import pytest
@@ -8,8 +9,12 @@ from torch.func import functional_call
 
 from helpers import random_kla
 from kalmanscan import ou
-from kalmanscan.nn import KLA
+from kalmanscan import nn as ks_nn
 from kalmanscan.ops.kla.reference import kla_scan_sequential
+
+# These tests pin the "kalmanscan" scheme's parameters (log_sigma, a per-channel skip, the S4D
+# rates); tests/nn/test_init.py covers the default "authors" scheme.
+KLA = functools.partial(ks_nn.KLA, init="kalmanscan")
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 
@@ -205,6 +210,7 @@ def noiseless(dtype, d_model=4, d_state=3, seed=0):
         layer.log_sigma.fill_(-math.inf)
         layer.log_theta.zero_()
         layer.log_dt.copy_(torch.log(-torch.log(decay)))
+    layer.noise_free = True
     return layer
 
 

@@ -8,7 +8,8 @@ the measurements behind them are in docs/performance.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass, fields
 
 __all__ = ["FilterConfig", "DEFAULT_CONFIG"]
 
@@ -39,6 +40,11 @@ class FilterConfig:
         tile_stretches: at most this many stretches of tiles per series (one carry chunk);
         tile_max_c: the time-parallel forward serves series of at most this many channels;
         tile_bwd: the backward runs on tiles too wherever the forward does.
+    Closed form (static parameters, regular ``dt``; :mod:`kalmanscan.ops.filter.closed`):
+        closed: the forward takes this path when no parameter varies along time;
+        closed_block: channels per tile; closed_tile: elements per tile (``CHUNK = closed_tile /
+            BLOCK_C`` steps); closed_warps: warps per program; closed_programs: time is split into
+            stretches when fewer programs than this cover the channels.
     """
 
     target_lanes: int = 1 << 18
@@ -62,11 +68,17 @@ class FilterConfig:
     tile_stretches: int = 1024
     tile_max_c: int = 1
     tile_bwd: bool = True
+    closed: bool = True
+    closed_block: int = 32
+    closed_tile: int = 2048
+    closed_warps: int = 4
+    closed_programs: int = 128
 
     def __post_init__(self):
         for name in ("target_lanes", "min_stretch", "max_stretches", "block", "small_c_block",
                      "num_warps", "unroll", "bwd_unroll", "carry_chunk", "carry_warps", "tile",
-                     "tile_row", "tile_warps", "tile_stretches", "tile_max_c"):
+                     "tile_row", "tile_warps", "tile_stretches", "tile_max_c", "closed_block", "closed_tile",
+                     "closed_warps", "closed_programs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -74,6 +86,17 @@ class FilterConfig:
             raise ValueError(f"stretch must be a positive integer or None, got {self.stretch!r}")
         if self.tile % self.tile_row:
             raise ValueError(f"tile_row must divide tile, got {self.tile_row} and {self.tile}")
+
+    def as_ints(self) -> list[int]:
+        """The fields in order as integers (``None`` as -1, booleans as 0/1): how the
+        ``kalmanscan::filter_fused`` operators take a configuration (:mod:`kalmanscan.ops.filter.library`)."""
+        return [-1 if x is None else int(x) for x in astuple(self)]
+
+    @classmethod
+    def from_ints(cls, values: Sequence[int]) -> FilterConfig:
+        """The inverse of :meth:`as_ints`."""
+        kinds = [f.type for f in fields(cls)]
+        return cls(*(None if x == -1 else bool(x) if kind == "bool" else int(x) for x, kind in zip(values, kinds)))
 
 
 DEFAULT_CONFIG = FilterConfig()

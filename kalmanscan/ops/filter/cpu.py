@@ -4,9 +4,13 @@ sequential loops, parallel over series.
 On a CPU the time-parallel scan of the ``"torch"`` backend does several times the work of the
 sequential recursion and streams every intermediate through memory. Here every series (a batch
 index and channel) runs the covariance-form recursion of the ``"reference"`` backend as one
-compiled loop over time, in numba (:mod:`kalmanscan.ops.filter.cpu_loops`), threads taking
-blocks of series (``prange``): one pass over ``y``, ten outputs written once, nothing else of
-the full shape allocated. The decay and noise are the exact OU discretisation computed in the
+compiled loop over time, in numba (:mod:`kalmanscan.ops.filter.cpu_loops`; the adjoint in
+:mod:`~kalmanscan.ops.filter.cpu_adjoint`, the smoother in :mod:`~kalmanscan.ops.filter.cpu_rts`),
+threads taking blocks of series (``prange``): one pass over ``y``, the requested outputs written
+once, nothing else of the full shape allocated. Outputs are allocated by NumPy, which asks the
+kernel for huge pages for large arrays (first touching fresh memory in 4 KiB pages can cost more
+than the loop that fills it), and shared with torch without a copy. The decay and noise are the
+exact OU discretisation computed in the
 loop with the operations of :func:`kalmanscan.ou.discretize` (once per series when ``theta,
 sigma, dt`` are static). Static and broadcast parameters are read through their strides and
 ``y`` and the parameters through zero-copy NumPy views of the CPU tensors: nothing the caller
@@ -19,14 +23,16 @@ parameter is static) and the initial belief; torch autograd on :func:`kalmanscan
 maps the decay and noise adjoints to ``theta, sigma, dt`` (and so to ``times``), and reduces
 every adjoint to its parameter's broadcast shape. The backward is not itself differentiable: a
 backward with ``create_graph=True`` raises ``RuntimeError`` (rather than silently treating the
-adjoints as constants); the Hessian-based standard errors of :func:`kalmanscan.fit` need the
-``"torch"`` backend. :func:`smooth` is the RTS smoother as a compiled reverse loop with its own
-compiled adjoint (:class:`_Smooth`), differentiable (once) like the filter.
+adjoints as constants); the standard errors of :func:`kalmanscan.fit` take central differences
+of this exact gradient instead (:mod:`kalmanscan.likelihood`). :func:`smooth` is the RTS
+smoother as a compiled reverse loop with its own compiled adjoint (:class:`_Smooth`),
+differentiable (once) like the filter.
 
-Compilation: nothing is compiled or imported from numba until the first call; each of the four
-loops (filter, its adjoint, smoother, its adjoint) compiles on its first call per dtype (about
-3 to 10 s of CPU each on a 2-core machine) and is cached on disk beside its module
-(``__pycache__``, or ``NUMBA_CACHE_DIR``), so later processes load it (well under a second).
+Compilation: nothing is compiled or imported from numba until the first call; each of the five
+loops (the filter with static parameters, with per-step ones, its adjoint, the smoother, its
+adjoint) compiles on its first call per dtype (about 3 to 10 s of CPU each on a 2-core machine)
+and is cached on disk beside its module (``__pycache__``, or ``NUMBA_CACHE_DIR``), so later
+processes load it (well under a second).
 
 Threads: numba's (``numba.set_num_threads``); work below :data:`SMALL_WORK` steps, or a single
 series, runs on the calling thread alone. Results do not depend on the thread count: each series
@@ -52,7 +58,7 @@ FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision",
           "pred_obs_var", "logliks", "missing")
 INPUTS = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h", "init_mean", "init_var")
 SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
-MAX_LANES = 64      # series per task at most (a task walks time with its series innermost)
+MAX_LANES = 256     # series per task at most (a task walks time with its series innermost)
 MIN_LANES = 8       # ... and at least this many while there are enough series (overlaps their latency)
 TASKS_PER_THREAD = 4
 SMALL_WORK = 1 << 17  # steps (series x time) below which a call runs on one thread: waking the others costs
@@ -60,10 +66,16 @@ SMALL_WORK = 1 << 17  # steps (series x time) below which a call runs on one thr
 
 
 def _loops():
-    """The compiled loops (imports numba on the first call)."""
-    from . import cpu_loops
+    """The compiled loops' modules ``(forward, adjoint, smoother)`` (imports numba on the first call)."""
+    from . import cpu_adjoint, cpu_loops, cpu_rts
 
-    return cpu_loops
+    return cpu_loops, cpu_adjoint, cpu_rts
+
+
+def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor allocated by NumPy (huge pages for large arrays, see the module
+    docstring), shared with torch without a copy."""
+    return torch.from_numpy(np.empty(shape, _NP[dtype]))
 
 
 def _block(B: int, C: int) -> int:
@@ -122,17 +134,22 @@ def layout(xs: Sequence[torch.Tensor], shape: tuple[int, ...],
         if any(s not in (1, n) for s, n in zip(sizes, shape)):
             raise ValueError(f"cpu backend: shape {tuple(x.shape)} does not broadcast to {shape}")
         strides = tuple(0 if s == 1 else st for s, st in zip(sizes, strides))
-        extent = 1 + sum((s - 1) * st for s, st in zip(sizes, strides))
-        arrays.append(torch.as_strided(x, (extent,), (1,), x.storage_offset()).numpy())
-        off = np.zeros((), np.int64)
-        for d in range(nd - 2):
-            off = np.add.outer(off, np.arange(shape[d], dtype=np.int64) * strides[d])
-        boff[:, i] = off.reshape(-1)
+        if x.is_contiguous():
+            arrays.append(x.numpy().reshape(-1))
+        else:
+            extent = 1 + sum((s - 1) * st for s, st in zip(sizes, strides))
+            arrays.append(torch.as_strided(x, (extent,), (1,), x.storage_offset()).numpy())
+        if nd > 2:
+            off = np.zeros((), np.int64)
+            for d in range(nd - 2):
+                off = np.add.outer(off, np.arange(shape[d], dtype=np.int64) * strides[d])
+            boff[:, i] = off.reshape(-1)
         tstride[i], cstride[i] = strides[-2], strides[-1]
     return tuple(arrays), boff, tstride, cstride
 
 
 _TORCH = {np.float32: torch.float32, np.float64: torch.float64}
+_NP = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _np_dtype(dtype):
@@ -158,21 +175,23 @@ def _dims(shape):
 
 def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     """Run the forward loop; returns ``({field: tensor of shape}, zc or None)``."""
-    L = _loops()
+    L = _loops()[0]
     dtype = _np_dtype(inputs[0].dtype)
     B, T, C = _dims(shape)
     arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
     names = FIELDS + ("zc",)
     wanted = set(fields) | ({"zc"} if save_zc else set())
-    out = {k: torch.empty(shape, dtype=inputs[0].dtype) for k in names if k in wanted}
+    out = {k: _empty(shape, inputs[0].dtype) for k in names if k in wanted}
     placeholder = np.zeros(1, dtype)
     outs = tuple(_flat(out[k]) if k in out else placeholder for k in names)
     write = np.array([k in out for k in names])
     trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
-    static_var = not (trans_step or tstride[L.OBS_VAR] or tstride[L.H])
-    if B:
+    if B and (trans_step or tstride[[L.OBS_VAR, L.MEAN, L.H]].any()):
         _run(L.filter_forward, B * C, T, arrays, boff, tstride, cstride, outs, write, L.constants(dtype), T, C,
-             _block(B, C), trans_step, static_var)
+             _block(B, C), trans_step)
+    elif B:
+        _run(L.filter_static, B * C, T, arrays, boff, tstride, cstride, outs, write, L.constants(dtype), T, C,
+             _block(B, C))
     zc = out.pop("zc", None)
     return out, zc
 
@@ -183,8 +202,7 @@ def _first_order_only():
     derivatives silently."""
     if torch.is_grad_enabled():
         raise RuntimeError("backend='cpu' computes first derivatives only (its backward is a compiled loop); "
-                           "use backend='torch' for second derivatives (create_graph=True), e.g. the "
-                           "standard errors of ks.fit")
+                           "use backend='torch' for second derivatives (create_graph=True)")
 
 
 def _reduce(g, shape, steps, like):
@@ -193,18 +211,20 @@ def _reduce(g, shape, steps, like):
 
 
 class _Filter(torch.autograd.Function):
-    """``(y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var) ->`` the :data:`FIELDS`
-    (``missing`` not differentiable); unused outputs reach the backward as ``None`` and their
-    cotangents are skipped."""
+    """``(y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var) ->`` the ``fields`` asked
+    for, a subset of :data:`FIELDS` in its order (``missing`` not differentiable); the forward
+    writes those, the variance and the centred mean (the backward's), nothing else. Unused
+    outputs reach the backward as ``None`` and their cotangents are skipped."""
 
     @staticmethod
-    def forward(ctx, shape, *inputs):
-        out, zc = _forward(inputs, shape, save_zc=True)
-        ctx.shape = shape
+    def forward(ctx, shape, fields, *inputs):
+        out, zc = _forward(inputs, shape, tuple(k for k in FIELDS if k in fields or k == "var"), save_zc=True)
+        ctx.shape, ctx.fields = shape, fields
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(out["missing"])
+        if "missing" in fields:
+            ctx.mark_non_differentiable(out["missing"])
         ctx.save_for_backward(*inputs, zc, out["var"])
-        return tuple(out[k] for k in FIELDS)
+        return tuple(out[k] for k in fields)
 
     @staticmethod
     def backward(ctx, *cot):
@@ -214,26 +234,28 @@ class _Filter(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, *cot):
-        L = _loops()
+        L, A, _ = _loops()
         shape = ctx.shape
         *inputs, zc, var = ctx.saved_tensors
         dtype = _np_dtype(zc.dtype)
         B, T, C = _dims(shape)
         tdtype = zc.dtype
-        needs = ctx.needs_input_grad[1:]
-        if all(g is None for g in cot[:9]) or not any(needs):
-            return (None,) * 10
+        needs = ctx.needs_input_grad[2:]
+        given = dict(zip(ctx.fields, cot))
+        cot = [given.get(k) for k in FIELDS[:L.N_COT]]
+        if all(g is None for g in cot) or not any(needs):
+            return (None,) * 11
         arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
-        cots = [None if g is None else g.to(tdtype) for g in cot[:9]]
+        cots = [None if g is None else g.to(tdtype) for g in cot]
         carrays, cboff, ctstride, ccstride = layout(cots, shape, dtype)
         has = np.array([g is not None for g in cots])
         trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
         step = np.array([trans_step, trans_step] + [bool(tstride[i]) for i in (L.OBS_VAR, L.H, L.MEAN)])
         grads = [torch.empty((B, T if s else 1, C), dtype=tdtype) for s in step]
-        gy = torch.empty(shape, dtype=tdtype)
+        gy = _empty(shape, tdtype)
         ginit = torch.empty((2, B * C), dtype=tdtype)
         if B:
-            _run(L.filter_backward, B * C, T, arrays, boff, tstride, cstride, _flat(zc), _flat(var),
+            _run(A.filter_backward, B * C, T, arrays, boff, tstride, cstride, _flat(zc), _flat(var),
                  carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads), step, _flat(gy),
                  ginit.numpy(), L.constants(dtype), T, C, _block(B, C), trans_step)
         y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var = inputs
@@ -260,7 +282,7 @@ class _Filter(torch.autograd.Function):
                 got = torch.autograd.grad(total, [leaves[k] for k in trans], allow_unused=True)
             for k, g in zip(trans, got):
                 out[k] = torch.zeros_like(leaves[k]) if g is None else g
-        return (None, *(out[k] for k in INPUTS))
+        return (None, None, *(out[k] for k in INPUTS))
 
 
 def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
@@ -271,8 +293,8 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
 
     Differentiable with respect to ``y``, every parameter and the initial belief (once: see the
     module docstring). ``outputs``, a subset of :data:`FIELDS` (default: those of ``p.outputs``,
-    all when that is ``None``), writes only those fields (without gradients; the dict then holds
-    those and ``decay, noise``).
+    all when that is ``None``), writes only those fields (with gradients, also the variance and
+    centred mean the backward reads); the dict then holds those and ``decay, noise``.
     """
     _check(p)
     if outputs is None and p.outputs is not None:
@@ -284,8 +306,8 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
     inputs = tuple(getattr(p, k) for k in INPUTS)
     decay, noise = p.decay_noise()
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
-        out = dict(zip(FIELDS, _Filter.apply(p.shape, *inputs)))
-        out = {k: out[k] for k in fields}
+        fields = tuple(k for k in FIELDS if k in fields)
+        out = dict(zip(fields, _Filter.apply(p.shape, fields, *inputs)))
     else:
         out, _ = _forward(inputs, p.shape, fields)
     out["decay"], out["noise"] = decay, noise
@@ -293,13 +315,13 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
 
 
 def _rts_forward(inputs, shape):
-    L = _loops()
+    L, _, R = _loops()
     dtype = _np_dtype(inputs[0].dtype)
     B, T, C = _dims(shape)
     arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
-    out = tuple(torch.empty(shape, dtype=inputs[0].dtype) for _ in range(3))
+    out = tuple(_empty(shape, inputs[0].dtype) for _ in range(3))
     if B:
-        _run(L.rts_forward, B * C, T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
+        _run(R.rts_forward, B * C, T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
              L.constants(dtype), T, C, _block(B, C))
     return out
 
@@ -323,7 +345,7 @@ class _Smooth(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, *cot):
-        L = _loops()
+        L, _, R = _loops()
         shape = ctx.shape
         *inputs, mean_s, var_s = ctx.saved_tensors
         if all(g is None for g in cot):
@@ -336,10 +358,10 @@ class _Smooth(torch.autograd.Function):
         carrays, cboff, ctstride, ccstride = layout(cots, shape, dtype)
         has = np.array([g is not None for g in cots])
         step = np.array([bool(tstride[L.S_DECAY] or tstride[L.S_NOISE])])
-        grads = [torch.empty(shape, dtype=tdtype) for _ in range(4)]
+        grads = [_empty(shape, tdtype) for _ in range(4)]
         grads += [torch.empty((B, T if step[0] else 1, C), dtype=tdtype) for _ in range(2)]
         if B:
-            _run(L.rts_backward, B * C, T, arrays, boff, tstride, cstride, _flat(mean_s), _flat(var_s),
+            _run(R.rts_backward, B * C, T, arrays, boff, tstride, cstride, _flat(mean_s), _flat(var_s),
                  carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads),
                  step, L.constants(dtype), T, C, _block(B, C))
         steps = T if step[0] else 1

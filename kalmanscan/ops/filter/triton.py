@@ -1,5 +1,6 @@
 """The ``"triton"`` backend of :func:`kalmanscan.filter` and :func:`kalmanscan.smooth`: launch
-wrappers and autograd. Launch options come from a :class:`~kalmanscan.ops.filter.config.FilterConfig`.
+wrappers; autograd through the custom operators of :mod:`kalmanscan.ops.filter.library`. Launch
+options come from a :class:`~kalmanscan.ops.filter.config.FilterConfig`.
 
 Forward (:mod:`kalmanscan.kernels.filter.fwd`): every (stretch of time, channel) lane walks its stretch
 sequentially, building each step's decay, noise and observation terms in registers from ``y`` and
@@ -42,11 +43,13 @@ from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filt
 from ... import ou
 from ...inputs import Problem
 from ..launch import cdiv, next_power_of_2
+from . import closed
 from . import torch as torch_backend
 from .config import DEFAULT_CONFIG, FilterConfig
 
 __all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan",
-           "uses_tiles", "flat", "kernel_views", "check_device", "FilterConfig", "DEFAULT_CONFIG"]
+           "uses_tiles", "flat", "kernel_views", "check_device", "step_flags", "param_grads", "initial_state",
+           "FilterConfig", "DEFAULT_CONFIG"]
 
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
@@ -72,6 +75,8 @@ def plan(B: int, T: int, C: int, config: FilterConfig = DEFAULT_CONFIG) -> tuple
 def flat(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``x`` (``(..., 1 or T, C or 1)``) broadcast to ``shape`` and viewed as ``(B, T, C)``."""
     B = math.prod(shape[:-2])
+    if x.ndim <= 2:  # no batch dimensions: one expand (a view)
+        return x.expand(B, shape[-2], shape[-1])
     return torch.broadcast_to(x, shape).reshape(B, shape[-2], shape[-1])
 
 
@@ -108,6 +113,12 @@ def _steps(views, names):
     return any(views[n].stride(1) != 0 and views[n].shape[1] > 1 for n in names)
 
 
+def step_flags(views: dict[str, torch.Tensor]) -> tuple[bool, bool]:
+    """``(trans_step, obs_step)``: whether any of ``theta, sigma, dt`` / ``obs_var, mean, h`` in the
+    ``(B, T, C)`` views varies along time (the kernels' ``TRANS_STEP``/``OBS_STEP``)."""
+    return _steps(views, _TRANS), _steps(views, _OBS)
+
+
 def launch(B: int, T: int, C: int, ns: int,
            config: FilterConfig = DEFAULT_CONFIG) -> tuple[tuple[int, int], dict[str, Any]]:
     """Grid and launch options of the walking kernels (``WIDE``: 64-bit offsets); the forward
@@ -138,8 +149,10 @@ POSTERIOR = ("mean", "precision", "pred_mean", "pred_var", "var", "pred_precisio
 def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
                    outputs: Sequence[str] = ("mu", "lam", "pred_mu", "pred_var"),
                    config: FilterConfig = DEFAULT_CONFIG,
-                   posterior: Sequence[str] | bool = False) -> dict[str, torch.Tensor]:
-    """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``.
+                   posterior: Sequence[str] | bool = False,
+                   out_shape: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+    """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``
+    (allocated as ``out_shape`` instead when given: any shape of ``B T C`` elements).
 
     ``views`` maps ``y, theta, sigma, dt, obs_var, mean, h`` to ``(B, T, C)`` tensors (broadcast
     views are fine); ``init`` is ``(B, 2, C)``: initial precision and information mean ``lam0,
@@ -166,14 +179,21 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
-    start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
-    start[:, :, 0, :] = init
+    if config.closed and not any(flags.values()):  # static parameters, regular dt
+        out, pointers, write = _outputs(y, outputs, posterior, out_shape)
+        closed.forward(views, init, pointers, write, posterior_mask(posterior), config)
+        return {k: out[k] for k in (posterior or outputs)}
+    if ns == 1 and init.is_contiguous():  # the walks start from init itself
+        start = init
+    else:
+        start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
+        start[:, :, 0, :] = init
     if ns > 1:
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
         filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                       num_warps=config.carry_warps)
-    out, pointers, write = _outputs(y, outputs, posterior)
+    out, pointers, write = _outputs(y, outputs, posterior, out_shape)
     fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write,
                      POSTERIOR=posterior_mask(posterior), **opts)
     return {k: out[k] for k in (posterior or outputs)}
@@ -184,7 +204,7 @@ def posterior_mask(fields: Iterable[str]) -> int:
     return sum(1 << i for i, k in enumerate(POSTERIOR) if k in fields)
 
 
-def _outputs(y, outputs, posterior):
+def _outputs(y, outputs, posterior, out_shape=None):
     """``(out, pointers, flags)`` of the forward kernels: the ``(B, T, C)`` output tensors, the ten
     output pointers in kernel order (a one-element dummy for those not written) and the
     ``WRITE_*`` flags. The predicted mean and variance are written together (one flag), so asking
@@ -195,7 +215,7 @@ def _outputs(y, outputs, posterior):
     wanted = set(posterior if posterior else outputs)
     if not posterior and wanted & {"pred_mu", "pred_var"}:
         wanted |= {"pred_mu", "pred_var"}
-    out = {k: torch.empty(B, T, C, **like) for k in names if k in wanted}
+    out = {k: torch.empty(out_shape or (B, T, C), **like) for k in names if k in wanted}
     dummy = torch.empty(1, **like)
     pointers = [out.get(k, dummy) for k in names] + ([] if posterior else [dummy] * 6)
     return out, pointers, dict(WRITE_MU="mu" in out, WRITE_LAM="lam" in out, WRITE_PRED="pred_mu" in out)
@@ -259,38 +279,8 @@ def filter_backward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     return grad_y, obs_grad, trans_grad, grad_init
 
 
-class _FusedFilter(torch.autograd.Function):
-    """``(y, theta, sigma, dt, obs_var, mean, h, init) -> (mu, lam, pred_mu, pred_var)``, centred.
-
-    Gradients are not materialised: an output the loss does not use reaches :meth:`backward` as
-    ``None`` and the kernels skip its cotangent.
-    """
-
-    @staticmethod
-    def forward(ctx, y, theta, sigma, dt, obs_var, mean, h, init, shape, config):
-        inputs = (y, theta, sigma, dt, obs_var, mean, h)
-        views = {k: flat(x.detach(), shape) for k, x in zip(_ORDER, inputs)}
-        init = init.detach().contiguous()
-        out = filter_forward(views, init, config=config)
-        ctx.shape, ctx.config = shape, config
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*inputs, init, out["mu"], out["lam"])
-        return out["mu"], out["lam"], out["pred_mu"], out["pred_var"]
-
-    @staticmethod
-    def backward(ctx, *grads):
-        *inputs, init, mu, lam = ctx.saved_tensors
-        shape = ctx.shape
-        views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
-        grad_y, obs_grad, trans_grad, grad_init = filter_backward(views, init, mu, lam, grads, ctx.config)
-        y, theta, sigma, dt, obs_var, mean, h = inputs
-        param_grads = _chain(shape, dict(theta=theta, sigma=sigma, dt=dt, obs_var=obs_var, mean=mean, h=h),
-                             obs_grad, trans_grad, ctx.needs_input_grad[1:7])
-        gy = grad_y.reshape(shape).sum_to_size(y.shape) if ctx.needs_input_grad[0] else None
-        return (gy, *param_grads, grad_init, None, None)
-
-
-def _chain(shape, params, obs_grad, trans_grad, needed):
+def param_grads(shape: tuple[int, ...], params: dict[str, torch.Tensor], obs_grad: torch.Tensor,
+                trans_grad: torch.Tensor, needed: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
     """Gradients of the user's parameters from the kernel's per-step or summed adjoints.
 
     ``obs_grad = (d phi, d info, d info * yc)`` and ``trans_grad = (d decay, d noise)`` are
@@ -338,21 +328,31 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     check_device(p.y)
     if p.no_process_noise():
         return torch_backend.filter(p)
-    B, C = math.prod(shape[:-2]), shape[-1]
-    bshape = shape[:-2] + (1, C)
-    lam0 = (1.0 / p.init_var).expand(bshape).reshape(B, C)
-    mu0 = (p.init_mean - p.mean[..., :1, :]).expand(bshape).reshape(B, C)
-    init = torch.stack([lam0, lam0 * mu0], 1)
+    init = initial_state(p)
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
         fields = POSTERIOR if p.outputs is None else tuple(k for k in POSTERIOR if k in p.outputs)
-        out = filter_forward(views, init.contiguous(), config=config, posterior=fields)
-        return {**{k: x.reshape(shape) for k, x in out.items()}, "decay": decay, "noise": noise}
-    mu_c, lam, pred_mu_c, pred_var = _FusedFilter.apply(*inputs, init, shape, config)
+        out = filter_forward(views, init, config=config, posterior=fields, out_shape=shape)
+        return {**out, "decay": decay, "noise": noise}
+    from .library import filter_fused  # (it imports this module)
+
+    mu_c, lam, pred_mu_c, pred_var = filter_fused(*inputs, init, list(shape), config.as_ints())
     missing = torch.isnan(p.y)
     return torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
+
+
+def initial_state(p: Problem) -> torch.Tensor:
+    """``init`` of the kernels, ``(B, 2, C)`` contiguous: the initial precision and information
+    mean of every series (:meth:`kalmanscan.inputs.Problem.initial_info`)."""
+    shape = p.shape
+    B, C = math.prod(shape[:-2]), shape[-1]
+    lam0, eta0 = p.initial_info()
+    if B == 1 and lam0.shape == eta0.shape == (1, C):
+        return torch.cat([lam0, eta0]).view(1, 2, C)
+    bshape = shape[:-2] + (1, C)
+    return torch.stack([x.expand(bshape).reshape(B, C) for x in (lam0, eta0)], 1)
 
 
 def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor,

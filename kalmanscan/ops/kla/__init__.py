@@ -4,9 +4,11 @@ One module per backend, each with ``kla_scan(v, lam_v, k, q, decay, noise, initi
 -> (y, y_var, state)``: :mod:`~kalmanscan.ops.kla.reference` (float64 precision recursion, the
 oracle), :mod:`~kalmanscan.ops.kla.torch` (time-parallel scans), :mod:`~kalmanscan.ops.kla.recurrent`
 (token by token) and :mod:`~kalmanscan.ops.kla.triton` (fused kernels); the dispatch and registry
-are in :mod:`~kalmanscan.ops.kla.dispatch`.
+are in :mod:`~kalmanscan.ops.kla.dispatch`, the fused kernels' ``torch.library`` operators in
+:mod:`~kalmanscan.ops.kla.library`.
 
-    y, y_var = kla_scan(v, lam_v, k, q, decay, noise)
+    y, y_var = kla_scan(v, lam_v, k, q, decay, noise)            # checked: one device-to-host sync
+    y, y_var = kla_scan_unchecked(v, lam_v, k, q, decay, noise)  # valid by construction: no sync
 
 Shapes: ``v``, ``lam_v`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, S)``; ``decay``, ``noise`` ``(M, S)``;
 the state ``(lam, eta)`` ``(B, M, S)``; ``y``, ``y_var`` ``(B, L, M)``. Per token and filter
@@ -40,8 +42,9 @@ state is in the compute dtype (keep it in float32 or better when decoding).
 
 from __future__ import annotations
 
-from .dispatch import RECURRENT_MIN_WIDTH, backend_names, kla_scan, register_backend, validate
+from .dispatch import (NOISE_FLOOR, RECURRENT_MIN_WIDTH, backend_names, check_shapes, kla_scan, kla_scan_unchecked,
+                       register_backend, validate)
 from .state import FilterState, compute_dtype, information
 
-__all__ = ["kla_scan", "register_backend", "backend_names", "validate", "FilterState", "information",
-           "compute_dtype", "RECURRENT_MIN_WIDTH"]
+__all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "backend_names", "validate", "check_shapes",
+           "FilterState", "information", "compute_dtype", "RECURRENT_MIN_WIDTH", "NOISE_FLOOR"]

@@ -1,4 +1,6 @@
-"""The KLA scan's registry of backends, its input validation and its dispatch (:func:`kla_scan`);
+"""The KLA scan's registry of backends, its input validation and its dispatch: :func:`kla_scan`
+for any caller (inputs checked, one device-to-host synchronisation), :func:`kla_scan_unchecked` for
+callers whose inputs are valid by construction (shapes checked on the host, no synchronisation);
 the operation is described in :mod:`kalmanscan.ops.kla`."""
 
 from __future__ import annotations
@@ -14,12 +16,23 @@ from ... import mobius
 from ..registry import Registry
 from .state import FilterState
 
-__all__ = ["kla_scan", "register_backend", "unregister_backend", "backend_names", "validate", "RECURRENT_MIN_WIDTH"]
+__all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "unregister_backend", "backend_names", "validate",
+           "check_shapes", "RECURRENT_MIN_WIDTH", "NOISE_FLOOR"]
 
 RECURRENT_MIN_WIDTH = 4096   # B * M * S from which "auto" scans CPU tensors token by token
+# Process noise added on the fused kernels' path of kla_scan_unchecked: it bounds their float32
+# precision by 1/NOISE_FLOOR + max(lam_v k^2). Measured (interpreter, decay 0.3-0.4, L 60): noise
+# 1e-18 gives every gradient to 1.3e-7 of the float64 recursion; at 1e-24 the noise gradient
+# (which grows like lam^2) overflows. 1e-15 leaves a factor 1e6 of margin on that square and is
+# below float32's rounding of any noise above 1e-8.
+NOISE_FLOOR = 1e-15
 
 _REGISTRY = Registry({name: f"kalmanscan.ops.kla.{name}"
                        for name in ("reference", "torch", "recurrent", "triton")})
+# torch.compile traces a call whole only through modules already imported (an import breaks its
+# graph): the backends "auto" can pick on this machine are imported with the dispatch.
+for _name in ("torch", "recurrent", "triton") if torch.cuda.is_available() else ("torch", "recurrent"):
+    _REGISTRY.module(_name)
 
 
 def register_backend(name: str, module: ModuleType) -> None:
@@ -58,13 +71,45 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     ``ValueError`` naming the offending argument.
     """
     mean_form = validate(v, lam_v, k, q, decay, noise, initial_state, backend)
+    backend = _resolve(backend, v, k, mean_form)
+    return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state)
+
+
+def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor,
+                       decay: torch.Tensor, noise: torch.Tensor, *,
+                       initial_state: FilterState | None = None, return_state: bool = False,
+                       backend: str = "auto", noise_free: bool = False) -> tuple[torch.Tensor, ...]:
+    """:func:`kla_scan` for inputs valid by construction (a layer's): no value checks and no
+    device-to-host synchronisation, in the forward or the backward; shapes, dtypes and devices
+    are still checked on the host (:func:`check_shapes`), and ``torch.compile`` traces it whole.
+
+    The caller guarantees ``lam_v > 0``, ``decay`` in ``(0, 1]``, ``noise >= 0``, all finite, and
+    states what :func:`kla_scan` would read from the values: ``noise_free`` is true when some
+    filter with ``decay < 1`` may have no process noise (``noise`` below
+    :data:`kalmanscan.mobius.NO_NOISE`, e.g. a layer with ``sigma`` fixed at 0). Such filters run
+    in mean form (the torch backend when ``backend`` resolves to triton), exact at every length.
+    Otherwise the fused kernels take ``noise + NOISE_FLOOR`` (:data:`NOISE_FLOOR`), which keeps
+    their float32 precision and its gradients in range whatever the noise learns; the other
+    backends take ``noise`` as it is. An ``initial_state`` must come from a previous call with the
+    same ``noise_free`` (its variance is then at least the floor, or it runs in mean form).
+    """
+    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
+    backend = _resolve(backend, v, k, noise_free)
+    if backend == "triton":
+        noise = noise + NOISE_FLOOR
+    return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state)
+
+
+def _resolve(backend, v, k, mean_form):
+    """The backend ``"auto"`` stands for, and torch for triton when the filters need the mean form."""
     if backend == "auto":
         wide = v.shape[0] * v.shape[2] * k.shape[-1] >= RECURRENT_MIN_WIDTH
         backend = "triton" if v.is_cuda else "recurrent" if v.device.type == "cpu" and wide else "torch"
-    if backend == "triton" and mean_form:
-        backend = "torch"
-    module = _REGISTRY.module(backend)
-    y, y_var, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state)
+    return "torch" if backend == "triton" and mean_form else backend
+
+
+def _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state):
+    y, y_var, state = _REGISTRY.module(backend).kla_scan(v, lam_v, k, q, decay, noise, initial_state)
     y, y_var = y.to(v.dtype), y_var.to(v.dtype)
     return (y, y_var, state) if return_state else (y, y_var)
 
@@ -74,38 +119,11 @@ def validate(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
              initial_state: FilterState | None, backend: str) -> bool:
     """Check shapes, dtypes, devices and value ranges; return whether the filters need the mean
     form of the torch backend (a precision past the fused kernels' range, see :func:`kla_scan`)."""
-    if backend not in backend_names():
-        raise ValueError(f"backend must be one of {backend_names()}, got {backend!r}")
-    named = dict(v=v, lam_v=lam_v, k=k, q=q, decay=decay, noise=noise)
-    for name, x in named.items():
-        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a floating-point torch tensor")
-        if x.device != v.device:
-            raise ValueError(f"{name} is on {x.device}, v is on {v.device}")
-    if v.ndim != 3:
-        raise ValueError(f"v must have shape (B, L, M), got {tuple(v.shape)}")
-    B, L, M = v.shape
-    if lam_v.shape != v.shape:
-        raise ValueError(f"lam_v must have v's shape {tuple(v.shape)}, got {tuple(lam_v.shape)}")
-    if k.ndim != 3 or k.shape[:2] != (B, L):
-        raise ValueError(f"k must have shape (B, L, S) = ({B}, {L}, S), got {tuple(k.shape)}")
-    S = k.shape[2]
-    if q.shape != k.shape:
-        raise ValueError(f"q must have k's shape {tuple(k.shape)}, got {tuple(q.shape)}")
-    for name in ("decay", "noise"):
-        if named[name].shape != (M, S):
-            raise ValueError(f"{name} must have shape (M, S) = ({M}, {S}), got {tuple(named[name].shape)}")
-    if backend == "triton" and not v.is_cuda and not _interpreting():
-        raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1)")
+    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
     ranges = [("lam_v", lam_v, lambda lo, hi: lo > 0 and hi < math.inf, "positive and finite"),
               ("decay", decay, lambda lo, hi: lo > 0 and hi <= 1, "in (0, 1]"),
               ("noise", noise, lambda lo, hi: lo >= 0 and hi < math.inf, "finite and >= 0")]
     if initial_state is not None:
-        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
-            raise ValueError("initial_state must be a pair (lam, eta) of (B, M, S) tensors")
-        for name, x in (("initial_state lam", initial_state[0]), ("initial_state eta", initial_state[1])):
-            if not isinstance(x, torch.Tensor) or x.shape != (B, M, S) or x.device != v.device:
-                raise ValueError(f"{name} must be a ({B}, {M}, {S}) tensor on {v.device}")
         if isinstance(initial_state, FilterState):
             ranges.append(("initial_state var", initial_state.var,
                            lambda lo, hi: lo >= 0 and hi < math.inf, "finite and >= 0"))
@@ -129,6 +147,41 @@ def validate(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
                 smallest = min(smallest, lo)
         mean_form = mobius.precision_overflows(smallest, noise.dtype)
     return mean_form
+
+
+def check_shapes(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+                 noise: torch.Tensor, initial_state: FilterState | None, backend: str) -> None:
+    """The host-side part of :func:`validate`: the backend's name, and the arguments' types,
+    floating dtypes, devices and shapes (no value is read: no synchronisation)."""
+    if backend not in backend_names():
+        raise ValueError(f"backend must be one of {backend_names()}, got {backend!r}")
+    named = dict(v=v, lam_v=lam_v, k=k, q=q, decay=decay, noise=noise)
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating-point torch tensor")
+        if x.device != v.device:
+            raise ValueError(f"{name} is on {x.device}, v is on {v.device}")
+    if v.ndim != 3:
+        raise ValueError(f"v must have shape (B, L, M), got {tuple(v.shape)}")
+    B, L, M = v.shape
+    if lam_v.shape != v.shape:
+        raise ValueError(f"lam_v must have v's shape {tuple(v.shape)}, got {tuple(lam_v.shape)}")
+    if k.ndim != 3 or k.shape[:2] != (B, L):
+        raise ValueError(f"k must have shape (B, L, S) = ({B}, {L}, S), got {tuple(k.shape)}")
+    S = k.shape[2]
+    if q.shape != k.shape:
+        raise ValueError(f"q must have k's shape {tuple(k.shape)}, got {tuple(q.shape)}")
+    for name in ("decay", "noise"):
+        if named[name].shape != (M, S):
+            raise ValueError(f"{name} must have shape (M, S) = ({M}, {S}), got {tuple(named[name].shape)}")
+    if backend == "triton" and not v.is_cuda and not _interpreting():
+        raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1)")
+    if initial_state is not None:
+        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
+            raise ValueError("initial_state must be a pair (lam, eta) of (B, M, S) tensors")
+        for name, x in (("initial_state lam", initial_state[0]), ("initial_state eta", initial_state[1])):
+            if not isinstance(x, torch.Tensor) or x.shape != (B, M, S) or x.device != v.device:
+                raise ValueError(f"{name} must be a ({B}, {M}, {S}) tensor on {v.device}")
 
 
 def _interpreting():

@@ -359,3 +359,56 @@ def test_import_compiles_nothing():
             "print('numba' in sys.modules, 'kalmanscan.ops.filter.cpu_loops' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.split() == ["False", "False"]
+
+
+@pytest.fixture
+def poisoned_numpy(monkeypatch):
+    """Every array the backend allocates through NumPy starts as NaN: an element left unwritten shows."""
+    empty = np.empty
+
+    def nan_empty(*args, **kwargs):
+        x = empty(*args, **kwargs)
+        if x.dtype.kind == "f":
+            x.fill(np.nan)
+        return x
+
+    monkeypatch.setattr(np, "empty", nan_empty)
+
+
+@pytest.mark.parametrize("T", [1, 63, 1000])
+def test_poisoned_outputs_are_all_written(poisoned_numpy, T):
+    rng = np.random.default_rng(16 + T)
+    for per_step in (False, True):
+        y, kw = random_problem(rng, T, per_step=per_step, missing=0.1)
+        check_reference(y, kw)
+        p = prepare(y, **kw)
+        part = cpu.filter(p, outputs=("logliks", "var"))
+        assert torch.isfinite(part["logliks"]).all() and torch.isfinite(part["var"]).all()
+
+
+def test_static_loop_equals_general_loop_bit_for_bit():
+    """Parameters given per step with equal values run the general loop; the same as static ones
+    run the static loop (its cached variance terms): the same bits."""
+    rng = np.random.default_rng(17)
+    y, kw = random_problem(rng, 300, C=4, missing=0.1)
+    T = y.shape[-2]
+    static = cpu.filter(prepare(y, **kw))
+    per_step = {**kw, "obs_var": np.broadcast_to(kw["obs_var"], (T, 4)).copy()}
+    general = cpu.filter(prepare(y, **per_step))
+    for k in cpu.FIELDS:
+        assert torch.equal(torch.nan_to_num(static[k], 7.0), torch.nan_to_num(general[k], 7.0)), k
+
+
+def test_gradients_with_outputs_subset_equal_full():
+    """Asking for the log-likelihoods alone (what ks.fit does) writes fewer fields, same gradients."""
+    rng = np.random.default_rng(18)
+    y, kw = random_problem(rng, 41, per_step=True, missing=0.2)
+    grads = []
+    for outputs in (None, ("logliks",), ("missing", "logliks", "mean")):
+        leaves = {k: torch.tensor(v, requires_grad=True) for k, v in kw.items()}
+        out = cpu.filter(prepare(torch.tensor(y), **leaves), outputs=outputs)
+        assert outputs is None or set(out) == set(outputs) | {"decay", "noise"}
+        grads.append(torch.autograd.grad(out["logliks"].sum(), list(leaves.values())))
+    for g in grads[1:]:
+        for a, b in zip(g, grads[0]):
+            assert torch.equal(a, b)

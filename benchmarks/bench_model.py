@@ -1,0 +1,148 @@
+"""Training throughput of the same :class:`kalmanscan.nn.SequenceModel` with the KLA, fla GLA and
+attention (SDPA) mixers, in one process: tokens per second of a whole training step.
+
+    python -m benchmarks.bench_model --out model.json [--compile] [--mixers kla,gla,attention]
+    python -m benchmarks.bench_model --quick          # CPU smoke run: tiny shapes, a few steps
+
+A step is forward, cross-entropy, backward and an AdamW step under bf16 autocast, synchronised;
+:func:`time_steps` reports the median over groups of steps. Every mixer gets the same model
+around it (d_model 512, 4 layers, SwiGLU, vocabulary 4096) and the same tokens per step at each
+length (B=8 at T=2048, B=2 at T=8192); parameter counts are reported beside the speed. KLA runs
+its default backend (the fused kernels on CUDA, no host synchronisation in the layer), GLA is
+fla's ``chunk_gla`` when fla is installed (an optional extra; without it the torch fallback, marked
+``"gla_kernel": "torch"``), attention is ``scaled_dot_product_attention``.
+
+fla autotunes every kernel on first use (minutes per shape); with ``KALMANSCAN_FLA_FIRST_CONFIG=1``
+each fla kernel takes the first of its autotuning configs (seconds; values do not depend on the
+config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks.bench_model --out model.json``.
+The switch wraps ``triton.autotune`` for the whole process before fla is imported, so the numbers
+for GLA are those of an untuned first config (a lower bound on its speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+if os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1":
+    import triton
+
+    _autotune = triton.autotune
+    triton.autotune = lambda configs, *args, **kwargs: _autotune(configs[:1], *args, **kwargs)
+
+from benchmarks.records import commit  # noqa: E402 - after the autotuning switch
+from kalmanscan.nn import SequenceModel  # noqa: E402
+
+SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
+QUICK_SHAPES = [(2, 32), (1, 64)]
+MIXERS = ("kla", "gla", "attention")
+
+
+def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str) -> SequenceModel:
+    """The model every mixer shares; fla's kernel for GLA where installed."""
+    options = dict(n_heads=4) if mixer in ("gla", "attention") else {}
+    return SequenceModel(vocab, d_model, n_layers, mixer=mixer, **options).to(device)
+
+
+def gla_kernel(model: SequenceModel, device: str) -> str:
+    """``"fla"`` when the GLA layers will run fla's ``chunk_gla``, else ``"torch"``."""
+    fla = importlib.util.find_spec("fla") is not None and device == "cuda"
+    uses = all(getattr(b.mixer, "use_fla", False) for b in model.blocks)
+    return "fla" if fla and uses else "torch"
+
+
+def training_step(model, optimizer, tokens, device):
+    """One training step, not synchronised: forward under bf16 autocast, loss, backward, AdamW."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def time_steps(step, device, steps, groups, warmup):
+    """Median milliseconds per step over ``groups`` of ``steps`` steps, synchronised around each
+    group (steps queue back to back inside it, as in training)."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(groups):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        times.append((time.perf_counter() - t0) / steps * 1e3)
+    return statistics.median(times), times
+
+
+def bench(mixer, batch, T, args, device):
+    torch.manual_seed(0)
+    model = build(mixer, args.d_model, args.layers, args.vocab, device)
+    params = sum(p.numel() for p in model.parameters())
+    run = torch.compile(model) if args.compile else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    tokens = torch.randint(0, args.vocab, (batch, T + 1), device=device)
+    row = dict(mixer=mixer, batch=batch, T=T, params=params, compiled=args.compile)
+    if mixer == "gla":
+        row["gla_kernel"] = gla_kernel(model, device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        ms, times = time_steps(lambda: training_step(run, optimizer, tokens, device), device,
+                               args.steps, args.groups, args.warmup)
+    except torch.OutOfMemoryError as err:
+        return {**row, "error": f"out of memory: {err}"}
+    row.update(step_ms=ms, group_ms=times, tokens_per_s=batch * T / ms * 1e3,
+               loss=training_step(run, optimizer, tokens, device).item())
+    if device == "cuda":
+        row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
+    ap.add_argument("--mixers", default=",".join(MIXERS))
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=10, help="steps per timed group")
+    ap.add_argument("--groups", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="torch.compile every model")
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny model, a few steps")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    shapes = SHAPES
+    if args.quick:
+        args.d_model, args.layers, args.vocab, args.steps, args.groups, args.warmup = 32, 2, 64, 1, 2, 1
+        shapes = QUICK_SHAPES
+    result = dict(commit=commit(), device=torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
+                  torch=torch.__version__, fla=importlib.util.find_spec("fla") is not None,
+                  fla_first_config=os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1",
+                  d_model=args.d_model, layers=args.layers, vocab=args.vocab, rows=[])
+    for batch, T in shapes:
+        for mixer in args.mixers.split(","):
+            row = bench(mixer, batch, T, args, device)
+            result["rows"].append(row)
+            speed = f"{row['tokens_per_s'] / 1e3:8.1f}k tokens/s, {row['step_ms']:8.2f} ms/step" \
+                if "tokens_per_s" in row else row["error"]
+            print(f"T={T:5d} B={batch} {mixer:10s} {row['params'] / 1e6:6.2f}M params  {speed}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

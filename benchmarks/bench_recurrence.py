@@ -1,0 +1,174 @@
+"""The filter's closed-form forward beside its general walks and a plain first-order linear recurrence
+(issue 25). A script, not a test.
+
+    python -m benchmarks.bench_recurrence --out recurrence.json            # on the GPU
+    python -m benchmarks.bench_recurrence --out quick.json --quick         # CPU smoke test (interpreter)
+
+In one process, at (C, T) = (4096, 32768) and (1, 2^22), with no value and with 10% of values
+missing at random: the triton backend's forward writing the filtered mean and variance (12 bytes
+per element: ``y`` in, two fields out) and its forward (four saved fields) plus backward given the
+cotangents of the mean and precision, once on the closed-form path (``FilterConfig.closed``) and
+once on the walks; accelerated-scan's Triton first-order recurrence ``x_t = a_t x_{t-1} + b_t``
+(``accelerated_scan.scalar.scan``, layout ``(B, C, T)``: forward 12 bytes per element, and
+forward+backward) when it is installed; the device-to-device copy bandwidth. Times are CUDA-graph
+medians (the GPU's time); each row prints its fraction of copy and its ratio to accelerated-scan.
+Before timing, both paths are checked on the device against the float64 walks. ``--sweep`` adds
+launch variants of the closed form (:data:`SWEEP`). ``--quick`` runs every step on the CPU under
+``TRITON_INTERPRET=1`` at tiny sizes (wall-clock times, meaningless as speeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+QUICK = "--quick" in sys.argv
+if QUICK:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from benchmarks.bench_filter import copy_bandwidth, graph_ms, initial_state  # noqa: E402
+from benchmarks.records import commit  # noqa: E402
+from kalmanscan.inputs import prepare  # noqa: E402
+from kalmanscan.ops.filter import triton as triton_backend  # noqa: E402
+from kalmanscan.ops.filter.config import DEFAULT_CONFIG  # noqa: E402
+
+SHAPES = [(4096, 32768), (1, 1 << 22)]
+QUICK_SHAPES = [(8, 64), (1, 256)]
+MISSING = (0.0, 0.1)
+FWD_BYTES = 12
+# Launch variants of the closed form (FilterConfig fields).
+SWEEP = [dict(closed_block=16), dict(closed_block=64), dict(closed_tile=4096), dict(closed_tile=1024),
+         dict(closed_warps=8), dict(closed_warps=2), dict(closed_programs=264), dict(closed_programs=1056)]
+
+
+def problem(T, C, missing, device, dtype=torch.float32, seed=0):
+    """``(views, init)`` of a static-parameter problem of one ``(T, C)`` series with a fraction
+    ``missing`` of NaN values at random."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    y = torch.randn(T, C, device=device, dtype=dtype, generator=g)
+    y[torch.rand(T, C, device=device, generator=g) < missing] = float("nan")
+    theta = torch.rand(C, device=device, generator=g, dtype=dtype) + 0.05
+    sigma = torch.rand(C, device=device, generator=g, dtype=dtype) + 0.1
+    obs_var = torch.rand(C, device=device, generator=g, dtype=dtype) + 0.1
+    p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, init_var=sigma**2 / (2 * theta), backend="triton")
+    return triton_backend.kernel_views(p), initial_state(p)
+
+
+def timer(fn):
+    """Milliseconds of ``fn``: CUDA-graph median on the GPU, one wall-clock call under ``--quick``."""
+    if not QUICK:
+        return graph_ms(fn)
+    start = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - start)
+
+
+def check(views, init, config):
+    """Worst relative error of the float32 mean and variance of ``config``'s path against the
+    float64 walks on the same inputs."""
+    views64 = {k: v.double() for k, v in views.items()}
+    want = triton_backend.filter_forward(views64, init.double(), posterior=("mean", "var"),
+                                         config=dataclasses.replace(config, closed=False))
+    got = triton_backend.filter_forward(views, init, posterior=("mean", "var"), config=config)
+    scale = want["mean"].abs().max()
+    return max(float((got["mean"].double() - want["mean"]).abs().max() / scale),
+               float(((got["var"].double() - want["var"]).abs() / want["var"]).max()))
+
+
+def ours(views, init, config):
+    """Forward (mean and variance) and forward+backward milliseconds of the triton backend."""
+    T, C = views["y"].shape[1:]
+    cot = (torch.randn(1, T, C, device=views["y"].device), torch.randn(1, T, C, device=views["y"].device), None, None)
+
+    def fwd_bwd():
+        o = triton_backend.filter_forward(views, init, config=config)
+        triton_backend.filter_backward(views, init, o["mu"], o["lam"], cot, config)
+
+    fwd = timer(lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var"), config=config))
+    return fwd, timer(fwd_bwd)
+
+
+def accelerated_scan(T, C):
+    """Forward and forward+backward milliseconds of accelerated-scan's Triton recurrence at
+    ``(1, C, T)``, or ``None`` when it is not installed (or under ``--quick``)."""
+    if QUICK:
+        return None
+    try:
+        from accelerated_scan.scalar import scan
+    except ImportError:
+        return None
+    forget = torch.rand(1, C, T, device="cuda")
+    inputs = torch.randn(1, C, T, device="cuda")
+    fwd = timer(lambda: scan(forget, inputs))
+    f, x = forget.clone().requires_grad_(), inputs.clone().requires_grad_()
+    grad = torch.randn(1, C, T, device="cuda")
+    return fwd, timer(lambda: scan(f, x).backward(grad))
+
+
+def row(T, C, missing, copy, config):
+    views, init = problem(T, C, missing, "cpu" if QUICK else "cuda")
+    n = T * C
+    out = dict(C=C, T=T, missing=missing)
+    for name, cfg in (("closed", dataclasses.replace(config, closed=True)),
+                      ("walks", dataclasses.replace(config, closed=False))):
+        out[f"{name}_err"] = check(views, init, cfg)
+        out[f"{name}_fwd_ms"], out[f"{name}_fwd_bwd_ms"] = ours(views, init, cfg)
+        out[f"{name}_fwd_pct_copy"] = 100 * FWD_BYTES * n / out[f"{name}_fwd_ms"] / 1e6 / copy
+    scan_ms = accelerated_scan(T, C) if missing == 0.0 else None
+    if scan_ms is not None:
+        out["ascan_fwd_ms"], out["ascan_fwd_bwd_ms"] = scan_ms
+        out["ascan_fwd_pct_copy"] = 100 * FWD_BYTES * n / scan_ms[0] / 1e6 / copy
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny sizes")
+    ap.add_argument("--sweep", action="store_true", help="also time the closed form's launch variants")
+    args = ap.parse_args()
+    copy = 2 * (1 << 20) * 4 / timer(lambda: torch.empty(1 << 20).copy_(torch.randn(1 << 20))) / 1e6 if QUICK \
+        else copy_bandwidth()
+    res = dict(commit=commit(), device="cpu (interpreter)" if QUICK else torch.cuda.get_device_name(),
+               copy_GBps=copy, rows=[], sweep=[])
+    for C, T in QUICK_SHAPES if QUICK else SHAPES:
+        for missing in MISSING:
+            res["rows"].append(row(T, C, missing, copy, DEFAULT_CONFIG))
+            print(json.dumps(res["rows"][-1]), flush=True)
+        if args.sweep:
+            views, init = problem(T, C, 0.0, "cpu" if QUICK else "cuda")
+            for variant in SWEEP:
+                fwd, both = ours(views, init, dataclasses.replace(DEFAULT_CONFIG, **variant))
+                res["sweep"].append(dict(C=C, T=T, **variant, fwd_ms=fwd, fwd_bwd_ms=both))
+                print(json.dumps(res["sweep"][-1]), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print_table(res)
+
+
+def print_table(res):
+    print(f"copy {res['copy_GBps']:.0f} GB/s, commit {res['commit']}")
+    print("| C | T | missing | closed fwd ms (% copy) | walks fwd ms (% copy) | accelerated-scan fwd ms (% copy) "
+          "| closed fwd+bwd ms | walks fwd+bwd ms | accelerated-scan fwd+bwd ms | closed / ascan fwd, fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base = {(r["C"], r["T"]): r for r in res["rows"] if "ascan_fwd_ms" in r}
+    for r in res["rows"]:
+        a = base.get((r["C"], r["T"]))
+        ascan = f"{a['ascan_fwd_ms']:.3f} ({a['ascan_fwd_pct_copy']:.0f}%)" if a else ""
+        ascan_both = f"{a['ascan_fwd_bwd_ms']:.3f}" if a else ""
+        ratio = (f"{r['closed_fwd_ms'] / a['ascan_fwd_ms']:.2f}, {r['closed_fwd_bwd_ms'] / a['ascan_fwd_bwd_ms']:.2f}"
+                 if a else "")
+        print(f"| {r['C']} | {r['T']} | {r['missing']:.0%} "
+              f"| {r['closed_fwd_ms']:.3f} ({r['closed_fwd_pct_copy']:.0f}%) "
+              f"| {r['walks_fwd_ms']:.3f} ({r['walks_fwd_pct_copy']:.0f}%) | {ascan} | {r['closed_fwd_bwd_ms']:.3f} "
+              f"| {r['walks_fwd_bwd_ms']:.3f} | {ascan_both} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Streaming: many sensors updated one step per call, the filter's state carried between calls.
+
+Each call is ``ks.filter(y[t:t+1], ..., state=state, outputs=...)`` on a ``(1, C)`` float32 step
+(``C = 4096`` sensors by default) with per-sensor parameters, followed by ``state = post.state``.
+For ``outputs=("mean", "var")`` (what a stream needs to continue) and for every field:
+
+- *queued*: calls per second over ``--calls`` back-to-back calls, one synchronisation at the end
+  (each call updates every sensor: sensor-updates per second are ``C`` times more);
+- *alone*: the median wall time of one call followed by a synchronisation;
+- the same loop without ``state`` (a fresh prior each call: the public call's fixed cost), and
+  the backend alone on a prepared step (on CUDA the fused triton kernels,
+  :func:`kalmanscan.ops.filter.triton.filter_forward`; on the CPU the backend's ``filter``), so
+  the cost of the state and of the public call show separately;
+- on CUDA, the device synchronisations of one call (``torch.cuda.set_sync_debug_mode``).
+
+The stream is first checked against one call over the same steps (float32 against float32: the
+largest relative difference of ``mean``, ``var`` and the summed log-likelihood). Target (issue 23):
+at least 5,000 calls per second for 4096 sensors on one H200.
+
+    python -m benchmarks.bench_stream --out stream.json                  # CUDA, backend auto (triton)
+    python -m benchmarks.bench_stream --device cpu --calls 200           # the same loop on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import torch
+
+import kalmanscan as ks
+from kalmanscan.inputs import prepare
+from kalmanscan.ops.filter import get_backend, resolve_backend
+
+FIELDS = {"mean_var": ("mean", "var"), "all": None}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def model(C: int, device: torch.device, host_params: bool, seed: int = 0) -> dict:
+    """Per-sensor parameters ``(C,)`` (float32 tensors on ``device``, or NumPy with ``host_params``)."""
+    g = torch.Generator().manual_seed(seed)
+    kw = dict(theta=torch.rand(C, generator=g) * 0.5 + 0.05, sigma=torch.rand(C, generator=g) + 0.2,
+              obs_var=torch.rand(C, generator=g) + 0.1, mean=torch.randn(C, generator=g))
+    return {k: v.numpy() if host_params else v.to(device) for k, v in kw.items()}
+
+
+def check(y: torch.Tensor, kw: dict, backend: str, steps: int = 64) -> float:
+    """Largest relative difference between ``steps`` one-step calls and one call over them."""
+    whole = ks.filter(y[:steps], backend=backend, **kw)
+    state, means, variances, loglik = None, [], [], 0.0
+    for t in range(steps):
+        post = ks.filter(y[t:t + 1], backend=backend, state=state, **kw)
+        state = post.state
+        means.append(post.mean)
+        variances.append(post.var)
+        loglik = loglik + post.loglik.double()
+    errs = [float(((torch.cat(got) - ref).abs().max() / ref.abs().max()))
+            for got, ref in ((means, whole.mean), (variances, whole.var))]
+    errs.append(float((loglik - whole.loglik.double()).abs().max() / whole.loglik.double().abs().max()))
+    return max(errs)
+
+
+def rate(step, calls: int, device: torch.device) -> float:
+    """Calls per second of ``step(t)`` for ``t < calls``, queued, synchronised at both ends."""
+    step(0)
+    sync(device)
+    t0 = time.perf_counter()
+    for t in range(calls):
+        step(t)
+    sync(device)
+    return calls / (time.perf_counter() - t0)
+
+
+def alone_ms(step, reps: int, device: torch.device) -> float:
+    """Median wall milliseconds of one call followed by a synchronisation."""
+    times = []
+    for t in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        step(t)
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def syncs_per_call(step, device: torch.device) -> int | None:
+    """Device synchronisations of one call (CUDA only: ``torch.cuda.set_sync_debug_mode``)."""
+    if device.type != "cuda":
+        return None
+    step(0)
+    sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def backend_step(y: torch.Tensor, kw: dict, backend: str, outputs):
+    """``step(t)`` running only the backend on step ``t`` of a prepared problem (the prior fixed)."""
+    p = prepare(y[:1], backend=backend, **kw)
+    name = resolve_backend(backend, y.device)
+    if name == "triton":
+        from benchmarks.bench_filter import initial_state
+        from kalmanscan.ops.filter import triton as triton_backend
+
+        views, init = triton_backend.kernel_views(p), initial_state(p)
+        steps = [dict(views, y=y[t:t + 1].unsqueeze(0)) for t in range(y.shape[0])]
+        return lambda t: triton_backend.filter_forward(steps[t], init, posterior=outputs or True)
+    module = get_backend(name)
+    problems = [prepare(y[t:t + 1], backend=backend, **kw) for t in range(y.shape[0])]
+    return lambda t: module.filter(problems[t])
+
+
+def run(C: int, calls: int, device: torch.device, backend: str, host_params: bool) -> dict:
+    g = torch.Generator(device=device).manual_seed(1)
+    y = torch.randn(max(calls, 64) + 2, C, device=device, generator=g)
+    kw = model(C, device, host_params)
+    err = check(y, kw, backend)
+    first = ks.filter(y[:1], backend=backend, **kw).state
+    init = dict(init_mean=first.mean, init_var=first.var)
+    rows = {}
+    for label, outputs in FIELDS.items():
+        state = [first]
+
+        def streamed(t, outputs=outputs, state=state):
+            state[0] = ks.filter(y[t:t + 1], backend=backend, state=state[0], outputs=outputs, **kw).state
+
+        def fresh(t, outputs=outputs):
+            ks.filter(y[t:t + 1], backend=backend, outputs=outputs, **init, **kw)
+
+        kernels = backend_step(y, kw, backend, outputs)
+        rows[label] = dict(stream_calls_per_s=rate(streamed, calls, device),
+                           stream_alone_ms=alone_ms(streamed, min(calls, 200), device),
+                           no_state_calls_per_s=rate(fresh, calls, device),
+                           backend_calls_per_s=rate(kernels, calls, device),
+                           stream_syncs_per_call=syncs_per_call(streamed, device))
+    return dict(C=C, calls=calls, backend=resolve_backend(backend, device), max_rel_error_stream_vs_one_call=err,
+                host_params=host_params, rows=rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--sensors", type=int, default=4096)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--host-params", action="store_true", help="parameters as NumPy (checked on the host)")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    result = run(args.sensors, args.calls, device, args.backend, args.host_params)
+    result["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result["torch"] = torch.__version__
+    print(f"{result['device']}, backend {result['backend']}, C = {args.sensors} sensors, one step per call; "
+          f"stream vs one call: {result['max_rel_error_stream_vs_one_call']:.1e}")
+    print("outputs    stream calls/s  alone ms  syncs  no-state calls/s  backend calls/s")
+    for label, r in result["rows"].items():
+        syncs = "-" if r["stream_syncs_per_call"] is None else r["stream_syncs_per_call"]
+        print(f"{label:9} {r['stream_calls_per_s']:15.0f} {r['stream_alone_ms']:9.3f} {syncs:>6} "
+              f"{r['no_state_calls_per_s']:17.0f} {r['backend_calls_per_s']:16.0f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The fused KLA kernels as ``torch.library`` operators, so ``torch.compile`` traces through a
+call without a graph break and a training step around it can be captured in a CUDA graph.
+
+    kalmanscan::kla_scan_fwd(v, lam_v, k, q, decay, noise, lam0?, eta0?, save, config)
+        -> (y, y_var, lam, eta, ckpt_lam, ckpt_eta)
+    kalmanscan::kla_scan_bwd(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta,
+                             gy, gy_var, glam, geta, config)
+        -> (gv, glam_v, gk, gq, gdecay, gnoise, glam0, geta0)
+
+Each has a fake (meta) implementation giving its outputs' shapes and dtypes from its inputs'
+(:func:`torch.library.register_fake`), and the forward has its autograd formula
+(:func:`torch.library.register_autograd`): the backward operator, recomputing every chunk from the
+checkpoints the forward saved. The implementations launch the Triton kernels on the inputs'
+device (CUDA, or the CPU under ``TRITON_INTERPRET=1``); they read no value on the host, so neither
+operator synchronises.
+
+Shapes: ``v``, ``lam_v``, ``y``, ``y_var`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, S)``; ``decay``,
+``noise`` ``(M, S)``; ``lam0``, ``eta0``, ``lam``, ``eta`` ``(B, M, S)``; the checkpoints
+``(B, ceil(L / chunk), M, S)`` when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
+``y``, ``y_var`` come in ``v``'s dtype, everything else in float32 (the kernels' arithmetic); the
+autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
+as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
+from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
+from kalmanscan.kernels.kla.split import kla_piece_map_kernel
+
+from ..launch import cdiv, next_power_of_2
+
+__all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "pieces"]
+
+
+@dataclass(frozen=True)
+class KLAConfig:
+    """Launch shape: channels per program, tokens per checkpoint chunk, warps per program, and the
+    software-pipelining depth (``num_stages``) and unroll factor of the time loops (``None``: left
+    to the compiler), for the forward and the backward. ``pieces``/``bwd_pieces`` split the forward's
+    and the backward's time axis into that many stretches run by separate programs
+    (``kalmanscan.kernels.kla.split``, ``kalmanscan.kernels.kla.bwd``); ``None`` splits only
+    when there are at most ``2 x SMs`` channel-block programs, into ``floor(4 x SMs / programs)``
+    stretches; 1 walks all of time in one program per channel block."""
+
+    block_m: int = 16
+    chunk: int = 32
+    num_warps: int = 2
+    bwd_block_m: int = 8
+    bwd_num_warps: int = 1
+    stages: int = 5          # H200, B=8 L=2048 M=1024: 3 -> 5 stages took the forward 0.85-1.03 -> 0.69-0.83 ms
+    bwd_stages: int = 6      # and forward+backward 2.99-3.05 -> 2.47-2.63 ms (docs/performance.md)
+    unroll: int | None = None
+    bwd_unroll: int | None = None
+    pieces: int | None = None
+    bwd_pieces: int | None = None
+
+    def as_ints(self) -> list[int]:
+        """The fields in order, ``None`` as 0 (every set field is positive): the operators' ``config``."""
+        return [0 if x is None else int(x) for x in dataclasses.astuple(self)]
+
+    @classmethod
+    def from_ints(cls, values: Sequence[int]) -> KLAConfig:
+        """The inverse of :meth:`as_ints`."""
+        return cls(*(None if x == 0 else int(x) for x in values))
+
+
+DEFAULT_CONFIG = KLAConfig()
+
+Tensor = torch.Tensor
+Six = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+Eight = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: int,
+           device: torch.device) -> tuple[int, int]:
+    """``(n_pieces, piece_len)``: stretches of time, each a whole number of chunks (``KLAConfig``)."""
+    n = requested
+    if n is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        n = 4 * sms // (B * cdiv(M, block_m))
+    n = max(1, min(n, cdiv(L, chunk)))
+    piece_len = max(cdiv(cdiv(L, n), chunk), 1) * chunk
+    return max(cdiv(L, piece_len), 1), piece_len
+
+
+def _n_chunks(L, chunk):
+    return torch.sym_max((L + chunk - 1) // chunk, 1)
+
+
+@torch.library.custom_op("kalmanscan::kla_scan_fwd", mutates_args=())
+def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+                 noise: torch.Tensor, lam0: torch.Tensor | None, eta0: torch.Tensor | None, save: bool,
+                 config: list[int]) -> Six:
+    """The fused forward (:mod:`kalmanscan.kernels.kla.fwd`); see the module docstring."""
+    cfg = KLAConfig.from_ints(config)
+    v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
+    decay32, noise32 = (x.to(torch.float32).contiguous() for x in (decay, noise))
+    B, L, M = v.shape
+    S = k.shape[-1]
+    has_init = lam0 is not None
+    state0 = [x.to(torch.float32).contiguous() if has_init else decay32 for x in (lam0, eta0)]
+    dev = v.device
+    n_chunks = max(cdiv(L, cfg.chunk), 1)
+    y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
+    y_var = torch.empty_like(y)
+    lam = torch.empty(B, M, S, dtype=torch.float32, device=dev)
+    eta = torch.empty_like(lam)
+    ckpt = [torch.empty(B, n_chunks, M, S, dtype=torch.float32, device=dev) if save
+            else torch.zeros(1, dtype=torch.float32, device=dev) for _ in range(2)]
+    n_mblocks, block_s = cdiv(M, cfg.block_m), next_power_of_2(S)
+    n_pieces, piece_len = pieces(cfg.pieces, cfg.block_m, cfg.chunk, B, L, M, dev)
+    maps = decay32
+    if n_pieces > 1:
+        maps = torch.empty(B, n_pieces, 7, M, S, dtype=torch.float32, device=dev)
+        kla_piece_map_kernel[(B, n_mblocks, n_pieces - 1)](
+            v, lam_v, k, q, decay32, noise32, maps, L, M, S, piece_len, n_pieces,
+            BLOCK_M=cfg.block_m, BLOCK_S=block_s, STAGES=cfg.stages, num_warps=cfg.num_warps,
+        )
+    kla_fwd_kernel[(B, n_mblocks, n_pieces)](
+        v, lam_v, k, q, decay32, noise32, state0[0], state0[1], maps,
+        y, y_var, lam, eta, ckpt[0], ckpt[1],
+        L, M, S, n_chunks, piece_len, n_pieces,
+        CHUNK=cfg.chunk, BLOCK_M=cfg.block_m, BLOCK_S=block_s,
+        HAS_INIT=has_init, SAVE=save, STAGES=cfg.stages, UNROLL=cfg.unroll,
+        num_warps=cfg.num_warps,
+    )
+    return y, y_var, lam, eta, ckpt[0], ckpt[1]
+
+
+@kla_scan_fwd.register_fake
+def _(v, lam_v, k, q, decay, noise, lam0, eta0, save, config):
+    B, L, M = v.shape
+    S = k.shape[-1]
+    f32 = dict(dtype=torch.float32)
+    ckpt_shape = (B, _n_chunks(L, config[1]), M, S) if save else (1,)
+    return (v.new_empty(B, L, M), v.new_empty(B, L, M), v.new_empty(B, M, S, **f32), v.new_empty(B, M, S, **f32),
+            v.new_empty(ckpt_shape, **f32), v.new_empty(ckpt_shape, **f32))
+
+
+@torch.library.custom_op("kalmanscan::kla_scan_bwd", mutates_args=())
+def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+                 noise: torch.Tensor, ckpt_lam: torch.Tensor, ckpt_eta: torch.Tensor, gy: torch.Tensor,
+                 gy_var: torch.Tensor, glam: torch.Tensor, geta: torch.Tensor,
+                 config: list[int]) -> Eight:
+    """The fused backward (:mod:`kalmanscan.kernels.kla.bwd`): float32 gradients of the forward's
+    eight tensor inputs from those of its first four outputs; see the module docstring."""
+    cfg = KLAConfig.from_ints(config)
+    v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
+    decay32, noise32 = (x.to(torch.float32).contiguous() for x in (decay, noise))
+    B, L, M = v.shape
+    S = k.shape[-1]
+    dev = v.device
+    gy, gy_var = gy.contiguous(), gy_var.contiguous()
+    glam, geta = (x.to(torch.float32).contiguous() for x in (glam, geta))
+    n_mblocks, block_s = cdiv(M, cfg.bwd_block_m), next_power_of_2(S)
+    chunk = cfg.chunk
+    n_chunks = max(cdiv(L, chunk), 1)
+    n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev)
+    f32 = dict(dtype=torch.float32, device=dev)
+    scratch = [torch.empty(B * n_mblocks * n_pieces * chunk * cfg.bwd_block_m * block_s, **f32)
+               for _ in range(2)]
+    maps = torch.empty(B, n_pieces, 5, M, S, **f32) if n_pieces > 1 else decay32
+    gv = torch.empty(B, L, M, **f32)
+    glam_v = torch.empty(B, L, M, **f32)
+    gk_part = torch.empty(B, L, n_mblocks, S, **f32)
+    gq_part = torch.empty(B, L, n_mblocks, S, **f32)
+    gdecay_part = torch.empty(B, n_pieces, M, S, **f32)
+    gnoise_part = torch.empty(B, n_pieces, M, S, **f32)
+    glam0 = torch.empty(B, M, S, **f32)
+    geta0 = torch.empty(B, M, S, **f32)
+
+    def launch(pieces_grid, piece_offset, map_only):
+        kla_bwd_kernel[(B, n_mblocks, pieces_grid)](
+            v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
+            gy, gy_var, glam, geta, scratch[0], scratch[1], maps,
+            gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
+            L, M, S, n_chunks, n_mblocks, piece_len, n_pieces, piece_offset,
+            CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
+            UNROLL=cfg.bwd_unroll, MAP=map_only, num_warps=cfg.bwd_num_warps,
+        )
+
+    if n_pieces > 1:
+        launch(n_pieces - 1, 1, True)  # adjoint maps of stretches 1 .. n_pieces - 1
+    launch(n_pieces, 0, False)
+    return (gv, glam_v, gk_part.sum(2), gq_part.sum(2), gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)),
+            glam0, geta0)
+
+
+@kla_scan_bwd.register_fake
+def _(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, config):
+    B, L, M = v.shape
+    S = k.shape[-1]
+    f32 = dict(dtype=torch.float32)
+    return (v.new_empty(B, L, M, **f32), v.new_empty(B, L, M, **f32), v.new_empty(B, L, S, **f32),
+            v.new_empty(B, L, S, **f32), v.new_empty(M, S, **f32), v.new_empty(M, S, **f32),
+            v.new_empty(B, M, S, **f32), v.new_empty(B, M, S, **f32))
+
+
+def _setup_context(ctx, inputs, output):
+    v, lam_v, k, q, decay, noise, lam0, eta0, save, config = inputs
+    ctx.save_for_backward(v, lam_v, k, q, decay, noise, output[4], output[5])
+    ctx.save, ctx.config = save, config
+    ctx.dtypes = [None if x is None else x.dtype for x in (v, lam_v, k, q, decay, noise, lam0, eta0)]
+
+
+def _backward(ctx, gy, gy_var, glam, geta, _gckpt_lam, _gckpt_eta):
+    if not ctx.save:
+        raise RuntimeError("kla_scan_fwd ran with save=False: it kept no checkpoints for a backward")
+    v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta = ctx.saved_tensors
+    grads = kla_scan_bwd(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, ctx.config)
+    return tuple(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)) + (None, None)
+
+
+torch.library.register_autograd("kalmanscan::kla_scan_fwd", _backward, setup_context=_setup_context)

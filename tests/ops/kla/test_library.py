@@ -1,0 +1,147 @@
+"""The fused KLA kernels as torch.library operators: registrations (opcheck), torch.compile and
+CUDA graphs.
+
+On the CPU the operators run the Triton kernels through the interpreter (``TRITON_INTERPRET=1``,
+set in conftest), so the shapes are tiny: two channel blocks (one partial), two chunks (one
+partial), a non-power-of-two state. The ``gpu`` tests compile with inductor and capture a training
+step in a CUDA graph; on the GPU machine: ``TRITON_INTERPRET=0 python -m pytest tests/ops/kla/test_library.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import max_rel_error
+
+from kalmanscan.nn import KLA
+from kalmanscan.ops.kla.library import KLAConfig, kla_scan_bwd, kla_scan_fwd
+from kalmanscan.ops.kla.reference import kla_scan_sequential
+from kalmanscan.ops.kla.triton import kla_scan_triton
+
+TINY = KLAConfig(block_m=2, chunk=4, bwd_block_m=2)          # M = 3: two channel blocks; L = 7: two chunks
+B, L, M, S = 2, 7, 3, 3
+
+
+def scan_inputs(seed, dtype=torch.float32):
+    """``v, lam_v, k, q, decay, noise, lam0, eta0``: random, non-zero, in range."""
+    g = torch.Generator().manual_seed(seed)
+    rand, randn = (lambda *s: f(*s, generator=g, dtype=dtype) for f in (torch.rand, torch.randn))
+    unit = lambda x: torch.nn.functional.normalize(x, dim=-1)  # noqa: E731
+    return [randn(B, L, M), 0.1 + 2 * rand(B, L, M), unit(randn(B, L, S)), unit(randn(B, L, S)),
+            0.6 + 0.4 * rand(M, S), 0.05 + rand(M, S), 0.5 + rand(B, M, S), randn(B, M, S)]
+
+
+def op_args(with_state, save):
+    xs = scan_inputs(4)
+    lam0, eta0 = (xs[6], xs[7]) if with_state else (None, None)
+    return (*xs[:6], lam0, eta0, save, TINY.as_ints())
+
+
+def outputs_and_grads(fn, xs):
+    """``fn``'s four outputs and the gradients of a fixed random functional of them."""
+    xs = [x.detach().clone().requires_grad_() for x in xs]
+    outs = fn(xs)
+    g = torch.Generator().manual_seed(1)
+    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum() for o in outs)
+    return [o.detach() for o in outs], list(torch.autograd.grad(loss, xs))
+
+
+@pytest.mark.parametrize("with_state,save", [(False, True), (True, False)])
+def test_opcheck_forward(with_state, save):
+    args = op_args(with_state, save)
+    if save:
+        args = tuple(x.requires_grad_() if isinstance(x, torch.Tensor) else x for x in args)
+    torch.library.opcheck(kla_scan_fwd, args)
+
+
+def test_opcheck_backward():
+    args = op_args(True, True)
+    _, _, _, _, ckpt_lam, ckpt_eta = kla_scan_fwd(*args)
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(*shape, generator=g) for shape in ((B, L, M), (B, L, M), (B, M, S), (B, M, S))]
+    torch.library.opcheck(kla_scan_bwd, (*args[:6], ckpt_lam, ckpt_eta, *grads, TINY.as_ints()))
+
+
+def test_config_round_trip():
+    for config in (TINY, KLAConfig(unroll=2, pieces=3, bwd_pieces=None)):
+        assert KLAConfig.from_ints(config.as_ints()) == config
+
+
+def test_compiled_fullgraph_equals_eager_and_reference():
+    """torch.compile(fullgraph=True) traces the op with its fake and autograd registrations: the
+    compiled forward and backward equal eager, which equals the float64 recursion."""
+    xs = scan_inputs(6, torch.float64)
+
+    def scan(xs):
+        return kla_scan_triton(*(x.float() for x in xs), config=TINY)
+
+    compiled = torch.compile(scan, fullgraph=True, backend="aot_eager")
+    out, grads = outputs_and_grads(scan, xs)
+    out_c, grads_c = outputs_and_grads(compiled, xs)
+    for a, b in zip(out + grads, out_c + grads_c):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    ref, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
+    for a, r in zip(out_c + grads_c, ref + ref_grads):
+        assert max_rel_error(a.double(), r) < 2e-5          # test_kla_scan's float32 tolerance
+
+
+def layer_and_input(seed=0):
+    torch.manual_seed(seed)
+    layer = KLA(64, d_state=16, backend="triton").cuda()
+    x = torch.randn(2, 300, 64, device="cuda")
+    return layer, x
+
+
+def loss_and_grads(layer, x):
+    y = layer(x)
+    loss = y.square().mean()
+    return loss, torch.autograd.grad(loss, [x, *layer.parameters()])
+
+
+@pytest.mark.gpu
+def test_compiled_layer_equals_eager_on_gpu():
+    layer, x = layer_and_input()
+    x.requires_grad_()
+    loss, grads = loss_and_grads(layer, x)
+    compiled = torch.compile(layer, fullgraph=True)
+    loss_c, grads_c = loss_and_grads(compiled, x)
+    torch.testing.assert_close(loss_c, loss, rtol=1e-4, atol=1e-6)
+    for a, b in zip(grads_c, grads):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_training_step_in_a_cuda_graph_equals_eager():
+    """A forward, backward and SGD step captured once and replayed equals the same steps in eager."""
+    layer, x = layer_and_input()
+    eager, _ = layer_and_input()
+    eager.load_state_dict(layer.state_dict())
+    params = list(layer.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+
+    def step(model, optimizer):
+        optimizer.zero_grad(set_to_none=False)
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):                              # warm-up: kernels compiled, grads allocated
+            step(layer, opt)
+            step(eager, eager_opt)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = step(layer, opt)
+    losses, eager_losses = [], []
+    for _ in range(3):
+        graph.replay()
+        losses.append(loss.clone())
+        eager_losses.append(step(eager, eager_opt).detach())
+    torch.testing.assert_close(torch.stack(losses), torch.stack(eager_losses), rtol=1e-5, atol=1e-7)
+    for p, q in zip(layer.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,84 @@
+"""What one small ks.filter call dispatches: torch operations outside the kernels, scalar reads
+back to the host (a device synchronisation each on a GPU) and kernel launches. Upper bounds, so
+a regression of the call's fixed cost shows here (the GPU timings are benchmarks/bench_api.py's)."""
+
+import collections
+
+import pytest
+import torch
+import triton.runtime.interpreter as interpreter
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import kalmanscan as ks
+
+
+class _Dispatched(TorchDispatchMode):
+    """Counts the torch operations dispatched outside kernel launches, and the launches."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+        self.launches = 0
+        self.in_kernel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.in_kernel:
+            self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """A :class:`_Dispatched` mode; the interpreter's own operations inside a launch are not counted."""
+    mode = _Dispatched()
+    launch = interpreter.GridExecutor.__call__
+
+    def counted(self, *args, **kwargs):
+        mode.launches += 1
+        mode.in_kernel += 1
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            mode.in_kernel -= 1
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", counted)
+    return mode
+
+
+# (backend, outputs) -> most torch operations per call (measured: 138, 129, 683, 48, 31)
+BOUNDS = {("triton", None): 150, ("triton", ("mean", "var")): 140, ("torch", None): 700,
+          ("cpu", None): 60, ("cpu", ("mean", "var")): 40}
+
+
+@pytest.mark.parametrize("backend, outputs", list(BOUNDS))
+def test_small_call_dispatches_few_operations_and_one_scalar_read(dispatched, backend, outputs):
+    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(0))
+    kw = dict(theta=0.3, sigma=torch.full((5,), 0.7), obs_var=0.4, backend=backend, outputs=outputs)
+    ks.filter(y, **kw)  # first call: imports and compiles
+    with dispatched:
+        post = ks.filter(y, **kw)
+    assert dispatched.ops["aten._local_scalar_dense.default"] <= 1  # at most one synchronisation
+    assert sum(dispatched.ops.values()) <= BOUNDS[backend, outputs], dispatched.ops.most_common()
+    if backend == "triton":
+        assert dispatched.launches <= 3
+    assert torch.isfinite(post.mean).all()
+
+
+def test_parameters_and_times_are_made_when_read(dispatched):
+    y = torch.randn(40, 3, generator=torch.Generator().manual_seed(1))
+    post = ks.filter(y, theta=0.3, sigma=0.7, obs_var=0.4, backend="cpu")
+    with dispatched:
+        post.params["theta"]
+    assert 0 < sum(dispatched.ops.values()) <= 2
+    assert post.params["theta"].shape == (40, 3)
+    assert set(post.params) >= {"theta", "decay", "times", "n_diffuse", "times_given"}
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "cpu"])
+@pytest.mark.parametrize("outputs", [None, ("mean", "var"), ("var",), ("loglik",)])
+@pytest.mark.parametrize("at", [0, 31, 62])
+def test_inf_in_y_is_still_caught(backend, outputs, at):
+    y = torch.randn(63, 2, generator=torch.Generator().manual_seed(2))
+    y[at, 1] = float("inf")
+    with pytest.raises(ValueError, match="y must be finite"):
+        ks.filter(y, theta=0.3, sigma=0.7, obs_var=0.4, backend=backend, outputs=outputs)
