@@ -52,6 +52,7 @@ def kernels(fc=None, cfg=None):
     shapes from the filter's :class:`~kalmanscan.ops.filter.config.FilterConfig` ``fc`` and KLA's
     :class:`~kalmanscan.ops.kla.triton.KLAConfig` ``cfg`` (default: their ``DEFAULT_CONFIG``)."""
     from kalmanscan.kernels.filter.bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
+    from kalmanscan.kernels.filter.closed import closed_agg_kernel, closed_fwd_kernel
     from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel,
                                                filter_total_kernel)
     from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
@@ -81,7 +82,13 @@ def kernels(fc=None, cfg=None):
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     carry = dict(CH=fc.carry_chunk)
+    closed = dict(CHUNK=fc.closed_tile // fc.closed_block, BLOCK_C=fc.closed_block, WIDE=False)
+    closed_fwd = dict(closed, TOL=2.0 ** -21, WRITE_MU=True, WRITE_LAM=True, WRITE_PRED=False, POSTERIOR=0)
     return {
+        "closed_agg": (closed_agg_kernel, closed, fc.closed_warps),
+        "closed_fwd": (closed_fwd_kernel, closed_fwd, fc.closed_warps),
+        "closed_fwd_variants": (closed_fwd_kernel, dict(closed_fwd, WIDE=True, WRITE_PRED=True, POSTERIOR=255),
+                                fc.closed_warps),
         "filter_agg": (filter_agg_kernel, walk, fc.num_warps),
         "filter_fwd": (filter_fwd_kernel, walk, fc.num_warps),
         "filter_tile_agg": (filter_tile_agg_kernel, tile, fc.tile_warps),

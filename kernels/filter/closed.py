@@ -43,7 +43,7 @@ from ..fast_math import rcp
 from .fwd import compose7, leaf7, store7
 from .steps import index, load_y, ou_phi
 
-NCONST: tl.constexpr = 13
+NCONST = tl.constexpr(13)
 
 
 @triton.jit

@@ -68,7 +68,8 @@ def constants(theta: torch.Tensor, sigma: torch.Tensor, dt: torch.Tensor, obs_va
     c_var = phi * a * a / (k * one_minus_rho)
     rows = [a, q, obs_var, mean, h, lam_star, 1.0 / lam_star, f_star, 1.0 / lam_pred, nlr, c_lam, c_var]
     out = torch.stack([r.expand_as(lam_star) for r in rows], 1).to(dtype)
-    usable = torch.isfinite(out[:, 5:12]).all(1) & (out[:, [5, 6, 8, 9]] > 0).all(1) & (one_minus_rho > 0)
+    positive = (out[:, 5:7] > 0).all(1) & (out[:, 8:10] > 0).all(1)   # lam*, var*, 1/lam_pred*, nlr
+    usable = torch.isfinite(out[:, 5:12]).all(1) & positive & (one_minus_rho > 0)
     return torch.cat([out, usable.to(dtype).unsqueeze(1)], 1).contiguous()
 
 

@@ -41,7 +41,9 @@ class FilterConfig:
         tile_max_c: the time-parallel forward serves series of at most this many channels;
         tile_bwd: the backward runs on tiles too wherever the forward does.
     Closed form (static parameters, regular ``dt``; :mod:`kalmanscan.ops.filter.closed`):
-        closed: the forward takes this path when no parameter varies along time;
+        closed: the forward takes this path when no parameter varies along time (opt-in: it is
+            exact under the interpreter and compiles for sm_90, but has not yet been run or timed
+            on a GPU);
         closed_block: channels per tile; closed_tile: elements per tile (``CHUNK = closed_tile /
             BLOCK_C`` steps); closed_warps: warps per program; closed_programs: time is split into
             stretches when fewer programs than this cover the channels.
@@ -68,7 +70,7 @@ class FilterConfig:
     tile_stretches: int = 1024
     tile_max_c: int = 1
     tile_bwd: bool = True
-    closed: bool = True
+    closed: bool = False
     closed_block: int = 32
     closed_tile: int = 2048
     closed_warps: int = 4

@@ -12,13 +12,21 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from helpers import (FLOAT32_BOUND, NAMES, POSITIVE, Launches, config, max_rel_error, posterior_error, prepared,
+
+import helpers
+from helpers import (FLOAT32_BOUND, NAMES, POSITIVE, Launches, max_rel_error, posterior_error, prepared,
                      problem_tensors, random_problem, rel_error, triton_filter)
 
 import kalmanscan as ks
 from kalmanscan.inputs import prepare
 from kalmanscan.kernels.filter.closed import closed_power
 from kalmanscan.ops.filter import closed
+
+
+def config(**options):
+    """The default launch configuration with the closed-form path on (it is opt-in)."""
+    return helpers.config(**{"closed": True, **options})
+
 
 ONE = config(closed_tile=64, closed_programs=1)                  # tiles [16, 4]: chunks of 16, one stretch
 SPLIT = config(closed_tile=32, closed_block=4, closed_programs=8)  # chunks of 8, time split into stretches
