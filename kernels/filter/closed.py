@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..fast_math import rcp
 from .fwd import compose7, leaf7, store7
-from .steps import index, load_y, ou_phi
+from .steps import emit_prediction, index, load_y, ou_phi
 
 NCONST = tl.constexpr(13)
 
@@ -119,25 +119,10 @@ def emit_tile(o, valid, observed, yc, h, obs_var, mean, lam, var, pred_var, eta_
             tl.store(mu_ptr + o, mu + mean, mask=valid)
         if POSTERIOR & 2:
             tl.store(lam_ptr + o, lam, mask=valid)
-        if POSTERIOR & 4:
-            tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
-        if POSTERIOR & 8:
-            tl.store(pred_var_ptr + o, pred_var, mask=valid)
         if POSTERIOR & 16:
             tl.store(var_ptr + o, var, mask=valid)
-        if POSTERIOR & 32:
-            tl.store(pred_prec_ptr + o, rcp(pred_var), mask=valid)
-        pred_obs_var = h * h * pred_var + obs_var
-        if POSTERIOR & 64:
-            tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
-        if POSTERIOR & 128:
-            tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
-        if POSTERIOR & 256:
-            innov = yc - h * pred_mu
-            loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
-            tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
-        if POSTERIOR & 512:
-            tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
+        emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid, pred_mu_ptr, pred_var_ptr,
+                        pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr, POSTERIOR)
     else:
         if WRITE_MU:
             tl.store(mu_ptr + o, mu, mask=valid)

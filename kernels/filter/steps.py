@@ -220,6 +220,33 @@ def info_step(lam, eta, decay, noise, phi, info):
 
 
 @triton.jit
+def emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid, pred_mu_ptr, pred_var_ptr,
+                    pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
+                    POSTERIOR: tl.constexpr):
+    """Store the fields of the ``POSTERIOR`` bit mask (:func:`emit_step`) that the prediction
+    before a step determines, from its centred mean ``pred_mu`` and variance ``pred_var``:
+    ``pred_mean`` (4), ``pred_var`` (8), ``pred_precision`` (32), the predictive law of ``y``
+    (64, 128), the log-likelihood (256; 0 where ``y`` is missing) and the missing flag (512)."""
+    pred_obs_var = h * h * pred_var + obs_var
+    if POSTERIOR & 4:
+        tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
+    if POSTERIOR & 8:
+        tl.store(pred_var_ptr + o, pred_var, mask=valid)
+    if POSTERIOR & 32:
+        tl.store(pred_prec_ptr + o, rcp(pred_var), mask=valid)
+    if POSTERIOR & 64:
+        tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
+    if POSTERIOR & 128:
+        tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
+    if POSTERIOR & 256:
+        innov = yc - h * pred_mu
+        loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
+        tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
+    if POSTERIOR & 512:
+        tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
+
+
+@triton.jit
 def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, o, valid,
               mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
               pred_obs_var_ptr, loglik_ptr, missing_ptr,
@@ -247,23 +274,8 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
     pred_mu = decay * eta * inv
     pred_var = decay * decay * inv + noise
     if POSTERIOR:
-        pred_obs_var = h * h * pred_var + obs_var
-        if POSTERIOR & 4:
-            tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
-        if POSTERIOR & 8:
-            tl.store(pred_var_ptr + o, pred_var, mask=valid)
-        if POSTERIOR & 32:
-            tl.store(pred_prec_ptr + o, rcp(pred_var), mask=valid)
-        if POSTERIOR & 64:
-            tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
-        if POSTERIOR & 128:
-            tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
-        if POSTERIOR & 256:
-            innov = yc - h * pred_mu
-            loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
-            tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
-        if POSTERIOR & 512:
-            tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
+        emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid, pred_mu_ptr, pred_var_ptr,
+                        pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr, POSTERIOR)
     elif WRITE_PRED:
         tl.store(pred_mu_ptr + o, pred_mu, mask=valid)
         tl.store(pred_var_ptr + o, pred_var, mask=valid)
