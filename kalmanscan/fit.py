@@ -11,7 +11,9 @@ number of channels.
 The objective is lean (:class:`kalmanscan.likelihood.Likelihood`): the inputs are validated once,
 and each evaluation is one call of the backend's filter for the log-likelihoods and its exact
 first-order backward, on whatever device ``y`` is (the compiled loops on the CPU, the fused
-kernels on CUDA), read back by the optimiser with the gradient in one transfer.
+kernels on CUDA), read back by the optimiser with the gradient in one transfer. On the ``"cpu"``
+backend in float64, L-BFGS gets the objective and its gradient from NumPy directly
+(:attr:`kalmanscan.likelihood.Likelihood.numpy`: no torch operation per evaluation).
 
 Standard errors come from the observed information: the Hessian of ``-loglik`` with respect to the
 natural parameters at the optimum, by central differences of the exact gradient in float64
@@ -42,8 +44,8 @@ import torch
 
 from .filtering import filter as _filter
 from .likelihood import POSITIVE as _POSITIVE
-from .likelihood import Likelihood, gradient_and_hessian, valid
-from .optimize import adam, lbfgs
+from .likelihood import Likelihood, gradient_and_hessian, spd_inverse, valid
+from .optimize import adam, lbfgs, lbfgs_numpy
 from .types import ArrayLike
 
 if TYPE_CHECKING:
@@ -243,8 +245,15 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
     u = {k: torch.zeros(batch + (Cp,), dtype=y_t.dtype, device=y_t.device, requires_grad=True) for k in estimate}
     if progress is None:
         progress = sys.stderr.isatty() and y_t.numel() * max_iter >= 5e6
-    run = lbfgs if method == "lbfgs" else adam
-    converged, n_iter, message = run(objective, u, max_iter, tol, progress)
+    if method == "lbfgs" and lik.numpy is not None:  # the compiled loops fed from NumPy: no torch per evaluation
+        fun = _numpy_objective(lik, guess, scale, weight, identified, shared)
+        converged, n_iter, message, x = lbfgs_numpy(fun, sum(v.numel() for v in u.values()), max_iter, tol, progress)
+        with torch.no_grad():
+            for v, chunk in zip(u.values(), torch.split(torch.from_numpy(x), [v.numel() for v in u.values()])):
+                v.copy_(chunk.reshape(v.shape))
+    else:
+        run = lbfgs if method == "lbfgs" else adam
+        converged, n_iter, message = run(objective, u, max_iter, tol, progress)
     reason = "" if converged else message
     if not bool(identified.all()):
         converged = False
@@ -275,6 +284,32 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
                      message=message, stderr=stderr, cov=conv(cov), names=estimate,
                      n_obs=conv(observed), method=method, settings=settings, reason=reason,
                      on_boundary=on_boundary, fitted=conv(identified))
+
+
+def _numpy_objective(lik, guess, scale, weight, identified, shared):
+    """``fun(x) -> (f, gradient)`` in float64 NumPy: the objective of :func:`fit` on the flattened
+    unconstrained coordinates ``x`` (in ``guess``'s order) by :attr:`Likelihood.numpy`."""
+    names = tuple(guess)
+    g0 = {k: v.numpy() for k, v in guess.items()}
+    s0, w, ok = scale.numpy(), weight.numpy(), identified.numpy()
+    shape = next(iter(g0.values())).shape
+    cot = np.broadcast_to(-np.where(ok, w, 0.0), lik.batch + (lik.p.shape[-1],))
+    size = math.prod(shape)
+
+    def fun(x):
+        u = dict(zip(names, (x[i * size:(i + 1) * size].reshape(shape) for i in range(len(names)))))
+        e = {k: np.exp(u[k]) for k in names if k in _POSITIVE}
+        nat = {k: g0[k] * e[k] if k in e else g0[k] + s0 * u[k] for k in names}
+        if not all(np.all(np.isfinite(v) & (v > 0)) if k in e else np.all(np.isfinite(v)) for k, v in nat.items()):
+            return math.inf, np.zeros_like(x)
+        ll, g = lik.numpy.evaluate(nat, cot)
+        if shared:
+            ll = ll.sum(-1, keepdims=True)
+        f = -float(np.where(ok, ll * w, 0.0).sum())
+        du = [g[k] * g0[k] * e[k] if k in e else g[k] * s0 for k in names]
+        return f, np.concatenate([d.reshape(-1) for d in du])
+
+    return fun
 
 
 def _check_estimate(estimate):
@@ -451,9 +486,6 @@ def _covariance(lik, nat, names, scale):
     free = ~bound
     pair = free[..., :, None] & free[..., None, :]
     eye = torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
-    H_free = torch.where(pair, H, eye)
-    L, info = torch.linalg.cholesky_ex(H_free)
-    bad = ((info != 0) | ~torch.isfinite(L).all(-1).all(-1))[..., None, None]
-    cov = torch.cholesky_inverse(torch.where(bad, eye, L))
+    cov, bad = spd_inverse(torch.where(pair, H, eye))
     nan = torch.full_like(cov, math.nan)
-    return torch.where(bad | ~pair, nan, cov).to(dtype), bound
+    return torch.where(bad[..., None, None] | ~pair, nan, cov).to(dtype), bound

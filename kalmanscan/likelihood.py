@@ -12,6 +12,12 @@ read-back, :meth:`kalmanscan.inputs.Problem.no_process_noise`, per evaluation wh
 ``sigma`` is estimated), and a diffuse prior locates each channel's first observation
 (:func:`kalmanscan.diffuse.finite_problem`).
 
+On the ``"cpu"`` backend in float64, :attr:`Likelihood.numpy` evaluates the same
+log-likelihood and its gradient without torch
+(:class:`kalmanscan.ops.filter.cpu_objective.NumpyLikelihood`: the compiled loops on NumPy
+buffers prepared once): :func:`kalmanscan.fit` feeds it to L-BFGS directly, and calls without
+gradients and :meth:`Likelihood.gradient` use it.
+
 :func:`gradient_and_hessian` gives the observed information of independent series: central
 differences of the exact gradient, one pair of gradient evaluations per estimated name for every
 series at once (a series' log-likelihood depends on its own parameters only, so moving one name
@@ -23,17 +29,19 @@ Hessian's scale; the differences are taken in float64 whatever the data's dtype.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from . import ou
 from .diffuse import finite_problem
 from .inputs import prepare
-from .ops.filter import run_backend
+from .ops.filter import resolve_backend, run_backend
+from .ops.filter.cpu_objective import NumpyLikelihood
 from .types import ArrayLike
 
-__all__ = ["Likelihood", "gradient_and_hessian", "valid", "FD_STEP", "POSITIVE"]
+__all__ = ["Likelihood", "gradient_and_hessian", "spd_inverse", "valid", "FD_STEP", "POSITIVE"]
 
 FD_STEP = 2.0 ** -17
 """Relative step of the central differences of :func:`gradient_and_hessian`."""
@@ -52,7 +60,9 @@ class Likelihood:
     sigma``, an ``init_mean`` the current ``mean``, as in :func:`kalmanscan.filter`. Evaluated
     values are not checked: :func:`valid` tells whether ``nat`` is in the domain (as a tensor,
     without a synchronisation). The sum over time is accumulated in float64 and returned in
-    ``y``'s dtype. Differentiable with respect to ``nat``.
+    ``y``'s dtype. Differentiable with respect to ``nat``. ``numpy``: the NumPy evaluation of the
+    same function on the ``"cpu"`` backend in float64 (``None`` elsewhere), used when no
+    gradient is recorded.
     """
 
     def __init__(self, y: torch.Tensor, fixed: dict, start: dict[str, torch.Tensor], *, h: ArrayLike = 1.0,
@@ -67,8 +77,14 @@ class Likelihood:
         if tuple(self.p.shape[:-2]) != self.batch:
             raise ValueError(f"fixed parameters must not add batch dimensions to y's {self.batch}")
         finite_problem(self.p)  # a diffuse prior's errors surface here, before any optimiser
+        lean = (resolve_backend(backend, y.device) == "cpu" and self.p.dtype == torch.float64
+                and min(self.p.shape) > 0)
+        self.numpy = NumpyLikelihood(self.p, self.names, self.stationary_init, self.mean_init) if lean else None
 
     def __call__(self, nat: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.numpy is not None and not (torch.is_grad_enabled() and any(v.requires_grad for v in nat.values())):
+            ll, _ = self.numpy.evaluate({k: v.detach().numpy() for k, v in nat.items()})
+            return torch.from_numpy(ll)
         fields = {k: _static(v) for k, v in nat.items()}
         if self.stationary_init and ("theta" in fields or "sigma" in fields):
             theta = fields.get("theta", self.p.theta[..., :1, :])
@@ -84,6 +100,20 @@ class Likelihood:
             logliks = torch.where(diffuse.upto, torch.zeros_like(logliks), logliks)
         logliks = torch.broadcast_to(logliks, p.shape)
         return logliks.sum(-2, dtype=torch.float64).to(p.dtype)
+
+    def gradient(self, nat: dict[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
+        """The gradient ``B + (Cp, P)`` of ``-loglik(nat).sum()`` with respect to the estimated
+        ``names`` (in that order): by :attr:`numpy` (no torch operation) where there is one, else
+        by autograd through the backend's backward."""
+        if self.numpy is not None:
+            cot = np.full(self.batch + (self.p.shape[-1],), -1.0)
+            _, g = self.numpy.evaluate({k: nat[k].detach().numpy() for k in self.names}, cot)
+            return torch.from_numpy(np.stack([g[k] for k in names], -1))
+        leaves = {k: nat[k].detach().clone().requires_grad_(True) for k in self.names}
+        with torch.enable_grad():
+            gs = torch.autograd.grad(-self(leaves).sum(), list(leaves.values()), allow_unused=True)
+        got = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), gs)}
+        return torch.stack([got[k] for k in names], -1)
 
     def in_float64(self) -> Likelihood:
         """The same likelihood computed in float64 (itself when it already is)."""
@@ -106,8 +136,8 @@ def valid(nat: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.stack(ok).all()
 
 
-def gradient_and_hessian(loglik: Callable[[dict], torch.Tensor], nat: dict[str, torch.Tensor],
-                         names: Sequence[str], scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gradient_and_hessian(loglik: Likelihood, nat: dict[str, torch.Tensor], names: Sequence[str],
+                         scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradient ``B + (Cp, P)`` and Hessian blocks ``B + (Cp, P, P)`` of ``-loglik`` (summed over
     series) in the natural parameters ``nat`` (each ``B + (Cp,)``), ``P = len(names)``.
 
@@ -120,11 +150,7 @@ def gradient_and_hessian(loglik: Callable[[dict], torch.Tensor], nat: dict[str, 
     x = [nat[k].detach() for k in names]
 
     def grad(values):
-        leaves = [v.clone().requires_grad_(True) for v in values]
-        with torch.enable_grad():
-            total = -loglik(dict(zip(names, leaves))).sum()
-            gs = torch.autograd.grad(total, leaves, allow_unused=True)
-        return torch.stack([torch.zeros_like(v) if g is None else g for g, v in zip(gs, values)], -1)
+        return loglik.gradient(dict(zip(names, values)), names)
 
     cols, mids = [], []
     for i, k in enumerate(names):
@@ -136,3 +162,32 @@ def gradient_and_hessian(loglik: Callable[[dict], torch.Tensor], nat: dict[str, 
         mids.append(0.5 * (g_plus + g_minus))
     H = torch.stack(cols, -1)
     return sum(mids) / len(mids), 0.5 * (H + H.transpose(-1, -2))
+
+
+def spd_inverse(H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse ``B + (P, P)`` of symmetric positive definite blocks ``H`` by their Cholesky
+    factors, and ``B`` booleans: True for a block that is not positive definite (or not finite),
+    whose inverse is then meaningless. On the CPU the factorisation is a loop over ``P`` in NumPy,
+    vectorised over the blocks (no thread pool for a few tiny matrices); elsewhere
+    ``torch.linalg.cholesky_ex`` and ``torch.cholesky_inverse``."""
+    if H.device.type != "cpu":
+        eye = torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
+        L, info = torch.linalg.cholesky_ex(H)
+        bad = (info != 0) | ~torch.isfinite(L).all(-1).all(-1)
+        return torch.cholesky_inverse(torch.where(bad[..., None, None], eye, L)), bad
+    A = H.detach().numpy()
+    P = A.shape[-1]
+    L = np.zeros_like(A)
+    bad = np.zeros(A.shape[:-2], bool)
+    for j in range(P):
+        d = A[..., j, j] - (L[..., j, :j] ** 2).sum(-1)
+        bad |= ~(np.isfinite(d) & (d > 0))
+        L[..., j, j] = np.sqrt(np.where(bad, 1.0, d))
+        below = A[..., j + 1:, j] - (L[..., j + 1:, :j] * L[..., j:j + 1, :j]).sum(-1)
+        L[..., j + 1:, j] = below / L[..., j, j, None]
+    bad |= ~np.isfinite(L).all((-2, -1))
+    M = np.zeros_like(A)  # L^-1, row by row
+    for i in range(P):
+        row = np.eye(P)[i] - (L[..., i, :i, None] * M[..., :i, :]).sum(-2)
+        M[..., i, :] = row / L[..., i, i, None]
+    return torch.from_numpy((M[..., :, :, None] * M[..., :, None, :]).sum(-3)), torch.from_numpy(bad)

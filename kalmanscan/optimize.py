@@ -5,7 +5,8 @@ Both return ``(converged, iterations, message)`` and show a tqdm bar when ``prog
 which ends at 100% and says whether the fit converged when it stops before ``max_iter``. An
 ``objective`` that is not finite, or raises ``ValueError`` (a step so long that a parameter under-
 or overflowed), is treated as an infinite objective. L-BFGS reads each evaluation's objective
-and gradient back from the device in one transfer (the only synchronisation it needs).
+and gradient back from the device in one transfer (the only synchronisation it needs);
+:func:`lbfgs_numpy` is the same driver for an objective that is a NumPy function already.
 """
 
 from __future__ import annotations
@@ -16,24 +17,17 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-__all__ = ["lbfgs", "adam"]
+__all__ = ["lbfgs", "lbfgs_numpy", "adam"]
 
 Objective = Callable[[dict], torch.Tensor]
 
 
 def lbfgs(objective: Objective, u: dict[str, torch.Tensor], max_iter: int, tol: float,
           progress: bool) -> tuple[bool, int, str]:
-    """``scipy.optimize.minimize(method="L-BFGS-B")`` on the flattened coordinates, torch gradients.
-
-    Stops when the largest gradient component is at most ``tol`` or when an iteration reduces the
-    objective by less than rounding (``ftol`` of 10 float64 ulps, relative).
-    """
-    from scipy.optimize import minimize
-    from tqdm.auto import tqdm
-
+    """``scipy.optimize.minimize(method="L-BFGS-B")`` on the flattened coordinates, torch gradients
+    (:func:`lbfgs_numpy` on them; ``u`` holds its result)."""
     params = list(u.values())
     sizes = [p.numel() for p in params]
-    last = {}
 
     def fun(x):
         flat = torch.as_tensor(x, dtype=params[0].dtype).to(params[0].device, non_blocking=True)
@@ -45,33 +39,52 @@ def lbfgs(objective: Objective, u: dict[str, torch.Tensor], max_iter: int, tol: 
         try:
             loss = objective(u)
         except ValueError:  # a step so long that a parameter under- or overflowed: rejected like inf
-            last.update(f=math.inf, x=None)
             return math.inf, np.zeros(sum(sizes))
         loss.backward()
         # the objective and its gradient come back to the host together: one transfer per evaluation
         back = torch.cat([loss.detach().reshape(1)] + [p.grad.reshape(-1) for p in params]).cpu().double().numpy()
-        f, grad = float(back[0]), back[1:]
+        return float(back[0]), back[1:]
+
+    converged, n_iter, message, _ = lbfgs_numpy(fun, sum(sizes), max_iter, tol, progress)
+    return converged, n_iter, message
+
+
+def lbfgs_numpy(fun: Callable[[np.ndarray], tuple[float, np.ndarray]], size: int, max_iter: int, tol: float,
+                progress: bool) -> tuple[bool, int, str, np.ndarray]:
+    """``scipy.optimize.minimize(method="L-BFGS-B")`` of ``fun(x) -> (f, gradient)`` (float64 NumPy,
+    ``x`` of ``size`` values) from ``x = 0``; returns ``(converged, iterations, message, x)``, and
+    ``fun``'s last evaluation was at that ``x``.
+
+    Stops when the largest gradient component is at most ``tol`` or when an iteration reduces the
+    objective by less than rounding (``ftol`` of 10 float64 ulps, relative). A non-finite ``f`` or
+    gradient is an infinite objective.
+    """
+    from scipy.optimize import minimize
+    from tqdm.auto import tqdm
+
+    last = {}
+
+    def checked(x):
+        f, grad = fun(x)
         last.update(f=f, x=np.array(x, copy=True), grad=grad)
         return (f, grad) if math.isfinite(f) and np.all(np.isfinite(grad)) else (math.inf, np.zeros_like(grad))
 
-    x0 = np.zeros(sum(sizes))
     with tqdm(total=max_iter, disable=not progress, desc="ks.fit", unit="it") as bar:
         def callback(xk):
             bar.update(1)
             bar.set_postfix(objective=f"{last['f']:.6g}", refresh=False)
 
-        res = minimize(fun, x0, jac=True, method="L-BFGS-B", callback=callback,
+        res = minimize(checked, np.zeros(size), jac=True, method="L-BFGS-B", callback=callback if progress else None,
                        options=dict(maxiter=max_iter, gtol=tol, ftol=10 * np.finfo(np.float64).eps, maxcor=20))
         _finish(bar, bool(res.success))
-    if last.get("x") is not None and np.array_equal(last["x"], res.x):  # u already holds res.x
-        f, grad = last["f"], last["grad"]
-    else:
-        f, grad = fun(res.x)
+    if not np.array_equal(last["x"], res.x):
+        checked(res.x)
+    f, grad = last["f"], last["grad"]
     gmax = float(np.max(np.abs(grad))) if grad.size else 0.0
     if not math.isfinite(f):
-        return False, int(res.nit), "the objective or its gradient became non-finite"
+        return False, int(res.nit), "the objective or its gradient became non-finite", res.x
     message = res.message if isinstance(res.message, str) else res.message.decode()
-    return bool(res.success), int(res.nit), f"{message.lower()} (max gradient {gmax:.2e})"
+    return bool(res.success), int(res.nit), f"{message.lower()} (max gradient {gmax:.2e})", res.x
 
 
 def _finish(bar, converged: bool) -> None:
