@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from .cpu_loops import (G_A, G_M, G_Q, G_R, G_H, H, HALF, INIT_MEAN, INIT_VAR, MEAN, O_LL, O_MEAN, O_PMEAN,
                         O_POMEAN, O_POVAR, O_PPREC, O_PREC, O_PVAR, O_VAR, OBS_VAR, ONE, PARALLEL, DT, SIGMA, THETA,
-                        TWO, Y, ZERO, discretize, lanes)
+                        TWO, Y, ZERO, lanes, static_transitions, transition)
 
 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")
@@ -50,23 +50,14 @@ def filter_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.n
         cb, _ = lanes(cboff, ccstride, s0, n, T, C)
         bz = np.zeros(n, k.dtype)
         bP = np.zeros(n, k.dtype)
-        A = np.empty(n, k.dtype)
-        Q = np.empty(n, k.dtype)
+        A, Q = static_transitions(th_, si_, dt_, base, n, trans_step, k)
         sums = np.zeros((5, n), np.float64)
-        for j in range(n):
-            if not trans_step:
-                A[j], Q[j] = discretize(th_[base[THETA, j]], si_[base[SIGMA, j]], dt_[base[DT, j]], k)
         for t in range(T - 1, -1, -1):
             for j in range(n):
                 o = obase[j] + t * C
                 a = one
                 if t > 0:
-                    if trans_step:
-                        a, q = discretize(th_[base[THETA, j] + t * t_th], si_[base[SIGMA, j] + t * t_si],
-                                           dt_[base[DT, j] + t * t_dt], k)
-                    else:
-                        a = A[j]
-                        q = Q[j]
+                    a, q = transition(th_, si_, dt_, base, j, t, t_th, t_si, t_dt, trans_step, A, Q, k)
                     zprev = zc[o - C]
                     Pprev = var[o - C]
                     zp = a * zprev

@@ -97,6 +97,31 @@ def lanes(boff: np.ndarray, cstride: np.ndarray, s0: int, n: int, T: int, C: int
 
 
 @njit(inline="always")
+def static_transitions(th_: np.ndarray, si_: np.ndarray, dt_: np.ndarray, base: np.ndarray, n: int,
+                       trans_step: bool, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each lane's ``(decay, noise)`` ``(n,)`` when theta, sigma and dt are static (``trans_step``
+    false); unset otherwise (:func:`transition` then computes them per step)."""
+    A = np.empty(n, k.dtype)
+    Q = np.empty(n, k.dtype)
+    if not trans_step:
+        for j in range(n):
+            A[j], Q[j] = discretize(th_[base[THETA, j]], si_[base[SIGMA, j]], dt_[base[DT, j]], k)
+    return A, Q
+
+
+@njit(inline="always")
+def transition(th_: np.ndarray, si_: np.ndarray, dt_: np.ndarray, base: np.ndarray, j: int, t: int,
+               t_th: int, t_si: int, t_dt: int, trans_step: bool, A: np.ndarray, Q: np.ndarray,
+               k: np.ndarray) -> tuple[float, float]:
+    """Lane ``j``'s ``(decay, noise)`` into step ``t``: discretised from the step's parameters
+    with ``trans_step``, else the lane's static pair from :func:`static_transitions`."""
+    if trans_step:
+        return discretize(th_[base[THETA, j] + t * t_th], si_[base[SIGMA, j] + t * t_si],
+                          dt_[base[DT, j] + t * t_dt], k)
+    return A[j], Q[j]
+
+
+@njit(inline="always")
 def variance_terms(Pp: float, h: float, R: float, miss: bool, k: np.ndarray) -> tuple[float, ...]:
     """``(S, 1/S, K, P, log(2 pi) + log S, 1/P, 1/Pp)`` of a step with predicted variance ``Pp``;
     a missing step keeps ``P = Pp`` with ``K = 0`` (its ``log S`` term is unused)."""
@@ -178,13 +203,10 @@ def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nd
         base, obase = lanes(boff, cstride, s0, n, T, C)
         z = np.empty(n, k.dtype)
         P = np.empty(n, k.dtype)
-        A = np.empty(n, k.dtype)
-        Q = np.empty(n, k.dtype)
+        A, Q = static_transitions(th_, si_, dt_, base, n, trans_step, k)
         for j in range(n):
             z[j] = im_[base[INIT_MEAN, j]] - m_[base[MEAN, j]]
             P[j] = iv_[base[INIT_VAR, j]]
-            if not trans_step:
-                A[j], Q[j] = discretize(th_[base[THETA, j]], si_[base[SIGMA, j]], dt_[base[DT, j]], k)
         for t in range(T):
             for j in range(n):
                 y = y_[base[Y, j] + t * t_y]
@@ -195,12 +217,7 @@ def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nd
                 zp = z[j]
                 Pp = P[j]
                 if t > 0:
-                    if trans_step:
-                        a, q = discretize(th_[base[THETA, j] + t * t_th], si_[base[SIGMA, j] + t * t_si],
-                                          dt_[base[DT, j] + t * t_dt], k)
-                    else:
-                        a = A[j]
-                        q = Q[j]
+                    a, q = transition(th_, si_, dt_, base, j, t, t_th, t_si, t_dt, trans_step, A, Q, k)
                     zp = a * zp
                     Pp = a * a * Pp + q
                 S, iS, K, Pf, lS, iPf, iPp = variance_terms(Pp, h, R, miss, k)
