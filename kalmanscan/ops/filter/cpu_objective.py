@@ -24,6 +24,7 @@ import math
 import numpy as np
 import torch
 
+from ... import ou
 from ...inputs import Problem
 from .cpu import FIELDS, INPUTS, MAX_LANES, MIN_LANES, SMALL_WORK, layout
 
@@ -237,21 +238,19 @@ def discretize_vjp(theta: np.ndarray, sigma: np.ndarray, dt: np.ndarray, g_decay
     """``(g_theta, g_sigma)``: the adjoints ``g_decay, g_noise`` of :func:`kalmanscan.ou.discretize`'s
     ``decay = exp(-theta dt)``, ``noise = sigma^2 dt phi(2 theta dt)`` mapped to ``theta, sigma``
     (elementwise, same shapes; ``g_theta`` is ``None`` unless ``wrt_theta``). ``phi'(x) = (exp(-x)
-    - phi(x)) / x``, and below ``x = 1e-4`` the derivative of ``phi``'s Taylor series, like ``phi``
-    itself."""
+    - phi(x)) / x``, and below ``x = 1e-4`` the derivative of ``phi``'s Taylor series, where
+    :func:`kalmanscan.ou.phi` (used here for ``phi``) switches to that series too."""
     x = theta * dt
     s = 2.0 * x
+    phi = ou.phi(s)
     small = s < 1e-4
     every, none = bool(small.all()), not small.any()
     if not every:
         safe = s if none else np.where(small, 1.0, s)
-        e = np.expm1(-safe)
-        phi = -e / safe
-        dphi = (e + 1.0) / safe - phi / safe
+        dphi = (np.expm1(-safe) + 1.0) / safe - phi / safe
     if not none:
-        b = 1.0 / 6.0 - s / 24.0
-        phi_t, dphi_t = 1.0 - s * (0.5 - s * b), -(0.5 - s * b) + s * (1.0 / 6.0 - s / 12.0)
-        phi, dphi = (phi_t, dphi_t) if every else (np.where(small, phi_t, phi), np.where(small, dphi_t, dphi))
+        dphi_t = -(0.5 - s * (1.0 / 6.0 - s / 24.0)) + s * (1.0 / 6.0 - s / 12.0)
+        dphi = dphi_t if every else np.where(small, dphi_t, dphi)
     g_sigma = (g_noise * dt * phi) * 2.0 * sigma
     if not wrt_theta:
         return None, g_sigma
