@@ -1,4 +1,5 @@
-"""Host-side integer arithmetic of the kernel launch wrappers.
+"""Host-side integer arithmetic of the kernel launch wrappers, and launch configurations as the
+integer lists the custom operators take.
 
 ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions: callable from Python, but
 at about 2 µs a call there (Triton 3.9), and one launch wrapper makes tens of such calls. These
@@ -7,7 +8,11 @@ are the same integer functions in plain Python (the kernels keep using Triton's)
 
 from __future__ import annotations
 
-__all__ = ["cdiv", "next_power_of_2"]
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["cdiv", "next_power_of_2", "config_ints", "config_from_ints"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -18,3 +23,16 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two ``>= n`` for ``n >= 1``; 0 for ``n = 0`` (as Triton's)."""
     return 0 if n <= 0 else 1 << (int(n) - 1).bit_length()
+
+
+def config_ints(config: Any) -> list[int]:
+    """A frozen launch-configuration dataclass as the integers a custom operator takes: its fields
+    in order, ``None`` as -1 and booleans as 0/1 (every set field is a non-negative integer or a
+    boolean)."""
+    return [-1 if x is None else int(x) for x in dataclasses.astuple(config)]
+
+
+def config_from_ints(cls: type, values: Sequence[int]) -> Any:
+    """The inverse of :func:`config_ints` for the dataclass ``cls``."""
+    kinds = [f.type for f in dataclasses.fields(cls)]
+    return cls(*(None if x == -1 else bool(x) if kind in ("bool", bool) else int(x) for x, kind in zip(values, kinds)))

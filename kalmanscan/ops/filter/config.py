@@ -9,7 +9,9 @@ the measurements behind them are in docs/performance.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass
+
+from ..launch import config_from_ints, config_ints
 
 __all__ = ["FilterConfig", "DEFAULT_CONFIG"]
 
@@ -90,15 +92,14 @@ class FilterConfig:
             raise ValueError(f"tile_row must divide tile, got {self.tile_row} and {self.tile}")
 
     def as_ints(self) -> list[int]:
-        """The fields in order as integers (``None`` as -1, booleans as 0/1): how the
-        ``kalmanscan::filter_fused`` operators take a configuration (:mod:`kalmanscan.ops.filter.library`)."""
-        return [-1 if x is None else int(x) for x in astuple(self)]
+        """The fields as the integers the ``kalmanscan::filter_fused`` operators take
+        (:mod:`kalmanscan.ops.filter.library`; :func:`kalmanscan.ops.launch.config_ints`)."""
+        return config_ints(self)
 
     @classmethod
     def from_ints(cls, values: Sequence[int]) -> FilterConfig:
         """The inverse of :meth:`as_ints`."""
-        kinds = [f.type for f in fields(cls)]
-        return cls(*(None if x == -1 else bool(x) if kind == "bool" else int(x) for x, kind in zip(values, kinds)))
+        return config_from_ints(cls, values)
 
 
 DEFAULT_CONFIG = FilterConfig()

@@ -19,12 +19,11 @@ Shapes: ``v``, ``lam_v``, ``y``, ``y_var`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, 
 ``(B, ceil(L / chunk), M, S)`` when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
 ``y``, ``y_var`` come in ``v``'s dtype, everything else in float32 (the kernels' arithmetic); the
 autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
-as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as 0).
+as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as -1).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
 from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
 from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
-from ..launch import cdiv, next_power_of_2
+from ..launch import cdiv, config_from_ints, config_ints, next_power_of_2
 
 __all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "pieces"]
 
@@ -62,13 +61,13 @@ class KLAConfig:
     bwd_pieces: int | None = None
 
     def as_ints(self) -> list[int]:
-        """The fields in order, ``None`` as 0 (every set field is positive): the operators' ``config``."""
-        return [0 if x is None else int(x) for x in dataclasses.astuple(self)]
+        """The fields as the integers the operators take (:func:`kalmanscan.ops.launch.config_ints`)."""
+        return config_ints(self)
 
     @classmethod
     def from_ints(cls, values: Sequence[int]) -> KLAConfig:
         """The inverse of :meth:`as_ints`."""
-        return cls(*(None if x == 0 else int(x) for x in values))
+        return config_from_ints(cls, values)
 
 
 DEFAULT_CONFIG = KLAConfig()
