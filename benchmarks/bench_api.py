@@ -114,6 +114,7 @@ def filter_rows(g, bw) -> list[dict]:
         row["counts_all"] = call_counts(lambda: ks.filter(y, backend="triton", **kw))
         row["counts_smooth"] = call_counts(lambda: ks.smooth(y, backend="triton", **kw))
         rows.append(row)
+        print(json.dumps(row), flush=True)     # as it goes: a capped run keeps the rows it finished
     return rows
 
 

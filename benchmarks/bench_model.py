@@ -15,8 +15,8 @@ fla's ``chunk_gla`` when fla is installed (an optional extra; without it the tor
 fla autotunes every kernel on first use (minutes per shape); with ``KALMANSCAN_FLA_FIRST_CONFIG=1``
 each fla kernel takes the first of its autotuning configs (seconds; values do not depend on the
 config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks.bench_model --out model.json``.
-The switch wraps ``triton.autotune`` for the whole process before fla is imported, so the numbers
-for GLA are those of an untuned first config (a lower bound on its speed).
+The switch (:mod:`kalmanscan.nn.baselines.gla`) applies while fla is imported, so the numbers for
+GLA are those of an untuned first config (a lower bound on its speed).
 """
 
 from __future__ import annotations
@@ -31,14 +31,8 @@ import time
 
 import torch
 
-if os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1":
-    import triton
-
-    _autotune = triton.autotune
-    triton.autotune = lambda configs, *args, **kwargs: _autotune(configs[:1], *args, **kwargs)
-
-from benchmarks.records import commit  # noqa: E402 - after the autotuning switch
-from kalmanscan.nn import SequenceModel  # noqa: E402
+from benchmarks.records import commit
+from kalmanscan.nn import SequenceModel
 
 SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
 QUICK_SHAPES = [(2, 32), (1, 64)]

@@ -144,7 +144,7 @@ def main():
         if args.sweep:
             views, init = problem(T, C, 0.0, "cpu" if QUICK else "cuda")
             for variant in SWEEP:
-                fwd, both = ours(views, init, dataclasses.replace(DEFAULT_CONFIG, **variant))
+                fwd, both = ours(views, init, dataclasses.replace(DEFAULT_CONFIG, closed=True, **variant))
                 res["sweep"].append(dict(C=C, T=T, **variant, fwd_ms=fwd, fwd_bwd_ms=both))
                 print(json.dumps(res["sweep"][-1]), flush=True)
     with open(args.out, "w") as f:

@@ -1,10 +1,20 @@
 """Gated linear attention (Yang et al. 2023; the ``"gla"`` mixer): fla's ``chunk_gla`` on CUDA when
-installed, else a chunked torch form."""
+installed, else a chunked torch form.
+
+fla autotunes each kernel on first use (minutes per shape on a fresh machine). With the
+environment variable ``KALMANSCAN_FLA_FIRST_CONFIG=1`` set when fla is first imported (through
+this module), every fla kernel takes the first of its autotuning configs instead: seconds, the same
+values (they do not depend on the config), untuned speed. The switch replaces ``triton.autotune``
+only while fla's modules are imported; an fla imported earlier elsewhere keeps its tuning.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -16,10 +26,32 @@ from ..common import (RMSNorm, causal_conv, heads, positive_ints, scan_dtype)
 __all__ = ["GatedLinearAttention", "GLAState", "gla_chunked"]
 
 
-def _fla_chunk_gla():
-    """fla's ``chunk_gla`` and whether it takes ``head_first``, or ``None`` when not installed."""
+FIRST_CONFIG = "KALMANSCAN_FLA_FIRST_CONFIG"
+
+
+@contextlib.contextmanager
+def _first_config_only(enabled: bool):
+    """While enabled, ``triton.autotune`` keeps only the first of the configs it is given."""
+    if not enabled:
+        yield
+        return
+    import triton
+
+    autotune = triton.autotune
+    triton.autotune = lambda configs, *args, **kwargs: autotune(configs[:1], *args, **kwargs)
     try:
-        from fla.ops.gla import chunk_gla
+        yield
+    finally:
+        triton.autotune = autotune
+
+
+@functools.cache
+def _fla_chunk_gla():
+    """fla's ``chunk_gla`` and whether it takes ``head_first``, or ``None`` when not installed
+    (imported once; see the module docstring for ``KALMANSCAN_FLA_FIRST_CONFIG``)."""
+    try:
+        with _first_config_only(os.environ.get(FIRST_CONFIG) == "1"):
+            from fla.ops.gla import chunk_gla
     except ImportError:
         return None
     return chunk_gla, "head_first" in inspect.signature(chunk_gla).parameters
@@ -93,6 +125,8 @@ class GatedLinearAttention(nn.Module):
                              f"of n_heads={n_heads}, got {key_dim} and {value_dim}")
         factory = dict(bias=False, device=device, dtype=dtype)
         self.n_heads, self.gate_normalizer, self.use_fla = n_heads, gate_normalizer, use_fla
+        # fla is resolved here, not in forward, so that torch.compile never traces its import
+        self._fla = _fla_chunk_gla() if use_fla and torch.cuda.is_available() else None
         self.d_key, self.d_value, self.d_conv = key_dim // n_heads, value_dim // n_heads, d_conv
         self.widths = [key_dim, key_dim, value_dim]
         self.qkv_proj = nn.Linear(d_model, sum(self.widths), **factory)
@@ -139,7 +173,7 @@ class GatedLinearAttention(nn.Module):
         start = self.init_state(x.shape[0], x.device) if state is None else state
         q, k, v, g, window = self._qkvg(x, start.conv)
         scale = self.d_key ** -0.5
-        fla = _fla_chunk_gla() if self.use_fla and x.is_cuda else None
+        fla = self._fla if self.use_fla and x.is_cuda else None
         if fla is not None:
             chunk_gla, has_head_first = fla
             extra = dict(head_first=False) if has_head_first else {}

@@ -5,29 +5,22 @@ Skipped where there is no CUDA device, no fla, or the kernels run under ``TRITON
 fla's float32 kernels multiply in TF32 (10-bit mantissa, relative rounding ~5e-4 per product),
 so outputs and gradients are compared to ``TF32_BOUND``, not to float32 rounding. fla autotunes
 its kernels on first use: allow minutes for a fresh machine; with ``KALMANSCAN_FLA_FIRST_CONFIG=1``
-this module makes every fla kernel it imports take the first of its autotuning configs (no tuning;
-the values do not depend on the config), e.g.
-``KALMANSCAN_FLA_FIRST_CONFIG=1 TRITON_INTERPRET=0 python -m pytest tests/nn/baselines/test_gla_gpu.py`` (run
-alone: the switch changes ``triton.autotune`` for the whole process). So run, on an H200
-(2026-12-01, fla-core 0.6.0), every case passed: output, final state and every gradient within
+every fla kernel takes the first of its autotuning configs (:mod:`kalmanscan.nn.baselines.gla`;
+no tuning, the values do not depend on the config), e.g.
+``KALMANSCAN_FLA_FIRST_CONFIG=1 TRITON_INTERPRET=0 python -m pytest tests/nn/baselines/test_gla_gpu.py``.
+So run, on an H200 (2026-12-01, fla-core 0.6.0), every case passed: output, final state and every gradient within
 1.9e-3 of the fallback at L = 1, 63 and 200, with and without the short conv, and the training
 test. Without the switch, fla-core 0.6 tunes for minutes per shape and caches the results under
 ``TRITON_CACHE_DIR`` (166 MB after the L = 1 case alone).
 """
 
 import importlib.util
-import os
 
 import pytest
 import torch
-import triton
 
-if os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1":
-    _autotune = triton.autotune
-    triton.autotune = lambda configs, *args, **kwargs: _autotune(configs[:1], *args, **kwargs)
-
-from kalmanscan.nn import SequenceModel  # noqa: E402 - after the autotuning switch
-from kalmanscan.nn.baselines.gla import GatedLinearAttention, GLAState  # noqa: E402
+from kalmanscan.nn import SequenceModel
+from kalmanscan.nn.baselines.gla import GatedLinearAttention, GLAState
 
 pytestmark = [pytest.mark.gpu,                # a CUDA device and compiled kernels (tests/conftest.py)
               pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs fla")]
