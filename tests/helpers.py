@@ -10,6 +10,10 @@ import torch
 
 # The device the torch backend is tested on: set KALMANSCAN_TEST_DEVICE=cuda on a GPU machine.
 DEVICE = torch.device(os.environ.get("KALMANSCAN_TEST_DEVICE", "cpu"))
+# The device the Triton kernels' tests run on: CUDA where the kernels compile (a GPU machine with
+# TRITON_INTERPRET unset or 0), else the CPU through the interpreter (as in CI).
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+                             else "cpu")
 
 POSITIVE = ("var", "precision", "pred_var", "pred_precision", "pred_obs_var")
 SIGNED = ("mean", "pred_mean", "pred_obs_mean", "logliks", "loglik")
@@ -81,12 +85,12 @@ NAMES = ("theta", "sigma", "obs_var", "mean", "h", "init_mean", "init_var")
 FLOAT32_BOUND = 4e-6
 
 
-def problem_tensors(kw, dtype=torch.float64, grad=False):
-    """The keywords ``kw`` of :func:`random_problem` as tensors of ``dtype`` (``times`` stays
-    float64); with ``grad`` the :data:`NAMES` require gradients."""
+def problem_tensors(kw, dtype=torch.float64, grad=False, device="cpu"):
+    """The keywords ``kw`` of :func:`random_problem` as tensors of ``dtype`` on ``device`` (``times``
+    stays float64); with ``grad`` the :data:`NAMES` require gradients."""
     out = {}
     for k, v in kw.items():
-        t = torch.tensor(v, dtype=torch.float64 if k == "times" else dtype)
+        t = torch.tensor(v, dtype=torch.float64 if k == "times" else dtype, device=device)
         out[k] = t.requires_grad_() if grad and k in NAMES else t
     return out
 
@@ -111,11 +115,12 @@ def config(**options):
 
 def prepared(y, kw, dtype=torch.float64, grad=False):
     """``(p, y_t, t)``: the validated problem of the NumPy problem ``(y, kw)`` as tensors of
-    ``dtype`` (``y_t`` and the :data:`NAMES` in ``t`` require gradients with ``grad``)."""
+    ``dtype`` on :data:`KERNEL_DEVICE` (``y_t`` and the :data:`NAMES` in ``t`` require gradients
+    with ``grad``)."""
     from kalmanscan.inputs import prepare
 
-    t = problem_tensors(kw, dtype, grad=grad)
-    y_t = torch.tensor(y, dtype=dtype, requires_grad=grad)
+    t = problem_tensors(kw, dtype, grad=grad, device=KERNEL_DEVICE)
+    y_t = torch.tensor(y, dtype=dtype, requires_grad=grad, device=KERNEL_DEVICE)
     return prepare(y_t, **t), y_t, t
 
 
