@@ -15,6 +15,7 @@ import functools
 import inspect
 import math
 import os
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -30,7 +31,7 @@ FIRST_CONFIG = "KALMANSCAN_FLA_FIRST_CONFIG"
 
 
 @contextlib.contextmanager
-def _first_config_only(enabled: bool):
+def first_config_only(enabled: bool) -> Iterator[None]:
     """While enabled, ``triton.autotune`` keeps only the first of the configs it is given."""
     if not enabled:
         yield
@@ -50,7 +51,7 @@ def _fla_chunk_gla():
     """fla's ``chunk_gla`` and whether it takes ``head_first``, or ``None`` when not installed
     (imported once; see the module docstring for ``KALMANSCAN_FLA_FIRST_CONFIG``)."""
     try:
-        with _first_config_only(os.environ.get(FIRST_CONFIG) == "1"):
+        with first_config_only(os.environ.get(FIRST_CONFIG) == "1"):
             from fla.ops.gla import chunk_gla
     except ImportError:
         return None

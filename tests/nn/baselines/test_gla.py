@@ -50,14 +50,14 @@ def test_first_config_switch_applies_only_while_fla_is_imported(monkeypatch):
     import, and is restored after it."""
     import triton
 
-    from kalmanscan.nn.baselines.gla import _first_config_only
+    from kalmanscan.nn.baselines.gla import first_config_only
 
     seen = []
     monkeypatch.setattr(triton, "autotune", lambda configs, *a, **k: seen.append(list(configs)))
     original = triton.autotune
-    with _first_config_only(True):
+    with first_config_only(True):
         triton.autotune(["a", "b", "c"], key=[])
-    with _first_config_only(False):
+    with first_config_only(False):
         triton.autotune(["a", "b"], key=[])
     assert seen == [["a"], ["a", "b"]]
     assert triton.autotune is original
