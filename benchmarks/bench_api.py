@@ -7,9 +7,10 @@ output and with ``outputs=("mean", "var")``, the fused kernels that write the sa
 *queued* (calls back to back, the GPU's time per call: ``triton.testing.do_bench``) and *alone*
 (host wall time of one synchronised call, median). The floors are the bytes each call must move
 (4 bytes per element read of ``y``, 4 per element written per field) over the copy bandwidth
-measured in the same run. Per shape it also prints the fixed cost of a call (the public call alone
-minus its kernels alone) and what one ``ks.filter`` / ``ks.smooth`` call dispatches: torch
-operations, synchronisations (scalar reads) and host-to-device copies. The KLA scan's public call
+measured in the same run. The public call is timed with ``check_finite=False`` as well (no
+synchronisation: calls queue behind each other). Per shape it also prints the fixed cost of a
+call (the public call alone minus its kernels alone) and what one ``ks.filter`` / ``ks.smooth``
+call dispatches: torch operations, synchronisations (scalar reads) and host-to-device copies. The KLA scan's public call
 is timed against its kernels the same way. Results are checked against the float64 torch backend
 first.
 
@@ -107,6 +108,9 @@ def filter_rows(g, bw) -> list[dict]:
                    public_mean_var=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"), **kw)),
                    kernel_mean_var=both(lambda: triton_backend.filter_forward(views, init,
                                                                               posterior=("mean", "var"))),
+                   public_all_unchecked=both(lambda: ks.filter(y, backend="triton", check_finite=False, **kw)),
+                   public_mean_var_unchecked=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"),
+                                                                    check_finite=False, **kw)),
                    floor_all_ms=(4 + 4 * ALL_FIELDS) * n / bw / 1e6, floor_mean_var_ms=12 * n / bw / 1e6)
         if n <= (1 << 27):
             row["public_smooth"] = both(lambda: ks.smooth(y, backend="triton", **kw))
@@ -168,6 +172,12 @@ def main():
               f"{r['public_all']['queued'] / r['kernel_all']['queued']:5.2f}x all, "
               f"{r['public_mean_var']['queued'] / r['kernel_mean_var']['queued']:5.2f}x mean+var   "
               f"ks.filter {r['counts_all']}  ks.smooth {r['counts_smooth']}")
+    print("ks.filter(..., check_finite=False) (no synchronisation; ms, queued / alone; public / kernels queued):")
+    for r in rows:
+        pa, pm = r["public_all_unchecked"], r["public_mean_var_unchecked"]
+        print(f"C={r['C']:>5} T={r['T']:>8}  all {pa['queued']:7.3f}/{pa['alone']:7.3f} "
+              f"({pa['queued'] / r['kernel_all']['queued']:5.2f}x)   mean+var {pm['queued']:7.3f}/{pm['alone']:7.3f} "
+              f"({pm['queued'] / r['kernel_mean_var']['queued']:5.2f}x)")
     for part in ("fwd", "fwd_bwd"):
         d = kla[part]
         print(f"kla_scan {part}: public {d['public']['queued']:.3f}/{d['public']['alone']:.3f} ms, "

@@ -23,7 +23,8 @@ __all__ = ["filter", "make_posterior", "OUTPUTS"]
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
            init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
-           outputs: Sequence[str] | None = None, state: StreamState | Posterior | None = None) -> Posterior:
+           outputs: Sequence[str] | None = None, state: StreamState | Posterior | None = None,
+           check_finite: bool = True) -> Posterior:
     """Filter ``y`` of shape ``(..., T, C)`` with an OU prior per channel; returns a :class:`Posterior`.
 
     Model per channel ``c`` (independent channels): ``x_t - mean = decay_t (x_{t-1} - mean) +
@@ -61,6 +62,11 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
             into step 0 (``dt`` at index 0, or ``times[0] - state.time``; with ``state`` index 0
             has a transition), so chunk by chunk equals one call over the whole series
             (:mod:`kalmanscan.stream`). Excludes ``init_mean`` and ``init_var``.
+        check_finite: whether to check that ``y`` holds no ``inf`` (``ValueError`` naming ``y``),
+            as SciPy's ``check_finite``. The check reads one reduction of the result back to the
+            host: on a GPU, the call's one synchronisation. ``False`` skips it, so that calls on a
+            device queue behind each other without waiting; an ``inf`` in ``y`` then shows as a
+            non-finite result instead of an error. The parameters are checked either way.
 
     Parameters are static (scalars or ``(C,)``, or ``(..., 1, C)`` with batch dimensions) or per
     step (``(..., T, C)``); a per-step value at index ``t`` governs the transition into step ``t``
@@ -74,12 +80,13 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # reduction of the result is read back (the call's one synchronisation), and only when it is
     # not finite is y searched (and the ValueError raised).
     wanted = _check_outputs(outputs)
-    by_result = "logliks" in wanted or "mean" in wanted
+    by_result = check_finite and ("logliks" in wanted or "mean" in wanted)
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     with naming_state(state):
         p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                    init_mean=init_mean, init_var=init_var, backend=backend, check_y=not by_result)
+                    init_mean=init_mean, init_var=init_var, backend=backend,
+                    check_y=check_finite and not by_result)
     if state is not None:
         p = continue_problem(p, state)
     if outputs is not None:

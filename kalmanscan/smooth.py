@@ -37,8 +37,9 @@ __all__ = ["smooth"]
 def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
            init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
-           state: StreamState | Posterior | None = None) -> Posterior:
-    """Smoothed moments ``p(x_t | y_0..y_{T-1})``; arguments as :func:`kalmanscan.filter`.
+           state: StreamState | Posterior | None = None, check_finite: bool = True) -> Posterior:
+    """Smoothed moments ``p(x_t | y_0..y_{T-1})``; arguments as :func:`kalmanscan.filter`
+    (``check_finite=False`` skips the check that ``y`` holds no ``inf``).
 
     Returns a :class:`~kalmanscan.Posterior` whose ``mean, var, precision`` are smoothed; its
     ``pred_*`` fields and ``logliks`` are the filter's (one-step predictions and likelihood do not
@@ -49,7 +50,7 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     with naming_state(state):
         p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                    init_mean=init_mean, init_var=init_var, backend=backend)
+                    init_mean=init_mean, init_var=init_var, backend=backend, check_y=check_finite)
     if state is not None:
         p = continue_problem(p, state)
     finite, diffuse = finite_problem(p)

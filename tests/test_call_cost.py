@@ -82,3 +82,23 @@ def test_inf_in_y_is_still_caught(backend, outputs, at):
     y[at, 1] = float("inf")
     with pytest.raises(ValueError, match="y must be finite"):
         ks.filter(y, theta=0.3, sigma=0.7, obs_var=0.4, backend=backend, outputs=outputs)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "cpu"])
+def test_check_finite_false_reads_nothing_back(dispatched, backend):
+    """``check_finite=False``: no scalar read at all (calls on a device queue without waiting), the
+    same result, and an ``inf`` in ``y`` shows in the result instead of raising."""
+    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(3))
+    kw = dict(theta=0.3, sigma=torch.full((5,), 0.7), obs_var=0.4, backend=backend)
+    checked = ks.filter(y, **kw)
+    with dispatched:
+        post = ks.filter(y, check_finite=False, **kw)
+    assert dispatched.ops["aten._local_scalar_dense.default"] == 0
+    for name in ("mean", "var", "loglik"):
+        assert torch.equal(getattr(post, name), getattr(checked, name)), name
+    y[40, 2] = float("inf")
+    post = ks.filter(y, check_finite=False, **kw)
+    assert not torch.isfinite(post.loglik[2]) and torch.isfinite(post.loglik[[0, 1, 3, 4]]).all()
+    assert not torch.isfinite(ks.smooth(y, check_finite=False, **kw).mean[40:, 2]).all()
+    with pytest.raises(ValueError, match="y must be finite"):
+        ks.smooth(y, **kw)
