@@ -4,6 +4,9 @@ Each call is ``ks.filter(y[t:t+1], ..., state=state, outputs=...)`` on a ``(1, C
 (``C = 4096`` sensors by default) with per-sensor parameters, followed by ``state = post.state``.
 For ``outputs=("mean", "var")`` (what a stream needs to continue) and for every field:
 
+- :class:`kalmanscan.StreamFilter`'s ``update`` (parameters checked once), with and without
+  ``check_finite``, calls per second, queued;
+
 - *queued*: calls per second over ``--calls`` back-to-back calls, one synchronisation at the end
   (each call updates every sensor: sensor-updates per second are ``C`` times more);
 - *alone*: the median wall time of one call followed by a synchronisation;
@@ -36,6 +39,7 @@ from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import get_backend, resolve_backend
 
 FIELDS = {"mean_var": ("mean", "var"), "all": None}
+STREAM_FIELDS = tuple(k for k in ks.filtering.OUTPUTS if k not in ("loglik", "missing"))
 
 
 def sync(device: torch.device) -> None:
@@ -140,7 +144,17 @@ def run(C: int, calls: int, device: torch.device, backend: str, host_params: boo
             ks.filter(y[t:t + 1], backend=backend, outputs=outputs, **init, **kw)
 
         kernels = backend_step(y, kw, backend, outputs)
-        rows[label] = dict(stream_calls_per_s=rate(streamed, calls, device),
+        filters = {}
+        for checked in (True, False):
+            f = ks.StreamFilter(**kw, **init, backend=backend, outputs=outputs or STREAM_FIELDS, check_finite=checked)
+            f.update(y[0])
+            filters[checked] = f
+        rows[label] = dict(stream_filter_calls_per_s=rate(lambda t, f=filters[True]: f.update(y[t]), calls, device),
+                           stream_filter_unchecked_calls_per_s=rate(lambda t, f=filters[False]: f.update(y[t]),
+                                                                    calls, device),
+                           stream_filter_syncs_per_call=syncs_per_call(lambda t, f=filters[True]: f.update(y[t]),
+                                                                       device),
+                           stream_calls_per_s=rate(streamed, calls, device),
                            stream_alone_ms=alone_ms(streamed, min(calls, 200), device),
                            no_state_calls_per_s=rate(fresh, calls, device),
                            backend_calls_per_s=rate(kernels, calls, device),
@@ -164,10 +178,14 @@ def main():
     result["torch"] = torch.__version__
     print(f"{result['device']}, backend {result['backend']}, C = {args.sensors} sensors, one step per call; "
           f"stream vs one call: {result['max_rel_error_stream_vs_one_call']:.1e}")
-    print("outputs    stream calls/s  alone ms  syncs  no-state calls/s  backend calls/s")
+    print("outputs   StreamFilter calls/s (syncs)  unchecked   ks.filter(state=) calls/s  alone ms  syncs  "
+          "no-state calls/s  backend calls/s")
     for label, r in result["rows"].items():
-        syncs = "-" if r["stream_syncs_per_call"] is None else r["stream_syncs_per_call"]
-        print(f"{label:9} {r['stream_calls_per_s']:15.0f} {r['stream_alone_ms']:9.3f} {syncs:>6} "
+        syncs, fsyncs = ("-" if r[k] is None else r[k]
+                         for k in ("stream_syncs_per_call", "stream_filter_syncs_per_call"))
+        print(f"{label:9} {r['stream_filter_calls_per_s']:20.0f} ({fsyncs})  "
+              f"{r['stream_filter_unchecked_calls_per_s']:10.0f} "
+              f"{r['stream_calls_per_s']:26.0f} {r['stream_alone_ms']:9.3f} {syncs:>6} "
               f"{r['no_state_calls_per_s']:17.0f} {r['backend_calls_per_s']:16.0f}")
     if args.out:
         with open(args.out, "w") as f:

@@ -23,6 +23,7 @@ from .ops.filter import register_backend
 from .posterior import Posterior
 from .smooth import smooth
 from .stream import StreamState
+from .stream_filter import StreamFilter
 
 __version__ = "0.1.0"
 
@@ -30,8 +31,8 @@ __version__ = "0.1.0"
 # package, so a lazily bound ``ks.fit`` would become the module after ``import kalmanscan.fit``.
 _LAZY = ("diagnostics", "plot", "nn", "datasets", "distributed", "xr", "ops")
 
-__all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "StreamState", "register_backend", "ou", "mobius",
-           *_LAZY]
+__all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "StreamState", "StreamFilter", "register_backend",
+           "ou", "mobius", *_LAZY]
 
 
 if "xarray" in sys.modules:

@@ -1,0 +1,171 @@
+"""``ks.StreamFilter``: a stream filtered as it arrives, its parameters checked once.
+
+``ks.filter(y_chunk, ..., state=state)`` continues a stream exactly (:mod:`kalmanscan.stream`),
+but every call validates and moves its parameters again, predicts the state through the
+validated transition and builds a :class:`~kalmanscan.Posterior`: a fixed cost that dominates
+when a call brings one step of a few thousand sensors. A :class:`StreamFilter` pays it once.
+The first :meth:`~StreamFilter.update` is that public call (every check, a diffuse prior
+included) and keeps the validated parameters; each later one predicts the state with the
+stored ``decay, noise`` (a few elementwise operations on ``(..., C)``) and runs the backend on the
+new steps directly. The result is the same filter: chunk by chunk equals one call over the whole
+series to float rounding, on every backend (``tests/test_stream_filter.py``).
+
+Parameters are the stream's: static (scalars, ``(C,)``, or ``(..., 1, C)``), with a regular
+``dt``; per-step parameters and irregular ``times`` take ``ks.filter(..., state=)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .filtering import OUTPUTS, filter as _public_filter
+from .inputs import check_no_inf, prepare
+from .ops.filter import run_backend
+from .stream import StreamState
+from .types import ArrayLike
+
+__all__ = ["StreamFilter"]
+
+_PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
+
+
+class StreamFilter:
+    """Filter a stream of observations as they arrive: ``update(y)`` per new step(s).
+
+    Args:
+        theta, sigma, obs_var, mean, h, dt: the OU prior and observation model, as
+            :func:`kalmanscan.filter`; static (scalars, ``(C,)`` or ``(..., 1, C)``).
+        init_mean, init_var: the prior at the first step, as :func:`kalmanscan.filter`
+            (``init_var = inf``: diffuse; updates take the public call's path until every
+            channel has been observed).
+        outputs: the fields :meth:`update` returns, a subset of ``mean, var, precision,
+            pred_mean, pred_var, pred_precision, pred_obs_mean, pred_obs_var, logliks``
+            (``"mean"`` and ``"var"`` are always computed: they are the state).
+        backend: as :func:`kalmanscan.filter`.
+        check_finite: as :func:`kalmanscan.filter` (``False``: no synchronisation per update).
+
+    The first :meth:`update` fixes the stream's batch shape, channels, array kind, dtype and
+    device; later ones must match them. :attr:`state` is the :class:`~kalmanscan.StreamState`
+    after the last update (``ks.filter(..., state=f.state)`` continues it), :attr:`loglik` the
+    log-likelihood ``(..., C)`` of everything filtered so far (summed in float64).
+
+    Example::
+
+        f = ks.StreamFilter(theta=0.1, sigma=0.5, obs_var=1.0)
+        for y_t in sensor_readings:            # each (C,): one step of C sensors
+            out = f.update(y_t)                # out["mean"], out["var"]: (C,)
+    """
+
+    def __init__(self, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+                 h: ArrayLike = 1.0, dt: ArrayLike = 1.0, init_mean: ArrayLike | None = None,
+                 init_var: ArrayLike | None = None, outputs: Sequence[str] = ("mean", "var"),
+                 backend: str = "auto", check_finite: bool = True):
+        params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
+        for name, value in params.items():
+            if np.ndim(value) >= 2 and np.shape(value)[-2] != 1:
+                raise ValueError(f"{name} must be static (a scalar, (C,) or (..., 1, C)) in a StreamFilter, "
+                                 f"got shape {np.shape(value)}; per-step parameters take ks.filter(..., state=)")
+        if isinstance(outputs, str) or not set(outputs) <= set(OUTPUTS) - {"loglik", "missing"}:
+            raise ValueError(f"outputs must be a sequence of field names from "
+                             f"{tuple(k for k in OUTPUTS if k not in ('loglik', 'missing'))}, got {outputs!r}")
+        self._params, self._init = params, dict(init_mean=init_mean, init_var=init_var)
+        self.outputs = tuple(outputs)
+        self._fields = tuple(k for k in OUTPUTS if k in set(outputs) | {"mean", "var", "logliks"})
+        self.backend, self.check_finite = backend, check_finite
+        self._problem = None          # the validated parameters of one step, once the stream has started
+        self._level = self._decay = self._noise = None
+        self._mean = self._var = None  # the state, compute dtype, (..., 1, C)
+        self._diffuse = False
+        self._loglik = None
+        self._steps = 0
+
+    @property
+    def state(self) -> StreamState | None:
+        """The belief after the last update (``None`` before the first)."""
+        if self._problem is None:
+            return None
+        p = self._problem
+        return StreamState(mean=p.output(self._mean[..., 0, :]), var=p.output(self._var[..., 0, :]),
+                           level=p.output(self._level[..., 0, :].expand_as(self._mean[..., 0, :])),
+                           steps=self._steps)
+
+    @property
+    def loglik(self) -> Any:
+        """Log-likelihood ``(..., C)`` of every step so far (``None`` before the first update)."""
+        return None if self._problem is None else self._problem.output(self._loglik.to(self._problem.dtype))
+
+    def update(self, y: ArrayLike) -> dict[str, Any]:
+        """Filter one new step ``y`` of shape ``(..., C)``. Returns ``{field: array}`` for
+        :attr:`outputs`, each ``(..., C)``, in ``y``'s array kind."""
+        return self._run(y, one_step=True)
+
+    def extend(self, y: ArrayLike) -> dict[str, Any]:
+        """Filter ``k`` new steps ``y`` of shape ``(..., k, C)``. Returns ``{field: array}`` for
+        :attr:`outputs`, each ``(..., k, C)``."""
+        return self._run(y, one_step=False)
+
+    def _run(self, y: ArrayLike, one_step: bool) -> dict[str, Any]:
+        if self._problem is None or self._diffuse:
+            return self._public(y, one_step)
+        p0 = self._problem
+        y_t = self._steps_of(y, p0, one_step)
+        init_mean = torch.addcmul(self._level, self._decay, self._mean - self._level)
+        init_var = torch.addcmul(self._noise, self._decay * self._decay, self._var)
+        p = dataclasses.replace(p0, y=y_t, shape=tuple(y_t.shape), init_mean=init_mean, init_var=init_var,
+                                outputs=self._fields)
+        out = run_backend(p, self.backend)
+        if self.check_finite and not bool(torch.isfinite(out["logliks"].sum())):
+            check_no_inf(y_t)
+        self._advance_state(out)
+        return {k: p.output(out[k][..., 0, :] if one_step else out[k]) for k in self.outputs}
+
+    def _public(self, y: ArrayLike, one_step: bool) -> dict[str, Any]:
+        """An update through :func:`kalmanscan.filter` (the first, and while the prior is diffuse)."""
+        if one_step:
+            if np.ndim(y) < 1:
+                raise ValueError(f"y must have shape (..., C) for one step, got {np.shape(y)}")
+            y = y.unsqueeze(-2) if isinstance(y, torch.Tensor) else np.expand_dims(np.asarray(y), -2)
+        state = self.state
+        post = _public_filter(y, **self._params, **({} if state is not None else self._init),
+                              backend=self.backend, outputs=self._fields, check_finite=self.check_finite,
+                              state=state)
+        if self._problem is None:
+            first = y[..., :1, :]
+            p0 = prepare(first, **self._params, init_var=1.0, backend=self.backend, check_y=False)
+            self._problem, self._level = p0, p0.mean[..., :1, :]
+            self._decay, self._noise = (x[..., :1, :] for x in p0.decay_noise())
+        p0 = self._problem
+        out = {k: getattr(post, k) for k in self._fields}
+        self._advance_state({k: torch.as_tensor(v).to(device=p0.y.device, dtype=p0.dtype) for k, v in out.items()})
+        self._diffuse = bool(torch.isinf(self._var).any())
+        return {k: out[k][..., 0, :] if one_step else out[k] for k in self.outputs}
+
+    def _steps_of(self, y: ArrayLike, p0, one_step: bool) -> torch.Tensor:
+        """``y`` as a ``(..., k, C)`` tensor of the stream's dtype and device; ``ValueError`` naming
+        ``y`` when its shape or array kind does not match the stream's."""
+        if isinstance(y, torch.Tensor) == p0.numpy_out:
+            raise ValueError(f"y must be a {'NumPy array' if p0.numpy_out else 'torch tensor'}, as the "
+                             "stream's first update")
+        y_t = torch.as_tensor(y).to(device=p0.y.device, dtype=p0.dtype)
+        batch, C = tuple(p0.y.shape[:-2]), p0.y.shape[-1]
+        if one_step:
+            if tuple(y_t.shape) != batch + (C,):
+                raise ValueError(f"y must have shape {batch + (C,)} for one step, as the stream's first "
+                                 f"update; got {tuple(y_t.shape)}")
+            return y_t.unsqueeze(-2)
+        if y_t.ndim != len(batch) + 2 or tuple(y_t.shape[:-2]) != batch or y_t.shape[-1] != C:
+            raise ValueError(f"y must have shape {batch + ('k', C)}, as the stream's first update; "
+                             f"got {tuple(y_t.shape)}")
+        return y_t
+
+    def _advance_state(self, out: dict[str, torch.Tensor]) -> None:
+        """The state at the last step of ``out`` and the running log-likelihood."""
+        self._mean, self._var = out["mean"][..., -1:, :].clone(), out["var"][..., -1:, :].clone()
+        total = out["logliks"].sum(-2, dtype=torch.float64)
+        self._loglik = total if self._loglik is None else self._loglik + total
+        self._steps += out["mean"].shape[-2]
