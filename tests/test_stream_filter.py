@@ -105,3 +105,14 @@ def test_bad_input_is_named():
     before = y.copy()
     f.extend(y[1:])
     np.testing.assert_array_equal(y, before)  # nothing the caller passed is modified
+
+
+def test_the_docs_example_runs():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "ks.StreamFilter(" in b]
+    assert blocks, "docs/api.md has no StreamFilter example"
+    for block in blocks:
+        exec(compile(block, "docs/api.md", "exec"), {})
