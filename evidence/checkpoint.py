@@ -13,7 +13,7 @@ import time
 
 import torch
 
-RESUME_FREE = ("checkpoint", "stop_after", "stop_after_steps", "out", "no_progress", "device")
+RESUME_FREE = ("checkpoint", "stop_after", "stop_after_steps", "out", "no_progress", "device", "compile")
 
 
 def run_identity(args, lr: float) -> dict:

@@ -26,7 +26,8 @@ float32), gradient clipping at 1. Validation every ``--eval-every`` steps on the
 test split; training stops early once validation token accuracy reaches the task's threshold,
 after ``--time-limit`` seconds, or on a non-finite loss or gradient (before the step that would
 spoil the weights). ``--lrs 1e-4,1e-3`` runs a learning-rate sweep (same seed) and reports the
-best.
+best. ``--compile`` trains through ``torch.compile(model)`` (the same parameters and
+checkpoints; Inductor fuses the elementwise work around the mixers' kernels).
 
 Pause and resume (one learning rate; not with ``--time-limit``, so the schedule is by steps only):
 
@@ -119,6 +120,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stop-after-steps", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default="auto")
     p.add_argument("--no-amp", action="store_true", help="train in float32 on CUDA too")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model for the training steps (evaluation stays eager); a "
+                        "run may be resumed with or without it")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<name>.json)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -268,6 +272,7 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
         return saved["record"]
     torch.manual_seed(args.seed)
     model = build_model(task, args).to(device)
+    forward = torch.compile(model) if args.compile else model  # shares the parameters: checkpoints unchanged
     opt = torch.optim.AdamW(param_groups(model, args.wd), lr=lr, betas=(0.9, 0.98))
     threshold = task.threshold if args.threshold is None else args.threshold
     amp = not args.no_amp
@@ -288,7 +293,7 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
         x_np, y_np = next(batches)
         x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
         with autocast(device, amp):
-            logits = model(x)
+            logits = forward(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -371,3 +371,16 @@ def test_auroc_and_variance_calibration():
         calibration.FILTER_CHECK_ELEMENTS = saved
     args.mixer = "attention"
     assert calibration.variance_calibration(train.build_model(task, args), x, y, 8, torch.device("cpu"), False) is None
+
+
+def test_compile_trains_through_torch_compile_and_resumes_without_it(tmp_path, monkeypatch):
+    """``--compile`` hands the model to ``torch.compile`` (here a recording stand-in) for the
+    training steps, changes no result, and a run paused with it resumes without it."""
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model: compiled.append(model) or model)
+    ck = ["--checkpoint", str(tmp_path / "ck.pt")]
+    first = train.main([*TINY_A5, *ck, "--compile", "--stop-after-steps", "3", "--out", str(tmp_path / "a.json")])
+    assert len(compiled) == 1 and first["runs"][0]["steps_run"] == 3
+    resumed = train.main([*TINY_A5, *ck, "--out", str(tmp_path / "b.json")])["runs"][0]
+    plain = train.main([*TINY_A5, "--out", str(tmp_path / "c.json")])["runs"][0]
+    assert resumed["history"] == plain["history"]
