@@ -84,6 +84,7 @@ def test_inf_in_y_is_still_caught(backend, outputs, at):
         ks.filter(y, theta=0.3, sigma=0.7, obs_var=0.4, backend=backend, outputs=outputs)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter on inf
 @pytest.mark.parametrize("backend", ["triton", "torch", "cpu"])
 def test_check_finite_false_reads_nothing_back(dispatched, backend):
     """``check_finite=False``: no scalar read at all (calls on a device queue without waiting), the
