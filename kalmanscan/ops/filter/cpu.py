@@ -19,9 +19,9 @@ passed is copied or modified. Arithmetic is in the problem's dtype (float32 or f
 Gradients: :class:`_Filter`, a ``torch.autograd.Function``, runs the reverse recursion of the
 scalar adjoints (one compiled loop backwards in time over the forward's saved centred mean and
 variance) for ``y``, ``decay, noise, obs_var, h, mean`` per step (or summed over time where the
-parameter is static) and the initial belief; torch autograd on :func:`kalmanscan.ou.discretize`
-maps the decay and noise adjoints to ``theta, sigma, dt`` (and so to ``times``), and reduces
-every adjoint to its parameter's broadcast shape. The backward is not itself differentiable: a
+parameter is static) and the initial belief; :func:`kalmanscan.ou.discretize_vjp` maps the decay
+and noise adjoints to ``theta, sigma, dt`` (and so to ``times``), and every adjoint is reduced
+to its parameter's broadcast shape. The backward is not itself differentiable: a
 backward with ``create_graph=True`` raises ``RuntimeError`` (rather than silently treating the
 adjoints as constants); the standard errors of :func:`kalmanscan.fit` take central differences
 of this exact gradient instead (:mod:`kalmanscan.likelihood`). :func:`smooth` is the RTS
@@ -271,17 +271,14 @@ class _Filter(torch.autograd.Function):
             out["init_mean"] = ginit[0].reshape(init_shape).sum_to_size(init_mean.shape)
         if needs[8]:
             out["init_var"] = ginit[1].reshape(init_shape).sum_to_size(init_var.shape)
-        trans = [k for k in ("theta", "sigma", "dt") if needs[INPUTS.index(k)]]
-        if trans:
+        if any(needs[INPUTS.index(k)] for k in ("theta", "sigma", "dt")):
             steps = T if trans_step else 1
             tshape = shape[:-2] + (steps, C)
-            with torch.enable_grad():
-                leaves = {k: x.detach().requires_grad_() for k, x in (("theta", theta), ("sigma", sigma), ("dt", dt))}
-                decay, noise = ou.discretize(*(torch.broadcast_to(leaves[k], tshape) for k in ("theta", "sigma", "dt")))
-                total = (grads[0].reshape(tshape) * decay).sum() + (grads[1].reshape(tshape) * noise).sum()
-                got = torch.autograd.grad(total, [leaves[k] for k in trans], allow_unused=True)
-            for k, g in zip(trans, got):
-                out[k] = torch.zeros_like(leaves[k]) if g is None else g
+            got = ou.discretize_vjp(*(x.detach() for x in (theta, sigma, dt)),
+                                    grads[0].reshape(tshape), grads[1].reshape(tshape))
+            for k, g, x in zip(("theta", "sigma", "dt"), got, (theta, sigma, dt)):
+                if needs[INPUTS.index(k)]:
+                    out[k] = _reduce(g, shape, steps, x)
         return (None, None, *(out[k] for k in INPUTS))
 
 

@@ -10,9 +10,8 @@ Cp)`` fields), an ``init_var`` neither given nor estimated is the stationary var
 prior runs through the finite problem of :func:`kalmanscan.diffuse.finite_problem` (the prior
 becomes the belief after each channel's first observation ``f``, ``y`` is missing up to ``f``
 and the transitions into steps ``1..f`` are the identity). The gradient follows the same
-operations backwards: the adjoints of ``decay, noise`` map to ``theta, sigma`` through the
-derivatives of :func:`kalmanscan.ou.discretize` (``phi`` by ``expm1`` and below ``2 theta dt =
-1e-4`` its Taylor series, as there), the initial belief's adjoints to the stationary variance or
+operations backwards: the adjoints of ``decay, noise`` map to ``theta, sigma`` through
+:func:`kalmanscan.ou.discretize_vjp`, the initial belief's adjoints to the stationary variance or
 to ``obs_var, mean`` at the first observation. Values and gradients equal the torch-driven path
 to float64 rounding (``tests/test_fit_objective.py``).
 """
@@ -214,9 +213,9 @@ class NumpyLikelihood:
             g_a, g_q = adj(L.G_A, True), adj(L.G_Q, True)
             if self.hold is not None:
                 g_a, g_q = np.where(self.hold, 0.0, g_a), np.where(self.hold, 0.0, g_q)
-            g_theta, g_sigma = discretize_vjp(theta, sigma, dt, g_a, g_q, "theta" in names)
+            g_theta, g_sigma, _ = ou.discretize_vjp(theta, sigma, dt, g_a, g_q)
             g["sigma"] = g_sigma.sum(-2, keepdims=True)
-            if g_theta is not None:
+            if "theta" in names:
                 g["theta"] = g_theta.sum(-2, keepdims=True)
             if self.stationary_init:
                 th, si = theta[..., :1, :], sigma[..., :1, :]
@@ -231,27 +230,3 @@ class NumpyLikelihood:
             x = g[k].sum(-2)
             out[k] = x.sum(-1, keepdims=True) if self.nat_shape[-1] == 1 and C > 1 else x
         return out
-
-
-def discretize_vjp(theta: np.ndarray, sigma: np.ndarray, dt: np.ndarray, g_decay: np.ndarray, g_noise: np.ndarray,
-                   wrt_theta: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
-    """``(g_theta, g_sigma)``: the adjoints ``g_decay, g_noise`` of :func:`kalmanscan.ou.discretize`'s
-    ``decay = exp(-theta dt)``, ``noise = sigma^2 dt phi(2 theta dt)`` mapped to ``theta, sigma``
-    (elementwise, same shapes; ``g_theta`` is ``None`` unless ``wrt_theta``). ``phi'(x) = (exp(-x)
-    - phi(x)) / x``, and below ``x = 1e-4`` the derivative of ``phi``'s Taylor series, where
-    :func:`kalmanscan.ou.phi` (used here for ``phi``) switches to that series too."""
-    x = theta * dt
-    s = 2.0 * x
-    phi = ou.phi(s)
-    small = s < 1e-4
-    every, none = bool(small.all()), not small.any()
-    if not every:
-        safe = s if none else np.where(small, 1.0, s)
-        dphi = (np.expm1(-safe) + 1.0) / safe - phi / safe
-    if not none:
-        dphi_t = -(0.5 - s * (1.0 / 6.0 - s / 24.0)) + s * (1.0 / 6.0 - s / 12.0)
-        dphi = dphi_t if every else np.where(small, dphi_t, dphi)
-    g_sigma = (g_noise * dt * phi) * 2.0 * sigma
-    if not wrt_theta:
-        return None, g_sigma
-    return -(g_decay * np.exp(-x)) * dt + (g_noise * (sigma * sigma * dt)) * dphi * 2.0 * dt, g_sigma

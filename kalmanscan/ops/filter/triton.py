@@ -286,24 +286,30 @@ def param_grads(shape: tuple[int, ...], params: dict[str, torch.Tensor], obs_gra
     ``obs_grad = (d phi, d info, d info * yc)`` and ``trans_grad = (d decay, d noise)`` are
     ``(B, 1 or T, C)`` stacks; the parameters enter through ``phi = h^2 / obs_var``,
     ``info = (h / obs_var)(y - h mean)`` (with ``y - h mean`` as ``yc + h0 mean0 - h mean`` around
-    the current values, so no ``y`` is needed here) and :func:`kalmanscan.ou.discretize`.
+    the current values, so no ``y`` is needed here) and :func:`kalmanscan.ou.discretize`, whose
+    adjoint is :func:`kalmanscan.ou.discretize_vjp`. Closed forms, each summed to its parameter's
+    shape: a few elementwise operations, no autograd graph.
     """
     names = ("theta", "sigma", "dt", "obs_var", "mean", "h")
     if not any(needed):
         return (None,) * 6
-    with torch.enable_grad():
-        leaves = {k: params[k].detach().requires_grad_() for k in names}
-        x = {k: _flat_time(leaves[k], shape) for k in names}
-        decay, noise = ou.discretize(x["theta"], x["sigma"], x["dt"])
+    x = {k: _flat_time(params[k].detach(), shape) for k in names}
+    g = {}
+    if any(needed[:3]):
+        g["theta"], g["sigma"], g["dt"] = ou.discretize_vjp(x["theta"], x["sigma"], x["dt"], *trans_grad)
+    if any(needed[3:]):
         g_phi, g_info, g_info_yc = obs_grad
         h, obs_var, mean = x["h"], x["obs_var"], x["mean"]
         hr = h / obs_var
-        shift = (h * mean).detach() - h * mean
-        total = (trans_grad[0] * decay).sum() + (trans_grad[1] * noise).sum()
-        total = total + (g_phi * hr * h).sum() + (hr * (g_info_yc + shift * g_info)).sum()
-        wanted = [leaves[k] for k, n in zip(names, needed) if n]
-        got = iter(torch.autograd.grad(total, wanted, allow_unused=True))
-    return tuple(next(got) if n else None for n in needed)
+        g["obs_var"] = -hr * (h * g_phi + g_info_yc) / obs_var
+        g["mean"] = -hr * h * g_info
+        g["h"] = 2.0 * hr * g_phi + (g_info_yc - h * mean * g_info) / obs_var
+    return tuple(_sum_to(g[k], params[k], shape) if n else None for k, n in zip(names, needed))
+
+
+def _sum_to(g: torch.Tensor, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A ``(B, 1 or T, C)`` adjoint as ``shape[:-2] + (1 or T, C)``, summed to ``like``'s shape."""
+    return g.reshape(shape[:-2] + g.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
 
 
 def _flat_time(x, shape):
