@@ -92,8 +92,8 @@ def restore(p: Problem, d: Diffuse, out: dict) -> dict:
     """The backend's result on the finite problem, as the diffuse filter of ``p``: diffuse moments
     where the state is still unknown, ``p``'s own ``decay``, ``noise`` and ``missing``."""
     shape = p.shape
-    mean = torch.broadcast_to(p.mean, shape).to(out["mean"].dtype)
-    h = torch.broadcast_to(p.h, shape).to(out["mean"].dtype)
+    mean = torch.broadcast_to(p.mean, shape).to(p.dtype)
+    h = torch.broadcast_to(p.h, shape).to(p.dtype)
     inf, zero = torch.full_like(mean, math.inf), torch.zeros_like(mean)
     fixed = dict(out)
     for k, where, value in (("mean", d.before, mean), ("var", d.before, inf), ("precision", d.before, zero),

@@ -62,3 +62,23 @@ def test_diffuse_prior_with_selected_outputs():
     post = ks.filter(y, backend="triton", outputs=("mean", "loglik"), **kw)
     torch.testing.assert_close(post.mean, full.mean, equal_nan=True)
     torch.testing.assert_close(post.loglik, full.loglik)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "cpu"])
+@pytest.mark.parametrize("diffuse", [False, True], ids=["stationary", "diffuse"])
+def test_gradients_of_selected_fields_equal_the_full_call(backend, diffuse):
+    """With gradients the torch and triton backends form only the selected fields from the
+    filter's moments (:func:`kalmanscan.ops.filter.torch.finish`): the log-likelihood's gradient
+    equals the full call's, diffuse prior included."""
+    y = series()
+    kw = dict(KW, init_var=math.inf) if diffuse else KW
+    def grad(outputs, fields):
+        theta = torch.tensor([0.3, 0.5, 0.2], dtype=torch.float64, requires_grad=True)
+        post = ks.filter(y, backend=backend, outputs=outputs, **dict(kw, theta=theta))
+        return torch.autograd.grad(sum(getattr(post, k).sum() for k in fields), theta)[0]
+
+    other = ("mean", "pred_obs_var")
+    grads = [grad(None, ("loglik",)), grad(None, other), grad(("loglik",), ("loglik",)), grad(other, other)]
+    full_ll, full_other, sel_ll, sel_other = grads
+    torch.testing.assert_close(sel_ll, full_ll, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sel_other, full_other, rtol=1e-12, atol=1e-12)

@@ -58,20 +58,39 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
     """Add the offsets, the predictive law of y and log-likelihoods to centred filter moments.
 
     ``mu_c`` and ``pred_mu_c`` are centred (``x - mean``); ``lam`` is the filtered precision.
-    Shared by the torch and triton backends so both report identical derived quantities.
+    Shared by the torch and triton backends so both report identical derived quantities. Only the
+    fields of ``p.outputs`` (all when ``None``) are formed, with ``decay`` and ``noise``: a
+    log-likelihood alone (:mod:`kalmanscan.likelihood`) costs no full-size operation for the rest.
     """
+    every = p.outputs is None
+    wanted = set() if every else set(p.outputs)
     h, mean = p.h, p.mean
-    y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
-    pred_obs_mean = h * (pred_mu_c + mean)
-    pred_obs_var = h * h * pred_var + p.obs_var
-    innov = (y_obs - h * mean) - h * pred_mu_c  # centred: no cancellation against a large offset
-    ll = -0.5 * (math.log(2 * math.pi) + torch.log(pred_obs_var) + innov * innov / pred_obs_var)
-    logliks = torch.where(missing, torch.zeros_like(ll), ll)
-    return dict(mean=mu_c + mean, var=1.0 / lam, precision=lam,
-                pred_mean=pred_mu_c + mean, pred_var=pred_var, pred_precision=1.0 / pred_var,
-                pred_obs_mean=pred_obs_mean.expand(p.shape), pred_obs_var=pred_obs_var.expand(p.shape),
-                logliks=logliks.expand(p.shape), decay=decay, noise=noise,
-                missing=missing.to(p.dtype))
+    out = dict(decay=decay, noise=noise)
+    if every or "mean" in wanted:
+        out["mean"] = mu_c + mean
+    if every or "var" in wanted:
+        out["var"] = 1.0 / lam
+    if every or "precision" in wanted:
+        out["precision"] = lam
+    if every or "pred_mean" in wanted:
+        out["pred_mean"] = pred_mu_c + mean
+    if every or "pred_var" in wanted:
+        out["pred_var"] = pred_var
+    if every or "pred_precision" in wanted:
+        out["pred_precision"] = 1.0 / pred_var
+    if every or "pred_obs_mean" in wanted:
+        out["pred_obs_mean"] = (h * (pred_mu_c + mean)).expand(p.shape)
+    if every or wanted & {"pred_obs_var", "logliks"}:
+        pred_obs_var = h * h * pred_var + p.obs_var
+        out["pred_obs_var"] = pred_obs_var.expand(p.shape)
+    if every or "logliks" in wanted:
+        y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
+        innov = (y_obs - h * mean) - h * pred_mu_c  # centred: no cancellation against a large offset
+        ll = -0.5 * (math.log(2 * math.pi) + torch.log(pred_obs_var) + innov * innov / pred_obs_var)
+        out["logliks"] = torch.where(missing, torch.zeros_like(ll), ll).expand(p.shape)
+    if every or "missing" in wanted:
+        out["missing"] = missing.to(p.dtype)
+    return out
 
 
 def gain_terms(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, ...]:
