@@ -50,6 +50,7 @@ import torch
 
 from ... import ou
 from ...inputs import Problem
+from .torch import adjoint_to
 
 __all__ = ["filter", "smooth", "layout", "FIELDS", "INPUTS", "SMOOTH_INPUTS"]
 
@@ -205,11 +206,6 @@ def _first_order_only():
                            "use backend='torch' for second derivatives (create_graph=True)")
 
 
-def _reduce(g, shape, steps, like):
-    """A ``(B, steps, C)`` adjoint as ``shape[:-2] + (steps, C)``, summed to ``like``'s shape."""
-    return g.reshape(shape[:-2] + (steps, shape[-1])).sum_to_size(like.shape)
-
-
 class _Filter(torch.autograd.Function):
     """``(y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var) ->`` the ``fields`` asked
     for, a subset of :data:`FIELDS` in its order (``missing`` not differentiable); the forward
@@ -265,7 +261,7 @@ class _Filter(torch.autograd.Function):
         for name, g, s, x in (("obs_var", grads[2], step[2], obs_var), ("h", grads[3], step[3], h),
                               ("mean", grads[4], step[4], mean)):
             if needs[INPUTS.index(name)]:
-                out[name] = _reduce(g, shape, T if s else 1, x)
+                out[name] = adjoint_to(g, shape, x)
         init_shape = shape[:-2] + (1, C)
         if needs[7]:
             out["init_mean"] = ginit[0].reshape(init_shape).sum_to_size(init_mean.shape)
@@ -278,7 +274,7 @@ class _Filter(torch.autograd.Function):
                                     grads[0].reshape(tshape), grads[1].reshape(tshape))
             for k, g, x in zip(("theta", "sigma", "dt"), got, (theta, sigma, dt)):
                 if needs[INPUTS.index(k)]:
-                    out[k] = _reduce(g, shape, steps, x)
+                    out[k] = adjoint_to(g, shape, x)
         return (None, None, *(out[k] for k in INPUTS))
 
 
@@ -361,9 +357,8 @@ class _Smooth(torch.autograd.Function):
             _run(R.rts_backward, B * C, T, arrays, boff, tstride, cstride, _flat(mean_s), _flat(var_s),
                  carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads),
                  step, L.constants(dtype), T, C, _block(B, C))
-        steps = T if step[0] else 1
         res = [g.sum_to_size(x.shape) for g, x in zip(grads[:4], inputs[:4])]
-        res += [_reduce(g, shape, steps, x) for g, x in zip(grads[4:], inputs[4:])]
+        res += [adjoint_to(g, shape, x) for g, x in zip(grads[4:], inputs[4:])]
         return (None, *(g if need else None for g, need in zip(res, ctx.needs_input_grad[1:])))
 
 

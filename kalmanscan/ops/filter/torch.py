@@ -19,12 +19,19 @@ from ... import merged, mobius, ou
 from ...inputs import Problem
 from ...scan import associative_scan
 
-__all__ = ["filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity"]
+__all__ = ["filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity", "adjoint_to"]
 
 
 def first_step_identity(x: torch.Tensor, value: float) -> torch.Tensor:
     """``x`` broadcast to its time length with index 0 replaced by ``value`` (no transition)."""
     return torch.cat([torch.full_like(x[..., :1, :], value), x[..., 1:, :]], -2)
+
+
+def adjoint_to(g: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A ``(B, 1 or T, C)`` adjoint of a problem of ``shape`` as ``shape[:-2] + (1 or T, C)``,
+    summed to ``like``'s (a parameter's broadcastable) shape, in its dtype. Shared by the
+    backends' backward passes (cpu, triton)."""
+    return g.reshape(shape[:-2] + g.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
 
 
 def filter(p: Problem) -> dict:

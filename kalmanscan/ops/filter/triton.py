@@ -304,12 +304,7 @@ def param_grads(shape: tuple[int, ...], params: dict[str, torch.Tensor], obs_gra
         g["obs_var"] = -hr * (h * g_phi + g_info_yc) / obs_var
         g["mean"] = -hr * h * g_info
         g["h"] = 2.0 * hr * g_phi + (g_info_yc - h * mean * g_info) / obs_var
-    return tuple(_sum_to(g[k], params[k], shape) if n else None for k, n in zip(names, needed))
-
-
-def _sum_to(g: torch.Tensor, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """A ``(B, 1 or T, C)`` adjoint as ``shape[:-2] + (1 or T, C)``, summed to ``like``'s shape."""
-    return g.reshape(shape[:-2] + g.shape[-2:]).sum_to_size(like.shape).to(like.dtype)
+    return tuple(torch_backend.adjoint_to(g[k], shape, params[k]) if n else None for k, n in zip(names, needed))
 
 
 def _flat_time(x, shape):
