@@ -42,7 +42,7 @@ from . import ou
 from .inputs import Checks, Problem
 from .posterior import Posterior, array_kind
 
-__all__ = ["StreamState", "as_prior", "naming_state", "continue_problem", "mark", "last_state"]
+__all__ = ["StreamState", "as_prior", "naming_state", "continue_problem", "predict", "mark", "last_state"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,15 +157,22 @@ def continue_problem(p: Problem, state: StreamState) -> Problem:
         decay, noise = (x[..., :1, :] for x in p.decay_noise())
     else:
         decay, noise = ou.discretize(p.theta[..., :1, :], p.sigma[..., :1, :], dt0)
-    var = p.init_var
-    if p.diffuse:  # a variance still inf stays inf (and no inf * 0 enters the gradient)
+    init_mean, init_var = predict(p.mean[..., :1, :], decay, noise, p.init_mean, p.init_var, p.diffuse)
+    return dataclasses.replace(p, init_mean=init_mean, init_var=init_var)
+
+
+def predict(level: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor, deviation: torch.Tensor,
+            var: torch.Tensor, diffuse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The belief ``N(level + deviation, var)`` one transition on: ``(level + decay deviation,
+    decay^2 var + noise)``, ``level`` the OU mean at the new step. With ``diffuse`` a variance
+    still ``inf`` stays ``inf`` (and no ``inf * 0`` enters the gradient)."""
+    if diffuse:
         unknown = torch.isinf(var)
         known = torch.where(unknown, torch.zeros_like(var), var)
-        init_var = torch.where(unknown, var, torch.addcmul(noise, decay * decay, known))
+        new_var = torch.where(unknown, var, torch.addcmul(noise, decay * decay, known))
     else:
-        init_var = torch.addcmul(noise, decay * decay, var)
-    init_mean = torch.addcmul(p.mean[..., :1, :], decay, p.init_mean)
-    return dataclasses.replace(p, init_mean=init_mean, init_var=init_var)
+        new_var = torch.addcmul(noise, decay * decay, var)
+    return torch.addcmul(level, decay, deviation), new_var
 
 
 def mark(post: Posterior, state: StreamState) -> Posterior:

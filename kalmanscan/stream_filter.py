@@ -26,13 +26,10 @@ import torch
 from .filtering import OUTPUTS, filter as _public_filter
 from .inputs import check_no_inf, prepare
 from .ops.filter import run_backend
-from .stream import StreamState
+from .stream import StreamState, predict
 from .types import ArrayLike
 
 __all__ = ["StreamFilter"]
-
-_PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
-
 
 class StreamFilter:
     """Filter a stream of observations as they arrive: ``update(y)`` per new step(s).
@@ -114,8 +111,7 @@ class StreamFilter:
             return self._public(y, one_step)
         p0 = self._problem
         y_t = self._steps_of(y, p0, one_step)
-        init_mean = torch.addcmul(self._level, self._decay, self._mean - self._level)
-        init_var = torch.addcmul(self._noise, self._decay * self._decay, self._var)
+        init_mean, init_var = predict(self._level, self._decay, self._noise, self._mean - self._level, self._var)
         p = dataclasses.replace(p0, y=y_t, shape=tuple(y_t.shape), init_mean=init_mean, init_var=init_var,
                                 outputs=self._fields)
         out = run_backend(p, self.backend)
