@@ -340,8 +340,6 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
     np_dtype = np.float32 if dtype == torch.float32 else np.float64
     arrs = {name: _host_array(name, vals[name], np_dtype) for name in _PARAMS}
     for name, a in arrs.items():
-        if a.ndim == 0 or a.shape[0] == shape[-1]:  # broadcasts trivially (the common call)
-            continue
         shape = _broadcast(name, shape, (1,) * (2 - a.ndim) + a.shape, shape[-2])
     inits = {name: None if x is None else _host_array(name, x, np_dtype)
              for name, x in (("init_mean", init_mean), ("init_var", init_var))}
