@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -173,3 +175,11 @@ def random_kla(variant="plain", discretization="ou", d_model=4, d_state=3, seed=
         for p in layer.parameters():
             p.add_(0.1 * torch.randn_like(p))
     return layer
+
+
+def api_examples(marker: str) -> list[str]:
+    """The ``python`` code blocks of docs/api.md that contain ``marker`` (at least one)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b]
+    assert blocks, f"docs/api.md has no example containing {marker!r}"
+    return blocks

@@ -18,6 +18,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import xarray as xr  # noqa: E402
+from helpers import api_examples  # noqa: E402
 
 import kalmanscan as ks  # noqa: E402
 from kalmanscan import cli  # noqa: E402
@@ -339,10 +340,7 @@ def test_xr_params_carry_the_time_unit_to_filter_on_dates():
 
 
 def test_docs_api_xr_example_runs():
-    text = (ROOT / "docs" / "api.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "ks.xr.params(fit_ds)" in b]
-    assert blocks, "docs/api.md has no example of ks.xr.params(fit_ds)"
-    for block in blocks:
+    for block in api_examples("ks.xr.params(fit_ds)"):
         namespace = {}
         exec(compile(block, "docs/api.md", "exec"), namespace)
         assert "time_unit" in namespace["ks"].xr.params(namespace["fit_ds"])

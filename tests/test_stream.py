@@ -8,13 +8,11 @@ gradients through the state; the errors that name ``state``.
 """
 
 import dataclasses
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import FIELDS, FLOAT32_BOUND, max_rel_error, posterior_error, random_problem, to_np
+from helpers import FIELDS, FLOAT32_BOUND, api_examples, max_rel_error, posterior_error, random_problem, to_np
 
 import kalmanscan as ks
 
@@ -266,8 +264,5 @@ def test_errors_name_the_state():
 
 
 def test_docs_api_streaming_example_runs():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "state=state" in b]
-    assert blocks, "docs/api.md has no streaming example"
-    for block in blocks:
+    for block in api_examples("state=state"):
         exec(compile(block, "docs/api.md", "exec"), {})

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import api_examples
+
 import kalmanscan as ks
 
 
@@ -108,11 +110,5 @@ def test_bad_input_is_named():
 
 
 def test_the_docs_example_runs():
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "ks.StreamFilter(" in b]
-    assert blocks, "docs/api.md has no StreamFilter example"
-    for block in blocks:
+    for block in api_examples("ks.StreamFilter("):
         exec(compile(block, "docs/api.md", "exec"), {})
