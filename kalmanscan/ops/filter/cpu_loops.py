@@ -52,7 +52,7 @@ N_COT = 9
 G_A, G_Q, G_R, G_H, G_M = range(5)
 # Smoother inputs.
 S_MEAN, S_VAR, S_PMEAN, S_PVAR, S_DECAY, S_NOISE = range(6)
-# Cached variance terms of the static loop (rows of its per-task cache).
+# Cached variance terms of the static loop (rows of each slot of its per-task cache).
 (K_P, K_PP, K_S, K_IS, K_K, K_PF, K_LS, K_IPF, K_IPP) = range(9)
 
 
@@ -227,14 +227,108 @@ def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nd
                 write_step(outs, w, obase[j] + t * C, zf, Pf, iPf, zp, Pp, iPp, h, m, S, ll, miss, k)
 
 
+@njit(inline="always")
+def contiguous(base: np.ndarray, obase: np.ndarray, n: int, t_y: int) -> bool:
+    """Whether the ``n`` lanes are adjacent elements of ``y`` and of the outputs (and ``y`` varies
+    along time): then a converged step runs as :func:`steady_step`'s vector loops."""
+    if t_y == 0:
+        return False
+    for j in range(n):
+        if base[Y, j] != base[Y, 0] + j or obase[j] != obase[0] + j:
+            return False
+    return True
+
+
+@njit(inline="always")
+def slot(cache: np.ndarray, j: int, P: float) -> int:
+    """The slot of lane ``j``'s cache holding the variance terms of incoming variance ``P``, or -1."""
+    if P == cache[0, K_P, j]:
+        return 0
+    if P == cache[1, K_P, j]:
+        return 1
+    return -1
+
+
+@njit(inline="always")
+def cycles(cache: np.ndarray, j: int, P: float) -> bool:
+    """Whether lane ``j``'s observed steps from incoming variance ``P`` on stay within its cache:
+    ``P``, its successor and that one's successor each have a slot (the variance sits at its fixed
+    point or alternates between two values, as the recursion does in floating point)."""
+    s = slot(cache, j, P)
+    if s < 0:
+        return False
+    s = slot(cache, j, cache[s, K_PF, j])
+    return s >= 0 and slot(cache, j, cache[s, K_PF, j]) >= 0
+
+
+@njit(inline="always")
+def steady_step(y_: np.ndarray, y0: int, outs: tuple[np.ndarray, ...], w: tuple[bool, ...], o: int, n: int,
+                z: np.ndarray, P: np.ndarray, par: np.ndarray, cache: np.ndarray, tmp: np.ndarray,
+                k: np.ndarray) -> bool:
+    """One step of every lane whose incoming variance has its terms cached (:func:`cycles`), as
+    branch-free loops over the lanes (``y`` at ``y_[y0 + j]``, outputs at ``o + j``): the
+    operations of the per-lane step on the same cached terms, so the same bits. Returns False,
+    having changed nothing, when some lane's ``y`` is missing (a NaN innovation; an infinite ``y``
+    may also land here) and the step must take the per-lane path."""
+    bad = 0
+    for j in range(n):
+        s0 = P[j] == cache[0, K_P, j]
+        Pf = cache[0, K_PF, j] if s0 else cache[1, K_PF, j]
+        K = cache[0, K_K, j] if s0 else cache[1, K_K, j]
+        lS = cache[0, K_LS, j] if s0 else cache[1, K_LS, j]
+        iS = cache[0, K_IS, j] if s0 else cache[1, K_IS, j]
+        tmp[3, j] = Pf
+        tmp[4, j] = cache[0, K_IPF, j] if s0 else cache[1, K_IPF, j]
+        tmp[5, j] = cache[0, K_PP, j] if s0 else cache[1, K_PP, j]
+        tmp[6, j] = cache[0, K_IPP, j] if s0 else cache[1, K_IPP, j]
+        tmp[7, j] = cache[0, K_S, j] if s0 else cache[1, K_S, j]
+        zp = par[0, j] * z[j]
+        v = (y_[y0 + j] - par[5, j]) - par[3, j] * zp
+        tmp[0, j] = zp
+        tmp[1, j] = zp + K * v
+        tmp[2, j] = -k[HALF] * (lS + v * v * iS)
+        bad += v != v
+    if bad:
+        return False
+    for j in range(n):
+        z[j] = tmp[1, j]
+        P[j] = tmp[3, j]
+    if w[O_MEAN]:
+        out = outs[O_MEAN]
+        for j in range(n):
+            out[o + j] = tmp[1, j] + par[4, j]
+    if w[O_PMEAN]:
+        out = outs[O_PMEAN]
+        for j in range(n):
+            out[o + j] = tmp[0, j] + par[4, j]
+    if w[O_POMEAN]:
+        out = outs[O_POMEAN]
+        for j in range(n):
+            out[o + j] = par[3, j] * (tmp[0, j] + par[4, j])
+    for f, r in ((O_LL, 2), (O_VAR, 3), (O_PREC, 4), (O_PVAR, 5), (O_PPREC, 6), (O_POVAR, 7), (O_ZC, 1)):
+        if w[f]:
+            out = outs[f]
+            for j in range(n):
+                out[o + j] = tmp[r, j]
+    if w[O_MISS]:
+        out = outs[O_MISS]
+        for j in range(n):
+            out[o + j] = k[ZERO]
+    return True
+
+
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")
 def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
                   outs: tuple[np.ndarray, ...], write: np.ndarray, k: np.ndarray, T: int, C: int, W: int) -> None:
     """:func:`filter_forward` where only ``y`` varies along time (same arguments, same bits).
 
-    Each lane's parameters are read once; an observed step whose incoming variance equals that of
-    the last observed step reuses its variance terms (module doc), so once the variance has
-    converged a step costs a few multiplications and the writes, no division or logarithm.
+    Each lane's parameters are read once. An observed step whose incoming variance equals one of
+    the two last computed ones reuses their variance terms (two slots per lane: in floating point
+    the Riccati recursion ends at its fixed point or alternating between two neighbours, see the
+    module doc), so once the variance has converged a step costs a few multiplications and the
+    writes, no division or logarithm. Once every lane of a task cycles within its cache (and its
+    lanes are adjacent in memory), its steps run as vector loops over the lanes
+    (:func:`steady_step`) until a missing value sends a step back to the per-lane path.
     """
     y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
     w = flags(write)
@@ -244,18 +338,26 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
         s0 = task * W
         n = min(W, N - s0)
         base, obase = lanes(boff, cstride, s0, n, T, C)
+        vector = contiguous(base, obase, n, t_y)
         z = np.empty(n, k.dtype)
         P = np.empty(n, k.dtype)
-        par = np.empty((5, n), k.dtype)  # decay, noise, obs_var, h, mean
-        cache = np.full((9, n), np.nan, k.dtype)
+        par = np.empty((6, n), k.dtype)  # decay, noise, obs_var, h, mean, h * mean
+        cache = np.full((2, 9, n), np.nan, k.dtype)
+        fresh = np.zeros(n, np.int64)  # the slot the next computed terms replace
+        tmp = np.empty((8, n), k.dtype)
         for j in range(n):
             par[2, j] = R_[base[OBS_VAR, j]]
             par[3, j] = h_[base[H, j]]
             par[4, j] = m_[base[MEAN, j]]
+            par[5, j] = par[3, j] * par[4, j]
             par[0, j], par[1, j] = discretize(th_[base[THETA, j]], si_[base[SIGMA, j]], dt_[base[DT, j]], k)
             z[j] = im_[base[INIT_MEAN, j]] - par[4, j]
             P[j] = iv_[base[INIT_VAR, j]]
+        steady = False
         for t in range(T):
+            if steady and steady_step(y_, base[Y, 0] + t * t_y, outs, w, obase[0] + t * C, n, z, P, par, cache, tmp, k):
+                continue
+            steady = vector and t > 0
             for j in range(n):
                 a, q, R, h, m = par[0, j], par[1, j], par[2, j], par[3, j], par[4, j]
                 y = y_[base[Y, j] + t * t_y]
@@ -263,22 +365,24 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
                 zp = z[j]
                 Pj = P[j]
                 Pp = Pj
+                s = slot(cache, j, Pj) if t > 0 and not miss else -1
                 if t > 0:
                     zp = a * zp
-                    if not miss and Pj == cache[K_P, j]:
-                        Pp = cache[K_PP, j]
-                    else:
-                        Pp = a * a * Pj + q
-                if t > 0 and not miss and Pj == cache[K_P, j]:
-                    S, iS, K, Pf = cache[K_S, j], cache[K_IS, j], cache[K_K, j], cache[K_PF, j]
-                    lS, iPf, iPp = cache[K_LS, j], cache[K_IPF, j], cache[K_IPP, j]
+                if s >= 0:
+                    Pp, S, iS, K = cache[s, K_PP, j], cache[s, K_S, j], cache[s, K_IS, j], cache[s, K_K, j]
+                    Pf, lS, iPf, iPp = cache[s, K_PF, j], cache[s, K_LS, j], cache[s, K_IPF, j], cache[s, K_IPP, j]
                 else:
+                    if t > 0:
+                        Pp = a * a * Pj + q
                     S, iS, K, Pf, lS, iPf, iPp = variance_terms(Pp, h, R, miss, k)
                     if t > 0 and not miss:
-                        cache[K_P, j], cache[K_PP, j], cache[K_S, j], cache[K_IS, j] = Pj, Pp, S, iS
-                        cache[K_K, j], cache[K_PF, j], cache[K_LS, j] = K, Pf, lS
-                        cache[K_IPF, j], cache[K_IPP, j] = iPf, iPp
+                        s = fresh[j]
+                        fresh[j] = 1 - s
+                        cache[s, K_P, j], cache[s, K_PP, j], cache[s, K_S, j], cache[s, K_IS, j] = Pj, Pp, S, iS
+                        cache[s, K_K, j], cache[s, K_PF, j], cache[s, K_LS, j] = K, Pf, lS
+                        cache[s, K_IPF, j], cache[s, K_IPP, j] = iPf, iPp
                 zf, ll = mean_terms(y, zp, h, m, K, lS, iS, miss, k)
                 z[j] = zf
                 P[j] = Pf
+                steady = steady and not miss and cycles(cache, j, Pf)
                 write_step(outs, w, obase[j] + t * C, zf, Pf, iPf, zp, Pp, iPp, h, m, S, ll, miss, k)
