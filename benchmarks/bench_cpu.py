@@ -25,8 +25,9 @@ is checked against the ``"cpu"`` backend before it is timed:
 Each contender's result is checked against the cpu backend on its warm-up call; then the
 contenders run in turns, ``--repeat`` rounds (a contender slower than :data:`SLOW_S` in one
 round only), and the table gives the median wall time and the median CPU time of the process
-(all threads: on a shared machine it shows the work when the wall time shows the waiting). The
-first call of the compiled loop in this process (numba's on-disk cache load or compile) is
+(all threads: on a shared machine it shows the work when the wall time shows the waiting) with
+its system part (the kernel's work, mostly mapping and zeroing the fresh pages of the outputs,
+whose cost on a virtual machine varies with the history of the process). The first call of the compiled loop in this process (numba's on-disk cache load or compile) is
 reported separately. ::
 
     python -m benchmarks.bench_cpu [--quick] [--json out.json]
@@ -190,26 +191,30 @@ def run_round_robin(contenders, repeat):
     the cpu backend) in turns, so that a change of load on a shared machine hits them alike: one
     warm-up call each (its result checked), then ``repeat`` rounds of one call each (a contender
     whose warm-up took more than :data:`SLOW_S` runs in the first round only). Returns rows with
-    the median wall time and the median process CPU time (all threads) of each."""
+    the median wall time, the median process CPU time (all threads) and the median system part of
+    it (the kernel's work: mostly zeroing and mapping fresh pages for the outputs) of each."""
     rows, slow = [], set()
     for name, fn, check, note in contenders:
         t0 = time.perf_counter()
         err = check(fn())
         if time.perf_counter() - t0 > SLOW_S:
             slow.add(name)
-        rows.append(dict(contender=name, max_rel_err=err, note=note, wall=[], cpu=[]))
+        rows.append(dict(contender=name, max_rel_err=err, note=note, wall=[], cpu=[], sys=[]))
     for r in range(repeat):
         for row, (name, fn, _, _) in zip(rows, contenders):
             if r and name in slow:
                 continue
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, t0 = os.times(), time.perf_counter()
             fn()
             row["wall"].append(time.perf_counter() - t0)
-            row["cpu"].append(time.process_time() - c0)
+            c1 = os.times()
+            row["cpu"].append(c1.user + c1.system - c0.user - c0.system)
+            row["sys"].append(c1.system - c0.system)
     for row in rows:
         row["calls"] = len(row["wall"])
         row["seconds"] = statistics.median(row.pop("wall"))
         row["cpu_seconds"] = statistics.median(row.pop("cpu"))
+        row["sys_seconds"] = statistics.median(row.pop("sys"))
     return rows
 
 
@@ -321,10 +326,11 @@ def main():
         kind = {"loglik": "log-likelihood", "fit": "local level fit, Nile"}.get(what, "all outputs")
         print(f"\n{N} series x {T} steps ({kind}), float64 data")
         print(f"  {'contender':28s} {'wall':>11s} {'vs cpu':>8s} {'cpu time':>11s} {'calls':>5s} "
-              f"{'max rel err':>11s}  note")
+              f"{'of it sys':>10s} {'max rel err':>11s}  note")
         for r in shape_rows:
             print(f"  {r['contender']:28s} {r['seconds'] * 1e3:9.1f}ms {r['seconds'] / base:7.2f}x "
-                  f"{r['cpu_seconds'] * 1e3:9.1f}ms {r['calls']:5d} {r['max_rel_err']:11.1e}  {r['note']}")
+                  f"{r['cpu_seconds'] * 1e3:9.1f}ms {r['calls']:5d} {r['sys_seconds'] * 1e3:8.1f}ms "
+                  f"{r['max_rel_err']:11.1e}  {r['note']}")
         rows += shape_rows
     if args.json:
         with open(args.json, "w") as fh:

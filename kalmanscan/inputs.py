@@ -170,13 +170,12 @@ class Checks:
     def decide(self) -> dict:
         """Raise for the first failed check; return the facts as Python bools."""
         entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
-        tensors = [x for x in entries if isinstance(x, torch.Tensor)]
-        on_device = [x for x in tensors if x.device.type != "cpu"]
-        values = {}
-        if on_device:
-            read = torch.stack([x.reshape(()).to(torch.bool) for x in on_device]).cpu().tolist()
-            values = {id(x): v for x, v in zip(on_device, read)}
-        verdict = [bool(values[id(x)]) if id(x) in values else bool(x) for x in entries]
+        on_device = [i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device.type != "cpu"]
+        verdict = [None if i in on_device else bool(x) for i, x in enumerate(entries)]
+        if on_device:  # by position, not by id(): under torch.compile a traced tensor's id is not its own
+            read = torch.stack([entries[i].reshape(()).to(torch.bool) for i in on_device]).cpu().tolist()
+            for i, v in zip(on_device, read):
+                verdict[i] = bool(v)
         for (message, _, confirm), good in zip(self.items, verdict):
             if not good and confirm is None:
                 raise ValueError(message)

@@ -7,6 +7,7 @@ import collections
 import pytest
 import torch
 import triton.runtime.interpreter as interpreter
+from helpers import KERNEL_DEVICE
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kalmanscan as ks
@@ -45,6 +46,11 @@ def dispatched(monkeypatch):
     return mode
 
 
+def _device(backend):
+    """Where a backend's tensors are made: the triton backend's on :data:`KERNEL_DEVICE`."""
+    return KERNEL_DEVICE if backend == "triton" else torch.device("cpu")
+
+
 # (backend, outputs) -> most torch operations per call (measured: 138, 129, 683, 48, 31)
 BOUNDS = {("triton", None): 150, ("triton", ("mean", "var")): 140, ("torch", None): 700,
           ("cpu", None): 60, ("cpu", ("mean", "var")): 40}
@@ -52,8 +58,8 @@ BOUNDS = {("triton", None): 150, ("triton", ("mean", "var")): 140, ("torch", Non
 
 @pytest.mark.parametrize("backend, outputs", list(BOUNDS))
 def test_small_call_dispatches_few_operations_and_one_scalar_read(dispatched, backend, outputs):
-    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(0))
-    kw = dict(theta=0.3, sigma=torch.full((5,), 0.7), obs_var=0.4, backend=backend, outputs=outputs)
+    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(0)).to(_device(backend))
+    kw = dict(theta=0.3, sigma=torch.full((5,), 0.7, device=y.device), obs_var=0.4, backend=backend, outputs=outputs)
     ks.filter(y, **kw)  # first call: imports and compiles
     with dispatched:
         post = ks.filter(y, **kw)
@@ -78,7 +84,7 @@ def test_parameters_and_times_are_made_when_read(dispatched):
 @pytest.mark.parametrize("outputs", [None, ("mean", "var"), ("var",), ("loglik",)])
 @pytest.mark.parametrize("at", [0, 31, 62])
 def test_inf_in_y_is_still_caught(backend, outputs, at):
-    y = torch.randn(63, 2, generator=torch.Generator().manual_seed(2))
+    y = torch.randn(63, 2, generator=torch.Generator().manual_seed(2)).to(_device(backend))
     y[at, 1] = float("inf")
     with pytest.raises(ValueError, match="y must be finite"):
         ks.filter(y, theta=0.3, sigma=0.7, obs_var=0.4, backend=backend, outputs=outputs)
@@ -89,8 +95,8 @@ def test_inf_in_y_is_still_caught(backend, outputs, at):
 def test_check_finite_false_reads_nothing_back(dispatched, backend):
     """``check_finite=False``: no scalar read at all (calls on a device queue without waiting), the
     same result, and an ``inf`` in ``y`` shows in the result instead of raising."""
-    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(3))
-    kw = dict(theta=0.3, sigma=torch.full((5,), 0.7), obs_var=0.4, backend=backend)
+    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(3)).to(_device(backend))
+    kw = dict(theta=0.3, sigma=torch.full((5,), 0.7, device=y.device), obs_var=0.4, backend=backend)
     checked = ks.filter(y, **kw)
     with dispatched:
         post = ks.filter(y, check_finite=False, **kw)

@@ -4,8 +4,7 @@ backend, with missing values, batch dimensions, a diffuse start and float32; bad
 import numpy as np
 import pytest
 import torch
-
-from helpers import api_examples
+from helpers import KERNEL_DEVICE, api_examples, to_np
 
 import kalmanscan as ks
 
@@ -29,7 +28,7 @@ def stream(f, y, cuts):
             outs.append({k: v[..., None, :] for k, v in f.update(y[..., a, :]).items()})
         else:
             outs.append(f.extend(y[..., a:b, :]))
-    return {k: np.concatenate([o[k] for o in outs], -2) for k in outs[0]}
+    return {k: np.concatenate([to_np(o[k]) for o in outs], -2) for k in outs[0]}
 
 
 FIELDS = ("mean", "var", "pred_mean", "pred_var", "pred_obs_mean", "pred_obs_var", "logliks")
@@ -39,14 +38,16 @@ CUTS = [0, 1, 2, 3, 10, 11, 30, 31, 41]
 @pytest.mark.parametrize("backend", ["cpu", "torch", "triton", "reference"])
 def test_stream_equals_one_call(backend):
     y, kw = problem(0, batch=(2,))
+    if backend == "triton":  # NumPy runs on the CPU: through the interpreter, or on a GPU as a CUDA tensor
+        y = torch.tensor(y, device=KERNEL_DEVICE)
     whole = ks.filter(y, backend=backend, **kw)
     f = ks.StreamFilter(**kw, backend=backend, outputs=FIELDS)
     got = stream(f, y, CUTS)
     for k in FIELDS:
-        np.testing.assert_allclose(got[k], getattr(whole, k), rtol=1e-12, atol=1e-12, err_msg=k)
-    np.testing.assert_allclose(f.loglik, whole.loglik, rtol=1e-12)
+        np.testing.assert_allclose(got[k], to_np(getattr(whole, k)), rtol=1e-12, atol=1e-12, err_msg=k)
+    np.testing.assert_allclose(to_np(f.loglik), to_np(whole.loglik), rtol=1e-12)
     assert f.state.steps == 41
-    np.testing.assert_allclose(f.state.mean, whole.mean[..., -1, :], rtol=1e-12)
+    np.testing.assert_allclose(to_np(f.state.mean), to_np(whole.mean[..., -1, :]), rtol=1e-12)
 
 
 def test_float32_torch_and_a_diffuse_start():

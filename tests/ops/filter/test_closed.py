@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 import helpers
-from helpers import (FLOAT32_BOUND, NAMES, POSITIVE, Launches, max_rel_error, posterior_error, prepared,
+from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, NAMES, POSITIVE, Launches, max_rel_error, posterior_error, prepared,
                      problem_tensors, random_problem, rel_error, triton_filter)
 
 import kalmanscan as ks
@@ -98,8 +98,9 @@ def test_extreme_parameters_float32(missing, init_var):
     y[rng.random(y.shape) < missing] = np.nan
     kw = dict(theta=(THETA_DT / 0.7)[:, None, None], sigma=2.0, obs_var=OBS_VAR, dt=0.7, init_var=init_var)
     ref = ks.filter(y, backend="reference", **kw)
-    p = prepare(torch.tensor(y, dtype=torch.float32),
-                **{k: torch.tensor(v, dtype=torch.float32) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
+    p = prepare(torch.tensor(y, dtype=torch.float32, device=KERNEL_DEVICE),
+                **{k: torch.tensor(v, dtype=torch.float32, device=KERNEL_DEVICE) if isinstance(v, np.ndarray) else v
+                   for k, v in kw.items()})
     for cfg in (ONE, config(closed=False)):
         out = triton_filter(p, cfg)
         errs = {k: (rel_error if k in POSITIVE else max_rel_error)(getattr(out, k), getattr(ref, k)) for k in FIELDS}
@@ -132,11 +133,11 @@ def test_closed_power_float32_against_float64_recursion():
         moving = step < k
         want = np.where(moving, want / (a * a + q * want) + phi, want)
     size = triton.next_power_of_2(n)
-    pad = lambda x: torch.cat([torch.as_tensor(x, dtype=torch.float32), torch.ones(size - n)])  # noqa: E731
+    pad = lambda x: torch.cat([torch.as_tensor(x, dtype=torch.float32), torch.ones(size - n)]).to(KERNEL_DEVICE)  # noqa: E731
     c32 = torch.stack([pad(row) for row in consts.float()]).contiguous()
-    got = torch.empty(size)
+    got = torch.empty(size, device=KERNEL_DEVICE)
     _power_kernel[(1,)](pad(lam0), pad(k), c32, got, N=size)
-    rel = np.abs(got[:n].double().numpy() - want) / want
+    rel = np.abs(got[:n].double().cpu().numpy() - want) / want
     assert rel.max() < 1e-6, rel.max()
 
 
@@ -145,7 +146,7 @@ def test_gradcheck_float64():
     filtered mean and precision back), two chunks (4 and 2 steps), with a gap."""
     rng = np.random.default_rng(21)
     y, kw = random_problem(rng, 6, C=2, batch=(1,), missing=0.15)
-    t = problem_tensors(kw, grad=True)
+    t = problem_tensors(kw, grad=True, device=KERNEL_DEVICE)
     t["dt"].requires_grad_()
     names = NAMES + ("dt",)
     cfg = config(closed_tile=8, closed_block=2, closed_programs=1)
@@ -155,15 +156,16 @@ def test_gradcheck_float64():
         return (post.loglik.sum() + (post.mean * 0.3).sum() + post.var.sum() + post.pred_mean.sum()
                 + post.pred_var.sum())
 
-    y_t = torch.tensor(y, requires_grad=True)
+    y_t = torch.tensor(y, requires_grad=True, device=KERNEL_DEVICE)
     assert torch.autograd.gradcheck(f, (y_t, *(t[k] for k in names)), atol=1e-6, rtol=1e-5, fast_mode=True)
 
 
 def test_outputs_selection_writes_only_those(poisoned):
     rng = np.random.default_rng(5)
     y, kw = random_problem(rng, 40, C=3, batch=())
-    full = ks.filter(torch.tensor(y), backend="triton", **kw)
-    part = ks.filter(torch.tensor(y), backend="triton", outputs=("mean", "var"), **kw)
+    y_t = torch.tensor(y, device=KERNEL_DEVICE)
+    full = ks.filter(y_t, backend="triton", **kw)
+    part = ks.filter(y_t, backend="triton", outputs=("mean", "var"), **kw)
     assert part.precision is None and part.logliks is None
     torch.testing.assert_close(part.mean, full.mean, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(part.var, full.var, rtol=1e-12, atol=1e-12)

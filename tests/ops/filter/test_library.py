@@ -3,6 +3,7 @@ TRITON_INTERPRET=1 on the CPU), and torch.compile of a function calling ks.filte
 
 import pytest
 import torch
+from helpers import KERNEL_DEVICE
 
 import kalmanscan as ks
 from kalmanscan.ops.filter import library
@@ -22,7 +23,7 @@ def _args(static: bool, requires_grad: bool):
     h = torch.rand(B, t, 1, dtype=torch.float64, generator=g) + 0.5
     init = torch.stack([torch.rand(B, C, dtype=torch.float64, generator=g) + 0.5,
                         torch.randn(B, C, dtype=torch.float64, generator=g)], 1)
-    tensors = [x.requires_grad_(requires_grad) for x in (y, theta, sigma, dt, obs_var, mean, h, init)]
+    tensors = [x.to(KERNEL_DEVICE).requires_grad_(requires_grad) for x in (y, theta, sigma, dt, obs_var, mean, h, init)]
     return (*tensors, [B, T, C], DEFAULT_CONFIG.as_ints())
 
 
@@ -43,9 +44,9 @@ def test_opcheck_backward():
 
 def test_gradients_through_the_operator_match_the_torch_backend():
     g = torch.Generator().manual_seed(1)
-    y = torch.randn(7, 2, dtype=torch.float64, generator=g)
-    theta = torch.tensor([0.3, 0.6], dtype=torch.float64, requires_grad=True)
-    obs_var = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(7, 2, dtype=torch.float64, generator=g).to(KERNEL_DEVICE)
+    theta = torch.tensor([0.3, 0.6], dtype=torch.float64, requires_grad=True, device=KERNEL_DEVICE)
+    obs_var = torch.tensor(0.4, dtype=torch.float64, requires_grad=True, device=KERNEL_DEVICE)
     grads = []
     for backend in ("triton", "torch"):
         post = ks.filter(y, theta=theta, sigma=0.7, obs_var=obs_var, backend=backend)

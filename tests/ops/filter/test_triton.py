@@ -16,8 +16,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import (FLOAT32_BOUND, NAMES, config, posterior_error, prepared, problem_tensors, random_problem,
-                     triton_filter)
+from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, NAMES, config, posterior_error, prepared, problem_tensors,
+                     random_problem, triton_filter)
 
 import kalmanscan as ks
 from kalmanscan.filtering import make_posterior
@@ -83,12 +83,13 @@ def test_offsets_batch_broadcast_and_random_walk():
     T = 37
     y = 1e4 + np.cumsum(rng.normal(size=(T, 2)), 0)
     y[5:9, 1] = np.nan
-    kw = dict(theta=torch.tensor([[[0.0, 0.3]], [[0.2, 1.5]]]), sigma=torch.tensor([1.0, 0.4]),
-              obs_var=0.5, mean=1e4, h=torch.tensor([1.0, -2.0]), init_var=torch.tensor([3.0, 0.5]),
+    kw = dict(theta=np.array([[[0.0, 0.3]], [[0.2, 1.5]]]), sigma=np.array([1.0, 0.4]),
+              obs_var=0.5, mean=1e4, h=np.array([1.0, -2.0]), init_var=np.array([3.0, 0.5]),
               times=np.cumsum(rng.uniform(0.1, 2.0, T)))
     ref = ks.filter(y, backend="reference", **kw)
-    for out in (ks.filter(torch.tensor(y), backend="triton", **kw),
-                triton_filter(prepare(torch.tensor(y), **kw), FOURS)):
+    kt = {k: torch.tensor(v, device=KERNEL_DEVICE) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    y_t = torch.tensor(y, device=KERNEL_DEVICE)
+    for out in (ks.filter(y_t, backend="triton", **kt), triton_filter(prepare(y_t, **kt), FOURS)):
         assert out.mean.shape == (2, T, 2)
         err, errs = posterior_error(out, ref)
         assert err < 1e-10, errs
@@ -97,7 +98,7 @@ def test_offsets_batch_broadcast_and_random_walk():
 def test_half_precision_input_returns_its_dtype():
     rng = np.random.default_rng(4)
     y, kw = random_problem(rng, 20, missing=0.0)
-    y16 = torch.tensor(y, dtype=torch.float16)
+    y16 = torch.tensor(y, dtype=torch.float16, device=KERNEL_DEVICE)
     out = ks.filter(y16, backend="triton", **kw)
     ref = ks.filter(y16.float(), backend="torch", **kw)
     assert out.mean.dtype == torch.float16
@@ -116,7 +117,7 @@ def test_gradcheck_float64(per_step, times, cfg):
     forward and backward, on three stretches of 2 steps and on one of 6."""
     rng = np.random.default_rng(20 + per_step)
     y, kw = random_problem(rng, 6, C=2, batch=(1,), per_step=per_step, times=times, missing=0.15)
-    t = problem_tensors(kw, grad=True)
+    t = problem_tensors(kw, grad=True, device=KERNEL_DEVICE)
     names = NAMES if times else NAMES + ("dt",)
     if not times:
         t["dt"].requires_grad_()
@@ -125,7 +126,7 @@ def test_gradcheck_float64(per_step, times, cfg):
     def f(y_t, *params):
         return _loss(triton_filter(prepare(y_t, **dict(zip(names, params)), **fixed), cfg))
 
-    y_t = torch.tensor(y, requires_grad=True)
+    y_t = torch.tensor(y, requires_grad=True, device=KERNEL_DEVICE)
     assert torch.autograd.gradcheck(f, (y_t, *(t[k] for k in names)), atol=1e-6, rtol=1e-5, fast_mode=True)
 
 
@@ -148,7 +149,7 @@ def test_gradients_equal_torch_autograd(T, cfg, batch, per_step, times, poisoned
     path's forward equals the reference to 1e-10."""
     rng = np.random.default_rng(40 + T + 2 * per_step + times)
     y, kw = random_problem(rng, T, C=3, batch=batch, per_step=per_step, times=times, missing=0.15)
-    weights = [torch.tensor(rng.normal(size=batch + (T, 3))) for _ in range(3)]
+    weights = [torch.tensor(rng.normal(size=batch + (T, 3)), device=KERNEL_DEVICE) for _ in range(3)]
     grads = {}
     for backend in ("torch", "triton"):
         p, y_t, t = prepared(y, kw, grad=True)
@@ -164,8 +165,8 @@ def test_gradients_equal_torch_autograd(T, cfg, batch, per_step, times, poisoned
 
 
 def test_missing_values_give_zero_gradient():
-    y = torch.tensor([[1.0], [float("nan")], [0.5]], dtype=torch.float64, requires_grad=True)
-    theta = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([[1.0], [float("nan")], [0.5]], dtype=torch.float64, requires_grad=True, device=KERNEL_DEVICE)
+    theta = torch.tensor(0.4, dtype=torch.float64, requires_grad=True, device=KERNEL_DEVICE)
     ks.filter(y, theta=theta, sigma=1.0, obs_var=0.5, backend="triton").loglik.sum().backward()
     assert torch.isfinite(theta.grad) and y.grad[1, 0] == 0 and torch.all(torch.isfinite(y.grad))
 
@@ -175,7 +176,7 @@ def test_only_requested_outputs_are_written(C, cfg, poisoned):
     rng = np.random.default_rng(60)
     y, kw = random_problem(rng, 50, C=C, batch=())
     assert triton.uses_tiles(50, C, cfg) == (C == 1)
-    p = prepare(torch.tensor(y), **kw)
+    p = prepare(torch.tensor(y, device=KERNEL_DEVICE), **kw)
     full = make_posterior(p, triton.filter(p, cfg))
     views = triton.kernel_views(p)
     init = torch.stack([1.0 / p.init_var.reshape(1, C),
@@ -210,7 +211,7 @@ def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
 @pytest.mark.parametrize("value", [math.inf, -math.inf])
 def test_inf_in_y_is_refused_after_the_kernels(value):
     """The fused path looks for inf only when the log-likelihood is non-finite: still a ValueError."""
-    y = torch.randn(40, 3, dtype=torch.float64)
+    y = torch.randn(40, 3, dtype=torch.float64, device=KERNEL_DEVICE)
     y[17, 1] = value
     y[5, 2] = math.nan
     with pytest.raises(ValueError, match="y must be finite or NaN"):
@@ -224,7 +225,7 @@ def test_summary_kernels_equal_torch_products():
     against the torch backend's chunked products, as projective maps."""
     rng = np.random.default_rng(11)
     y, kw = random_problem(rng, 201, C=3, batch=(2,), per_step=True, times=False, missing=0.15)
-    p = prepare(torch.tensor(y), backend="triton", **problem_tensors(kw))
+    p = prepare(torch.tensor(y, device=KERNEL_DEVICE), backend="triton", **problem_tensors(kw, device=KERNEL_DEVICE))
     got = torch.stack(triton.summary(p, CHUNKS))
     want = torch.stack(torch_backend.summary(p))
     got, want = got / (got[0] + got[3]), want / (want[0] + want[3])  # the maps act projectively
@@ -241,10 +242,10 @@ def test_no_process_noise_stays_finite(backend):
     y[rng.random(y.shape) < 0.1] = np.nan
     kw = dict(theta=np.array([1.0, 0.1, 0.0]), sigma=0.0, obs_var=0.7, init_var=2.0, mean=0.5)
     ref = ks.filter(y, backend="reference", **kw)
-    out = ks.filter(torch.tensor(y, dtype=torch.float32), backend=backend,
-                    **{k: torch.tensor(v, dtype=torch.float32) for k, v in kw.items()})
+    out = ks.filter(torch.tensor(y, dtype=torch.float32, device=KERNEL_DEVICE), backend=backend,
+                    **{k: torch.tensor(v, dtype=torch.float32, device=KERNEL_DEVICE) for k, v in kw.items()})
     for name in ("mean", "var", "pred_mean", "pred_var", "logliks"):
-        got = getattr(out, name).double().numpy()
+        got = getattr(out, name).double().cpu().numpy()
         want = np.asarray(getattr(ref, name))
         assert np.isfinite(got).all(), name
         assert np.abs(got - want).max() <= 4e-6 * max(np.abs(want).max(), 1.0), name

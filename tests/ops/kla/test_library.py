@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import max_rel_error
+from helpers import KERNEL_DEVICE, max_rel_error
 
 from kalmanscan.nn import KLA
 from kalmanscan.ops.kla.library import KLAConfig, kla_scan_bwd, kla_scan_fwd
@@ -27,8 +27,9 @@ def scan_inputs(seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     rand, randn = (lambda *s: f(*s, generator=g, dtype=dtype) for f in (torch.rand, torch.randn))
     unit = lambda x: torch.nn.functional.normalize(x, dim=-1)  # noqa: E731
-    return [randn(B, L, M), 0.1 + 2 * rand(B, L, M), unit(randn(B, L, S)), unit(randn(B, L, S)),
-            0.6 + 0.4 * rand(M, S), 0.05 + rand(M, S), 0.5 + rand(B, M, S), randn(B, M, S)]
+    xs = [randn(B, L, M), 0.1 + 2 * rand(B, L, M), unit(randn(B, L, S)), unit(randn(B, L, S)),
+          0.6 + 0.4 * rand(M, S), 0.05 + rand(M, S), 0.5 + rand(B, M, S), randn(B, M, S)]
+    return [x.to(KERNEL_DEVICE) for x in xs]
 
 
 def op_args(with_state, save):
@@ -42,7 +43,7 @@ def outputs_and_grads(fn, xs):
     xs = [x.detach().clone().requires_grad_() for x in xs]
     outs = fn(xs)
     g = torch.Generator().manual_seed(1)
-    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum() for o in outs)
+    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device)).sum() for o in outs)
     return [o.detach() for o in outs], list(torch.autograd.grad(loss, xs))
 
 
@@ -58,7 +59,8 @@ def test_opcheck_backward():
     args = op_args(True, True)
     _, _, _, _, ckpt_lam, ckpt_eta = kla_scan_fwd(*args)
     g = torch.Generator().manual_seed(5)
-    grads = [torch.randn(*shape, generator=g) for shape in ((B, L, M), (B, L, M), (B, M, S), (B, M, S))]
+    shapes = ((B, L, M), (B, L, M), (B, M, S), (B, M, S))
+    grads = [torch.randn(*shape, generator=g).to(KERNEL_DEVICE) for shape in shapes]
     torch.library.opcheck(kla_scan_bwd, (*args[:6], ckpt_lam, ckpt_eta, *grads, TINY.as_ints()))
 
 
