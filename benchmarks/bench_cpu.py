@@ -27,7 +27,8 @@ contenders run in turns, ``--repeat`` rounds (a contender slower than :data:`SLO
 round only), and the table gives the median wall time and the median CPU time of the process
 (all threads: on a shared machine it shows the work when the wall time shows the waiting) with
 its system part (the kernel's work, mostly mapping and zeroing the fresh pages of the outputs,
-whose cost on a virtual machine varies with the history of the process). The first call of the compiled loop in this process (numba's on-disk cache load or compile) is
+whose cost on a virtual machine varies with the history of the process). The first call of the
+compiled loop in this process (numba's on-disk cache load or compile) is
 reported separately. ::
 
     python -m benchmarks.bench_cpu [--quick] [--json out.json]

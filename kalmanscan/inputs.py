@@ -173,7 +173,7 @@ class Checks:
         on_device = [i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device.type != "cpu"]
         verdict = [None if i in on_device else bool(x) for i, x in enumerate(entries)]
         if on_device:  # by position, not by id(): under torch.compile a traced tensor's id is not its own
-            read = torch.stack([entries[i].reshape(()).to(torch.bool) for i in on_device]).cpu().tolist()
+            read = torch.stack([entries[i].reshape(()).to(torch.bool) for i in on_device]).cpu().numpy()
             for i, v in zip(on_device, read):
                 verdict[i] = bool(v)
         for (message, _, confirm), good in zip(self.items, verdict):

@@ -30,7 +30,8 @@ the incoming variance, the parameters and whether ``y`` is missing, not on ``y``
 parameters are static they are reused while the incoming variance repeats (the Riccati recursion
 reaches its fixed point in floating point), the same values, bit for bit, as recomputing them.
 Both forward loops compute a step with the same two functions (:func:`variance_terms`,
-:func:`mean_terms`), so they give the same bits.
+:func:`mean_terms`; the static loop's vector steps, :func:`steady_run`, repeat the operations of
+:func:`mean_terms` lane by lane), so they give the same bits.
 """
 
 from __future__ import annotations
@@ -250,71 +251,131 @@ def slot(cache: np.ndarray, j: int, P: float) -> int:
 
 
 @njit(inline="always")
-def cycles(cache: np.ndarray, j: int, P: float) -> bool:
-    """Whether lane ``j``'s observed steps from incoming variance ``P`` on stay within its cache:
-    ``P``, its successor and that one's successor each have a slot (the variance sits at its fixed
-    point or alternates between two values, as the recursion does in floating point)."""
+def periodic(cache: np.ndarray, j: int, P: float) -> bool:
+    """Whether lane ``j``'s observed steps from incoming variance ``P`` on cycle within its cache with
+    period 1 or 2: ``P`` and its successor have slots and the successor's successor has ``P``'s slot
+    (the variance sits at its fixed point or alternates between two values, as the recursion does in
+    floating point). The slots of the following steps then alternate by the parity of the step."""
     s = slot(cache, j, P)
     if s < 0:
         return False
-    s = slot(cache, j, cache[s, K_PF, j])
-    return s >= 0 and slot(cache, j, cache[s, K_PF, j]) >= 0
+    s2 = slot(cache, j, cache[s, K_PF, j])
+    return s2 >= 0 and slot(cache, j, cache[s2, K_PF, j]) == s
 
 
 @njit(inline="always")
-def steady_step(y_: np.ndarray, y0: int, outs: tuple[np.ndarray, ...], w: tuple[bool, ...], o: int, n: int,
-                z: np.ndarray, P: np.ndarray, par: np.ndarray, cache: np.ndarray, tmp: np.ndarray,
-                k: np.ndarray) -> bool:
-    """One step of every lane whose incoming variance has its terms cached (:func:`cycles`), as
-    branch-free loops over the lanes (``y`` at ``y_[y0 + j]``, outputs at ``o + j``): the
-    operations of the per-lane step on the same cached terms, so the same bits. Returns False,
-    having changed nothing, when some lane's ``y`` is missing (a NaN innovation; an infinite ``y``
-    may also land here) and the step must take the per-lane path."""
-    bad = 0
+def settle(cache: np.ndarray, P: np.ndarray, terms: np.ndarray, t: int, n: int) -> None:
+    """Copy each lane's cached terms to ``terms[t % 2]`` for step ``t`` (incoming variance ``P``, every
+    lane :func:`periodic`) and to ``terms[1 - t % 2]`` for step ``t + 1``: the terms of every later
+    steady step by its parity."""
     for j in range(n):
-        s0 = P[j] == cache[0, K_P, j]
-        Pf = cache[0, K_PF, j] if s0 else cache[1, K_PF, j]
-        K = cache[0, K_K, j] if s0 else cache[1, K_K, j]
-        lS = cache[0, K_LS, j] if s0 else cache[1, K_LS, j]
-        iS = cache[0, K_IS, j] if s0 else cache[1, K_IS, j]
-        tmp[3, j] = Pf
-        tmp[4, j] = cache[0, K_IPF, j] if s0 else cache[1, K_IPF, j]
-        tmp[5, j] = cache[0, K_PP, j] if s0 else cache[1, K_PP, j]
-        tmp[6, j] = cache[0, K_IPP, j] if s0 else cache[1, K_IPP, j]
-        tmp[7, j] = cache[0, K_S, j] if s0 else cache[1, K_S, j]
-        zp = par[0, j] * z[j]
-        v = (y_[y0 + j] - par[5, j]) - par[3, j] * zp
-        tmp[0, j] = zp
-        tmp[1, j] = zp + K * v
-        tmp[2, j] = -k[HALF] * (lS + v * v * iS)
-        bad += v != v
-    if bad:
-        return False
+        s = slot(cache, j, P[j])
+        s2 = slot(cache, j, cache[s, K_PF, j])
+        for r in range(cache.shape[1]):
+            terms[t & 1, r, j] = cache[s, r, j]
+            terms[1 - (t & 1), r, j] = cache[s2, r, j]
+
+
+@njit(inline="always")
+def put(out: np.ndarray, o: int, x: np.ndarray, n: int) -> None:
+    """``out[o + j] = x[j]`` for the lanes ``j < n`` (unsigned ``o, n``, see :func:`steady_run`)."""
     for j in range(n):
-        z[j] = tmp[1, j]
-        P[j] = tmp[3, j]
-    if w[O_MEAN]:
-        out = outs[O_MEAN]
+        out[o + j] = x[j]
+
+
+@njit(inline="always")
+def put_term(out: np.ndarray, o: int, terms: np.ndarray, p: int, r: int, n: int) -> None:
+    """``out[o + j] = terms[p, r, j]`` for the lanes ``j < n``: a cached variance term."""
+    for j in range(n):
+        out[o + j] = terms[p, r, j]
+
+
+@njit(inline="always")
+def put_mean(out: np.ndarray, o: int, x: np.ndarray, par: np.ndarray, n: int) -> None:
+    """``out[o + j] = x[j] + m`` for the lanes ``j < n``: a centred mean plus the lane's OU mean."""
+    for j in range(n):
+        out[o + j] = x[j] + par[4, j]
+
+
+@njit(inline="always")
+def put_fill(out: np.ndarray, o: int, x: float, n: int) -> None:
+    """``out[o + j] = x`` for the lanes ``j < n``."""
+    for j in range(n):
+        out[o + j] = x
+
+
+@njit(inline="always")
+def put_obs_mean(out: np.ndarray, o: int, zp: np.ndarray, par: np.ndarray, n: int) -> None:
+    """``out[o + j] = h (zp[j] + m)`` for the lanes ``j < n``: the predicted observation."""
+    for j in range(n):
+        out[o + j] = par[3, j] * (zp[j] + par[4, j])
+
+
+@njit(inline="always")
+def put_loglik(out: np.ndarray, o: int, v: np.ndarray, terms: np.ndarray, p: int, mh: float, n: int) -> None:
+    """``out[o + j] = -(log(2 pi) + log S + v^2 / S) / 2`` for the lanes ``j < n`` (``mh = -1/2``,
+    the log terms and ``1/S`` cached in ``terms[p]``)."""
+    for j in range(n):
+        out[o + j] = mh * (terms[p, K_LS, j] + v[j] * v[j] * terms[p, K_IS, j])
+
+
+@njit(inline="always")
+def steady_run(y_: np.ndarray, y0: int, t_y: int, outs: tuple[np.ndarray, ...], w: tuple[bool, ...], o0: int, C: int,
+               t: int, T: int, z: np.ndarray, P: np.ndarray, par: np.ndarray, terms: np.ndarray, zp: np.ndarray,
+               v: np.ndarray, k: np.ndarray) -> int:
+    """Steps ``t, t + 1, ..`` of a task whose lanes are all :func:`periodic`, each as loops over the
+    lanes, one store each (``y`` of lane ``j`` at ``y0 + t t_y + j``, its outputs at ``o0 + t C + j``;
+    ``terms[t % 2]`` the cached variance terms of step ``t``, from :func:`settle`): the operations
+    of the per-lane step on the same terms, so the same bits. Stops before the first step where
+    some lane's innovation is NaN (a missing ``y``; an infinite one may also land here), leaving
+    ``z`` and ``P`` as that step's incoming state for the per-lane path; returns that step (or ``T``).
+
+    Offsets are unsigned (no negative-index wraparound, so the compiler sees contiguous rows and
+    vectorises the loops) and the steps loop here, not in the caller: the arrays are bound once, not
+    reference-counted per step."""
+    n = np.uint64(z.size)
+    mh, zero = -k[HALF], k[ZERO]
+    while t < T:
+        p = np.uint64(t & 1)
+        yt = np.uint64(y0 + t * t_y)
+        o = np.uint64(o0 + t * C)
+        bad = 0
         for j in range(n):
-            out[o + j] = tmp[1, j] + par[4, j]
-    if w[O_PMEAN]:
-        out = outs[O_PMEAN]
+            zp[j] = par[0, j] * z[j]
         for j in range(n):
-            out[o + j] = tmp[0, j] + par[4, j]
-    if w[O_POMEAN]:
-        out = outs[O_POMEAN]
+            v[j] = (y_[yt + j] - par[5, j]) - par[3, j] * zp[j]
+            bad += v[j] != v[j]
+        if bad:
+            break
         for j in range(n):
-            out[o + j] = par[3, j] * (tmp[0, j] + par[4, j])
-    for f, r in ((O_LL, 2), (O_VAR, 3), (O_PREC, 4), (O_PVAR, 5), (O_PPREC, 6), (O_POVAR, 7), (O_ZC, 1)):
-        if w[f]:
-            out = outs[f]
-            for j in range(n):
-                out[o + j] = tmp[r, j]
-    if w[O_MISS]:
-        out = outs[O_MISS]
-        for j in range(n):
-            out[o + j] = k[ZERO]
-    return True
+            z[j] = zp[j] + terms[p, K_K, j] * v[j]
+        if w[O_LL]:
+            put_loglik(outs[O_LL], o, v, terms, p, mh, n)
+        if w[O_MEAN]:
+            put_mean(outs[O_MEAN], o, z, par, n)
+        if w[O_PMEAN]:
+            put_mean(outs[O_PMEAN], o, zp, par, n)
+        if w[O_POMEAN]:
+            put_obs_mean(outs[O_POMEAN], o, zp, par, n)
+        if w[O_ZC]:
+            put(outs[O_ZC], o, z, n)
+        if w[O_VAR]:
+            put_term(outs[O_VAR], o, terms, p, K_PF, n)
+        if w[O_PREC]:
+            put_term(outs[O_PREC], o, terms, p, K_IPF, n)
+        if w[O_PVAR]:
+            put_term(outs[O_PVAR], o, terms, p, K_PP, n)
+        if w[O_PPREC]:
+            put_term(outs[O_PPREC], o, terms, p, K_IPP, n)
+        if w[O_POVAR]:
+            put_term(outs[O_POVAR], o, terms, p, K_S, n)
+        if w[O_MISS]:
+            put_fill(outs[O_MISS], o, zero, n)
+        t += 1
+    p = np.uint64((t - 1) & 1)  # the last step's filtered variance: the incoming one of step t
+    for j in range(n):
+        P[j] = terms[p, K_PF, j]
+    return t
 
 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")
@@ -326,9 +387,10 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
     the two last computed ones reuses their variance terms (two slots per lane: in floating point
     the Riccati recursion ends at its fixed point or alternating between two neighbours, see the
     module doc), so once the variance has converged a step costs a few multiplications and the
-    writes, no division or logarithm. Once every lane of a task cycles within its cache (and its
-    lanes are adjacent in memory), its steps run as vector loops over the lanes
-    (:func:`steady_step`) until a missing value sends a step back to the per-lane path.
+    writes, no division or logarithm. Once every lane of a task cycles within its cache
+    (:func:`periodic`; and its lanes are adjacent in memory), each lane's terms of even and odd
+    steps are set aside (:func:`settle`) and the steps run as vector loops over the lanes
+    (:func:`steady_run`) until a missing value sends a step back to the per-lane path.
     """
     y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
     w = flags(write)
@@ -344,7 +406,9 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
         par = np.empty((6, n), k.dtype)  # decay, noise, obs_var, h, mean, h * mean
         cache = np.full((2, 9, n), np.nan, k.dtype)
         fresh = np.zeros(n, np.int64)  # the slot the next computed terms replace
-        tmp = np.empty((8, n), k.dtype)
+        terms = np.empty((2, 9, n), k.dtype)  # a steady task's cached terms of even and odd steps
+        zp_ = np.empty(n, k.dtype)  # steady_run's predicted means and innovations
+        v_ = np.empty(n, k.dtype)
         for j in range(n):
             par[2, j] = R_[base[OBS_VAR, j]]
             par[3, j] = h_[base[H, j]]
@@ -353,10 +417,8 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
             par[0, j], par[1, j] = discretize(th_[base[THETA, j]], si_[base[SIGMA, j]], dt_[base[DT, j]], k)
             z[j] = im_[base[INIT_MEAN, j]] - par[4, j]
             P[j] = iv_[base[INIT_VAR, j]]
-        steady = False
-        for t in range(T):
-            if steady and steady_step(y_, base[Y, 0] + t * t_y, outs, w, obase[0] + t * C, n, z, P, par, cache, tmp, k):
-                continue
+        t = 0
+        while t < T:
             steady = vector and t > 0
             for j in range(n):
                 a, q, R, h, m = par[0, j], par[1, j], par[2, j], par[3, j], par[4, j]
@@ -384,5 +446,9 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
                 zf, ll = mean_terms(y, zp, h, m, K, lS, iS, miss, k)
                 z[j] = zf
                 P[j] = Pf
-                steady = steady and not miss and cycles(cache, j, Pf)
+                steady = steady and not miss and periodic(cache, j, Pf)
                 write_step(outs, w, obase[j] + t * C, zf, Pf, iPf, zp, Pp, iPp, h, m, S, ll, miss, k)
+            t += 1
+            if steady and t < T:
+                settle(cache, P, terms, t, n)
+                t = steady_run(y_, base[Y, 0], t_y, outs, w, obase[0], C, t, T, z, P, par, terms, zp_, v_, k)
