@@ -187,11 +187,23 @@ def fit_rows(repeat, have):
     return rows
 
 
+SETTLE_BYTES = 1 << 30
+
+
+def settle(nbytes=SETTLE_BYTES):
+    """Allocate ``nbytes`` of fresh memory, touch every page and free it, untimed: the kernel's
+    debt for the previous contender's freed memory (compacting it back into huge pages) is paid
+    here, not by the next contender's first large allocation (on the project's 2-core machine the
+    first 800 MB allocated after simdkalman's run cost 0.5-0.7 s of system time, the next 0.1 s)."""
+    np.ones(nbytes // 8)
+
+
 def run_round_robin(contenders, repeat):
     """Time ``contenders`` (``(name, fn, check, note)``; ``check(result)`` gives the error against
     the cpu backend) in turns, so that a change of load on a shared machine hits them alike: one
     warm-up call each (its result checked), then ``repeat`` rounds of one call each (a contender
-    whose warm-up took more than :data:`SLOW_S` runs in the first round only). Returns rows with
+    whose warm-up took more than :data:`SLOW_S` runs in the first round only), each call after
+    :func:`settle`. Returns rows with
     the median wall time, the median process CPU time (all threads) and the median system part of
     it (the kernel's work: mostly zeroing and mapping fresh pages for the outputs) of each."""
     rows, slow = [], set()
@@ -205,6 +217,7 @@ def run_round_robin(contenders, repeat):
         for row, (name, fn, _, _) in zip(rows, contenders):
             if r and name in slow:
                 continue
+            settle()
             c0, t0 = os.times(), time.perf_counter()
             fn()
             row["wall"].append(time.perf_counter() - t0)
