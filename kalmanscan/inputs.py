@@ -170,11 +170,12 @@ class Checks:
     def decide(self) -> dict:
         """Raise for the first failed check; return the facts as Python bools."""
         entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
-        on_device = [i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device.type != "cpu"]
+        on_device = {i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device.type != "cpu"}
         verdict = [None if i in on_device else bool(x) for i, x in enumerate(entries)]
-        if on_device:  # by position, not by id(): under torch.compile a traced tensor's id is not its own
-            read = torch.stack([entries[i].reshape(()).to(torch.bool) for i in on_device]).cpu().numpy()
-            for i, v in zip(on_device, read):
+        if on_device:  # one copy back for all of them, read as NumPy (no scalar read per entry)
+            order = sorted(on_device)
+            read = torch.stack([entries[i].reshape(()).to(torch.bool) for i in order]).cpu().numpy()
+            for i, v in zip(order, read):
                 verdict[i] = bool(v)
         for (message, _, confirm), good in zip(self.items, verdict):
             if not good and confirm is None:

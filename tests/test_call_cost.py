@@ -27,10 +27,13 @@ class _Dispatched(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if not self.in_kernel:
             self.ops[str(func)] += 1
-            src = args[1] if func is torch.ops.aten.copy_.default else args[0]
-            dst = args[0] if func is torch.ops.aten.copy_.default else out
-            if (func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
-                    and src.device.type != "cpu" and dst.device.type == "cpu"):
+            if func is torch.ops.aten.copy_.default:
+                src, dst = args[1], args[0]
+            elif func is torch.ops.aten._to_copy.default:
+                src, dst = args[0], out
+            else:
+                return out
+            if src.device.type != "cpu" and dst.device.type == "cpu":
                 self.ops["device-to-host copy"] += 1
         return out
 
