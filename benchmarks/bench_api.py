@@ -94,9 +94,9 @@ def check(g) -> float:
     return max(errs)
 
 
-def filter_rows(g, bw) -> list[dict]:
+def filter_rows(g, bw, shapes=SHAPES) -> list[dict]:
     rows = []
-    for C, T in SHAPES:
+    for C, T in shapes:
         y = torch.randn(T, C, device="cuda", generator=g)
         kw = dict(theta=0.2, sigma=0.5, obs_var=0.3)
         p = prepare(y, backend="triton", **kw)
@@ -149,11 +149,13 @@ def kla_row(g) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default=None, help="indices into SHAPES, e.g. 0,5 (default: all)")
     args = ap.parse_args()
+    shapes = SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]
     g = torch.Generator(device="cuda").manual_seed(0)
     err = check(g)
     bw = copy_bandwidth()
-    rows = filter_rows(g, bw)
+    rows = filter_rows(g, bw, shapes)
     kla = kla_row(g)
     result = dict(device=torch.cuda.get_device_name(), copy_GBps=bw, max_rel_error_vs_float64=err,
                   filter=rows, kla=kla)

@@ -11,7 +11,9 @@ number of channels.
 The objective is lean (:class:`kalmanscan.likelihood.Likelihood`): the inputs are validated once,
 and each evaluation is one call of the backend's filter for the log-likelihoods and its exact
 first-order backward, on whatever device ``y`` is (the compiled loops on the CPU, the fused
-kernels on CUDA), read back by the optimiser with the gradient in one transfer. On the ``"cpu"``
+kernels on CUDA), read back by the optimiser with the gradient in one transfer; on a GPU the
+evaluation (forward, backward and both copies) is replayed from one CUDA graph
+(:mod:`kalmanscan.graphed`). On the ``"cpu"``
 backend in float64, L-BFGS gets the objective and its gradient from NumPy directly
 (:attr:`kalmanscan.likelihood.Likelihood.numpy`: no torch operation per evaluation).
 
@@ -45,6 +47,7 @@ import torch
 from .filtering import filter as _filter
 from .likelihood import POSITIVE as _POSITIVE
 from .likelihood import Likelihood, gradient_and_hessian, spd_inverse, valid
+from .ops.filter import resolve_backend
 from .optimize import adam, lbfgs, lbfgs_numpy
 from .types import ArrayLike
 
@@ -145,6 +148,9 @@ class FitResult:
 
 _REPR_BLOCKS = 8
 _METHOD_NAMES = {"lbfgs": "L-BFGS", "adam": "Adam"}
+GRAPHS = True
+"""Whether L-BFGS on the GPU's triton backend replays its evaluations from a CUDA graph
+(:mod:`kalmanscan.graphed`); off, each evaluation launches its operations from Python."""
 
 
 def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, mean: Any = 0.0, h: Any = 1.0,
@@ -234,9 +240,9 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
     weight = 1.0 / torch.clamp(n_group, min=1.0)
     infinite = torch.tensor(math.inf, dtype=y_t.dtype, device=y_t.device)
 
-    def objective(u):
+    def objective(u, graphed=False):
         nat = natural(u)
-        ll = lik(nat)
+        ll = lik(nat, graphed=graphed)
         if shared:
             ll = ll.sum(-1, keepdim=True)
         loss = -torch.where(identified, ll * weight, torch.zeros_like(ll)).sum()
@@ -251,9 +257,13 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         with torch.no_grad():
             for v, chunk in zip(u.values(), torch.split(torch.from_numpy(x), [v.numel() for v in u.values()])):
                 v.copy_(chunk.reshape(v.shape))
+    elif method == "lbfgs":
+        graphed = (y_t.device.type == "cuda" and resolve_backend(backend, y_t.device) == "triton"
+                   and not lik.p.diffuse and GRAPHS)
+        converged, n_iter, message = lbfgs(objective, u, max_iter, tol, progress,
+                                           captured=(lambda: objective(u, graphed=True)) if graphed else None)
     else:
-        run = lbfgs if method == "lbfgs" else adam
-        converged, n_iter, message = run(objective, u, max_iter, tol, progress)
+        converged, n_iter, message = adam(objective, u, max_iter, tol, progress)
     reason = "" if converged else message
     if not bool(identified.all()):
         converged = False

@@ -314,7 +314,7 @@ def _within(v, bound: str | None):
 def _on_host(x) -> bool:
     """Whether ``x`` is ``None``, or a scalar or ``(C,)`` given on the host without gradient: the
     parameters :func:`_prepare_host` takes."""
-    if x is None:
+    if x is None or isinstance(x, (int, float)):
         return True
     if isinstance(x, torch.Tensor):
         return x.device.type == "cpu" and x.ndim <= 1 and not x.requires_grad
@@ -335,7 +335,62 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
     """:func:`prepare` for parameters that are scalars or ``(C,)`` on the host (the common call):
     checked with NumPy (no torch operation, no synchronisation), the derived ``decay, noise,
     lam0, eta0`` computed in float64, and everything moved to ``y``'s device in one copy of one
-    ``(12, C)`` tensor whose rows become the problem's fields (``(1, C)`` views)."""
+    ``(12, C)`` tensor whose rows become the problem's fields (``(1, C)`` views).
+
+    The checked rows are remembered by the values they came from (:func:`_host_key`): a call with
+    the parameters of a recent one skips the checks and the arithmetic, and pays the copy alone
+    (a new tensor each call, so nothing returned shares memory with the remembered rows)."""
+    key = _host_key(y_t, (*(vals[k] for k in _PARAMS), init_mean, init_var))
+    found = _HOST_ROWS.get(key) if key is not None else None
+    if found is None:
+        found = _host_rows(y_t, vals, init_mean, init_var)
+        if key is not None:
+            if len(_HOST_ROWS) >= _HOST_ROWS_SIZE:
+                _HOST_ROWS.clear()
+            _HOST_ROWS[key] = found
+    shape, rows, diffuse, no_noise = found
+    C = shape[-1]
+    packed = torch.from_numpy(rows).to(y_t.device, copy=True).view(12, 1, C).unbind(0)
+    fields = dict(zip(_PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
+    derived = {k: fields.pop(k) for k in _DERIVED}
+    p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=diffuse,
+                no_noise=no_noise, **fields)
+    p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in _PARAMS + ("init_mean", "init_var")}})
+    return p
+
+
+_HOST_ROWS: dict = {}
+_HOST_ROWS_SIZE = 64
+_KEYED_SIZE = 4096
+"""Remembered checked rows (:func:`_prepare_host`; emptied when full), and the largest array
+parameter (elements) keyed by its bytes."""
+
+
+def _host_key(y_t: torch.Tensor, values) -> tuple | None:
+    """A key of everything :func:`_host_rows` computes from: ``y``'s shape and dtype, and each
+    value's type and exact contents (``repr`` of a Python number; dtype, shape and bytes of an
+    array or CPU tensor of at most :data:`_KEYED_SIZE` elements). ``None`` (not remembered) when
+    a value is larger or not numeric."""
+    key = [tuple(y_t.shape), y_t.dtype]
+    for x in values:
+        if x is None or isinstance(x, (bool, int, float)):
+            key.append((type(x), repr(x)))
+            continue
+        if isinstance(x, torch.Tensor):
+            if x.numel() > _KEYED_SIZE:
+                return None
+            x = x.detach().to(torch.float64).numpy()
+        x = np.asarray(x)
+        if x.size > _KEYED_SIZE or x.dtype.kind not in "biuf":
+            return None
+        key.append((x.dtype.str, x.shape, x.tobytes()))
+    return tuple(key)
+
+
+def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
+    """The checks and arithmetic of :func:`_prepare_host`: ``(shape, rows, diffuse, no_noise)``,
+    ``rows`` the ``(12, C)`` NumPy array in the compute dtype (parameters, initial belief,
+    ``decay, noise, lam0, eta0``)."""
     dtype, shape = y_t.dtype, tuple(y_t.shape)
     np_dtype = np.float32 if dtype == torch.float32 else np.float64
     arrs = {name: _host_array(name, vals[name], np_dtype) for name in _PARAMS}
@@ -375,13 +430,8 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
         rows[10] = 1.0 / rows[7]
     rows[11] = rows[10] * (rows[6] - mean)
     smallest = np.where(rows[8] < 1, rows[9], 1.0).min()
-    packed = torch.from_numpy(rows.astype(np_dtype)).to(y_t.device).view(12, 1, C).unbind(0)
-    fields = dict(zip(_PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
-    derived = {k: fields.pop(k) for k in _DERIVED}
-    p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=bool(np.isinf(rows[7]).any()),
-                no_noise=bool(smallest < mobius.NO_NOISE.get(dtype, mobius.NO_NOISE[torch.float32])), **fields)
-    p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in _PARAMS + ("init_mean", "init_var")}})
-    return p
+    no_noise = bool(smallest < mobius.NO_NOISE.get(dtype, mobius.NO_NOISE[torch.float32]))
+    return shape, rows.astype(np_dtype), bool(np.isinf(rows[7]).any()), no_noise
 
 
 def _home(x) -> torch.device:

@@ -29,12 +29,13 @@ Hessian's scale; the differences are taken in float64 whatever the data's dtype.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from . import ou
+from . import mobius, ou
 from .diffuse import finite_problem
 from .inputs import prepare
 from .ops.filter import resolve_backend, run_backend
@@ -81,7 +82,10 @@ class Likelihood:
                 and min(self.p.shape) > 0)
         self.numpy = NumpyLikelihood(self.p, self.names, self.stationary_init, self.mean_init) if lean else None
 
-    def __call__(self, nat: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, nat: dict[str, torch.Tensor], graphed: bool = False) -> torch.Tensor:
+        """``graphed``: no host decision on the values (for a CUDA graph's capture,
+        :mod:`kalmanscan.graphed`): the kernels' path is taken as if every filter had process
+        noise, and the result is NaN where one lacks it (the eager call then decides)."""
         if self.numpy is not None and not (torch.is_grad_enabled() and any(v.requires_grad for v in nat.values())):
             ll, _ = self.numpy.evaluate({k: v.detach().numpy() for k, v in nat.items()})
             return torch.from_numpy(ll)
@@ -94,12 +98,19 @@ class Likelihood:
             fields["init_mean"] = fields["mean"]
         moved = "theta" in fields or "sigma" in fields  # the decay and noise, and so no_noise, change
         p = dataclasses.replace(self.p, **fields, no_noise=None if moved else self.p.no_noise, outputs=("logliks",))
+        lacking = None
+        if graphed and moved:
+            with torch.no_grad():
+                lacking = mobius.decaying_noise(*p.decay_noise()).amin() < mobius.NO_NOISE.get(
+                    p.dtype, mobius.NO_NOISE[torch.float32])
+            p = dataclasses.replace(p, no_noise=False)
         finite, diffuse = finite_problem(p)
         logliks = run_backend(finite, self.backend)["logliks"]
         if diffuse is not None:
             logliks = torch.where(diffuse.upto, torch.zeros_like(logliks), logliks)
         logliks = torch.broadcast_to(logliks, p.shape)
-        return logliks.sum(-2, dtype=torch.float64).to(p.dtype)
+        ll = logliks.sum(-2, dtype=torch.float64).to(p.dtype)
+        return ll if lacking is None else torch.where(lacking, torch.full_like(ll, math.nan), ll)
 
     def gradient(self, nat: dict[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
         """The gradient ``B + (Cp, P)`` of ``-loglik(nat).sum()`` with respect to the estimated

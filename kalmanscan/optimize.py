@@ -17,15 +17,22 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .graphed import GraphedEvaluation
+
 __all__ = ["lbfgs", "lbfgs_numpy", "adam"]
 
 Objective = Callable[[dict], torch.Tensor]
 
 
 def lbfgs(objective: Objective, u: dict[str, torch.Tensor], max_iter: int, tol: float,
-          progress: bool) -> tuple[bool, int, str]:
+          progress: bool, captured: Callable[[], torch.Tensor] | None = None) -> tuple[bool, int, str]:
     """``scipy.optimize.minimize(method="L-BFGS-B")`` on the flattened coordinates, torch gradients
-    (:func:`lbfgs_numpy` on them; ``u`` holds its result)."""
+    (:func:`lbfgs_numpy` on them; ``u`` holds its result).
+
+    ``captured``: the objective at ``u`` written for a CUDA graph (no host decision on values;
+    non-finite where the eager ``objective`` must decide): evaluations replay it from one graph
+    (:class:`kalmanscan.graphed.GraphedEvaluation`), the eager ``objective`` answering where its
+    value is not finite."""
     params = list(u.values())
     sizes = [p.numel() for p in params]
 
@@ -45,6 +52,8 @@ def lbfgs(objective: Objective, u: dict[str, torch.Tensor], max_iter: int, tol: 
         back = torch.cat([loss.detach().reshape(1)] + [p.grad.reshape(-1) for p in params]).cpu().double().numpy()
         return float(back[0]), back[1:]
 
+    if captured is not None:
+        fun = GraphedEvaluation(captured, params, fun)
     converged, n_iter, message, _ = lbfgs_numpy(fun, sum(sizes), max_iter, tol, progress)
     return converged, n_iter, message
 

@@ -7,8 +7,10 @@ when a call brings one step of a few thousand sensors. A :class:`StreamFilter` p
 The first :meth:`~StreamFilter.update` is that public call (every check, a diffuse prior
 included) and keeps the validated parameters; each later one predicts the state with the
 stored ``decay, noise`` (a few elementwise operations on ``(..., C)``) and runs the backend on the
-new steps directly. The result is the same filter: chunk by chunk equals one call over the whole
-series to float rounding, on every backend (``tests/test_stream_filter.py``).
+new steps directly; on the triton backend a one-step update is one kernel launch that predicts and
+updates every series (:mod:`kalmanscan.kernels.filter.stream`). The result is the same filter:
+chunk by chunk equals one call over the whole series to float rounding, on every backend
+(``tests/test_stream_filter.py``).
 
 Parameters are the stream's: static (scalars, ``(C,)``, or ``(..., 1, C)``), with a regular
 ``dt``; per-step parameters and irregular ``times`` take ``ks.filter(..., state=)``.
@@ -25,7 +27,7 @@ import torch
 
 from .filtering import OUTPUTS, filter as _public_filter
 from .inputs import check_no_inf, prepare
-from .ops.filter import run_backend
+from .ops.filter import resolve_backend, run_backend
 from .stream import StreamState, predict
 from .types import ArrayLike
 
@@ -76,7 +78,8 @@ class StreamFilter:
         self.backend, self.check_finite = backend, check_finite
         self._problem = None          # the validated parameters of one step, once the stream has started
         self._level = self._decay = self._noise = None
-        self._mean = self._var = None  # the state, compute dtype, (..., 1, C)
+        self._belief = None           # the state: mean and variance, (2, ..., 1, C), compute dtype
+        self._rows = None             # (5, N) decay, noise, obs_var, mean, h: the one-step kernel's
         self._diffuse = False
         self._loglik = None
         self._steps = 0
@@ -90,6 +93,14 @@ class StreamFilter:
         return StreamState(mean=p.output(self._mean[..., 0, :]), var=p.output(self._var[..., 0, :]),
                            level=p.output(self._level[..., 0, :].expand_as(self._mean[..., 0, :])),
                            steps=self._steps)
+
+    @property
+    def _mean(self):
+        return self._belief[0]
+
+    @property
+    def _var(self):
+        return self._belief[1]
 
     @property
     def loglik(self) -> Any:
@@ -110,6 +121,8 @@ class StreamFilter:
         if self._problem is None or self._diffuse:
             return self._public(y, one_step)
         p0 = self._problem
+        if one_step and self._rows is not None:
+            return self._step(y, p0)
         y_t = self._steps_of(y, p0, one_step)
         init_mean, init_var = predict(self._level, self._decay, self._noise, self._mean - self._level, self._var)
         p = dataclasses.replace(p0, y=y_t, shape=tuple(y_t.shape), init_mean=init_mean, init_var=init_var,
@@ -139,7 +152,26 @@ class StreamFilter:
         out = {k: getattr(post, k) for k in self._fields}
         self._advance_state({k: torch.as_tensor(v).to(device=p0.y.device, dtype=p0.dtype) for k, v in out.items()})
         self._diffuse = bool(torch.isinf(self._var).any())
+        if self._rows is None and resolve_backend(self.backend, p0.y.device) == "triton" and not p0.no_process_noise():
+            batch = p0.y.shape[:-2] + (1, p0.shape[-1])
+            rows = (self._decay, self._noise, p0.obs_var, p0.mean, p0.h)
+            self._rows = torch.stack([x[..., :1, :].expand(batch).reshape(-1) for x in rows])
         return {k: out[k][..., 0, :] if one_step else out[k] for k in self.outputs}
+
+    def _step(self, y: ArrayLike, p0) -> dict[str, Any]:
+        """A one-step update on the triton backend: one launch of the stream kernel."""
+        from .ops.filter import triton as triton_backend  # (imports the kernels)
+
+        y_t = self._steps_of(y, p0, one_step=True)
+        shape = y_t.shape[:-2] + y_t.shape[-1:]
+        out, belief = triton_backend.stream_step(y_t, self._belief, self._rows, self._fields)
+        logliks = out[triton_backend.POSTERIOR.index("logliks")].view(shape)
+        if self.check_finite and not bool(torch.isfinite(logliks.sum())):
+            check_no_inf(y_t)
+        self._belief = belief.view(self._belief.shape)
+        self._loglik = self._loglik + logliks
+        self._steps += 1
+        return {k: p0.output(out[triton_backend.POSTERIOR.index(k)].view(shape)) for k in self.outputs}
 
     def _steps_of(self, y: ArrayLike, p0, one_step: bool) -> torch.Tensor:
         """``y`` as a ``(..., k, C)`` tensor of the stream's dtype and device; ``ValueError`` naming
@@ -161,7 +193,7 @@ class StreamFilter:
 
     def _advance_state(self, out: dict[str, torch.Tensor]) -> None:
         """The state at the last step of ``out`` and the running log-likelihood."""
-        self._mean, self._var = out["mean"][..., -1:, :].clone(), out["var"][..., -1:, :].clone()
+        self._belief = torch.stack([out["mean"][..., -1:, :], out["var"][..., -1:, :]])
         total = out["logliks"].sum(-2, dtype=torch.float64)
         self._loglik = total if self._loglik is None else self._loglik + total
         self._steps += out["mean"].shape[-2]

@@ -217,3 +217,39 @@ def test_discretize_vjp_equals_autograd():
             atol = 1e-15 * float(b.abs().max())
             np.testing.assert_allclose(a, b.numpy(), rtol=1e-12, atol=atol)
             np.testing.assert_allclose(t.numpy(), b.numpy(), rtol=1e-12, atol=atol)
+
+
+def test_graphed_likelihood_is_nan_where_a_filter_lacks_process_noise():
+    """``graphed=True`` takes no host decision: where some filter has no process noise the value is
+    NaN (the eager call decides there); elsewhere it is the eager value."""
+    y, times, start = _problem()
+    lik = Likelihood(y, dict(mean=0.3, init_var=2.0), start, times=times, backend="torch")
+    torch.testing.assert_close(lik(start, graphed=True), lik(start), rtol=0, atol=0)
+    quiet = dict(start, sigma=torch.tensor([1.0, 1e-200], dtype=torch.float64))
+    assert torch.isnan(lik(quiet, graphed=True)).all() and torch.isfinite(lik(quiet)).all()
+
+
+@pytest.mark.gpu
+def test_graphed_fit_equals_the_eager_fit(monkeypatch):
+    """On the GPU's triton backend L-BFGS replays its evaluations from a CUDA graph: the same
+    kernels on the same values, so the same fit as the eager evaluations; a step that leaves a
+    filter without process noise is answered eagerly."""
+    import importlib
+
+    from kalmanscan.graphed import GraphedEvaluation
+
+    fit_module = importlib.import_module("kalmanscan.fit")  # (ks.fit is the function)
+
+    rng = np.random.default_rng(3)
+    _, y = simulate(T=300, seed=2, theta=rng.uniform(0.1, 0.5, 16), sigma=1.0, obs_var=0.5)
+    y = torch.tensor(y, dtype=torch.float32, device="cuda")
+    replays = []
+    call = GraphedEvaluation.__call__
+    monkeypatch.setattr(GraphedEvaluation, "__call__", lambda self, x: replays.append(1) or call(self, x))
+    graphed = ks.fit(y, progress=False)
+    monkeypatch.setattr(fit_module, "GRAPHS", False)
+    eager = ks.fit(y, progress=False)
+    assert len(replays) > 5 and graphed.n_iter == eager.n_iter
+    for k in graphed.names:
+        torch.testing.assert_close(graphed.params[k], eager.params[k], rtol=1e-6, atol=0)
+        torch.testing.assert_close(graphed.stderr[k], eager.stderr[k], rtol=1e-5, atol=0)

@@ -53,3 +53,25 @@ def test_infinite_y_and_bad_shapes():
 def test_random_walk_with_init_var_is_fine():
     post = ks.filter(torch.tensor(Y), theta=0.0, sigma=1.0, obs_var=1.0, init_var=4.0)
     assert torch.all(torch.isfinite(post.mean))
+
+
+def test_remembered_host_parameters_follow_their_values():
+    """The checked host rows are remembered by value: an array changed in place between calls,
+    a bad value after a good call, and a result changed in place all act as on a first call."""
+    from kalmanscan.inputs import prepare
+
+    theta = np.array([0.5, 0.2])
+    first = ks.filter(Y, theta=theta, sigma=1.0, obs_var=1.0, backend="torch")
+    again = ks.filter(Y, theta=theta, sigma=1.0, obs_var=1.0, backend="torch")
+    np.testing.assert_array_equal(first.mean, again.mean)
+    theta[1] = 0.9
+    changed = ks.filter(Y, theta=theta, sigma=1.0, obs_var=1.0, backend="torch")
+    fresh = ks.filter(Y, theta=np.array([0.5, 0.9]), sigma=1.0, obs_var=1.0, backend="torch")
+    np.testing.assert_array_equal(changed.mean, fresh.mean)
+    assert not np.array_equal(changed.mean, first.mean)
+    theta[1] = -1.0
+    with pytest.raises(ValueError, match="theta"):
+        ks.filter(Y, theta=theta, sigma=1.0, obs_var=1.0, backend="torch")
+    p = prepare(torch.as_tensor(Y), theta=0.3, sigma=1.0, obs_var=1.0)
+    p.theta.fill_(7.0)
+    assert float(prepare(torch.as_tensor(Y), theta=0.3, sigma=1.0, obs_var=1.0).theta[0, 0]) == 0.3

@@ -14,6 +14,7 @@ def problem(seed, T=41, batch=(), C=5):
     y = rng.normal(size=batch + (T, C)) + 3.0
     y[..., 7, 1] = np.nan
     y[..., 20:24, 3] = np.nan
+    y[..., 10, 2] = np.nan  # in a one-step update
     kw = dict(theta=rng.uniform(0.05, 1.0, C), sigma=rng.uniform(0.2, 1.0, C), obs_var=0.6, mean=2.5,
               h=rng.uniform(0.5, 1.5, C), dt=0.7)
     return y, kw
@@ -48,6 +49,26 @@ def test_stream_equals_one_call(backend):
     np.testing.assert_allclose(to_np(f.loglik), to_np(whole.loglik), rtol=1e-12)
     assert f.state.steps == 41
     np.testing.assert_allclose(to_np(f.state.mean), to_np(whole.mean[..., -1, :]), rtol=1e-12)
+    assert (f._rows is not None) == (backend == "triton")  # one-step updates ran the stream kernel
+
+
+def test_stream_kernel_catches_inf_and_leaves_the_state():
+    y, kw = problem(5)
+    y = torch.tensor(y, device=KERNEL_DEVICE)
+    bad = y[3].clone()
+    bad[1] = np.inf
+    for check in (True, False):
+        f = ks.StreamFilter(**kw, backend="triton", check_finite=check)
+        f.extend(y[:3])
+        f.update(y[2])
+        before = to_np(f.state.var).copy()
+        if check:
+            with pytest.raises(ValueError, match="y must be finite"):
+                f.update(bad)
+            assert f.state.steps == 4
+            np.testing.assert_array_equal(to_np(f.state.var), before)
+        else:
+            assert not np.isfinite(to_np(f.update(bad)["mean"])[1])
 
 
 def test_float32_torch_and_a_diffuse_start():

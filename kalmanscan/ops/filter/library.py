@@ -6,6 +6,8 @@ traces a ``ks.filter(..., backend="triton")`` call through the kernels without a
     kalmanscan::filter_fused_backward(y, theta, sigma, dt, obs_var, mean, h, init, mu, lam,
                                       g_mu?, g_lam?, g_pred_mu?, g_pred_var?, shape, config)
         -> (grad_y, obs_grad, trans_grad, grad_init)
+    kalmanscan::filter_posterior(y, theta, sigma, dt, obs_var, mean, h, init, shape, config, mask)
+        -> [field, ...]
 
 Shapes: the inputs broadcast to ``shape = (..., T, C)`` (``init`` is ``(B, 2, C)``, ``B`` the
 product of the batch dimensions: initial precision and information mean, centred); the forward's
@@ -16,7 +18,12 @@ their cotangents (absent ones as ``None``: never read) and returns the kernels' 
 adjoints ``(3, B, T or 1, C)``, the transition adjoints ``(2, B, T or 1, C)`` (``T`` where those
 parameters vary along time, :func:`kalmanscan.ops.filter.triton.step_flags`) and ``grad_init``
 ``(B, 2, C)``. ``config`` is a :class:`~kalmanscan.ops.filter.config.FilterConfig` as integers
-(:meth:`~kalmanscan.ops.filter.config.FilterConfig.as_ints`).
+(:meth:`~kalmanscan.ops.filter.config.FilterConfig.as_ints`). ``filter_posterior`` is the forward
+without gradients that writes the Posterior's fields directly (those of the bit mask ``mask``, in
+the order of :data:`kalmanscan.ops.filter.triton.POSTERIOR`, each of ``shape``): what
+``ks.filter`` runs under ``torch.compile`` when nothing needs a gradient, so the compiler sees one
+operator that writes only its outputs rather than tracing the kernel launches (whose arguments
+it cannot tell read from written).
 
 Each operator has a fake (meta) implementation giving its outputs' shapes from its inputs'
 (:func:`torch.library.register_fake`); the forward has its autograd formula
@@ -35,7 +42,7 @@ import torch
 from . import triton as triton_backend
 from .config import FilterConfig
 
-__all__ = ["filter_fused", "filter_fused_backward"]
+__all__ = ["filter_fused", "filter_fused_backward", "filter_posterior"]
 
 Tensor = torch.Tensor
 Four = tuple[Tensor, Tensor, Tensor, Tensor]
@@ -71,9 +78,10 @@ def filter_fused_backward(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, o
     views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
     grad_y, obs_grad, trans_grad, grad_init = triton_backend.filter_backward(
         views, init.contiguous(), mu, lam, (g_mu, g_lam, g_pred_mu, g_pred_var), FilterConfig.from_ints(config))
-    trans_step, obs_step = triton_backend.step_flags(views)  # else both are views of one (5, B, 1, C) sum
-    return (grad_y, obs_grad if obs_step else obs_grad.clone(), trans_grad if trans_step else trans_grad.clone(),
-            grad_init)
+    trans_step, obs_step = triton_backend.step_flags(views)  # else both are views of one (5, B, 1, C) sum:
+    own = dict(memory_format=torch.contiguous_format)      # copies, laid out as the fake outputs say
+    return (grad_y, obs_grad if obs_step else obs_grad.clone(**own),
+            trans_grad if trans_step else trans_grad.clone(**own), grad_init)
 
 
 @filter_fused_backward.register_fake
@@ -82,6 +90,26 @@ def _(y, theta, sigma, dt, obs_var, mean, h, init, mu, lam, g_mu, g_lam, g_pred_
     trans_step, obs_step = triton_backend.step_flags(_views((y, theta, sigma, dt, obs_var, mean, h), shape))
     return (mu.new_empty(B, T, C), mu.new_empty(3, B, T if obs_step else 1, C),
             mu.new_empty(2, B, T if trans_step else 1, C), mu.new_empty(B, 2, C))
+
+
+@torch.library.custom_op("kalmanscan::filter_posterior", mutates_args=())
+def filter_posterior(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, obs_var: Tensor, mean: Tensor, h: Tensor,
+                     init: Tensor, shape: list[int], config: list[int], mask: int) -> list[Tensor]:
+    """The Posterior's fields of the bit mask ``mask``, each of ``shape``; see the module docstring."""
+    views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
+    fields = _fields(mask)
+    out = triton_backend.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config),
+                                        posterior=fields, out_shape=tuple(shape))
+    return [out[k] for k in fields]
+
+
+@filter_posterior.register_fake
+def _(y, theta, sigma, dt, obs_var, mean, h, init, shape, config, mask):
+    return [y.new_empty(shape) for _ in _fields(mask)]
+
+
+def _fields(mask: int) -> tuple[str, ...]:
+    return tuple(k for i, k in enumerate(triton_backend.POSTERIOR) if mask >> i & 1)
 
 
 def _setup_context(ctx, inputs, output):

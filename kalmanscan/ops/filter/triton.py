@@ -37,6 +37,7 @@ from kalmanscan.kernels.filter.bwd import filter_bwd_agg_kernel, filter_bwd_carr
 from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel,
                                            filter_total_kernel)
 from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
+from kalmanscan.kernels.filter.stream import stream_step_kernel
 from kalmanscan.kernels.filter.tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
 from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
 
@@ -49,7 +50,7 @@ from .config import DEFAULT_CONFIG, FilterConfig
 
 __all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan",
            "uses_tiles", "flat", "kernel_views", "check_device", "step_flags", "param_grads", "initial_state",
-           "FilterConfig", "DEFAULT_CONFIG"]
+           "stream_step", "FilterConfig", "DEFAULT_CONFIG"]
 
 _TRANS = ("theta", "sigma", "dt")
 _OBS = ("obs_var", "mean", "h")
@@ -332,12 +333,16 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     init = initial_state(p)
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
+    from .library import filter_fused, filter_posterior  # (it imports this module)
+
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
-        views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
         fields = POSTERIOR if p.outputs is None else tuple(k for k in POSTERIOR if k in p.outputs)
+        if torch.compiler.is_compiling():  # one opaque operator for the compiler (library module docstring)
+            values = filter_posterior(*inputs, init, list(shape), config.as_ints(), posterior_mask(fields))
+            return {**dict(zip(fields, values)), "decay": decay, "noise": noise}
+        views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
         out = filter_forward(views, init, config=config, posterior=fields, out_shape=shape)
         return {**out, "decay": decay, "noise": noise}
-    from .library import filter_fused  # (it imports this module)
 
     mu_c, lam, pred_mu_c, pred_var = filter_fused(*inputs, init, list(shape), config.as_ints())
     missing = torch.isnan(p.y)
@@ -402,3 +407,20 @@ def summary(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> tuple[torch.Te
     filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns)),
                                   num_warps=config.carry_warps)
     return tuple(x.reshape(shape[:-2] + (1, C)) for x in total.unbind(1))
+
+
+def stream_step(y: torch.Tensor, belief: torch.Tensor, rows: torch.Tensor,
+                fields: Iterable[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of ``N`` streamed series (:mod:`kalmanscan.kernels.filter.stream`): ``y`` holds
+    ``N`` values (any shape), ``belief`` ``(2, ...)`` their filtered mean and variance (``N``
+    each), ``rows`` ``(5, N)`` their ``decay, noise, obs_var, mean, h``. Returns ``(out,
+    new_belief)``: ``out`` ``(10, N)`` with the rows of :data:`POSTERIOR` named in ``fields``
+    written, ``new_belief`` ``(2, N)``. Nothing given is written."""
+    check_device(y)
+    N = rows.shape[1]
+    like = dict(dtype=rows.dtype, device=rows.device)
+    out, new_belief = torch.empty(10, N, **like), torch.empty(2, N, **like)
+    block = min(1024, next_power_of_2(N))
+    stream_step_kernel[(cdiv(N, block),)](y.contiguous(), belief.contiguous(), new_belief, rows, out, N,
+                                          POSTERIOR=posterior_mask(fields), BLOCK=block, num_warps=4)
+    return out, new_belief

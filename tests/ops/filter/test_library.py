@@ -33,13 +33,25 @@ def test_opcheck_forward(static):
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
-def test_opcheck_backward():
-    y, theta, sigma, dt, obs_var, mean, h, init, shape, config = _args(False, requires_grad=False)
+@pytest.mark.parametrize("static", [True, False])
+def test_opcheck_backward(static):
+    y, theta, sigma, dt, obs_var, mean, h, init, shape, config = _args(static, requires_grad=False)
     mu, lam, pred_mu, pred_var = library.filter_fused(y, theta, sigma, dt, obs_var, mean, h, init, shape, config)
     g = torch.ones_like(mu)
     torch.library.opcheck(library.filter_fused_backward,
                           (y, theta, sigma, dt, obs_var, mean, h, init, mu, lam, g, None, g, None, shape, config),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_opcheck_posterior(static):
+    from kalmanscan.ops.filter.triton import posterior_mask
+
+    y, theta, sigma, dt, obs_var, mean, h, init, shape, config = _args(static, requires_grad=False)
+    args = (y, theta, sigma, dt, obs_var, mean, h, init, shape, config, posterior_mask(("mean", "var", "logliks")))
+    torch.library.opcheck(library.filter_posterior, args, test_utils=("test_schema", "test_faketensor"))
+    got = library.filter_posterior(*args)
+    assert [tuple(x.shape) for x in got] == [tuple(shape)] * 3
 
 
 def test_gradients_through_the_operator_match_the_torch_backend():
@@ -84,7 +96,10 @@ def test_compiled_filter_matches_eager():
         return post.mean, post.var, post.loglik
 
     compiled = torch.compile(f)  # validation in prepare still breaks the graph; the operator does not
-    for got, want in zip(compiled(y, theta), f(y, theta)):
+    before = theta.clone()
+    got = compiled(y, theta)
+    torch.testing.assert_close(theta, before, rtol=0, atol=0)  # nothing the caller passed is written
+    for got, want in zip(got, f(y, theta)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     theta.requires_grad_()
     (gc,) = torch.autograd.grad(compiled(y, theta)[2].sum(), theta)
