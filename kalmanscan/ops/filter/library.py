@@ -22,8 +22,8 @@ parameters vary along time, :func:`kalmanscan.ops.filter.triton.step_flags`) and
 without gradients that writes the Posterior's fields directly (those of the bit mask ``mask``, in
 the order of :data:`kalmanscan.ops.filter.triton.POSTERIOR`, each of ``shape``): what
 ``ks.filter`` runs under ``torch.compile`` when nothing needs a gradient, so the compiler sees one
-operator that writes only its outputs rather than tracing the kernel launches (whose arguments
-it cannot tell read from written).
+operator that writes only its outputs rather than tracing the kernel launches themselves (a
+compiled call that traced them changed the caller's ``theta``).
 
 Each operator has a fake (meta) implementation giving its outputs' shapes from its inputs'
 (:func:`torch.library.register_fake`); the forward has its autograd formula

@@ -45,8 +45,10 @@ class KLAConfig:
     to the compiler), for the forward and the backward. ``pieces``/``bwd_pieces`` split the forward's
     and the backward's time axis into that many stretches run by separate programs
     (``kalmanscan.kernels.kla.split``, ``kalmanscan.kernels.kla.bwd``); ``None`` splits only
-    when there are at most ``2 x SMs`` channel-block programs, into ``floor(4 x SMs / programs)``
-    stretches; 1 walks all of time in one program per channel block."""
+    when there are at most ``2 x SMs`` channel-block programs, into ``floor(8 x SMs / programs)``
+    stretches (``4 x SMs`` before: at B=2 L=8192 M=1024 S=16 on an H200 twice the stretches took
+    the forward 1.03 -> 0.86 ms, docs/performance.md); 1 walks all of time in one program per
+    channel block."""
 
     block_m: int = 16
     chunk: int = 32
@@ -83,7 +85,8 @@ def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: i
     n = requested
     if n is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-        n = 4 * sms // (B * cdiv(M, block_m))
+        programs = B * cdiv(M, block_m)
+        n = 8 * sms // programs if programs <= 2 * sms else 1
     n = max(1, min(n, cdiv(L, chunk)))
     piece_len = max(cdiv(cdiv(L, n), chunk), 1) * chunk
     return max(cdiv(L, piece_len), 1), piece_len
