@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .diffuse import Diffuse, finite_problem, restore
-from .inputs import Problem, check_no_inf, prepare
+from .inputs import Problem, check_no_inf, host_parameters, prepare
 from .ops.filter import run_backend
 from .posterior import Params, Posterior
 from .stream import StreamState, as_prior, continue_problem, mark, naming_state
@@ -64,7 +64,8 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
             (:mod:`kalmanscan.stream`). Excludes ``init_mean`` and ``init_var``.
         check_finite: whether to check that ``y`` holds no ``inf`` (``ValueError`` naming ``y``),
             as SciPy's ``check_finite``. The check reads one reduction of the result back to the
-            host: on a GPU, the call's one synchronisation. ``False`` skips it, so that calls on a
+            host: on a GPU, the call's one synchronisation (with parameters given as device
+            tensors, one reduction of ``y`` instead, read with their checks). ``False`` skips it, so that calls on a
             device queue behind each other without waiting; an ``inf`` in ``y`` then shows as a
             non-finite result instead of an error. The parameters are checked either way.
 
@@ -78,11 +79,14 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # No separate pass over y looking for inf when the result shows it: an inf in y makes the
     # log-likelihood and the filtered mean from its step on (the last step's too) non-finite; one
     # reduction of the result is read back (the call's one synchronisation), and only when it is
-    # not finite is y searched (and the ValueError raised).
+    # not finite is y searched (and the ValueError raised). Parameters checked on their device
+    # need a read of their own before the kernels: y's check (one reduction) then joins it.
     wanted = _check_outputs(outputs)
-    by_result = check_finite and ("logliks" in wanted or "mean" in wanted)
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
+    params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
+    by_result = (check_finite and ("logliks" in wanted or "mean" in wanted)
+                 and host_parameters(params, times, init_mean, init_var))
     with naming_state(state):
         p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
                     init_mean=init_mean, init_var=init_var, backend=backend,

@@ -25,7 +25,7 @@ from . import mobius, ou
 from .types import ArrayLike
 
 
-__all__ = ["Problem", "prepare", "check_no_inf"]
+__all__ = ["Problem", "prepare", "check_no_inf", "host_parameters"]
 _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
 _NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
                          "pass init_var > 0, or float('inf') for a diffuse prior")
@@ -170,10 +170,10 @@ class Checks:
     def decide(self) -> dict:
         """Raise for the first failed check; return the facts as Python bools."""
         entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
-        on_device = {i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device.type != "cpu"}
-        verdict = [None if i in on_device else bool(x) for i, x in enumerate(entries)]
-        if on_device:  # one copy back for all of them, read as NumPy (no scalar read per entry)
-            order = sorted(on_device)
+        verdict = [None if isinstance(x, torch.Tensor) else bool(x) for x in entries]
+        devices = {x.device for x in entries if isinstance(x, torch.Tensor)}
+        for device in devices:  # one stack per device, read as NumPy: one copy back from a device
+            order = [i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device == device]
             read = torch.stack([entries[i].reshape(()).to(torch.bool) for i in order]).cpu().numpy()
             for i, v in zip(order, read):
                 verdict[i] = bool(v)
@@ -239,7 +239,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     for name in _PARAMS:
         if vals[name] is None:
             raise ValueError(f"{name} is required")
-    if times is None and all(_on_host(x) for x in (*vals.values(), init_mean, init_var)):
+    if host_parameters(vals, times, init_mean, init_var):
         p = _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype)
         if check_y:
             checks = Checks()
@@ -309,6 +309,13 @@ def _within(v, bound: str | None):
     if bound is None:
         return finite
     return finite & ((v >= 0) if bound == ">= 0" else (v > 0))
+
+
+def host_parameters(values: dict, times, init_mean, init_var) -> bool:
+    """Whether :func:`prepare` checks these parameters on the host (no synchronisation): every one
+    of ``values`` (the six model parameters), ``init_mean`` and ``init_var`` a scalar or ``(C,)`` on
+    the host, and no ``times``."""
+    return times is None and all(_on_host(x) for x in (*values.values(), init_mean, init_var))
 
 
 def _on_host(x) -> bool:
