@@ -9,7 +9,8 @@ output and with ``outputs=("mean", "var")``, the fused kernels that write the sa
 (4 bytes per element read of ``y``, 4 per element written per field) over the copy bandwidth
 measured in the same run. The public call is timed with ``check_finite=False`` as well (no
 synchronisation: calls queue behind each other). Per shape it also prints the fixed cost of a
-call (the public call alone minus its kernels alone) and what one ``ks.filter`` / ``ks.smooth``
+call (the public call alone minus its kernels alone), the time of the log-likelihood's sum over
+time (a pass over the per-step values after the kernels), and what one ``ks.filter`` / ``ks.smooth``
 call dispatches: torch operations, synchronisations (scalar reads) and host-to-device copies. The KLA scan's public call
 is timed against its kernels the same way. Results are checked against the float64 torch backend
 first.
@@ -30,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import kalmanscan as ks
 from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
+from kalmanscan.filtering import _sum_time as sum_time
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import triton as triton_backend
 from kalmanscan.ops.kla.triton import kla_scan_triton
@@ -112,6 +114,8 @@ def filter_rows(g, bw, shapes=SHAPES) -> list[dict]:
                    public_mean_var_unchecked=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"),
                                                                     check_finite=False, **kw)),
                    floor_all_ms=(4 + 4 * ALL_FIELDS) * n / bw / 1e6, floor_mean_var_ms=12 * n / bw / 1e6)
+        logliks = ks.filter(y, backend="triton", outputs=("loglik",), **kw).logliks
+        row["loglik_sum"] = both(lambda: sum_time(logliks))  # the public call's pass after its kernels
         if n <= (1 << 27):
             row["public_smooth"] = both(lambda: ks.smooth(y, backend="triton", **kw))
         row["fixed_all_ms"] = row["public_all"]["alone"] - row["kernel_all"]["alone"]
@@ -170,7 +174,8 @@ def main():
               + (f"   smooth {r['public_smooth']['queued']:7.3f}" if "public_smooth" in r else ""))
     print("fixed cost of a call (public all fields alone - its kernels alone, ms) and what one call dispatches:")
     for r in rows:
-        print(f"C={r['C']:>5} T={r['T']:>8}  fixed {r['fixed_all_ms']:7.3f}  public/kernels queued "
+        print(f"C={r['C']:>5} T={r['T']:>8}  fixed {r['fixed_all_ms']:7.3f}  "
+              f"loglik sum {r['loglik_sum']['queued']:6.3f}  public/kernels queued "
               f"{r['public_all']['queued'] / r['kernel_all']['queued']:5.2f}x all, "
               f"{r['public_mean_var']['queued'] / r['kernel_mean_var']['queued']:5.2f}x mean+var   "
               f"ks.filter {r['counts_all']}  ks.smooth {r['counts_smooth']}")

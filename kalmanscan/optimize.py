@@ -12,6 +12,7 @@ and gradient back from the device in one transfer (the only synchronisation it n
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -53,7 +54,10 @@ def lbfgs(objective: Objective, u: dict[str, torch.Tensor], max_iter: int, tol: 
         return float(back[0]), back[1:]
 
     if captured is not None:
-        fun = GraphedEvaluation(captured, params, fun)
+        try:
+            fun = GraphedEvaluation(captured, params, fun)
+        except RuntimeError as err:  # the capture met an operation a CUDA graph cannot hold
+            warnings.warn(f"ks.fit: evaluating without a CUDA graph ({err})", RuntimeWarning, stacklevel=3)
     converged, n_iter, message, _ = lbfgs_numpy(fun, sum(sizes), max_iter, tol, progress)
     return converged, n_iter, message
 
