@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import kalmanscan as ks
 from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
-from kalmanscan.filtering import _sum_time as sum_time
+from kalmanscan.filtering import sum_time
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import triton as triton_backend
 from kalmanscan.ops.kla.triton import kla_scan_triton

@@ -18,7 +18,7 @@ from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike
 
 
-__all__ = ["filter", "make_posterior", "OUTPUTS"]
+__all__ = ["filter", "make_posterior", "sum_time", "OUTPUTS"]
 
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
@@ -100,7 +100,7 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if diffuse is not None:
         out = restore(p, diffuse, out)
     if "logliks" in wanted:
-        out["loglik"] = _sum_time(out["logliks"])
+        out["loglik"] = sum_time(out["logliks"])
     if by_result and (diffuse is not None or not _finite(out["loglik"] if "logliks" in wanted else
                                                          out["mean"][..., -1, :])):
         check_no_inf(p.y)  # a diffuse channel's first observation leaves no trace in its result
@@ -152,7 +152,7 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
     if p.outputs is not None and "loglik" not in p.outputs:
         loglik = None
     elif loglik is None:  # summed as filter() sums it: before any conversion to NumPy
-        loglik = None if out.get("logliks") is None else p.output(_sum_time(out["logliks"]))
+        loglik = None if out.get("logliks") is None else p.output(sum_time(out["logliks"]))
     else:
         loglik = p.output(loglik)
     return Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
@@ -167,10 +167,10 @@ def _n_diffuse(p: Problem, diffuse: Diffuse | None):
 
 
 _BLOCK = 64
-"""Steps summed in the input's dtype before the float64 sum over blocks (:func:`_sum_time`)."""
+"""Steps summed in the input's dtype before the float64 sum over blocks (:func:`sum_time`)."""
 
 
-def _sum_time(logliks):
+def sum_time(logliks: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
     """The sum over time, returned in the input's dtype and array kind, accumulated in float64 (a
     float32 sum over 10^6 steps would lose about 3 digits). A large float32 tensor is summed in
     blocks of :data:`_BLOCK` steps in float32 (relative rounding below ``64 eps`` of a block's

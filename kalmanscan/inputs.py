@@ -311,7 +311,8 @@ def _within(v, bound: str | None):
     return finite & ((v >= 0) if bound == ">= 0" else (v > 0))
 
 
-def host_parameters(values: dict, times, init_mean, init_var) -> bool:
+def host_parameters(values: dict, times: ArrayLike | None, init_mean: ArrayLike | None,
+                    init_var: ArrayLike | None) -> bool:
     """Whether :func:`prepare` checks these parameters on the host (no synchronisation): every one
     of ``values`` (the six model parameters), ``init_mean`` and ``init_var`` a scalar or ``(C,)`` on
     the host, and no ``times``."""

@@ -17,7 +17,7 @@ from ..registry import Registry
 from .state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "unregister_backend", "backend_names", "validate",
-           "check_shapes", "RECURRENT_MIN_WIDTH", "NOISE_FLOOR"]
+           "queue_checks", "decide_checks", "check_shapes", "RECURRENT_MIN_WIDTH", "NOISE_FLOOR"]
 
 RECURRENT_MIN_WIDTH = 4096   # B * M * S from which "auto" scans CPU tensors token by token
 # Process noise added on the fused kernels' path of kla_scan_unchecked: it bounds their float32
@@ -70,9 +70,18 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     kernels, which carry it, while the torch backend scans the variance and the mean. Raises
     ``ValueError`` naming the offending argument.
     """
-    mean_form = validate(v, lam_v, k, q, decay, noise, initial_state, backend)
-    backend = _resolve(backend, v, k, mean_form)
-    return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state)
+    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
+    pending = queue_checks(lam_v, decay, noise, initial_state)
+    if pending is None or not _launch_first(v) or _resolve(backend, v, k, False) != "triton":
+        mean_form = decide_checks(pending, noise.dtype)
+        return _run(_resolve(backend, v, k, mean_form), v, lam_v, k, q, decay, noise, initial_state, return_state)
+    # On a GPU the fused kernels are launched before the checks are read, so the device does not
+    # wait for the host between the two; their result is returned only once the checks passed, and
+    # is replaced by the torch backend's when the filters turn out to need the mean form.
+    out = _run("triton", v, lam_v, k, q, decay, noise, initial_state, return_state)
+    if decide_checks(pending, noise.dtype):
+        return _run("torch", v, lam_v, k, q, decay, noise, initial_state, return_state)
+    return out
 
 
 def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor,
@@ -100,6 +109,12 @@ def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q:
     return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state)
 
 
+def _launch_first(v: torch.Tensor) -> bool:
+    """Whether :func:`kla_scan` launches the fused kernels before reading its checks: on a GPU,
+    where the device would otherwise idle during the read (not under the interpreter)."""
+    return v.is_cuda
+
+
 def _resolve(backend, v, k, mean_form):
     """The backend ``"auto"`` stands for, and torch for triton when the filters need the mean form."""
     if backend == "auto":
@@ -120,6 +135,15 @@ def validate(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     """Check shapes, dtypes, devices and value ranges; return whether the filters need the mean
     form of the torch backend (a precision past the fused kernels' range, see :func:`kla_scan`)."""
     check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
+    return decide_checks(queue_checks(lam_v, decay, noise, initial_state), noise.dtype)
+
+
+def queue_checks(lam_v: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor,
+                 initial_state: FilterState | None) -> tuple[list, torch.Tensor] | None:
+    """The value checks of :func:`validate`, queued on the device without waiting: ``(ranges,
+    extrema)``, one reduction per tensor stacked into one ``(n, 2)`` float64 tensor, the last row
+    the smallest and largest noise among decaying filters (see :mod:`kalmanscan.mobius`). ``None``
+    when there is nothing to check or a CUDA graph is being captured (no value can be read)."""
     ranges = [("lam_v", lam_v, lambda lo, hi: lo > 0 and hi < math.inf, "positive and finite"),
               ("decay", decay, lambda lo, hi: lo > 0 and hi <= 1, "in (0, 1]"),
               ("noise", noise, lambda lo, hi: lo >= 0 and hi < math.inf, "finite and >= 0")]
@@ -131,22 +155,28 @@ def validate(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
             ranges.append(("initial_state lam", initial_state[0],
                            lambda lo, hi: lo > 0 and hi < math.inf, "positive and finite"))
     ranges = [r for r in ranges if r[1].numel()]
-    mean_form = False
-    if ranges and not (v.is_cuda and torch.cuda.is_current_stream_capturing()):
-        # One reduction per tensor and a single device-to-host copy (NaN fails every comparison);
-        # the last row is the smallest noise among decaying filters (see kalmanscan.mobius).
-        with torch.no_grad():
-            rows = [torch.stack(torch.aminmax(x.detach())).double() for _, x, _, _ in ranges]
-            rows.append(torch.stack(torch.aminmax(mobius.decaying_noise(decay, noise))).double())
-            extrema = torch.stack(rows).tolist()
-        smallest = extrema[-1][0]
-        for (name, _, ok, what), (lo, hi) in zip(ranges, extrema):
-            if not ok(lo, hi):
-                raise ValueError(f"{name} must be {what}")
-            if name == "initial_state var":  # a precision the noise bound 1/NO_NOISE exceeds
-                smallest = min(smallest, lo)
-        mean_form = mobius.precision_overflows(smallest, noise.dtype)
-    return mean_form
+    if not ranges or (lam_v.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    with torch.no_grad():  # NaN fails every comparison
+        rows = [torch.stack(torch.aminmax(x.detach())).double() for _, x, _, _ in ranges]
+        rows.append(torch.stack(torch.aminmax(mobius.decaying_noise(decay, noise))).double())
+        return ranges, torch.stack(rows)
+
+
+def decide_checks(pending: tuple[list, torch.Tensor] | None, dtype: torch.dtype) -> bool:
+    """Read :func:`queue_checks`' extrema (one device-to-host copy), raise ``ValueError`` naming the
+    first argument out of its range, and return whether the filters need the mean form."""
+    if pending is None:
+        return False
+    ranges, extrema = pending
+    extrema = extrema.tolist()
+    smallest = extrema[-1][0]
+    for (name, _, ok, what), (lo, hi) in zip(ranges, extrema):
+        if not ok(lo, hi):
+            raise ValueError(f"{name} must be {what}")
+        if name == "initial_state var":  # a precision the noise bound 1/NO_NOISE exceeds
+            smallest = min(smallest, lo)
+    return mobius.precision_overflows(smallest, dtype)
 
 
 def check_shapes(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,

@@ -343,3 +343,25 @@ def test_mean_step_is_affine_in_the_mean_with_gate_in_zero_decay():
     gate = (step(mu1) - step(mu0)) / (mu1 - mu0)
     torch.testing.assert_close(step(mu0), base + gate * mu0, rtol=1e-12, atol=1e-12)
     assert (gate >= 0).all() and (gate <= decay + 1e-15).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's NumPy on the overflowing kernels
+def test_kernels_launched_before_the_checks_are_read(monkeypatch):
+    """On a GPU the public call launches the fused kernels before reading its checks: the same
+    result, a bad value still raises naming its argument, and filters needing the mean form get
+    the torch backend's result (here under the interpreter, the launch order forced)."""
+    from kalmanscan.ops.kla import dispatch
+
+    xs = [x.float() for x in make_inputs(1, 9, 3, 2, seed=4)]
+    plain = kla_scan(*xs, backend="triton")
+    monkeypatch.setattr(dispatch, "_launch_first", lambda v: True)
+    for a, b in zip(kla_scan(*xs, backend="triton"), plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    bad = list(xs)
+    bad[1] = -bad[1]
+    with pytest.raises(ValueError, match="lam_v"):
+        kla_scan(*bad, backend="triton")
+    quiet = list(xs)
+    quiet[5] = torch.zeros_like(quiet[5])
+    for a, b in zip(kla_scan(*quiet, backend="triton"), kla_scan(*quiet, backend="torch")):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
