@@ -13,9 +13,9 @@ and each evaluation is one call of the backend's filter for the log-likelihoods 
 first-order backward, on whatever device ``y`` is (the compiled loops on the CPU, the fused
 kernels on CUDA), read back by the optimiser with the gradient in one transfer; on a GPU the
 evaluation (forward, backward and both copies) is replayed from one CUDA graph
-(:mod:`kalmanscan.graphed`). On the ``"cpu"``
-backend in float64, L-BFGS gets the objective and its gradient from NumPy directly
-(:attr:`kalmanscan.likelihood.Likelihood.numpy`: no torch operation per evaluation).
+(:mod:`kalmanscan.graphed`). On the ``"cpu"`` backend in float64, L-BFGS gets the objective and
+its gradient from NumPy directly (:attr:`kalmanscan.likelihood.Likelihood.numpy`: no torch
+operation per evaluation).
 
 Standard errors come from the observed information: the Hessian of ``-loglik`` with respect to the
 natural parameters at the optimum, by central differences of the exact gradient in float64
@@ -258,10 +258,9 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             for v, chunk in zip(u.values(), torch.split(torch.from_numpy(x), [v.numel() for v in u.values()])):
                 v.copy_(chunk.reshape(v.shape))
     elif method == "lbfgs":
-        graphed = (y_t.device.type == "cuda" and resolve_backend(backend, y_t.device) == "triton"
-                   and not lik.p.diffuse and GRAPHS)
-        converged, n_iter, message = lbfgs(objective, u, max_iter, tol, progress,
-                                           captured=(lambda: objective(u, graphed=True)) if graphed else None)
+        graphed = GRAPHS and resolve_backend(backend, y_t.device) == "triton" and y_t.is_cuda and not lik.p.diffuse
+        captured = (lambda: objective(u, graphed=True)) if graphed else None
+        converged, n_iter, message = lbfgs(objective, u, max_iter, tol, progress, captured=captured)
     else:
         converged, n_iter, message = adam(objective, u, max_iter, tol, progress)
     reason = "" if converged else message

@@ -284,9 +284,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         if resolve_backend(backend, device) == "triton":  # it picks its path by this fact
             trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
             home = trans[0].device if len({x.device for x in trans}) == 1 else device
-            decay, noise = ou.discretize(*(x.to(home) for x in trans))
-            smallest = mobius.decaying_noise(decay, noise).amin()
-            checks.fact("no_noise", smallest < mobius.NO_NOISE.get(dtype, mobius.NO_NOISE[torch.float32]))
+            checks.fact("no_noise", mobius.lacks_noise(*ou.discretize(*(x.to(home) for x in trans))))
     facts = checks.decide()
     moved = {k: v.to(device) for k, v in params.items()}
     return Problem(y=y_t, init_mean=init_m.to(device), init_var=init_v.to(device), shape=shape,
@@ -438,7 +436,7 @@ def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
         rows[10] = 1.0 / rows[7]
     rows[11] = rows[10] * (rows[6] - mean)
     smallest = np.where(rows[8] < 1, rows[9], 1.0).min()
-    no_noise = bool(smallest < mobius.NO_NOISE.get(dtype, mobius.NO_NOISE[torch.float32]))
+    no_noise = bool(smallest < mobius.noise_bound(dtype))
     return shape, rows.astype(np_dtype), bool(np.isinf(rows[7]).any()), no_noise
 
 

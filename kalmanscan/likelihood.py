@@ -100,9 +100,7 @@ class Likelihood:
         p = dataclasses.replace(self.p, **fields, no_noise=None if moved else self.p.no_noise, outputs=("logliks",))
         lacking = None
         if graphed and moved:
-            with torch.no_grad():
-                lacking = mobius.decaying_noise(*p.decay_noise()).amin() < mobius.NO_NOISE.get(
-                    p.dtype, mobius.NO_NOISE[torch.float32])
+            lacking = mobius.lacks_noise(*p.decay_noise())
             p = dataclasses.replace(p, no_noise=False)
         finite, diffuse = finite_problem(p)
         logliks = run_backend(finite, self.backend)["logliks"]

@@ -41,7 +41,8 @@ Entries = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 __all__ = ["leaf", "compose", "product", "rescale", "readout", "readout_var", "propagate_var", "mean_gate",
-           "decaying_noise", "precision_overflows", "no_process_noise", "NO_NOISE", "affine_compose"]
+           "decaying_noise", "precision_overflows", "noise_bound", "lacks_noise", "no_process_noise", "NO_NOISE",
+           "affine_compose"]
 
 
 def leaf(decay: torch.Tensor, noise: torch.Tensor, phi: torch.Tensor) -> Entries:
@@ -98,7 +99,12 @@ def precision_overflows(min_noise: torch.Tensor | float, dtype: torch.dtype) -> 
     ``decay^(-2t)`` without bound (its exact value overflows). Backends that carry the variance
     and the mean (the torch ones) are unaffected.
     """
-    return float(min_noise) < NO_NOISE.get(dtype, NO_NOISE[torch.float32])
+    return float(min_noise) < noise_bound(dtype)
+
+
+def noise_bound(dtype: torch.dtype) -> float:
+    """:data:`NO_NOISE` for ``dtype`` (float32's for any other dtype)."""
+    return NO_NOISE.get(dtype, NO_NOISE[torch.float32])
 
 
 def decaying_noise(decay: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -107,10 +113,16 @@ def decaying_noise(decay: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return torch.where(decay.detach() < 1, noise.detach(), torch.ones_like(noise))
 
 
-def no_process_noise(decay: torch.Tensor, noise: torch.Tensor) -> bool:
-    """:func:`precision_overflows` for broadcastable ``decay`` and ``noise`` tensors (one sync)."""
+def lacks_noise(decay: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """:func:`precision_overflows` for broadcastable ``decay`` and ``noise`` tensors, as a 0-d
+    bool tensor on their device (no synchronisation)."""
     with torch.no_grad():
-        return precision_overflows(decaying_noise(decay, noise).amin(), noise.dtype)
+        return decaying_noise(decay, noise).amin() < noise_bound(noise.dtype)
+
+
+def no_process_noise(decay: torch.Tensor, noise: torch.Tensor) -> bool:
+    """:func:`lacks_noise` read back (one sync)."""
+    return bool(lacks_noise(decay, noise))
 
 
 def readout_var(P: Entries, lam0: torch.Tensor | float) -> torch.Tensor:

@@ -128,8 +128,7 @@ class StreamFilter:
         p = dataclasses.replace(p0, y=y_t, shape=tuple(y_t.shape), init_mean=init_mean, init_var=init_var,
                                 outputs=self._fields)
         out = run_backend(p, self.backend)
-        if self.check_finite and not bool(torch.isfinite(out["logliks"].sum())):
-            check_no_inf(y_t)
+        self._check(out["logliks"], y_t)
         self._advance_state(out)
         return {k: p.output(out[k][..., 0, :] if one_step else out[k]) for k in self.outputs}
 
@@ -166,12 +165,17 @@ class StreamFilter:
         shape = y_t.shape[:-2] + y_t.shape[-1:]
         out, belief = triton_backend.stream_step(y_t, self._belief, self._rows, self._fields)
         logliks = out[triton_backend.POSTERIOR.index("logliks")].view(shape)
-        if self.check_finite and not bool(torch.isfinite(logliks.sum())):
-            check_no_inf(y_t)
+        self._check(logliks, y_t)
         self._belief = belief.view(self._belief.shape)
         self._loglik = self._loglik + logliks
         self._steps += 1
         return {k: p0.output(out[triton_backend.POSTERIOR.index(k)].view(shape)) for k in self.outputs}
+
+    def _check(self, logliks: torch.Tensor, y_t: torch.Tensor) -> None:
+        """With ``check_finite``: ``ValueError`` naming ``y`` when it holds an ``inf`` (searched only
+        when the new steps' log-likelihoods are not finite; one read of their sum)."""
+        if self.check_finite and not bool(torch.isfinite(logliks.sum())):
+            check_no_inf(y_t)
 
     def _steps_of(self, y: ArrayLike, p0, one_step: bool) -> torch.Tensor:
         """``y`` as a ``(..., k, C)`` tensor of the stream's dtype and device; ``ValueError`` naming
