@@ -18,7 +18,7 @@ from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike
 
 
-__all__ = ["filter", "make_posterior", "sum_time", "OUTPUTS"]
+__all__ = ["filter", "make_posterior", "sum_time", "finite_sum", "OUTPUTS"]
 
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
@@ -101,13 +101,14 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         out = restore(p, diffuse, out)
     if "logliks" in wanted:
         out["loglik"] = sum_time(out["logliks"])
-    if by_result and (diffuse is not None or not _finite(out["loglik"] if "logliks" in wanted else
-                                                         out["mean"][..., -1, :])):
-        check_no_inf(p.y)  # a diffuse channel's first observation leaves no trace in its result
+    witness = (out["loglik"] if "logliks" in wanted else out["mean"][..., -1, :]) if by_result else None
     if outputs is not None:
         kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
         out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
     post = make_posterior(p, out, diffuse=diffuse)
+    # Read last, once everything is queued: the device works while the host assembles the result.
+    if by_result and (diffuse is not None or not finite_sum(witness)):
+        check_no_inf(p.y)  # a diffuse channel's first observation leaves no trace in its result
     return post if state is None else mark(post, state)
 
 
@@ -187,7 +188,7 @@ def sum_time(logliks: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
     return total.to(logliks.dtype)
 
 
-def _finite(x: torch.Tensor) -> bool:
+def finite_sum(x: torch.Tensor) -> bool:
     """Whether the sum of ``x`` is finite: false when an element is not (or the sum overflows). One
     reduction read back: one synchronisation on a device."""
     return math.isfinite(float(x.detach().sum()))

@@ -25,7 +25,7 @@ from . import mobius, ou
 from .types import ArrayLike
 
 
-__all__ = ["Problem", "prepare", "check_no_inf", "host_parameters"]
+__all__ = ["Problem", "prepare", "check_no_inf", "host_parameters", "to_device"]
 _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
 _NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
                          "pass init_var > 0, or float('inf') for a diffuse prior")
@@ -264,7 +264,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     theta0 = params["theta"][..., :1, :]
     sigma0 = params["sigma"][..., :1, :]
     if theta0.device != sigma0.device:
-        theta0, sigma0 = theta0.to(device), sigma0.to(device)
+        theta0, sigma0 = to_device(theta0, device), to_device(sigma0, device)
     if init_var is None:
         checks.require(_NEEDS_INIT_VAR_THETA, torch.all(theta0.detach() != 0))
         checks.require(_NEEDS_INIT_VAR_SIGMA, torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
@@ -284,12 +284,12 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         if resolve_backend(backend, device) == "triton":  # it picks its path by this fact
             trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
             home = trans[0].device if len({x.device for x in trans}) == 1 else device
-            checks.fact("no_noise", mobius.lacks_noise(*ou.discretize(*(x.to(home) for x in trans))))
+            checks.fact("no_noise", mobius.lacks_noise(*ou.discretize(*(to_device(x, home) for x in trans))))
     facts = checks.decide()
-    moved = {k: v.to(device) for k, v in params.items()}
-    return Problem(y=y_t, init_mean=init_m.to(device), init_var=init_v.to(device), shape=shape,
-                   numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"],
-                   no_noise=facts.get("no_noise"), times=None if times_t is None else times_t.to(device), **moved)
+    moved = {k: to_device(v, device) for k, v in params.items()}
+    return Problem(y=y_t, init_mean=to_device(init_m, device), init_var=to_device(init_v, device), shape=shape,
+                   numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"),
+                   times=None if times_t is None else to_device(times_t, device), **moved)
 
 
 _BOUNDS = dict(theta=">= 0", sigma=">= 0", obs_var="> 0", mean=None, h=None, dt="> 0")
@@ -356,13 +356,23 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
             _HOST_ROWS[key] = found
     shape, rows, diffuse, no_noise = found
     C = shape[-1]
-    packed = torch.from_numpy(rows).to(y_t.device, copy=True).view(12, 1, C).unbind(0)
+    packed = to_device(rows, y_t.device, copy=True).view(12, 1, C).unbind(0)
     fields = dict(zip(_PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
     derived = {k: fields.pop(k) for k in _DERIVED}
     p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=diffuse,
                 no_noise=no_noise, **fields)
     p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in _PARAMS + ("init_mean", "init_var")}})
     return p
+
+
+def to_device(x: torch.Tensor, device: torch.device, copy: bool = False) -> torch.Tensor:
+    """``x`` on ``device`` (differentiably; a new tensor with ``copy``). From the CPU to a GPU
+    through page-locked memory without blocking: torch waits for the device's queue after a copy
+    from pageable memory, so a call that moved a host value that way would not queue behind the
+    previous call. The page-locked source is never written, so the copy may read it late."""
+    if device.type == "cuda" and x.device.type == "cpu":
+        return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
+    return x.to(device, copy=copy)
 
 
 _HOST_ROWS: dict = {}
@@ -373,11 +383,11 @@ parameter (elements) keyed by its bytes."""
 
 
 def _host_key(y_t: torch.Tensor, values) -> tuple | None:
-    """A key of everything :func:`_host_rows` computes from: ``y``'s shape and dtype, and each
-    value's type and exact contents (``repr`` of a Python number; dtype, shape and bytes of an
-    array or CPU tensor of at most :data:`_KEYED_SIZE` elements). ``None`` (not remembered) when
-    a value is larger or not numeric."""
-    key = [tuple(y_t.shape), y_t.dtype]
+    """A key of everything :func:`_host_rows` computes from: ``y``'s shape, dtype and whether it is
+    on a GPU, and each value's type and exact contents (``repr`` of a Python number; dtype, shape
+    and bytes of an array or CPU tensor of at most :data:`_KEYED_SIZE` elements). ``None`` (not
+    remembered) when a value is larger or not numeric."""
+    key = [tuple(y_t.shape), y_t.dtype, y_t.device.type == "cuda"]  # rows page-locked for a GPU
     for x in values:
         if x is None or isinstance(x, (bool, int, float)):
             key.append((type(x), repr(x)))
@@ -395,8 +405,8 @@ def _host_key(y_t: torch.Tensor, values) -> tuple | None:
 
 def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
     """The checks and arithmetic of :func:`_prepare_host`: ``(shape, rows, diffuse, no_noise)``,
-    ``rows`` the ``(12, C)`` NumPy array in the compute dtype (parameters, initial belief,
-    ``decay, noise, lam0, eta0``)."""
+    ``rows`` the ``(12, C)`` CPU tensor in the compute dtype (parameters, initial belief,
+    ``decay, noise, lam0, eta0``), page-locked when ``y`` is on a GPU."""
     dtype, shape = y_t.dtype, tuple(y_t.shape)
     np_dtype = np.float32 if dtype == torch.float32 else np.float64
     arrs = {name: _host_array(name, vals[name], np_dtype) for name in _PARAMS}
@@ -437,7 +447,10 @@ def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
     rows[11] = rows[10] * (rows[6] - mean)
     smallest = np.where(rows[8] < 1, rows[9], 1.0).min()
     no_noise = bool(smallest < mobius.noise_bound(dtype))
-    return shape, rows.astype(np_dtype), bool(np.isinf(rows[7]).any()), no_noise
+    packed = torch.from_numpy(rows.astype(np_dtype))
+    if y_t.device.type == "cuda":
+        packed = packed.pin_memory()
+    return shape, packed, bool(np.isinf(rows[7]).any()), no_noise
 
 
 def _home(x) -> torch.device:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .diffuse import finite_problem, restore, smooth_leading
-from .filtering import make_posterior
-from .inputs import prepare
+from .filtering import finite_sum, make_posterior, sum_time
+from .inputs import check_no_inf, host_parameters, prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
 from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike
@@ -48,9 +48,14 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     """
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
+    # y's inf check as ks.filter's: from the result (one read, last) when the parameters are
+    # checked on the host, else joined with their read before the kernels.
+    by_result = check_finite and host_parameters(
+        dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt), times, init_mean, init_var)
     with naming_state(state):
         p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                    init_mean=init_mean, init_var=init_var, backend=backend, check_y=check_finite)
+                    init_mean=init_mean, init_var=init_var, backend=backend,
+                    check_y=check_finite and not by_result)
     if state is not None:
         p = continue_problem(p, state)
     finite, diffuse = finite_problem(p)
@@ -67,6 +72,9 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if diffuse is not None:
         out = restore(p, diffuse, out)
         mean_s, var_s, precision_s = smooth_leading(p, diffuse, out, mean_s, var_s, precision_s)
+    out["loglik"] = sum_time(out["logliks"])
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
+    if by_result and (diffuse is not None or not finite_sum(out["loglik"])):
+        check_no_inf(p.y)  # an inf in y makes its channel's log-likelihood infinite
     return post if state is None else mark(post, state)

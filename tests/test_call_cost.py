@@ -3,6 +3,7 @@ back to the host (a device synchronisation each on a GPU) and kernel launches. U
 a regression of the call's fixed cost shows here (the GPU timings are benchmarks/bench_api.py's)."""
 
 import collections
+import warnings
 
 import numpy as np
 import pytest
@@ -135,3 +136,52 @@ def test_check_finite_false_reads_nothing_back(dispatched, backend):
     assert not torch.isfinite(ks.smooth(y, check_finite=False, **kw).mean[40:, 2]).all()
     with pytest.raises(ValueError, match="y must be finite"):
         ks.smooth(y, **kw)
+
+
+def _synchronisations(fn) -> int:
+    """Device synchronisations made by ``fn()``, as torch's sync debug mode reports them (the
+    blocking copies from pageable host memory included, which no operation count shows)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call", ["filter", "smooth"])
+@pytest.mark.parametrize("params", ["remembered", "new", "tensor"])
+def test_gpu_calls_synchronise_once_checked_and_never_unchecked(call, params):
+    """On a GPU an unchecked call with host parameters queues behind the previous one (no
+    synchronisation: they go to the device from page-locked memory) and a checked call waits
+    once, whether or not its parameters were remembered from an earlier call. A parameter given
+    as a device tensor is checked there: one synchronisation either way, the other parameters'
+    copies to the device not waiting."""
+    y = torch.randn(64, 8, device="cuda", generator=torch.Generator("cuda").manual_seed(4))
+    fn = getattr(ks, call)
+    fn(y, theta=0.2, sigma=0.5, obs_var=0.3, backend="triton")  # the kernels' first launch compiles them
+    for check in (False, True):
+        theta = {"remembered": 0.3, "new": float(np.random.default_rng().uniform(0.1, 1.0)),
+                 "tensor": torch.full((8,), 0.3, device="cuda")}[params]
+        kw = dict(theta=theta, sigma=np.full(8, 0.7), obs_var=0.4, backend="triton", check_finite=check)
+        if params == "remembered":
+            fn(y, **kw)
+        torch.cuda.synchronize()
+        expected = 1 if params == "tensor" else int(check)
+        assert _synchronisations(lambda: fn(y, **kw)) == expected, (call, params, check)
+
+
+@pytest.mark.gpu
+def test_host_tensor_parameters_of_gpu_data_keep_their_gradient():
+    """A CPU tensor parameter of CUDA data reaches the device through page-locked memory and its
+    gradient comes back to it, equal to the one with the parameter on the device."""
+    y = torch.randn(50, 3, device="cuda", dtype=torch.float64, generator=torch.Generator("cuda").manual_seed(5))
+    grads = []
+    for device in ("cpu", "cuda"):
+        theta = torch.tensor([0.2, 0.4, 0.6], dtype=torch.float64, device=device, requires_grad=True)
+        ks.filter(y, theta=theta, sigma=0.5, obs_var=0.3, backend="triton").loglik.sum().backward()
+        grads.append(theta.grad.cpu())
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=0)

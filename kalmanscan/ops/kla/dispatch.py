@@ -71,15 +71,15 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     ``ValueError`` naming the offending argument.
     """
     check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
-    pending = queue_checks(lam_v, decay, noise, initial_state)
-    if pending is None or not _launch_first(v) or _resolve(backend, v, k, False) != "triton":
-        mean_form = decide_checks(pending, noise.dtype)
+    if not _launch_first(v) or _resolve(backend, v, k, False) != "triton":
+        mean_form = decide_checks(queue_checks(lam_v, decay, noise, initial_state), noise.dtype)
         return _run(_resolve(backend, v, k, mean_form), v, lam_v, k, q, decay, noise, initial_state, return_state)
-    # On a GPU the fused kernels are launched before the checks are read, so the device does not
-    # wait for the host between the two; their result is returned only once the checks passed, and
-    # is replaced by the torch backend's when the filters turn out to need the mean form.
+    # On a GPU the fused kernels are launched first and the checks queued behind them, so the
+    # device starts as soon as it can and does not wait for the host between the two; the result
+    # is returned only once the checks passed, and is replaced by the torch backend's when the
+    # filters turn out to need the mean form.
     out = _run("triton", v, lam_v, k, q, decay, noise, initial_state, return_state)
-    if decide_checks(pending, noise.dtype):
+    if decide_checks(queue_checks(lam_v, decay, noise, initial_state), noise.dtype):
         return _run("torch", v, lam_v, k, q, decay, noise, initial_state, return_state)
     return out
 

@@ -15,7 +15,7 @@ import contextlib
 
 import pytest
 import torch
-from helpers import max_rel_error
+from helpers import KERNEL_DEVICE, max_rel_error
 
 from kalmanscan.ops.kla import RECURRENT_MIN_WIDTH, kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
@@ -28,8 +28,14 @@ WIDE = KLAConfig(block_m=8, chunk=8, bwd_block_m=8)         # M = 5: one channel
 SPLIT = KLAConfig(block_m=4, chunk=4, bwd_block_m=4, pieces=3, bwd_pieces=3)  # time in 3 stretches
 
 
-def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64):
-    """Random non-degenerate inputs (unit-norm k and q, decay in (0.6, 1), noise in (0.05, 1))."""
+def device_of(backend):
+    """Where a backend's inputs are made: the triton backend's on :data:`KERNEL_DEVICE`."""
+    return KERNEL_DEVICE if backend == "triton" else torch.device("cpu")
+
+
+def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64, device="cpu"):
+    """Random non-degenerate inputs (unit-norm k and q, decay in (0.6, 1), noise in (0.05, 1)),
+    made on the CPU (the same values on every device) and moved to ``device``."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
     randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
@@ -43,7 +49,7 @@ def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64):
     ]
     if with_state:
         xs += [0.5 + rand(B, M, S), randn(B, M, S)]
-    return [x.to(dtype) for x in xs]
+    return [x.to(dtype=dtype, device=device) for x in xs]
 
 
 def run_triton(xs, config=SMALL):
@@ -62,7 +68,8 @@ def outputs_and_grads(fn, xs, seed=1):
     xs = [x.detach().clone().requires_grad_() for x in xs]
     outs = fn(xs)
     g = torch.Generator().manual_seed(seed)
-    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum() for o in outs)
+    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device)).sum()
+               for o in outs)
     loss.backward()
     return [o.detach() for o in outs], [x.grad for x in xs]
 
@@ -135,7 +142,7 @@ def poisoned():
 def test_triton_matches_sequential_values_and_grads(B, L, with_state, config):
     """Outputs, final state and every gradient (initial state included) against the float64
     recursion and the torch backend, with every buffer the wrappers allocate poisoned."""
-    xs = make_inputs(B, L, 5, 3, seed=10 + L, with_state=with_state)
+    xs = make_inputs(B, L, 5, 3, seed=10 + L, with_state=with_state, device=KERNEL_DEVICE)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
     xs32 = [x.float() for x in xs]
     with poisoned():
@@ -152,7 +159,7 @@ def test_triton_matches_sequential_values_and_grads(B, L, with_state, config):
     KLAConfig(chunk=4, block_m=8, bwd_block_m=16, bwd_pieces=100),  # 2 forward channel blocks; the
 ])                                                                 # backward in 10 pieces of one chunk
 def test_triton_configs_and_power_of_two_state(config):
-    xs = make_inputs(1, 37, 9, 4, seed=7)
+    xs = make_inputs(1, 37, 9, 4, seed=7, device=KERNEL_DEVICE)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
     with poisoned():
         out, grads = outputs_and_grads(lambda a: run_triton(a, config), [x.float() for x in xs])
@@ -162,7 +169,7 @@ def test_triton_configs_and_power_of_two_state(config):
 
 @pytest.mark.parametrize("backend", ["reference", "torch", "recurrent", "triton"])
 def test_split_and_carry(backend):
-    xs = make_inputs(2, 29, 5, 3, seed=21)
+    xs = make_inputs(2, 29, 5, 3, seed=21, device=device_of(backend))
     xs = [x.float() for x in xs]
     full = kla_scan(*xs, return_state=True, backend=backend)
     cut = 13
@@ -175,7 +182,7 @@ def test_split_and_carry(backend):
 
 
 def test_triton_without_grad_and_half_inputs():
-    xs = make_inputs(2, 17, 5, 3, seed=6)
+    xs = make_inputs(2, 17, 5, 3, seed=6, device=KERNEL_DEVICE)
     ref = kla_scan_sequential(*xs)
     with torch.no_grad():
         y, y_var = kla_scan(*(x.float() for x in xs), backend="triton")
@@ -191,7 +198,7 @@ def test_triton_without_grad_and_half_inputs():
 
 @pytest.mark.parametrize("backend", ["torch", "recurrent", "triton", "reference"])
 def test_empty_sequence_returns_the_initial_state(backend):
-    xs = [x.float() for x in make_inputs(2, 0, 3, 2, seed=2, with_state=True)]
+    xs = [x.float() for x in make_inputs(2, 0, 3, 2, seed=2, with_state=True, device=device_of(backend))]
     y, y_var, (lam, eta) = kla_scan(*xs[:6], initial_state=(xs[6], xs[7]), return_state=True,
                                     backend=backend)
     assert y.shape == y_var.shape == (2, 0, 3)
@@ -246,9 +253,10 @@ def test_no_process_noise_stays_finite(backend):
     instead of -20.6 at L = 120 in a one-filter case, where finite differences of both forward
     passes agree on -20.6459 to 6 digits).
     """
-    xs = make_inputs(2, 120, 3, 4, seed=9)
-    xs[4] = 0.2 + 0.6 * torch.rand(3, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    xs[5] = torch.zeros(3, 4, dtype=torch.float64)
+    dev = device_of(backend)
+    xs = make_inputs(2, 120, 3, 4, seed=9, device=dev)
+    xs[4] = 0.2 + 0.6 * torch.rand(3, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(dev)
+    xs[5] = torch.zeros(3, 4, dtype=torch.float64, device=dev)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a)[:2], xs)
     out, grads = outputs_and_grads(lambda a: kla_scan(*a, backend=backend), [x.float() for x in xs])
     for got in out + grads:
@@ -256,7 +264,7 @@ def test_no_process_noise_stays_finite(backend):
     assert_matches(out, ref_out, "outputs")
     assert_matches(grads[:5], ref_grads[:5], "gradients")
     g = torch.Generator().manual_seed(1)
-    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in ref_out]
+    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(dev) for o in ref_out]
 
     def functional(noise):
         y, y_var = kla_scan_sequential(*xs[:5], noise)[:2]
@@ -264,7 +272,7 @@ def test_no_process_noise_stays_finite(backend):
 
     h = 1e-8
     base = functional(xs[5])
-    fd = torch.zeros(3, 4, dtype=torch.float64)
+    fd = torch.zeros(3, 4, dtype=torch.float64, device=dev)
     for i in range(3):
         for j in range(4):
             bumped = xs[5].clone()
@@ -273,11 +281,11 @@ def test_no_process_noise_stays_finite(backend):
     assert max_rel_error(grads[5], fd) < TOL  # measured 1.4e-7 (float32), 2e-8 (float64: the FD error)
 
 
-def noiseless_inputs(B, L, M, S, seed, dtype):
+def noiseless_inputs(B, L, M, S, seed, dtype, device="cpu"):
     """Inputs without process noise whose decays span [0.2, 0.95]: the exact precision of the
     fastest-decaying filters leaves float32's range within 30 tokens and float64's within 230."""
-    xs = make_inputs(B, L, M, S, seed=seed, dtype=dtype)
-    xs[4] = torch.linspace(0.2, 0.95, M * S, dtype=dtype).reshape(M, S)
+    xs = make_inputs(B, L, M, S, seed=seed, dtype=dtype, device=device)
+    xs[4] = torch.linspace(0.2, 0.95, M * S, dtype=dtype, device=device).reshape(M, S)
     xs[5] = torch.zeros_like(xs[4])
     return xs
 
@@ -294,7 +302,7 @@ def test_no_process_noise_state_continues(dtype, backend):
     """noise = 0 past the overflow of the precision: the returned state carries the variance and
     the mean, so the split scan continues it exactly; its pair ``(lam, eta)`` equals the float64
     recursion where that is in range and is inf, never NaN, where the exact precision is not."""
-    xs = noiseless_inputs(2, 300, 3, 4, seed=11, dtype=dtype)
+    xs = noiseless_inputs(2, 300, 3, 4, seed=11, dtype=dtype, device=device_of(backend))
     y, y_var, state = kla_scan(*xs, return_state=True, backend=backend)
     head, tail = split(xs, 250)
     y1, v1, mid = kla_scan(*head, return_state=True, backend=backend)
@@ -308,7 +316,7 @@ def test_no_process_noise_state_continues(dtype, backend):
     assert not (lam_ref[~finite] <= torch.finfo(dtype).max).any()
     # inf exactly where 1 / var overflows: var is 0 or, on the recurrent backend, subnormal
     assert not torch.isnan(eta).any() and (state.var[~finite] <= 1 / torch.finfo(dtype).max).all()
-    assert max_rel_error(lam[finite] / lam_ref[finite], torch.ones(int(finite.sum()))) < TOL
+    assert max_rel_error(lam[finite] / lam_ref[finite], torch.ones(int(finite.sum()), device=lam.device)) < TOL
     assert_matches((eta[finite],), (eta_ref[finite],), "eta in range")
 
 
@@ -352,7 +360,7 @@ def test_kernels_launched_before_the_checks_are_read(monkeypatch):
     the torch backend's result (here under the interpreter, the launch order forced)."""
     from kalmanscan.ops.kla import dispatch
 
-    xs = [x.float() for x in make_inputs(1, 9, 3, 2, seed=4)]
+    xs = [x.float() for x in make_inputs(1, 9, 3, 2, seed=4, device=KERNEL_DEVICE)]
     plain = kla_scan(*xs, backend="triton")
     monkeypatch.setattr(dispatch, "_launch_first", lambda v: True)
     for a, b in zip(kla_scan(*xs, backend="triton"), plain):
