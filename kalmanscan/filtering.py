@@ -99,7 +99,7 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     out = run_backend(finite, backend)
     if diffuse is not None:
         out = restore(p, diffuse, out)
-    if "logliks" in wanted:
+    if "logliks" in wanted and "loglik" not in out:  # the fused kernels sum it as they go
         out["loglik"] = sum_time(out["logliks"])
     witness = (out["loglik"] if "logliks" in wanted else out["mean"][..., -1, :]) if by_result else None
     if outputs is not None:

@@ -72,7 +72,8 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if diffuse is not None:
         out = restore(p, diffuse, out)
         mean_s, var_s, precision_s = smooth_leading(p, diffuse, out, mean_s, var_s, precision_s)
-    out["loglik"] = sum_time(out["logliks"])
+    if "loglik" not in out:  # the fused kernels sum it as they go
+        out["loglik"] = sum_time(out["logliks"])
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
     if by_result and (diffuse is not None or not finite_sum(out["loglik"])):

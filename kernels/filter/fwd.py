@@ -129,11 +129,14 @@ def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, 
                  mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
                  pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
                  WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
-                 POSTERIOR: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
+                 POSTERIOR: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+                 SUM_LOGLIK: tl.constexpr):
     """Walk steps ``t0 .. t0 + L - 1`` from the state ``(lam, eta)``, writing the outputs
-    (:func:`kalmanscan.kernels.filter.steps.emit_step`)."""
+    (:func:`kalmanscan.kernels.filter.steps.emit_step`). Returns the sum of the steps'
+    log-likelihoods in float64 with ``SUM_LOGLIK`` (``POSTERIOR`` bit 256 set), else zeros."""
     out = b * T * C + c
     end = tl.minimum(t0 + L, T)
+    total = tl.zeros_like(lam).to(tl.float64)
     # with PREFETCH, y of the next four steps in flight (loads issued ahead of the dependent chain)
     y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
     for i in tl.range(0, L, loop_unroll_factor=UNROLL):
@@ -143,10 +146,13 @@ def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, 
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
             decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
-        lam, eta = emit_step(
+        lam, eta, loglik = emit_step(
             lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, out + t * C, valid,
             mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
             pred_obs_var_ptr, loglik_ptr, missing_ptr, WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+        if SUM_LOGLIK:
+            total += tl.where(valid, loglik, 0.0).to(tl.float64)
+    return total
 
 
 @triton.jit
@@ -250,9 +256,13 @@ def filter_fwd_kernel(
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr, POSTERIOR: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+    loglik_sum_ptr=None, SUM_LOGLIK: tl.constexpr = False,
 ):
     """Walk each lane's stretch from ``start`` and write the outputs ``(B, T, C)``
-    (which ones, and how, is :func:`kalmanscan.kernels.filter.steps.emit_step`'s contract)."""
+    (which ones, and how, is :func:`kalmanscan.kernels.filter.steps.emit_step`'s contract).
+    With ``SUM_LOGLIK`` (and ``POSTERIOR`` bit 256) each lane's stretch also adds its
+    log-likelihoods in float64 into ``loglik_sum[b, s, c]`` (``(B, NS, C)``), so the sum over time
+    needs no pass over the per-step values."""
     b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
         C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
@@ -260,10 +270,12 @@ def filter_fwd_kernel(
     sbase = start_ptr + b * 2 * NS * C + g
     lam = tl.load(sbase, mask=lane_ok, other=1.0)
     eta = tl.load(sbase + NS * C, mask=lane_ok, other=0.0)
-    walk_outputs(
+    total = walk_outputs(
         lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
         sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
         mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
         mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
         pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP, OBS_STEP,
-        WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR, UNROLL, PREFETCH)
+        WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR, UNROLL, PREFETCH, SUM_LOGLIK)
+    if SUM_LOGLIK:
+        tl.store(loglik_sum_ptr + b * NS * C + g, total, mask=lane_ok)

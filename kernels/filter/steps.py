@@ -226,8 +226,10 @@ def emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid,
     """Store the fields of the ``POSTERIOR`` bit mask (:func:`emit_step`) that the prediction
     before a step determines, from its centred mean ``pred_mu`` and variance ``pred_var``:
     ``pred_mean`` (4), ``pred_var`` (8), ``pred_precision`` (32), the predictive law of ``y``
-    (64, 128), the log-likelihood (256; 0 where ``y`` is missing) and the missing flag (512)."""
+    (64, 128), the log-likelihood (256; 0 where ``y`` is missing) and the missing flag (512).
+    Returns the step's log-likelihood with 256 set (0 where ``y`` is missing), else zeros."""
     pred_obs_var = h * h * pred_var + obs_var
+    loglik = tl.zeros_like(pred_var)
     if POSTERIOR & 4:
         tl.store(pred_mu_ptr + o, pred_mu + mean, mask=valid)
     if POSTERIOR & 8:
@@ -241,9 +243,11 @@ def emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid,
     if POSTERIOR & 256:
         innov = yc - h * pred_mu
         loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
-        tl.store(loglik_ptr + o, tl.where(observed, loglik, 0.0), mask=valid)
+        loglik = tl.where(observed, loglik, 0.0)
+        tl.store(loglik_ptr + o, loglik, mask=valid)
     if POSTERIOR & 512:
         tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
+    return loglik
 
 
 @triton.jit
@@ -253,7 +257,8 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
               WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
               POSTERIOR: tl.constexpr):
     """Write step ``t``'s outputs at offset ``o`` from the state ``(lam, eta)`` before it; returns the
-    state after it (:func:`info_step`).
+    state after it (:func:`info_step`) and the step's log-likelihood (zeros unless the
+    ``POSTERIOR`` bit 256 is set).
 
     Centred moments (``POSTERIOR`` off): ``mu = eta / lam`` (filtered centred mean), ``lam``
     (filtered precision), ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise``
@@ -273,9 +278,11 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
     inv = rcp(lam)
     pred_mu = decay * eta * inv
     pred_var = decay * decay * inv + noise
+    loglik = tl.zeros_like(pred_var)
     if POSTERIOR:
-        emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid, pred_mu_ptr, pred_var_ptr,
-                        pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr, POSTERIOR)
+        loglik = emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid, pred_mu_ptr,
+                                 pred_var_ptr, pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr,
+                                 missing_ptr, POSTERIOR)
     elif WRITE_PRED:
         tl.store(pred_mu_ptr + o, pred_mu, mask=valid)
         tl.store(pred_var_ptr + o, pred_var, mask=valid)
@@ -293,4 +300,4 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
             tl.store(mu_ptr + o, eta * var, mask=valid)
         if WRITE_LAM:
             tl.store(lam_ptr + o, lam, mask=valid)
-    return lam, eta
+    return lam, eta, loglik

@@ -39,7 +39,7 @@ def stream_step_kernel(y_ptr, state_ptr, new_state_ptr, params_ptr, out_ptr, N,
     lam0 = 1.0 / (decay * decay * var_prev + noise)
     eta0 = lam0 * (decay * (mean_prev - mean))
     observed, yc, hr, phi, info = observation(y, obs_var, mean, h)
-    lam, eta = emit_step(lam0, eta0, 1.0, 0.0, observed, yc, phi, info, obs_var, mean, h, o, valid,
+    lam, eta, _ = emit_step(lam0, eta0, 1.0, 0.0, observed, yc, phi, info, obs_var, mean, h, o, valid,
                          out_ptr, out_ptr + N, out_ptr + 2 * N, out_ptr + 3 * N, out_ptr + 4 * N,
                          out_ptr + 5 * N, out_ptr + 6 * N, out_ptr + 7 * N, out_ptr + 8 * N, out_ptr + 9 * N,
                          False, False, False, POSTERIOR)

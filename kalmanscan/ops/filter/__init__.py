@@ -9,7 +9,9 @@ Every backend is a module with the same functions and signatures:
 
 ``p`` is a validated :class:`kalmanscan.inputs.Problem`; the dict holds ``mean, var, precision,
 pred_mean, pred_var, pred_precision, pred_obs_mean, pred_obs_var, logliks, decay, noise,
-missing`` (NumPy arrays are accepted and converted). Built in: ``"reference"`` (sequential float64
+missing`` (NumPy arrays are accepted and converted), and optionally ``loglik``, the sum of
+``logliks`` over time ``(..., C)``, where the backend sums it as it goes (the triton walks).
+Built in: ``"reference"`` (sequential float64
 covariance form, the oracle), ``"torch"`` (time-parallel scans, any device, differentiable),
 ``"triton"`` (fused GPU kernels) and ``"cpu"`` (a compiled sequential loop); ``"auto"`` is triton
 on CUDA and the compiled loop on the CPU. :func:`register_backend` adds a name that

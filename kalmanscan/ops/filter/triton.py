@@ -160,6 +160,9 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     eta0 = lam0 (init_mean - mean_0)``. Only the named centred outputs are written; with
     ``posterior`` (``True``: all, or a collection of names) the fields of :data:`POSTERIOR`
     instead (those of :func:`kalmanscan.ops.filter.torch.finish`, in one pass), only those named.
+    With ``"logliks"`` among them the walks also return ``"loglik"``, the sum over time ``(B, C)``:
+    each stretch's sum accumulated in float64 by the kernel, the stretches summed after it, in
+    ``y``'s dtype (the tiles and the closed form leave it out).
     """
     if posterior is True:
         posterior = POSTERIOR
@@ -195,9 +198,16 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
         filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                       num_warps=config.carry_warps)
     out, pointers, write = _outputs(y, outputs, posterior, out_shape)
+    result = {k: out[k] for k in (posterior or outputs)}
+    partial = None
+    if "logliks" in posterior and fwd_kernel is filter_fwd_kernel:
+        partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev)
+        opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
     fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write,
                      POSTERIOR=posterior_mask(posterior), **opts)
-    return {k: out[k] for k in (posterior or outputs)}
+    if partial is not None:
+        result["loglik"] = partial.sum(1).to(dtype)
+    return result
 
 
 def posterior_mask(fields: Iterable[str]) -> int:
@@ -342,6 +352,8 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
             return {**dict(zip(fields, values)), "decay": decay, "noise": noise}
         views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
         out = filter_forward(views, init, config=config, posterior=fields, out_shape=shape)
+        if "loglik" in out:
+            out["loglik"] = out["loglik"].reshape(shape[:-2] + shape[-1:])
         return {**out, "decay": decay, "noise": noise}
 
     mu_c, lam, pred_mu_c, pred_var = filter_fused(*inputs, init, list(shape), config.as_ints())
