@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import KERNEL_DEVICE
 
 import kalmanscan as ks
 from kalmanscan.filtering import OUTPUTS
@@ -17,32 +18,32 @@ SELECTIONS = [("mean", "var"), ("loglik",), ("pred_obs_mean", "pred_obs_var", "m
               ("precision", "pred_mean", "pred_var", "pred_precision", "logliks")]
 
 
-def series(T=70):
+def series(T=70, backend="cpu"):
+    """A ``(2, T, 3)`` float64 series with a gap, on :data:`KERNEL_DEVICE` for the triton backend."""
     y = np.random.default_rng(0).normal(size=(2, T, 3))
     y[0, 5:9, 1] = np.nan
-    return torch.tensor(y)
+    return torch.tensor(y, device=KERNEL_DEVICE if backend == "triton" else "cpu")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("outputs", SELECTIONS)
 def test_selected_fields_equal_the_full_call(backend, outputs, poisoned):
-    y = series()
-    full = ks.filter(y, backend="reference", **KW)
-    post = ks.filter(y, backend=backend, outputs=outputs, **KW)
+    full = ks.filter(series(), backend="reference", **KW)
+    post = ks.filter(series(backend=backend), backend=backend, outputs=outputs, **KW)
     wanted = set(outputs) | ({"logliks"} if "loglik" in outputs else set())
     for k in FIELDS:
         got = getattr(post, k)
         if k not in wanted:
             assert got is None, k
             continue
-        np.testing.assert_allclose(got.numpy(), np.asarray(getattr(full, k)), rtol=1e-10, atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(got.cpu().numpy(), np.asarray(getattr(full, k)), rtol=1e-10, atol=1e-12, err_msg=k)
     assert (post.params["missing"] is None) == ("missing" not in outputs)
     assert "not computed" in repr(post)
 
 
 @pytest.mark.parametrize("outputs", [("mean",), None])
 def test_inf_in_y_is_still_refused(outputs):
-    y = series()
+    y = series(backend="triton")
     y[1, 3, 0] = math.inf
     with pytest.raises(ValueError, match="y must be finite or NaN"):
         ks.filter(y, backend="triton", outputs=outputs, **KW)
@@ -55,7 +56,7 @@ def test_unknown_outputs_are_named(bad):
 
 
 def test_diffuse_prior_with_selected_outputs():
-    y = series()
+    y = series(backend="triton")
     y[:, :2, :] = np.nan
     kw = dict(KW, init_var=math.inf)
     full = ks.filter(y, backend="torch", **kw)
@@ -70,7 +71,7 @@ def test_gradients_of_selected_fields_equal_the_full_call(backend, diffuse):
     """With gradients the torch and triton backends form only the selected fields from the
     filter's moments (:func:`kalmanscan.ops.filter.torch.finish`): the log-likelihood's gradient
     equals the full call's, diffuse prior included (a shorter series under the interpreter)."""
-    y = series(33 if backend == "triton" else 70)
+    y = series(33 if backend == "triton" else 70, backend)
     kw = dict(KW, init_var=math.inf) if diffuse else KW
     def grad(outputs, fields):
         theta = torch.tensor([0.3, 0.5, 0.2], dtype=torch.float64, requires_grad=True)
