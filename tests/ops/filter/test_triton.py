@@ -20,7 +20,7 @@ from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, NAMES, config, posterior_erro
                      random_problem, triton_filter)
 
 import kalmanscan as ks
-from kalmanscan.filtering import make_posterior
+from kalmanscan.filtering import make_posterior, sum_time
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import torch as torch_backend
 from kalmanscan.ops.filter import triton
@@ -74,6 +74,19 @@ def test_triton_equals_reference(case, poisoned):
     assert out.mean.dtype == dtype
     err, errs = posterior_error(out, ref)
     assert err < (1e-10 if dtype == torch.float64 else FLOAT32_BOUND), errs
+
+
+@pytest.mark.parametrize("T, cfg", [(1, ONE), (63, ONE), (201, CHUNKS)], ids=["T1", "T63", "T201-41stretches"])
+def test_walks_sum_the_loglik_over_time(T, cfg, poisoned):
+    """The walks' log-likelihood summed over time in the kernel (each stretch in float64, the
+    stretches after it) equals the sum of the per-step values they write, every stretch's partial
+    sum written (poisoned buffers), with a batch and missing values."""
+    rng = np.random.default_rng(T)
+    y, kw = random_problem(rng, T, C=3, batch=(2,), missing=0.15)
+    p = prepared(y, kw)[0]
+    out = triton.filter(p, cfg)
+    assert out["loglik"].shape == (2, 3)
+    torch.testing.assert_close(out["loglik"], sum_time(out["logliks"]), rtol=1e-13, atol=1e-13)
 
 
 def test_offsets_batch_broadcast_and_random_walk():
