@@ -1,0 +1,120 @@
+"""The host work of the public calls outside their kernel launches, on any machine.
+
+The Triton kernels of the filter and of the KLA scan are replaced by no-ops, so what is timed is
+the Python and torch work around them: ``ks.filter`` (host parameters, a small float32 series)
+and its stages (``prepare``, the triton backend, ``make_posterior``), and ``ks.nn.kla_scan``
+against its kernels' wrapper ``kla_scan_triton`` and its value checks. On a GPU host each call
+adds its Triton launches (three for the filter's walks, one or two for the scan) and the device's
+allocations; on a CPU the shapes are kept small so that allocations stay cheap. Best of twenty
+rounds of ``--calls`` calls each, microseconds per call.
+
+    TRITON_INTERPRET=1 python -m benchmarks.host_cost [--calls 300] [--out host_cost.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+
+import torch
+
+import kalmanscan as ks
+from kalmanscan.filtering import make_posterior
+from kalmanscan.inputs import prepare
+from kalmanscan.ops.filter import triton as filter_triton
+from kalmanscan.ops.kla import dispatch as kla_dispatch
+from kalmanscan.ops.kla import library as kla_library
+from kalmanscan.ops.kla.triton import kla_scan_triton
+
+FILTER_KERNELS = ("filter_agg_kernel", "filter_carry_kernel", "filter_fwd_kernel")
+KLA_KERNELS = ("kla_fwd_kernel", "kla_piece_map_kernel")
+
+
+class _NoLaunch:
+    """Stands for a Triton kernel: ``kernel[grid](...)`` does nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def per_call_us(fn, calls: int) -> float:
+    """Best of twenty rounds, microseconds per call (the least disturbed round)."""
+    for _ in range(min(calls, 100)):
+        fn()
+    best = float("inf")
+    for _ in range(20):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best * 1e6
+
+
+def filter_rows(calls: int) -> dict:
+    y = torch.randn(64, 8)
+    kw = dict(theta=0.3, sigma=0.5, obs_var=0.2, backend="triton")
+    p = prepare(y, **kw)
+    out = filter_triton.filter(p)
+    return {
+        "ks.filter": per_call_us(lambda: ks.filter(y, **kw), calls),
+        "ks.filter check_finite=False": per_call_us(lambda: ks.filter(y, check_finite=False, **kw), calls),
+        "ks.filter mean,var check_finite=False": per_call_us(
+            lambda: ks.filter(y, check_finite=False, outputs=("mean", "var"), **kw), calls),
+        "prepare": per_call_us(lambda: prepare(y, check_y=False, **kw), calls),
+        "triton backend": per_call_us(lambda: filter_triton.filter(p), calls),
+        "make_posterior": per_call_us(lambda: make_posterior(p, dict(out)), calls),
+    }
+
+
+def kla_rows(calls: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    B, L, M, S = 2, 16, 8, 4
+    v, lam_v = torch.randn(B, L, M, generator=g), torch.rand(B, L, M, generator=g) + 0.5
+    k = torch.nn.functional.normalize(torch.randn(B, L, S, generator=g), dim=-1)
+    decay, noise = torch.rand(M, S, generator=g) * 0.5 + 0.45, torch.rand(M, S, generator=g) * 0.1 + 0.01
+    with torch.no_grad():
+        return {
+            "ks.nn.kla_scan": per_call_us(lambda: ks.nn.kla_scan(v, lam_v, k, k, decay, noise, backend="triton"),
+                                          calls),
+            "kla_scan_triton": per_call_us(lambda: kla_scan_triton(v, lam_v, k, k, decay, noise), calls),
+            "value checks (queued and read)": per_call_us(lambda: kla_dispatch.decide_checks(
+                kla_dispatch.queue_checks(lam_v, decay, noise, None), noise.dtype), calls),
+            "shape checks": per_call_us(
+                lambda: kla_dispatch.check_shapes(v, lam_v, k, k, decay, noise, None, "triton"), calls),
+        }
+
+
+@contextlib.contextmanager
+def no_launches():
+    """The filter's and the scan's kernels replaced by :class:`_NoLaunch` inside, restored after."""
+    saved = [(module, name, getattr(module, name)) for module, names in
+             ((filter_triton, FILTER_KERNELS), (kla_library, KLA_KERNELS)) for name in names]
+    try:
+        for module, name, _ in saved:
+            setattr(module, name, _NoLaunch())
+        yield
+    finally:
+        for module, name, kernel in saved:
+            setattr(module, name, kernel)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
+    args = ap.parse_args(argv)
+    with no_launches():
+        rows = {"filter": filter_rows(args.calls), "kla": kla_rows(args.calls)}
+    for group, row in rows.items():
+        for name, us in row.items():
+            print(f"{group:6s} {name:40s} {us:8.1f} us")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(rows, torch=torch.__version__, calls=args.calls), f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
