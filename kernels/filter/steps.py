@@ -16,7 +16,7 @@ Arithmetic is in the dtype of the pointers (float32 in production, float64 in th
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
+from ..fast_math import rcp, rcp_refined
 
 
 @triton.jit
@@ -213,9 +213,10 @@ def info_step(lam, eta, decay, noise, phi, info):
     """One predict-then-update step of the information filter on ``(lam, eta)`` (docs/math.md §2).
 
     ``rho = 1 / (decay^2 + noise lam) > 0``; ``lam' = rho lam + phi``,
-    ``eta' = decay rho eta + info``. Every term of ``lam'`` is non-negative.
+    ``eta' = decay rho eta + info``. Every term of ``lam'`` is non-negative. ``rho`` is carried
+    into every later step, so it is computed to about half an ulp (:func:`rcp_refined`).
     """
-    rho = rcp(decay * decay + noise * lam)
+    rho = rcp_refined(decay * decay + noise * lam)
     return rho * lam + phi, decay * rho * eta + info
 
 

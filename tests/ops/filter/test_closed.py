@@ -177,3 +177,49 @@ def test_plan():
     assert closed.plan(1, 63, 3, ONE) == (1, 4, 16, 4)
     assert closed.plan(1, 61, 3, SPLIT) == (8, 1, 8, 4)
     assert closed.plan(2, 5, 3) == (1, 1, 8, 4)
+
+
+def _walk_precision_float32(y, decay, noise, phi, lam0, bias, newton):
+    """The walks' precision recursion in float32 with NumPy, its reciprocal ``bias`` ulps off
+    (the hardware's is at most one) and optionally refined by one Newton step (FMAs emulated in
+    float64, where the product of two float32 numbers is exact)."""
+    f32, f64 = np.float32, np.float64
+
+    def reciprocal(x):
+        r = (f32(1) / x * f32(1 + bias * np.finfo(f32).eps)).astype(f32)
+        if newton:
+            e = (1.0 - x.astype(f64) * r.astype(f64)).astype(f32)
+            r = (r.astype(f64) * e.astype(f64) + r.astype(f64)).astype(f32)
+        return r
+
+    lam, out = lam0, []
+    for t in range(y.shape[1]):
+        a, q = (f32(1), f32(0)) if t == 0 else (decay, noise)
+        lam = (reciprocal((a * a + q * lam).astype(f32)) * lam + np.where(np.isnan(y[:, t]), f32(0), phi)).astype(f32)
+        out.append(lam)
+    return np.stack(out, 1)
+
+
+def test_newton_step_on_the_reciprocal_keeps_nearly_neutral_steps_accurate():
+    """Why ``info_step`` refines its reciprocal (docs/math.md, "The reciprocal in float32"): on
+    the extreme matrix with 20% missing, a reciprocal one ulp off at every step (as the GPU's may
+    be) walks the float32 precision past :data:`FLOAT32_BOUND` (4.3e-6 low, 5.1e-6 high; 1.2e-6
+    correctly rounded), and one Newton step brings it back to the correctly rounded walk's."""
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=(len(THETA_DT), 33, len(OBS_VAR))) * np.sqrt(OBS_VAR)
+    y[rng.random(y.shape) < 0.2] = np.nan
+    kw = dict(theta=(THETA_DT / 0.7)[:, None, None], sigma=2.0, obs_var=OBS_VAR, dt=0.7, init_var=1e6)
+    ref = np.asarray(ks.filter(y, backend="reference", **kw).precision)
+    decay, noise = (np.broadcast_to(x, (len(THETA_DT), 1, len(OBS_VAR)))[:, 0].astype(np.float32)
+                    for x in ks.ou.discretize(kw["theta"], 2.0, 0.7))
+    phi = np.broadcast_to((np.float32(1) / OBS_VAR.astype(np.float32)), decay.shape)
+    lam0 = np.full(decay.shape, np.float32(1e-6))
+
+    def error(bias, newton):
+        return float(np.max(np.abs(_walk_precision_float32(y, decay, noise, phi, lam0, bias, newton) / ref - 1)))
+
+    exact = error(0, False)
+    assert exact < FLOAT32_BOUND / 3
+    assert min(error(-1, False), error(1, False)) > FLOAT32_BOUND
+    for bias in (-1, 1):
+        assert error(bias, True) <= 1.01 * exact
