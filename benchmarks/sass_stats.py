@@ -28,8 +28,13 @@ from triton.compiler import ASTSource  # noqa: E402
 ALIGNED = "aligned"  # a runtime argument specialised as divisible by 16 (a pointer: 16-byte aligned)
 
 
+POINTER_TYPES = {"loglik_sum_ptr": "*fp64"}
+"""Pointer arguments whose element type is not float32 in a float32 launch."""
+
+
 def _signature(fn, const):
-    """Triton signature, constexprs and attributes of ``fn``: ``*fp32`` for ``*_ptr`` arguments,
+    """Triton signature, constexprs and attributes of ``fn``: ``*fp32`` for ``*_ptr`` arguments
+    (those of :data:`POINTER_TYPES` excepted),
     ``i32`` for the other runtime ones, ``constexpr`` for the compile-time ones (``const`` keeps only
     those ``fn`` takes). ``const`` may also specialise runtime arguments as a launch does: a value
     makes it a constexpr (Triton specialises integers equal to 1), :data:`ALIGNED` marks it divisible
@@ -40,7 +45,7 @@ def _signature(fn, const):
         if p.is_constexpr or (name in const and const[name] != ALIGNED):
             sig[name] = "constexpr"
         else:
-            sig[name] = "*fp32" if ptr else "i32"
+            sig[name] = POINTER_TYPES.get(name, "*fp32") if ptr else "i32"
             if const.get(name) == ALIGNED or (ptr and const.get("*_ptr") == ALIGNED):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, {k: v for k, v in const.items() if sig.get(k) == "constexpr"}, attrs
@@ -105,6 +110,7 @@ def kernels(fc=None, cfg=None):
         "rts": (rts_kernel, walk, fc.num_warps),
         "rts_wide": (rts_kernel, dict(walk, WIDE=True), fc.num_warps),
         "filter_fwd_variants": (filter_fwd_kernel, dict(walk, **other, PREFETCH=False), fc.num_warps),
+        "filter_fwd_posterior": (filter_fwd_kernel, dict(walk, POSTERIOR=1023, SUM_LOGLIK=True), fc.num_warps),
         "filter_tile_fwd_variants": (filter_tile_fwd_kernel, dict(tile, **other), fc.tile_warps),
         "filter_tile_posterior": (filter_tile_fwd_kernel, dict(tile, POSTERIOR=True), fc.tile_warps),
         "filter_bwd_variants": (filter_bwd_kernel, dict(bwd, **other), fc.num_warps),
