@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import kalmanscan as ks
 from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
+from benchmarks.records import commit
 from kalmanscan.filtering import sum_time
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import triton as triton_backend
@@ -161,8 +162,8 @@ def main():
     bw = copy_bandwidth()
     rows = filter_rows(g, bw, shapes)
     kla = kla_row(g)
-    result = dict(device=torch.cuda.get_device_name(), copy_GBps=bw, max_rel_error_vs_float64=err,
-                  filter=rows, kla=kla)
+    result = dict(commit=commit(), date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name(),
+                  torch=torch.__version__, copy_GBps=bw, max_rel_error_vs_float64=err, filter=rows, kla=kla)
     print(f"device {result['device']}, copy {bw:.0f} GB/s, triton vs float64 torch {err:.1e}")
     print("ks.filter (ms; queued / alone): public all fields, kernels all, floor; public mean+var, kernels, floor")
     for r in rows:

@@ -71,7 +71,7 @@ def test_gradients_of_selected_fields_equal_the_full_call(backend, diffuse):
     """With gradients the torch and triton backends form only the selected fields from the
     filter's moments (:func:`kalmanscan.ops.filter.torch.finish`): the log-likelihood's gradient
     equals the full call's, diffuse prior included (a shorter series under the interpreter)."""
-    y = series(33 if backend == "triton" else 70, backend)
+    y = series(17 if backend == "triton" else 70, backend)
     kw = dict(KW, init_var=math.inf) if diffuse else KW
     def grad(outputs, fields):
         theta = torch.tensor([0.3, 0.5, 0.2], dtype=torch.float64, requires_grad=True)
