@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 
@@ -11,14 +10,15 @@ import numpy as np
 import torch
 
 from .diffuse import Diffuse, finite_problem, restore
-from .inputs import Problem, check_no_inf, host_parameters, prepare
+from .checks import check_no_inf, finite_sum
+from .inputs import Problem, host_parameters, prepare
 from .ops.filter import run_backend
 from .posterior import Params, Posterior
 from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike
 
 
-__all__ = ["filter", "make_posterior", "sum_time", "finite_sum", "OUTPUTS"]
+__all__ = ["filter", "make_posterior", "sum_time", "OUTPUTS"]
 
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
@@ -186,12 +186,6 @@ def sum_time(logliks: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
     blocks = logliks[..., :whole, :].unflatten(-2, (whole // _BLOCK, _BLOCK)).sum(-2)
     total = blocks.sum(-2, dtype=torch.float64) + logliks[..., whole:, :].sum(-2, dtype=torch.float64)
     return total.to(logliks.dtype)
-
-
-def finite_sum(x: torch.Tensor) -> bool:
-    """Whether the sum of ``x`` is finite: false when an element is not (or the sum overflows). One
-    reduction read back: one synchronisation on a device."""
-    return math.isfinite(float(x.detach().sum()))
 
 
 def _times(p: Problem):

@@ -14,7 +14,6 @@ Nothing the caller passed is modified: the tensors made here are new or read-onl
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 
 from dataclasses import dataclass, field
 
@@ -22,10 +21,11 @@ import numpy as np
 import torch
 
 from . import mobius, ou
+from .checks import Checks, queue_y_check
 from .types import ArrayLike
 
 
-__all__ = ["Problem", "prepare", "check_no_inf", "host_parameters", "to_device"]
+__all__ = ["Problem", "prepare", "host_parameters", "to_device"]
 _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
 _NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
                          "pass init_var > 0, or float('inf') for a diffuse prior")
@@ -140,70 +140,6 @@ def _to_tensor(name, x, dtype, device):
         return torch.as_tensor(arr, dtype=dtype, device=device)
 
 
-class Checks:
-    """Value checks and facts on tensors, decided together with at most one synchronisation.
-
-    ``add`` queues ``all(cond(x))`` without waiting for the device; ``fact`` queues a boolean
-    tensor to be read back; ``decide`` reads every verdict and fact at once (those computed on the
-    CPU cost no synchronisation; all those on a device come back in one copy) and raises
-    ``ValueError`` for the first check that failed, in the order they were added.
-    """
-
-    def __init__(self):
-        self.items = []
-        self.facts = {}
-
-    def add(self, name: str, x: torch.Tensor, cond: Callable[[torch.Tensor], torch.Tensor], what: str) -> None:
-        """Queue ``all(cond(x))`` (NaN fails), reported as ``"{name} must be {what}"``."""
-        with torch.no_grad():
-            self.items.append((f"{name} must be {what}", torch.all(cond(x.detach())), None))
-
-    def require(self, message: str, ok: torch.Tensor, confirm: Callable[[], None] | None = None) -> None:
-        """Queue a check given as a boolean tensor ``ok`` and its full error message; when ``ok``
-        is false and ``confirm`` is given, ``confirm()`` decides instead (it raises or returns)."""
-        self.items.append((message, ok, confirm))
-
-    def fact(self, name: str, value: torch.Tensor | bool) -> None:
-        """Queue a boolean tensor (or a Python bool) read back by :meth:`decide` as ``name``."""
-        self.facts[name] = value
-
-    def decide(self) -> dict:
-        """Raise for the first failed check; return the facts as Python bools."""
-        entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
-        verdict = [None if isinstance(x, torch.Tensor) else bool(x) for x in entries]
-        devices = {x.device for x in entries if isinstance(x, torch.Tensor)}
-        for device in devices:  # one stack per device, read as NumPy: one copy back from a device
-            order = [i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device == device]
-            read = torch.stack([entries[i].reshape(()).to(torch.bool) for i in order]).cpu().numpy()
-            for i, v in zip(order, read):
-                verdict[i] = bool(v)
-        for (message, _, confirm), good in zip(self.items, verdict):
-            if not good and confirm is None:
-                raise ValueError(message)
-            if not good:
-                confirm()
-        facts = dict(zip(self.facts, verdict[len(self.items):]))
-        self.items, self.facts = [], {}
-        return facts
-
-
-_Y_MESSAGE = "y must be finite or NaN (missing); it contains inf"
-
-
-def check_no_inf(y: ArrayLike) -> None:
-    """Raise ``ValueError`` if ``y`` holds ``inf`` (NaN is allowed: it marks a missing value)."""
-    if bool(torch.isinf(torch.as_tensor(y)).any()):
-        raise ValueError(_Y_MESSAGE)
-
-
-def _check_y(checks: Checks, y: torch.Tensor) -> None:
-    """Queue the check that ``y`` holds no ``inf`` as one reduction with no temporary the size of
-    ``y``: ``nansum(y)`` is finite unless ``y`` holds an ``inf`` or the sum overflows, and only
-    then is ``y`` searched (:func:`check_no_inf`)."""
-    with torch.no_grad():
-        checks.require(_Y_MESSAGE, torch.isfinite(torch.nansum(y.detach())), confirm=lambda: check_no_inf(y))
-
-
 def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
             h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
             init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
@@ -243,12 +179,12 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         p = _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype)
         if check_y:
             checks = Checks()
-            _check_y(checks, y_t)
+            queue_y_check(checks, y_t)
             checks.decide()
         return p
     checks = Checks()
     if check_y:
-        _check_y(checks, y_t)
+        queue_y_check(checks, y_t)
     params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in _PARAMS}
     times_t = None
     if times is not None:

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from .diffuse import finite_problem, restore, smooth_leading
-from .filtering import finite_sum, make_posterior, sum_time
-from .inputs import check_no_inf, host_parameters, prepare
+from .checks import check_no_inf, finite_sum
+from .filtering import make_posterior, sum_time
+from .inputs import host_parameters, prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
 from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from . import ou
-from .inputs import Checks, Problem
+from .checks import Checks
+from .inputs import Problem
 from .posterior import Posterior, array_kind
 
 __all__ = ["StreamState", "as_prior", "naming_state", "continue_problem", "predict", "mark", "last_state"]

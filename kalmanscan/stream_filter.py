@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from .filtering import OUTPUTS, filter as _public_filter
-from .inputs import check_no_inf, prepare
+from .checks import check_no_inf, finite_sum
+from .inputs import prepare
 from .ops.filter import resolve_backend, run_backend
 from .stream import StreamState, predict
 from .types import ArrayLike
@@ -174,7 +175,7 @@ class StreamFilter:
     def _check(self, logliks: torch.Tensor, y_t: torch.Tensor) -> None:
         """With ``check_finite``: ``ValueError`` naming ``y`` when it holds an ``inf`` (searched only
         when the new steps' log-likelihoods are not finite; one read of their sum)."""
-        if self.check_finite and not bool(torch.isfinite(logliks.sum())):
+        if self.check_finite and not finite_sum(logliks):
             check_no_inf(y_t)
 
     def _steps_of(self, y: ArrayLike, p0, one_step: bool) -> torch.Tensor:
