@@ -99,8 +99,8 @@ def filter_posterior(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, obs_va
     views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
     fields = _fields(mask)
     out = triton_backend.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config),
-                                        posterior=fields, out_shape=tuple(shape))
-    return [out[k] for k in fields]
+                                        posterior=fields, out_shape=tuple(shape), loglik_sum=False)
+    return [out[k] for k in fields]  # (the operator returns the fields: its caller sums the log-likelihood)
 
 
 @filter_posterior.register_fake

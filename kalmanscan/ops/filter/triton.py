@@ -151,7 +151,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
                    outputs: Sequence[str] = ("mu", "lam", "pred_mu", "pred_var"),
                    config: FilterConfig = DEFAULT_CONFIG,
                    posterior: Sequence[str] | bool = False,
-                   out_shape: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+                   out_shape: Sequence[int] | None = None, loglik_sum: bool = True) -> dict[str, torch.Tensor]:
     """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``
     (allocated as ``out_shape`` instead when given: any shape of ``B T C`` elements).
 
@@ -160,9 +160,9 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     eta0 = lam0 (init_mean - mean_0)``. Only the named centred outputs are written; with
     ``posterior`` (``True``: all, or a collection of names) the fields of :data:`POSTERIOR`
     instead (those of :func:`kalmanscan.ops.filter.torch.finish`, in one pass), only those named.
-    With ``"logliks"`` among them the walks also return ``"loglik"``, the sum over time ``(B, C)``:
-    each stretch's sum accumulated in float64 by the kernel, the stretches summed after it, in
-    ``y``'s dtype (the tiles and the closed form leave it out).
+    With ``"logliks"`` among them and ``loglik_sum`` the walks also return ``"loglik"``, the sum
+    over time ``(B, C)``: each stretch's sum accumulated in float64 by the kernel, the stretches
+    summed after it, in ``y``'s dtype (the tiles and the closed form leave it out).
     """
     if posterior is True:
         posterior = POSTERIOR
@@ -200,7 +200,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     out, pointers, write = _outputs(y, outputs, posterior, out_shape)
     result = {k: out[k] for k in (posterior or outputs)}
     partial = None
-    if "logliks" in posterior and fwd_kernel is filter_fwd_kernel:
+    if loglik_sum and "logliks" in posterior and fwd_kernel is filter_fwd_kernel:
         partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev)
         opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
     fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write,
