@@ -17,6 +17,12 @@ DEVICE = torch.device(os.environ.get("KALMANSCAN_TEST_DEVICE", "cpu"))
 KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
                              else "cpu")
 
+
+def device_of(backend: str) -> torch.device:
+    """Where a backend's test tensors are made: the triton backend's on :data:`KERNEL_DEVICE`,
+    the others' on the CPU."""
+    return KERNEL_DEVICE if backend == "triton" else torch.device("cpu")
+
 POSITIVE = ("var", "precision", "pred_var", "pred_precision", "pred_obs_var")
 SIGNED = ("mean", "pred_mean", "pred_obs_mean", "logliks", "loglik")
 FIELDS = POSITIVE + SIGNED

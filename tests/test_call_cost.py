@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import triton.runtime.interpreter as interpreter
-from helpers import KERNEL_DEVICE
+from helpers import device_of
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kalmanscan as ks
@@ -68,11 +68,6 @@ def dispatched(monkeypatch):
     return mode
 
 
-def _device(backend):
-    """Where a backend's tensors are made: the triton backend's on :data:`KERNEL_DEVICE`."""
-    return KERNEL_DEVICE if backend == "triton" else torch.device("cpu")
-
-
 # (backend, outputs, parameters) -> most torch operations per call (measured: 31, 22, 177, 684, 49, 32, 158;
 # the tensor case 219 on a GPU, where each host value goes to the device through page-locked memory)
 BOUNDS = {("triton", None, "host"): 35, ("triton", ("mean", "var"), "host"): 25, ("triton", None, "tensor"): 225,
@@ -84,7 +79,7 @@ BOUNDS = {("triton", None, "host"): 35, ("triton", ("mean", "var"), "host"): 25,
 def test_small_call_dispatches_few_operations_and_one_scalar_read(dispatched, backend, outputs, params):
     """Parameters as host values (checked with NumPy) or as a ``(1, C)`` tensor on ``y``'s device
     (checked there, with ``y``'s check in the same read): one synchronisation either way."""
-    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(0)).to(_device(backend))
+    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(0)).to(device_of(backend))
     sigma = np.full(5, 0.7) if params == "host" else torch.full((1, 5), 0.7, device=y.device)
     kw = dict(theta=0.3, sigma=sigma, obs_var=0.4, backend=backend, outputs=outputs)
     ks.filter(y, **kw)  # first call: imports and compiles
@@ -112,7 +107,7 @@ def test_parameters_and_times_are_made_when_read(dispatched):
 @pytest.mark.parametrize("outputs", [None, ("mean", "var"), ("var",), ("loglik",)])
 @pytest.mark.parametrize("at", [0, 31, 62])
 def test_inf_in_y_is_still_caught(backend, outputs, at):
-    y = torch.randn(63, 2, generator=torch.Generator().manual_seed(2)).to(_device(backend))
+    y = torch.randn(63, 2, generator=torch.Generator().manual_seed(2)).to(device_of(backend))
     y[at, 1] = float("inf")
     with pytest.raises(ValueError, match="y must be finite"):
         ks.filter(y, theta=0.3, sigma=0.7, obs_var=0.4, backend=backend, outputs=outputs)
@@ -123,7 +118,7 @@ def test_inf_in_y_is_still_caught(backend, outputs, at):
 def test_check_finite_false_reads_nothing_back(dispatched, backend):
     """``check_finite=False``: no scalar read at all (calls on a device queue without waiting), the
     same result, and an ``inf`` in ``y`` shows in the result instead of raising."""
-    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(3)).to(_device(backend))
+    y = torch.randn(63, 5, generator=torch.Generator().manual_seed(3)).to(device_of(backend))
     kw = dict(theta=0.3, sigma=np.full(5, 0.7), obs_var=0.4, backend=backend)  # host parameters: checked there
     checked = ks.filter(y, **kw)
     with dispatched:

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import KERNEL_DEVICE
+from helpers import device_of
 
 import kalmanscan as ks
 from kalmanscan.filtering import OUTPUTS
@@ -19,10 +19,10 @@ SELECTIONS = [("mean", "var"), ("loglik",), ("pred_obs_mean", "pred_obs_var", "m
 
 
 def series(T=70, backend="cpu"):
-    """A ``(2, T, 3)`` float64 series with a gap, on :data:`KERNEL_DEVICE` for the triton backend."""
+    """A ``(2, T, 3)`` float64 series with a gap, on the backend's test device (:func:`helpers.device_of`)."""
     y = np.random.default_rng(0).normal(size=(2, T, 3))
     y[0, 5:9, 1] = np.nan
-    return torch.tensor(y, device=KERNEL_DEVICE if backend == "triton" else "cpu")
+    return torch.tensor(y, device=device_of(backend))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -15,7 +15,7 @@ import contextlib
 
 import pytest
 import torch
-from helpers import KERNEL_DEVICE, max_rel_error
+from helpers import KERNEL_DEVICE, device_of, max_rel_error
 
 from kalmanscan.ops.kla import RECURRENT_MIN_WIDTH, kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
@@ -26,11 +26,6 @@ TOL = 2e-5
 SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)        # M = 5: two channel blocks, one partial
 WIDE = KLAConfig(block_m=8, chunk=8, bwd_block_m=8)         # M = 5: one channel block
 SPLIT = KLAConfig(block_m=4, chunk=4, bwd_block_m=4, pieces=3, bwd_pieces=3)  # time in 3 stretches
-
-
-def device_of(backend):
-    """Where a backend's inputs are made: the triton backend's on :data:`KERNEL_DEVICE`."""
-    return KERNEL_DEVICE if backend == "triton" else torch.device("cpu")
 
 
 def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64, device="cpu"):
