@@ -2,8 +2,8 @@
 
 :class:`Checks` queues checks and facts on tensors and decides them together; :func:`check_no_inf`
 searches ``y`` for ``inf``; :func:`queue_y_check` queues that search's cheap precursor (one
-reduction); :func:`finite_sum` is the by-result check of the public calls (one reduction of a
-result read back).
+reduction); :func:`finite_sum` and :func:`check_y_by_result` are the by-result check of the public calls
+(one reduction of a result read back).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from .types import ArrayLike
 
-__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum"]
+__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result"]
 
 
 class Checks:
@@ -86,3 +86,13 @@ def finite_sum(x: torch.Tensor) -> bool:
     """Whether the sum of ``x`` is finite: false when an element is not (or the sum overflows). One
     reduction read back: one synchronisation on a device."""
     return math.isfinite(float(x.detach().sum()))
+
+
+def check_y_by_result(y: torch.Tensor, witness: torch.Tensor, diffuse: bool) -> None:
+    """``y``'s inf check from a result it reaches: an ``inf`` in ``y`` makes ``witness`` (the
+    log-likelihood summed over time, or the last filtered mean) non-finite, so ``y`` is searched
+    only when ``witness`` is not finite, or always with a diffuse prior (a diffuse channel's first
+    observation leaves no trace in the result). One read of ``witness``: the call's one
+    synchronisation, made last so that the device works while the host assembles the result."""
+    if diffuse or not finite_sum(witness):
+        check_no_inf(y)

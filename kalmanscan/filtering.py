@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .diffuse import Diffuse, finite_problem, restore
-from .checks import check_no_inf, finite_sum
+from .checks import check_y_by_result
 from .inputs import Problem, host_parameters, prepare
 from .ops.filter import run_backend
 from .posterior import Params, Posterior
@@ -106,9 +106,8 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
         out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
     post = make_posterior(p, out, diffuse=diffuse)
-    # Read last, once everything is queued: the device works while the host assembles the result.
-    if by_result and (diffuse is not None or not finite_sum(witness)):
-        check_no_inf(p.y)  # a diffuse channel's first observation leaves no trace in its result
+    if by_result:
+        check_y_by_result(p.y, witness, diffuse is not None)
     return post if state is None else mark(post, state)
 
 

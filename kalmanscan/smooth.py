@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .diffuse import finite_problem, restore, smooth_leading
-from .checks import check_no_inf, finite_sum
+from .checks import check_y_by_result
 from .filtering import make_posterior, sum_time
 from .inputs import host_parameters, prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
@@ -77,6 +77,6 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         out["loglik"] = sum_time(out["logliks"])
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
-    if by_result and (diffuse is not None or not finite_sum(out["loglik"])):
-        check_no_inf(p.y)  # an inf in y makes its channel's log-likelihood infinite
+    if by_result:
+        check_y_by_result(p.y, out["loglik"], diffuse is not None)
     return post if state is None else mark(post, state)
