@@ -1,4 +1,4 @@
-"""The filter's closed-form forward beside its general walks and a plain first-order linear recurrence
+"""The filter's forward, its walks and its single pass, beside a plain first-order linear recurrence
 (issue 25). A script, not a test.
 
     python -m benchmarks.bench_recurrence --out recurrence.json            # on the GPU
@@ -7,13 +7,14 @@
 In one process, at (C, T) = (4096, 32768) and (1, 2^22), with no value and with 10% of values
 missing at random: the triton backend's forward writing the filtered mean and variance (12 bytes
 per element: ``y`` in, two fields out) and its forward (four saved fields) plus backward given the
-cotangents of the mean and precision, once on the closed-form path (``FilterConfig.closed``) and
-once on the walks; accelerated-scan's Triton first-order recurrence ``x_t = a_t x_{t-1} + b_t``
+cotangents of the mean and precision, on the three-kernel walks (the default) and on the
+single-pass forward (:data:`ONEPASS`, opt-in; the one long series runs on the tiles either way);
+accelerated-scan's Triton first-order recurrence ``x_t = a_t x_{t-1} + b_t``
 (``accelerated_scan.scalar.scan``, layout ``(B, C, T)``: forward 12 bytes per element, and
 forward+backward) when it is installed; the device-to-device copy bandwidth. Times are CUDA-graph
 medians (the GPU's time); each row prints its fraction of copy and its ratio to accelerated-scan.
-Before timing, both paths are checked on the device against the float64 walks. ``--sweep`` adds
-launch variants of the closed form (:data:`SWEEP`). ``--quick`` runs every step on the CPU under
+Before timing, each path is checked on the device against the float64 walks. ``--sweep`` adds
+launch variants of the single pass (:data:`SWEEP`). ``--quick`` runs every step on the CPU under
 ``TRITON_INTERPRET=1`` at tiny sizes (wall-clock times, meaningless as speeds).
 """
 
@@ -42,9 +43,10 @@ SHAPES = [(4096, 32768), (1, 1 << 22)]
 QUICK_SHAPES = [(8, 64), (1, 256)]
 MISSING = (0.0, 0.1)
 FWD_BYTES = 12
-# Launch variants of the closed form (FilterConfig fields).
-SWEEP = [dict(closed_block=16), dict(closed_block=64), dict(closed_tile=4096), dict(closed_tile=1024),
-         dict(closed_warps=8), dict(closed_warps=2), dict(closed_programs=264), dict(closed_programs=1056)]
+# The single pass as timed here (FilterConfig fields), and launch variants of it.
+ONEPASS = dict(onepass=32, onepass_lookback=8)
+SWEEP = [dict(onepass_lookback=1), dict(onepass_lookback=16), dict(onepass=64), dict(onepass=16),
+         dict(onepass_block=256, onepass_warps=8), dict(onepass_block=64, onepass_warps=2)]
 
 
 def problem(T, C, missing, device, dtype=torch.float32, seed=0):
@@ -73,8 +75,7 @@ def check(views, init, config):
     """Worst relative error of the float32 mean and variance of ``config``'s path against the
     float64 walks on the same inputs."""
     views64 = {k: v.double() for k, v in views.items()}
-    want = triton_backend.filter_forward(views64, init.double(), posterior=("mean", "var"),
-                                         config=dataclasses.replace(config, closed=False))
+    want = triton_backend.filter_forward(views64, init.double(), posterior=("mean", "var"), config=DEFAULT_CONFIG)
     got = triton_backend.filter_forward(views, init, posterior=("mean", "var"), config=config)
     scale = want["mean"].abs().max()
     return max(float((got["mean"].double() - want["mean"]).abs().max() / scale),
@@ -115,8 +116,7 @@ def row(T, C, missing, copy, config):
     views, init = problem(T, C, missing, "cpu" if QUICK else "cuda")
     n = T * C
     out = dict(C=C, T=T, missing=missing)
-    for name, cfg in (("closed", dataclasses.replace(config, closed=True)),
-                      ("walks", dataclasses.replace(config, closed=False))):
+    for name, cfg in (("walks", config), ("onepass", dataclasses.replace(config, **ONEPASS))):
         out[f"{name}_err"] = check(views, init, cfg)
         out[f"{name}_fwd_ms"], out[f"{name}_fwd_bwd_ms"] = ours(views, init, cfg)
         out[f"{name}_fwd_pct_copy"] = 100 * FWD_BYTES * n / out[f"{name}_fwd_ms"] / 1e6 / copy
@@ -131,7 +131,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny sizes")
-    ap.add_argument("--sweep", action="store_true", help="also time the closed form's launch variants")
+    ap.add_argument("--sweep", action="store_true", help="also time the single pass's launch variants")
     args = ap.parse_args()
     copy = 2 * (1 << 20) * 4 / timer(lambda: torch.empty(1 << 20).copy_(torch.randn(1 << 20))) / 1e6 if QUICK \
         else copy_bandwidth()
@@ -144,7 +144,7 @@ def main():
         if args.sweep:
             views, init = problem(T, C, 0.0, "cpu" if QUICK else "cuda")
             for variant in SWEEP:
-                fwd, both = ours(views, init, dataclasses.replace(DEFAULT_CONFIG, closed=True, **variant))
+                fwd, both = ours(views, init, dataclasses.replace(DEFAULT_CONFIG, **ONEPASS, **variant))
                 res["sweep"].append(dict(C=C, T=T, **variant, fwd_ms=fwd, fwd_bwd_ms=both))
                 print(json.dumps(res["sweep"][-1]), flush=True)
     with open(args.out, "w") as f:
@@ -154,20 +154,21 @@ def main():
 
 def print_table(res):
     print(f"copy {res['copy_GBps']:.0f} GB/s, commit {res['commit']}")
-    print("| C | T | missing | closed fwd ms (% copy) | walks fwd ms (% copy) | accelerated-scan fwd ms (% copy) "
-          "| closed fwd+bwd ms | walks fwd+bwd ms | accelerated-scan fwd+bwd ms | closed / ascan fwd, fwd+bwd |")
+    print("| C | T | missing | walks fwd ms (% copy) | single pass fwd ms (% copy) | accelerated-scan fwd ms (% copy) "
+          "| walks fwd+bwd ms | single pass fwd+bwd ms | accelerated-scan fwd+bwd ms | best / ascan fwd, fwd+bwd |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     base = {(r["C"], r["T"]): r for r in res["rows"] if "ascan_fwd_ms" in r}
     for r in res["rows"]:
         a = base.get((r["C"], r["T"]))
         ascan = f"{a['ascan_fwd_ms']:.3f} ({a['ascan_fwd_pct_copy']:.0f}%)" if a else ""
         ascan_both = f"{a['ascan_fwd_bwd_ms']:.3f}" if a else ""
-        ratio = (f"{r['closed_fwd_ms'] / a['ascan_fwd_ms']:.2f}, {r['closed_fwd_bwd_ms'] / a['ascan_fwd_bwd_ms']:.2f}"
-                 if a else "")
+        fwd = min(r["walks_fwd_ms"], r["onepass_fwd_ms"])
+        both = min(r["walks_fwd_bwd_ms"], r["onepass_fwd_bwd_ms"])
+        ratio = f"{fwd / a['ascan_fwd_ms']:.2f}, {both / a['ascan_fwd_bwd_ms']:.2f}" if a else ""
         print(f"| {r['C']} | {r['T']} | {r['missing']:.0%} "
-              f"| {r['closed_fwd_ms']:.3f} ({r['closed_fwd_pct_copy']:.0f}%) "
-              f"| {r['walks_fwd_ms']:.3f} ({r['walks_fwd_pct_copy']:.0f}%) | {ascan} | {r['closed_fwd_bwd_ms']:.3f} "
-              f"| {r['walks_fwd_bwd_ms']:.3f} | {ascan_both} | {ratio} |")
+              f"| {r['walks_fwd_ms']:.3f} ({r['walks_fwd_pct_copy']:.0f}%) "
+              f"| {r['onepass_fwd_ms']:.3f} ({r['onepass_fwd_pct_copy']:.0f}%) | {ascan} | {r['walks_fwd_bwd_ms']:.3f} "
+              f"| {r['onepass_fwd_bwd_ms']:.3f} | {ascan_both} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -25,16 +25,3 @@ def rcp(x):
     else:
         r = 1.0 / x
     return r
-
-
-@triton.jit
-def rcp_refined(x):
-    """``1 / x`` to about half an ulp: :func:`rcp` and one Newton step ``r + r (1 - x r)`` (two
-    FMAs) for float32 on the GPU, else ``1.0 / x``. For a reciprocal a recursion carries from step
-    to step: ``rcp``'s one-ulp error would add up, linearly where the step's map is nearly neutral
-    (the filter's precision at ``theta dt -> 0`` with a tiny ``h^2 / obs_var``: docs/math.md,
-    "The reciprocal in float32")."""
-    r = rcp(x)
-    if FAST_RCP and x.dtype == tl.float32:
-        r = tl.fma(r, tl.fma(-x, r, 1.0), r)
-    return r

@@ -16,7 +16,7 @@ Arithmetic is in the dtype of the pointers (float32 in production, float64 in th
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp, rcp_refined
+from ..fast_math import rcp
 
 
 @triton.jit
@@ -197,11 +197,18 @@ def static_inputs(t0, lane_ok, b, c,
                   dt_ptr, sdt_b, sdt_t, sdt_c,
                   obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
                   h_ptr, sh_b, sh_t, sh_c):
-    """A lane's parameters at its first step ``t0``: its values for the whole stretch when static."""
+    """A lane's parameters at its first step ``t0``: its values for the whole stretch when static.
+
+    ``decay`` and ``noise`` are computed in float64 and rounded to the compute dtype (once per
+    lane): the GPU's float32 ``exp`` is about two ulps off, and from a diffuse prior the precision
+    grows like ``decay^(-2t)``, which multiplies that error by ``2t`` (docs/math.md §8)."""
+    theta = load_param(theta_ptr, b, t0, c, sth_b, sth_t, sth_c, lane_ok, 0.0)
     decay, noise = ou_transition(
-        load_param(theta_ptr, b, t0, c, sth_b, sth_t, sth_c, lane_ok, 0.0),
-        load_param(sigma_ptr, b, t0, c, ssg_b, ssg_t, ssg_c, lane_ok, 0.0),
-        load_param(dt_ptr, b, t0, c, sdt_b, sdt_t, sdt_c, lane_ok, 1.0))
+        theta.to(tl.float64),
+        load_param(sigma_ptr, b, t0, c, ssg_b, ssg_t, ssg_c, lane_ok, 0.0).to(tl.float64),
+        load_param(dt_ptr, b, t0, c, sdt_b, sdt_t, sdt_c, lane_ok, 1.0).to(tl.float64))
+    decay = decay.to(theta.dtype)
+    noise = noise.to(theta.dtype)
     obs_var = load_param(obs_var_ptr, b, t0, c, sov_b, sov_t, sov_c, lane_ok, 1.0)
     mean = load_param(mean_ptr, b, t0, c, smn_b, smn_t, smn_c, lane_ok, 0.0)
     h = load_param(h_ptr, b, t0, c, sh_b, sh_t, sh_c, lane_ok, 0.0)
@@ -213,10 +220,9 @@ def info_step(lam, eta, decay, noise, phi, info):
     """One predict-then-update step of the information filter on ``(lam, eta)`` (docs/math.md §2).
 
     ``rho = 1 / (decay^2 + noise lam) > 0``; ``lam' = rho lam + phi``,
-    ``eta' = decay rho eta + info``. Every term of ``lam'`` is non-negative. ``rho`` is carried
-    into every later step, so it is computed to about half an ulp (:func:`rcp_refined`).
+    ``eta' = decay rho eta + info``. Every term of ``lam'`` is non-negative.
     """
-    rho = rcp_refined(decay * decay + noise * lam)
+    rho = rcp(decay * decay + noise * lam)
     return rho * lam + phi, decay * rho * eta + info
 
 

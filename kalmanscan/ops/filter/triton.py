@@ -44,7 +44,7 @@ from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filt
 from ... import ou
 from ...inputs import Problem
 from ..launch import cdiv, next_power_of_2
-from . import closed
+from . import onepass
 from . import torch as torch_backend
 from .config import DEFAULT_CONFIG, FilterConfig
 
@@ -162,7 +162,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     instead (those of :func:`kalmanscan.ops.filter.torch.finish`, in one pass), only those named.
     With ``"logliks"`` among them and ``loglik_sum`` the walks also return ``"loglik"``, the sum
     over time ``(B, C)``: each stretch's sum accumulated in float64 by the kernel, the stretches
-    summed after it, in ``y``'s dtype (the tiles and the closed form leave it out).
+    summed after it, in ``y``'s dtype (the tiles leave it out).
     """
     if posterior is True:
         posterior = POSTERIOR
@@ -183,28 +183,28 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
-    if config.closed and not any(flags.values()):  # static parameters, regular dt
-        out, pointers, write = _outputs(y, outputs, posterior, out_shape)
-        closed.forward(views, init, pointers, write, posterior_mask(posterior), config)
-        return {k: out[k] for k in (posterior or outputs)}
-    if ns == 1 and init.is_contiguous():  # the walks start from init itself
-        start = init
-    else:
-        start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
-        start[:, :, 0, :] = init
-    if ns > 1:
-        agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-        agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
-        filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
-                                      num_warps=config.carry_warps)
     out, pointers, write = _outputs(y, outputs, posterior, out_shape)
     result = {k: out[k] for k in (posterior or outputs)}
-    partial = None
-    if loglik_sum and "logliks" in posterior and fwd_kernel is filter_fwd_kernel:
-        partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev)
-        opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
-    fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write,
-                     POSTERIOR=posterior_mask(posterior), **opts)
+    write.update(flags, POSTERIOR=posterior_mask(posterior))
+    sum_loglik = loglik_sum and "logliks" in posterior and fwd_kernel is filter_fwd_kernel
+    if fwd_kernel is filter_fwd_kernel and onepass.applies(T, config):
+        partial = onepass.forward(args, init, pointers, (B, T, C), write, config, sum_loglik)
+    else:
+        partial = None
+        if ns == 1 and init.is_contiguous():  # the walks start from init itself
+            start = init
+        else:
+            start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
+            start[:, :, 0, :] = init
+        if ns > 1:
+            agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
+            agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
+            filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
+                                          num_warps=config.carry_warps)
+        if sum_loglik:
+            partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev)
+            opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
+        fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **write, **opts)
     if partial is not None:
         result["loglik"] = partial.sum(1).to(dtype)
     return result

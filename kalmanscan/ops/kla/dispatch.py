@@ -157,10 +157,10 @@ def queue_checks(lam_v: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor,
     ranges = [r for r in ranges if r[1].numel()]
     if not ranges or (lam_v.is_cuda and torch.cuda.is_current_stream_capturing()):
         return None
-    with torch.no_grad():  # NaN fails every comparison
-        rows = [torch.stack(torch.aminmax(x.detach())).double() for _, x, _, _ in ranges]
-        rows.append(torch.stack(torch.aminmax(mobius.decaying_noise(decay, noise))).double())
-        return ranges, torch.stack(rows)
+    with torch.no_grad():  # NaN fails every comparison; one stack of every extremum, then one cast
+        tensors = [x.detach() for _, x, _, _ in ranges] + [mobius.decaying_noise(decay, noise)]
+        extrema = torch.stack([m for x in tensors for m in torch.aminmax(x)]).double()
+        return ranges, extrema.view(-1, 2)
 
 
 def decide_checks(pending: tuple[list, torch.Tensor] | None, dtype: torch.dtype) -> bool:
