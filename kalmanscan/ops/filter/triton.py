@@ -183,14 +183,13 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
-    out, pointers, write = _outputs(y, outputs, posterior, out_shape)
-    result = {k: out[k] for k in (posterior or outputs)}
-    write.update(flags, POSTERIOR=posterior_mask(posterior))
+    mask = posterior_mask(posterior)
     sum_loglik = loglik_sum and "logliks" in posterior and fwd_kernel is filter_fwd_kernel
     if fwd_kernel is filter_fwd_kernel and onepass.applies(T, config):
-        partial = onepass.forward(args, init, pointers, (B, T, C), write, config, sum_loglik)
-    else:
-        partial = None
+        out, pointers, write = _outputs(y, outputs, posterior, out_shape)
+        partial = onepass.forward(args, init, pointers, (B, T, C), dict(write, **flags, POSTERIOR=mask), config,
+                                  sum_loglik)
+    else:  # the aggregate kernel is launched before the outputs are allocated: the device starts sooner
         if ns == 1 and init.is_contiguous():  # the walks start from init itself
             start = init
         else:
@@ -201,10 +200,12 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
             agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
             filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                           num_warps=config.carry_warps)
+        out, pointers, write = _outputs(y, outputs, posterior, out_shape)
+        partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev) if sum_loglik else None
         if sum_loglik:
-            partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev)
             opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
-        fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **write, **opts)
+        fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=mask, **opts)
+    result = {k: out[k] for k in (posterior or outputs)}
     if partial is not None:
         result["loglik"] = partial.sum(1).to(dtype)
     return result
