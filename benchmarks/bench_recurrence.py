@@ -2,6 +2,7 @@
 (issue 25). A script, not a test.
 
     python -m benchmarks.bench_recurrence --out recurrence.json            # on the GPU
+    python -m benchmarks.bench_recurrence --out r.json --sweep --jobs 8    # variants, compiled in parallel first
     python -m benchmarks.bench_recurrence --out quick.json --quick         # CPU smoke test (interpreter)
 
 In one process, at (C, T) = (4096, 32768) and (1, 2^22), with no value and with 10% of values
@@ -23,9 +24,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 QUICK = "--quick" in sys.argv
 if QUICK:
@@ -82,8 +85,10 @@ def check(views, init, config):
                float(((got["var"].double() - want["var"]).abs() / want["var"]).max()))
 
 
-def ours(views, init, config):
-    """Forward (mean and variance) and forward+backward milliseconds of the triton backend."""
+def ours(views, init, config, clock=None):
+    """Forward (mean and variance) and forward+backward milliseconds of the triton backend
+    (``clock``: :func:`timer`; :func:`warm` passes one that only calls)."""
+    clock = clock or timer
     T, C = views["y"].shape[1:]
     cot = (torch.randn(1, T, C, device=views["y"].device), torch.randn(1, T, C, device=views["y"].device), None, None)
 
@@ -91,8 +96,20 @@ def ours(views, init, config):
         o = triton_backend.filter_forward(views, init, config=config)
         triton_backend.filter_backward(views, init, o["mu"], o["lam"], cot, config)
 
-    fwd = timer(lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var"), config=config))
-    return fwd, timer(fwd_bwd)
+    fwd = clock(lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var"), config=config))
+    return fwd, clock(fwd_bwd)
+
+
+def warm(variant):
+    """Compile the kernels of ``variant`` (FilterConfig fields) that the many-series rows run, on a
+    small problem with the same specialisation (Triton keeps them in its cache for the timing
+    process); run by ``--jobs`` worker processes side by side."""
+    config = dataclasses.replace(DEFAULT_CONFIG, **variant)
+    views, init = problem(2048, SHAPES[0][0], 0.1, "cuda")
+    check(views, init, config)
+    ours(views, init, config, clock=lambda fn: fn())
+    torch.cuda.synchronize()
+    return variant
 
 
 def accelerated_scan(T, C):
@@ -132,7 +149,14 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny sizes")
     ap.add_argument("--sweep", action="store_true", help="also time the single pass's launch variants")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="compile the variants in this many processes first (each takes about a minute)")
     args = ap.parse_args()
+    if args.jobs > 1 and not QUICK:
+        variants = [{}, ONEPASS] + ([dict(ONEPASS, **v) for v in SWEEP] if args.sweep else [])
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for variant in pool.map(warm, variants):
+                print("compiled", variant, flush=True)
     copy = 2 * (1 << 20) * 4 / timer(lambda: torch.empty(1 << 20).copy_(torch.randn(1 << 20))) / 1e6 if QUICK \
         else copy_bandwidth()
     res = dict(commit=commit(), device="cpu (interpreter)" if QUICK else torch.cuda.get_device_name(),
@@ -141,15 +165,22 @@ def main():
         for missing in MISSING:
             res["rows"].append(row(T, C, missing, copy, DEFAULT_CONFIG))
             print(json.dumps(res["rows"][-1]), flush=True)
-        if args.sweep:
+            save(res, args.out)
+        if args.sweep and not triton_backend.uses_tiles(T, C):  # the single pass serves the walks only
             views, init = problem(T, C, 0.0, "cpu" if QUICK else "cuda")
             for variant in SWEEP:
-                fwd, both = ours(views, init, dataclasses.replace(DEFAULT_CONFIG, **ONEPASS, **variant))
+                fwd, both = ours(views, init, dataclasses.replace(DEFAULT_CONFIG, **{**ONEPASS, **variant}))
                 res["sweep"].append(dict(C=C, T=T, **variant, fwd_ms=fwd, fwd_bwd_ms=both))
                 print(json.dumps(res["sweep"][-1]), flush=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+                save(res, args.out)
+        save(res, args.out)
     print_table(res)
+
+
+def save(res, path):
+    """Write the results so far (a run stopped by a time limit keeps the rows it finished)."""
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
 
 
 def print_table(res):
