@@ -136,13 +136,13 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
     def full(v):
         return p.output(v if tuple(v.shape) == shape else torch.broadcast_to(v, shape))
 
-    conv = {k: None if v is None else full(v) for k, v in out.items()}
+    lazily = ("decay", "noise", "missing")
+    conv = {k: None if v is None else full(v) for k, v in out.items() if k not in lazily}
     # The parameters, times and counts are made when read (Params): most callers read none.
     lazy = {k: (lambda k=k: full(getattr(p, k))) for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
-    for k in ("decay", "noise", "missing"):
+    for k in lazily:
         v = out.get(k)
         lazy[k] = (lambda v=v: None if v is None else full(v))
-        conv.pop(k, None)
     for k in ("init_mean", "init_var"):
         lazy[k] = lambda k=k: p.output(getattr(p, k).expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
     lazy["times"] = lambda: _times(p)
