@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..fast_math import rcp
-from .steps import emit_step, lane_setup, pick, ring_start, walk_inputs
+from .steps import emit_step, lane_setup, pick, ring_start, step_inputs, walk_y
 
 
 @triton.jit
@@ -91,9 +91,50 @@ def store7(ptr, stride, p11, p12, p21, p22, e1, e2, f, mask):
 
 @triton.jit
 def last7(p11, p12, p21, p22, e1, e2, f, last):
-    """The 7 numbers of a tile's map at the lane where ``last`` is on, as scalars."""
+    """The 7 numbers of a map at the position along the first axis where ``last`` is on
+    (:func:`kalmanscan.kernels.filter.steps.pick`): scalars from vectors, a row from a tile."""
     return (pick(p11, last), pick(p12, last), pick(p21, last), pick(p22, last), pick(e1, last),
             pick(e2, last), pick(f, last))
+
+
+@triton.jit
+def product_step(p11, p12, p21, p22, e1, e2, f, t, valid, b, c, y,
+                 theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+                 obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+                 decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
+    """The product ``p`` with step ``t``'s map composed after it, from the step's observation ``y``;
+    where ``valid`` is off (past the series) the step is the identity (``y`` is NaN there)."""
+    decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
+        t, valid, b, c, y, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+        h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+    return step_after(p11, p12, p21, p22, e1, e2, f, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0),
+                      phi, info)
+
+
+@triton.jit
+def output_step(lam, eta, total, t, valid, b, c, y, o,
+                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+                decay_s, noise_s, obs_var_s, mean_s, h_s,
+                mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
+                pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+                WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
+                POSTERIOR: tl.constexpr, SUM_LOGLIK: tl.constexpr):
+    """Step ``t`` from the state ``(lam, eta)`` before it, given its observation ``y``: its outputs
+    written at offset ``o`` (:func:`kalmanscan.kernels.filter.steps.emit_step`); returns the state
+    after it and ``total`` plus its log-likelihood in float64 with ``SUM_LOGLIK``."""
+    decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
+        t, valid, b, c, y, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
+        h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+    lam, eta, loglik = emit_step(
+        lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, o, valid,
+        mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
+        pred_obs_var_ptr, loglik_ptr, missing_ptr, WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+    if SUM_LOGLIK:
+        total += tl.where(valid, loglik, 0.0).to(tl.float64)
+    return lam, eta, total
 
 
 @triton.jit
@@ -111,13 +152,13 @@ def stretch_product(t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr,
     y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
     for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
-        valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = walk_inputs(
-            t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
+        valid, y, y_a, y_b, y_c, y_d = walk_y(t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
+                                              PREFETCH)
+        p11, p12, p21, p22, e1, e2, f = product_step(
+            p11, p12, p21, p22, e1, e2, f, t, valid, b, c, y,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
-        p11, p12, p21, p22, e1, e2, f = step_after(
-            p11, p12, p21, p22, e1, e2, f, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0), phi, info)
+            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
     return p11, p12, p21, p22, e1, e2, f
 
 
@@ -141,17 +182,16 @@ def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, 
     y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
     for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
-        valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = walk_inputs(
-            t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
+        valid, y, y_a, y_b, y_c, y_d = walk_y(t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
+                                              PREFETCH)
+        lam, eta, total = output_step(
+            lam, eta, total, t, valid, b, c, y, out + t * C,
             theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
             obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP, PREFETCH)
-        lam, eta, loglik = emit_step(
-            lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, out + t * C, valid,
+            decay_s, noise_s, obs_var_s, mean_s, h_s,
             mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
-            pred_obs_var_ptr, loglik_ptr, missing_ptr, WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
-        if SUM_LOGLIK:
-            total += tl.where(valid, loglik, 0.0).to(tl.float64)
+            pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP, OBS_STEP,
+            WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR, SUM_LOGLIK)
     return total
 
 

@@ -33,8 +33,8 @@ the outputs equal the three-kernel forward's up to the rounding of the stretch p
 import triton
 import triton.language as tl
 
-from .fwd import compose7, read_out7, step_after, store7
-from .steps import emit_step, index, load_y, static_inputs, step_inputs
+from .fwd import compose7, last7, output_step, product_step, read_out7, store7
+from .steps import index, load_y, static_inputs
 
 
 @triton.jit
@@ -85,12 +85,8 @@ def look_back(flags, abase, agg_ptr, stride, s, C, NCB, lane_ok, one, zero, BLOC
                  tl.load(o + 4 * stride, mask=m, other=0.0, cache_modifier=".cg"),
                  tl.load(o + 5 * stride, mask=m, other=0.0, cache_modifier=".cg"),
                  tl.load(o + 6 * stride, mask=m, other=1.0, cache_modifier=".cg")), 0, _scan7)
-            last = (j == W - 1)[:, None]
-            q11, q12, q21, q22, g1, g2, h = compose7(
-                tl.sum(tl.where(last, a11, 0.0), axis=0), tl.sum(tl.where(last, a12, 0.0), axis=0),
-                tl.sum(tl.where(last, a21, 0.0), axis=0), tl.sum(tl.where(last, a22, 0.0), axis=0),
-                tl.sum(tl.where(last, a1, 0.0), axis=0), tl.sum(tl.where(last, a2, 0.0), axis=0),
-                tl.sum(tl.where(last, af, 0.0), axis=0), q11, q12, q21, q22, g1, g2, h)
+            w11, w12, w21, w22, w1, w2, wf = last7(a11, a12, a21, a22, a1, a2, af, (j == W - 1)[:, None])
+            q11, q12, q21, q22, g1, g2, h = compose7(w11, w12, w21, w22, w1, w2, wf, q11, q12, q21, q22, g1, g2, h)
             k = k - first2
             searching = first2 == W
     return k, q11, q12, q21, q22, g1, g2, h
@@ -135,13 +131,11 @@ def filter_onepass_kernel(
     if s != NS - 1:  # the last stretch's map is never looked at
         for i in tl.static_range(R):
             t = t0 + i
-            valid = lane_ok & (t < T)
-            decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-                t, valid, b, c, ys[i], theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+            p11, p12, p21, p22, e1, e2, f = product_step(
+                p11, p12, p21, p22, e1, e2, f, t, lane_ok & (t < T), b, c, ys[i],
+                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
                 dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
                 h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-            p11, p12, p21, p22, e1, e2, f = step_after(
-                p11, p12, p21, p22, e1, e2, f, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0), phi, info)
         store7(abase + s * C, stride, p11, p12, p21, p22, e1, e2, f, lane_ok)
         tl.debug_barrier()
         tl.atomic_xchg(flags + s * NCB, 1, sem="release")
@@ -163,16 +157,13 @@ def filter_onepass_kernel(
     total = tl.zeros((BLOCK,), tl.float64)
     for i in tl.static_range(R):
         t = t0 + i
-        valid = lane_ok & (t < T)
-        decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-            t, valid, b, c, ys[i], theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
+        lam, eta, total = output_step(
+            lam, eta, total, t, lane_ok & (t < T), b, c, ys[i], out + t * C,
+            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
             dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-            h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        lam, eta, loglik = emit_step(
-            lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, out + t * C, valid,
+            h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
             mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
-            pred_obs_var_ptr, loglik_ptr, missing_ptr, WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
-        if SUM_LOGLIK:
-            total += tl.where(valid, loglik, 0.0).to(tl.float64)
+            pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP, OBS_STEP,
+            WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR, SUM_LOGLIK)
     if SUM_LOGLIK:
         tl.store(loglik_sum_ptr + (b * NS + s) * C + c, total, mask=lane_ok)

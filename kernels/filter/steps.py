@@ -29,8 +29,9 @@ def lane_coords(C, NS, BLOCK: tl.constexpr):
 
 @triton.jit
 def pick(x, where):
-    """The element of the vector ``x`` where the mask ``where`` is on (on at exactly one position),
-    as a scalar: a masked sum, since a register vector has no dynamic indexing."""
+    """The element of ``x`` along its first axis where the mask ``where`` is on (on at exactly one
+    position): a scalar from a vector, a row from a tile (``where`` then ``[N, 1]``); a masked sum,
+    since registers have no dynamic indexing."""
     return tl.sum(tl.where(where, x, 0.0), axis=0)
 
 
@@ -96,7 +97,7 @@ def load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, mask):
 @triton.jit
 def ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, fill, PREFETCH: tl.constexpr):
     """``y`` at steps ``t0 .. t0 + 3`` (NaN at or past ``end``): a ring of loads issued ahead.
-    Without ``PREFETCH`` no load: four copies of ``fill``, which :func:`walk_inputs` passes through."""
+    Without ``PREFETCH`` no load: four copies of ``fill``, which :func:`walk_y` passes through."""
     if PREFETCH:
         ring = (load_y(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok & (t0 < end)),
                 load_y(y_ptr, b, t0 + 1, c, sy_b, sy_t, sy_c, lane_ok & (t0 + 1 < end)),
@@ -168,27 +169,16 @@ def lane_setup(C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t
 
 
 @triton.jit
-def walk_inputs(t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
-                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-                dt_ptr, sdt_b, sdt_t, sdt_c,
-                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-                h_ptr, sh_b, sh_t, sh_c,
-                decay_s, noise_s, obs_var_s, mean_s, h_s,
-                TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, PREFETCH: tl.constexpr):
-    """A forward walk's step ``t``: ``(valid, ring, *step_inputs)``; ``y`` out of the ring
-    ``(y_a, .., y_d)`` of :func:`ring_start` when ``PREFETCH`` (the ring moved on), else loaded now
-    (the ring passed through unused)."""
+def walk_y(t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c, PREFETCH: tl.constexpr):
+    """A forward walk's step ``t``: ``(valid, y, ring)``, ``y`` out of the ring ``(y_a, .., y_d)``
+    of :func:`ring_start` when ``PREFETCH`` (the ring moved on), else loaded now (the ring passed
+    through unused)."""
     valid = lane_ok & (t < T)
     if PREFETCH:
         y, y_a, y_b, y_c, y_d = ring_next(y_a, y_b, y_c, y_d, y_ptr, b, t, c, sy_b, sy_t, sy_c, lane_ok, end)
     else:
         y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
-    decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-        t, valid, b, c, y,
-        theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-        obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-        decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-    return valid, y_a, y_b, y_c, y_d, decay, noise, observed, yc, hr, phi, info, obs_var, mean, h
+    return valid, y, y_a, y_b, y_c, y_d
 
 
 @triton.jit
