@@ -18,8 +18,8 @@ from benchmarks.bench_kla import make_inputs, rel, timed
 from kalmanscan.ops.kla.library import KLAConfig
 from kalmanscan.ops.kla.triton import kla_scan_triton
 
-CONFIGS = [(None, None, 8), (None, 4, 8), (None, 8, 8), (None, 16, 8), (8, 8, 8), (8, 16, 8), (16, 16, 8),
-           (None, 8, 4), (8, 16, 4)]   # (pieces, bwd_pieces, bwd_block_m)
+CONFIGS = [(None, None, 8), (None, 1, 8), (None, 2, 8), (None, 4, 8), (None, 8, 8), (None, 16, 8), (None, 32, 8),
+           (None, 8, 16), (None, 16, 16)]   # (pieces, bwd_pieces, bwd_block_m)
 
 
 def row(xs, config, ref):

@@ -63,6 +63,7 @@ def kernels(fc=None, cfg=None):
     from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
     from kalmanscan.kernels.filter.tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
     from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
+    from kalmanscan.kernels.kla.adjoint_map import kla_adjoint_map_kernel
     from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
     from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
     from kalmanscan.kernels.kla.split import kla_piece_map_kernel
@@ -83,7 +84,7 @@ def kernels(fc=None, cfg=None):
                HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
     loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
     tile_bwd = dict(tile, HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
-    kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, MAP=False)
+    kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     carry = dict(CH=fc.carry_chunk)
@@ -106,6 +107,7 @@ def kernels(fc=None, cfg=None):
         "filter_total": (filter_total_kernel, carry, fc.carry_warps),
         "kla_fwd": (kla_fwd_kernel, kla_fwd, cfg.num_warps),
         "kla_bwd": (kla_bwd_kernel, kla_bwd, cfg.bwd_num_warps),
+        "kla_adjoint_map": (kla_adjoint_map_kernel, kla_bwd, cfg.bwd_num_warps),
         "kla_piece_map": (kla_piece_map_kernel, kla_fwd, cfg.num_warps),
         "rts_agg": (rts_agg_kernel, walk, fc.num_warps),
         "rts": (rts_kernel, walk, fc.num_warps),
@@ -127,7 +129,6 @@ def kernels(fc=None, cfg=None):
         "filter_bwd_mean": (filter_bwd_kernel, dict(bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False),
                             fc.num_warps),
         "kla_fwd_variants": (kla_fwd_kernel, dict(kla_fwd, HAS_INIT=True, SAVE=True), cfg.num_warps),
-        "kla_bwd_variants": (kla_bwd_kernel, dict(kla_bwd, HAS_INIT=True, MAP=True), cfg.bwd_num_warps),
     }
 
 

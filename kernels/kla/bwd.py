@@ -23,14 +23,10 @@ are done in registers; sums over m of the ``k``/``q`` gradients become one parti
 ``t = 0`` are the gradients of the initial state. ``STAGES`` and ``UNROLL`` are the time loops'
 software-pipelining depth and unroll factor.
 
-Time split. The adjoint step is affine in ``(gl, ge)``: ``gl <- j11 (gl + s_l) + j12 (ge + s_e)``,
-``ge <- j22 (ge + s_e)`` with ``j11 = rho - noise lam_{t-1} rho^2``, ``j12 = -noise decay eta_{t-1}
-rho^2``, ``j22 = rho decay`` and the output sources ``s_e, s_l`` above, none of which depend on the
-adjoints. So a stretch of time maps the adjoint entering it (from later tokens) to the one leaving
-it by ``(gl, ge) -> (G11 gl + G12 ge + h1, G22 ge + h2)``. With ``MAP`` the kernel composes these
-five numbers for stretch ``pid_p + piece_offset`` into ``maps[b, piece, 5, m, s]``; without, the
-program of stretch ``p`` first carries the final adjoint through the maps of stretches
-``n_pieces - 1 .. p + 1``, then back-propagates through its own stretch.
+Time split. With ``n_pieces > 1`` the program of stretch ``p`` first carries the final adjoint
+through the affine adjoint maps ``maps[b, piece, 5, m, s]`` of stretches ``n_pieces - 1 .. p + 1``
+(composed by :mod:`kalmanscan.kernels.kla.adjoint_map`), then back-propagates through its own
+stretch.
 """
 
 import triton
@@ -62,28 +58,26 @@ def kla_bwd_kernel(
     gy_ptr, gy_var_ptr, glam_ptr, geta_ptr, scratch_lam_ptr, scratch_eta_ptr, maps_ptr,
     gv_ptr, glam_v_ptr, gk_part_ptr, gq_part_ptr, gdecay_part_ptr, gnoise_part_ptr,
     glam0_ptr, geta0_ptr,
-    L, M, S, n_chunks, n_mblocks, piece_len, n_pieces, piece_offset,
+    L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
-    UNROLL: tl.constexpr, MAP: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
-    pid_p = tl.program_id(2) + piece_offset
+    pid_p = tl.program_id(2)
     SLOT: tl.constexpr = BLOCK_M * BLOCK_S
     MS = M * S
     state = pid_b * MS + ms
     zero = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
-    G11, G12, G22, h1, h2 = zero + 1.0, zero, zero + 1.0, zero, zero
     gl = tl.load(glam_ptr + state, mask=mask, other=0.0)
     ge = tl.load(geta_ptr + state, mask=mask, other=0.0)
-    if not MAP:
-        for qq in range(n_pieces - 1 - pid_p):
-            at = maps_ptr + ((pid_b * n_pieces + n_pieces - 1 - qq) * 5) * MS + ms
-            m11 = tl.load(at, mask=mask, other=1.0)
-            m12 = tl.load(at + MS, mask=mask, other=0.0)
-            m22 = tl.load(at + 2 * MS, mask=mask, other=1.0)
-            gl = m11 * gl + m12 * ge + tl.load(at + 3 * MS, mask=mask, other=0.0)
-            ge = m22 * ge + tl.load(at + 4 * MS, mask=mask, other=0.0)
+    for qq in range(n_pieces - 1 - pid_p):
+        at = maps_ptr + ((pid_b * n_pieces + n_pieces - 1 - qq) * 5) * MS + ms
+        m11 = tl.load(at, mask=mask, other=1.0)
+        m12 = tl.load(at + MS, mask=mask, other=0.0)
+        m22 = tl.load(at + 2 * MS, mask=mask, other=1.0)
+        gl = m11 * gl + m12 * ge + tl.load(at + 3 * MS, mask=mask, other=0.0)
+        ge = m22 * ge + tl.load(at + 4 * MS, mask=mask, other=0.0)
     gdecay = zero
     gnoise = zero
 
@@ -121,44 +115,28 @@ def kla_bwd_kernel(
             s_e = gyq * inv
             s_l = -(gyq * eta + gyv[:, None] * (qt * qt)[None, :]) * (inv * inv)
             rho = rcp(a2 + noise * lam_p)
-            if MAP:
-                j11 = rho - noise * lam_p * (rho * rho)
-                j12 = -noise * decay * eta_p * (rho * rho)
-                h1 += s_l
-                h2 += s_e
-                G11, G12, G22, h1, h2 = (j11 * G11, j11 * G12 + j12 * G22, (rho * decay) * G22,
-                                         j11 * h1 + j12 * h2, (rho * decay) * h2)
-            else:
-                ge += s_e
-                gl += s_l
-                gq = tl.sum((gy[:, None] * eta + 2.0 * gyv[:, None] * qt[None, :]) * inv, axis=0)
-                g_d = -(ge * decay * eta_p + gl * lam_p) * (rho * rho)
-                gdecay += ge * rho * eta_p + 2.0 * decay * g_d
-                gnoise += g_d * lam_p
-                kk = kt[None, :]
-                glv = tl.sum(gl * kk * kk + ge * vv[:, None] * kk, axis=1)
-                gv = tl.sum(ge * kk, axis=1) * lv
-                gk = tl.sum(lv[:, None] * (2.0 * kk * gl + vv[:, None] * ge), axis=0)
-                tl.store(glam_v_ptr + row_m + t * M, glv, mask=mask_m)
-                tl.store(gv_ptr + row_m + t * M, gv, mask=mask_m)
-                tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s)
-                tl.store(gq_part_ptr + part + t * n_mblocks * S, gq, mask=mask_s)
-                ge = ge * (rho * decay)
-                gl = gl * rho + g_d * noise
+            ge += s_e
+            gl += s_l
+            gq = tl.sum((gy[:, None] * eta + 2.0 * gyv[:, None] * qt[None, :]) * inv, axis=0)
+            g_d = -(ge * decay * eta_p + gl * lam_p) * (rho * rho)
+            gdecay += ge * rho * eta_p + 2.0 * decay * g_d
+            gnoise += g_d * lam_p
+            kk = kt[None, :]
+            glv = tl.sum(gl * kk * kk + ge * vv[:, None] * kk, axis=1)
+            gv = tl.sum(ge * kk, axis=1) * lv
+            gk = tl.sum(lv[:, None] * (2.0 * kk * gl + vv[:, None] * ge), axis=0)
+            tl.store(glam_v_ptr + row_m + t * M, glv, mask=mask_m)
+            tl.store(gv_ptr + row_m + t * M, gv, mask=mask_m)
+            tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s)
+            tl.store(gq_part_ptr + part + t * n_mblocks * S, gq, mask=mask_s)
+            ge = ge * (rho * decay)
+            gl = gl * rho + g_d * noise
             lam = lam_p
             eta = eta_p
         tl.debug_barrier()  # every read of this chunk's scratch is done before it is overwritten
-    if MAP:
-        at = maps_ptr + ((pid_b * n_pieces + pid_p) * 5) * MS + ms
-        tl.store(at, G11, mask=mask)
-        tl.store(at + MS, G12, mask=mask)
-        tl.store(at + 2 * MS, G22, mask=mask)
-        tl.store(at + 3 * MS, h1, mask=mask)
-        tl.store(at + 4 * MS, h2, mask=mask)
-    else:
-        part_ms = (pid_b * n_pieces + pid_p) * MS + ms
-        tl.store(gdecay_part_ptr + part_ms, gdecay, mask=mask)
-        tl.store(gnoise_part_ptr + part_ms, gnoise, mask=mask)
-        if pid_p == 0:
-            tl.store(glam0_ptr + state, gl, mask=mask)
-            tl.store(geta0_ptr + state, ge, mask=mask)
+    part_ms = (pid_b * n_pieces + pid_p) * MS + ms
+    tl.store(gdecay_part_ptr + part_ms, gdecay, mask=mask)
+    tl.store(gnoise_part_ptr + part_ms, gnoise, mask=mask)
+    if pid_p == 0:
+        tl.store(glam0_ptr + state, gl, mask=mask)
+        tl.store(geta0_ptr + state, ge, mask=mask)

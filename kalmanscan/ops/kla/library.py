@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kalmanscan.kernels.kla.adjoint_map import kla_adjoint_map_kernel
 from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
 from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
 from kalmanscan.kernels.kla.split import kla_piece_map_kernel
@@ -178,19 +179,21 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     glam0 = torch.empty(B, M, S, **f32)
     geta0 = torch.empty(B, M, S, **f32)
 
-    def launch(pieces_grid, piece_offset, map_only):
-        kla_bwd_kernel[(B, n_mblocks, pieces_grid)](
-            v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
-            gy, gy_var, glam, geta, scratch[0], scratch[1], maps,
-            gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
-            L, M, S, n_chunks, n_mblocks, piece_len, n_pieces, piece_offset,
+    if n_pieces > 1:  # the adjoint maps of stretches 1 .. n_pieces - 1
+        kla_adjoint_map_kernel[(B, n_mblocks, n_pieces - 1)](
+            v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta, gy, gy_var, maps,
+            L, M, S, n_chunks, piece_len, n_pieces,
             CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
-            UNROLL=cfg.bwd_unroll, MAP=map_only, num_warps=cfg.bwd_num_warps,
+            num_warps=cfg.bwd_num_warps,
         )
-
-    if n_pieces > 1:
-        launch(n_pieces - 1, 1, True)  # adjoint maps of stretches 1 .. n_pieces - 1
-    launch(n_pieces, 0, False)
+    kla_bwd_kernel[(B, n_mblocks, n_pieces)](
+        v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
+        gy, gy_var, glam, geta, scratch[0], scratch[1], maps,
+        gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
+        L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
+        CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
+        UNROLL=cfg.bwd_unroll, num_warps=cfg.bwd_num_warps,
+    )
     return (gv, glam_v, gk_part.sum(2), gq_part.sum(2), gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)),
             glam0, geta0)
 

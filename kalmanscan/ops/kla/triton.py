@@ -7,7 +7,8 @@ run by separate programs, :mod:`kalmanscan.kernels.kla.split`); under autograd i
 chunk start (``2 B M S ceil(L / CHUNK)`` floats).
 Backward (:mod:`kalmanscan.kernels.kla.bwd`): chunks in reverse, each recomputed from its checkpoint, then the
 scalar-adjoint reverse recursion (optionally split into stretches of time whose affine adjoint maps
-are composed first); exact gradients for ``v, lam_v, k, q, decay, noise`` and the initial state.
+are composed first, in one forward walk each: :mod:`kalmanscan.kernels.kla.adjoint_map`); exact
+gradients for ``v, lam_v, k, q, decay, noise`` and the initial state.
 ``k``/``q`` gradients are reduced over M through per-program partials
 (``B L ceil(M / BLOCK_M) S`` floats each) summed afterwards: deterministic, no atomics.
 
