@@ -49,7 +49,8 @@ class KLAConfig:
     when there are at most ``2 x SMs`` channel-block programs, into ``floor(8 x SMs / programs)``
     stretches (``4 x SMs`` before: at B=2 L=8192 M=1024 S=16 on an H200 twice the stretches took
     the forward 1.03 -> 0.86 ms, docs/performance.md); 1 walks all of time in one program per
-    channel block."""
+    channel block. ``bwd_pieces=None`` splits the backward into ``floor(16 x SMs / programs)``
+    stretches (``BWD_PROGRAMS_PER_SM``)."""
 
     block_m: int = 16
     chunk: int = 32
@@ -74,6 +75,10 @@ class KLAConfig:
 
 
 DEFAULT_CONFIG = KLAConfig()
+# The backward's default time split: about this many one-warp programs per multiprocessor (its
+# registers allow 16 resident; each stretch after the first adds a forward walk composing its
+# adjoint map, :mod:`kalmanscan.kernels.kla.adjoint_map`).
+BWD_PROGRAMS_PER_SM = 16
 
 Tensor = torch.Tensor
 Six = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
@@ -81,13 +86,17 @@ Eight = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
 def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: int,
-           device: torch.device) -> tuple[int, int]:
-    """``(n_pieces, piece_len)``: stretches of time, each a whole number of chunks (``KLAConfig``)."""
+           device: torch.device, backward: bool = False) -> tuple[int, int]:
+    """``(n_pieces, piece_len)``: stretches of time, each a whole number of chunks (``KLAConfig``;
+    ``backward`` for ``bwd_pieces``)."""
     n = requested
     if n is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         programs = B * cdiv(M, block_m)
-        n = 8 * sms // programs if programs <= 2 * sms else 1
+        if backward:
+            n = BWD_PROGRAMS_PER_SM * sms // programs
+        else:
+            n = 8 * sms // programs if programs <= 2 * sms else 1
     n = max(1, min(n, cdiv(L, chunk)))
     piece_len = max(cdiv(cdiv(L, n), chunk), 1) * chunk
     return max(cdiv(L, piece_len), 1), piece_len
@@ -165,7 +174,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     n_mblocks, block_s = cdiv(M, cfg.bwd_block_m), next_power_of_2(S)
     chunk = cfg.chunk
     n_chunks = max(cdiv(L, chunk), 1)
-    n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev)
+    n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev, backward=True)
     f32 = dict(dtype=torch.float32, device=dev)
     scratch = [torch.empty(B * n_mblocks * n_pieces * chunk * cfg.bwd_block_m * block_s, **f32)
                for _ in range(2)]
