@@ -49,8 +49,8 @@ class KLAConfig:
     when there are at most ``2 x SMs`` channel-block programs, into ``floor(8 x SMs / programs)``
     stretches (``4 x SMs`` before: at B=2 L=8192 M=1024 S=16 on an H200 twice the stretches took
     the forward 1.03 -> 0.86 ms, docs/performance.md); 1 walks all of time in one program per
-    channel block. ``bwd_pieces=None`` splits the backward into ``floor(16 x SMs / programs)``
-    stretches (``BWD_PROGRAMS_PER_SM``)."""
+    channel block. ``bwd_pieces=None`` splits the backward where the forward splits, into
+    ``floor(16 x SMs / programs)`` stretches (``BWD_PROGRAMS_PER_SM``)."""
 
     block_m: int = 16
     chunk: int = 32
@@ -75,9 +75,11 @@ class KLAConfig:
 
 
 DEFAULT_CONFIG = KLAConfig()
-# The backward's default time split: about this many one-warp programs per multiprocessor (its
-# registers allow 16 resident; each stretch after the first adds a forward walk composing its
-# adjoint map, :mod:`kalmanscan.kernels.kla.adjoint_map`).
+# The backward's default time split, where it splits (at most 2 x SMs channel-block programs):
+# about this many one-warp programs per multiprocessor (its registers allow 16 resident; each
+# stretch after the first adds a forward walk composing its adjoint map,
+# :mod:`kalmanscan.kernels.kla.adjoint_map`). H200, M=1024 S=16: B=2 L=8192 fwd+bwd 3.17 ms at
+# 8 stretches against 3.28 at 4 and 5.07 unsplit; B=8 L=2048 2.41 unsplit, 2.71 at 2 stretches.
 BWD_PROGRAMS_PER_SM = 16
 
 Tensor = torch.Tensor
@@ -93,10 +95,8 @@ def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: i
     if n is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         programs = B * cdiv(M, block_m)
-        if backward:
-            n = BWD_PROGRAMS_PER_SM * sms // programs
-        else:
-            n = 8 * sms // programs if programs <= 2 * sms else 1
+        per_sm = BWD_PROGRAMS_PER_SM if backward else 8
+        n = per_sm * sms // programs if programs <= 2 * sms else 1
     n = max(1, min(n, cdiv(L, chunk)))
     piece_len = max(cdiv(cdiv(L, n), chunk), 1) * chunk
     return max(cdiv(L, piece_len), 1), piece_len
