@@ -1,34 +1,28 @@
-"""The filter's forward, its walks and its single pass, beside a plain first-order linear recurrence
-(issue 25). A script, not a test.
+"""The filter's forward beside a plain first-order linear recurrence (issue 25). A script, not a test.
 
     python -m benchmarks.bench_recurrence --out recurrence.json            # on the GPU
-    python -m benchmarks.bench_recurrence --out r.json --sweep --jobs 8    # variants, compiled in parallel first
     python -m benchmarks.bench_recurrence --out quick.json --quick         # CPU smoke test (interpreter)
 
 In one process, at (C, T) = (4096, 32768) and (1, 2^22), with no value and with 10% of values
 missing at random: the triton backend's forward writing the filtered mean and variance (12 bytes
 per element: ``y`` in, two fields out) and its forward (four saved fields) plus backward given the
-cotangents of the mean and precision, on the three-kernel walks (the default) and on the
-single-pass forward (:data:`ONEPASS`, opt-in; the one long series runs on the tiles either way);
+cotangents of the mean and precision (the walks; the one long series runs on the tiles);
 accelerated-scan's Triton first-order recurrence ``x_t = a_t x_{t-1} + b_t``
 (``accelerated_scan.scalar.scan``, layout ``(B, C, T)``: forward 12 bytes per element, and
 forward+backward) when it is installed; the device-to-device copy bandwidth. Times are CUDA-graph
 medians (the GPU's time); each row prints its fraction of copy and its ratio to accelerated-scan.
-Before timing, each path is checked on the device against the float64 walks. ``--sweep`` adds
-launch variants of the single pass (:data:`SWEEP`). ``--quick`` runs every step on the CPU under
-``TRITON_INTERPRET=1`` at tiny sizes (wall-clock times, meaningless as speeds).
+Before timing, the float32 forward is checked on the device against the float64 walks.
+``--quick`` runs every step on the CPU under ``TRITON_INTERPRET=1`` at tiny sizes (wall-clock
+times, meaningless as speeds).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 QUICK = "--quick" in sys.argv
 if QUICK:
@@ -46,10 +40,6 @@ SHAPES = [(4096, 32768), (1, 1 << 22)]
 QUICK_SHAPES = [(8, 64), (1, 256)]
 MISSING = (0.0, 0.1)
 FWD_BYTES = 12
-# The single pass as timed here (FilterConfig fields), and launch variants of it.
-ONEPASS = dict(onepass=32, onepass_lookback=8)
-SWEEP = [dict(onepass_lookback=1), dict(onepass_lookback=16), dict(onepass=64), dict(onepass=16),
-         dict(onepass_block=256, onepass_warps=8), dict(onepass_block=64, onepass_warps=2)]
 
 
 def problem(T, C, missing, device, dtype=torch.float32, seed=0):
@@ -75,8 +65,8 @@ def timer(fn):
 
 
 def check(views, init, config):
-    """Worst relative error of the float32 mean and variance of ``config``'s path against the
-    float64 walks on the same inputs."""
+    """Worst relative error of the float32 mean and variance under ``config`` against the float64
+    walks on the same inputs."""
     views64 = {k: v.double() for k, v in views.items()}
     want = triton_backend.filter_forward(views64, init.double(), posterior=("mean", "var"), config=DEFAULT_CONFIG)
     got = triton_backend.filter_forward(views, init, posterior=("mean", "var"), config=config)
@@ -85,10 +75,9 @@ def check(views, init, config):
                float(((got["var"].double() - want["var"]).abs() / want["var"]).max()))
 
 
-def ours(views, init, config, clock=None):
-    """Forward (mean and variance) and forward+backward milliseconds of the triton backend
-    (``clock``: :func:`timer`; :func:`warm` passes one that only calls)."""
-    clock = clock or timer
+def ours(views, init, config):
+    """Forward (mean and variance) and forward+backward milliseconds of the triton backend."""
+    clock = timer
     T, C = views["y"].shape[1:]
     cot = (torch.randn(1, T, C, device=views["y"].device), torch.randn(1, T, C, device=views["y"].device), None, None)
 
@@ -98,18 +87,6 @@ def ours(views, init, config, clock=None):
 
     fwd = clock(lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var"), config=config))
     return fwd, clock(fwd_bwd)
-
-
-def warm(variant):
-    """Compile the kernels of ``variant`` (FilterConfig fields) that the many-series rows run, on a
-    small problem with the same specialisation (Triton keeps them in its cache for the timing
-    process); run by ``--jobs`` worker processes side by side."""
-    config = dataclasses.replace(DEFAULT_CONFIG, **variant)
-    views, init = problem(2048, SHAPES[0][0], 0.1, "cuda")
-    check(views, init, config)
-    ours(views, init, config, clock=lambda fn: fn())
-    torch.cuda.synchronize()
-    return variant
 
 
 def accelerated_scan(T, C):
@@ -133,10 +110,9 @@ def row(T, C, missing, copy, config):
     views, init = problem(T, C, missing, "cpu" if QUICK else "cuda")
     n = T * C
     out = dict(C=C, T=T, missing=missing)
-    for name, cfg in (("walks", config), ("onepass", dataclasses.replace(config, **ONEPASS))):
-        out[f"{name}_err"] = check(views, init, cfg)
-        out[f"{name}_fwd_ms"], out[f"{name}_fwd_bwd_ms"] = ours(views, init, cfg)
-        out[f"{name}_fwd_pct_copy"] = 100 * FWD_BYTES * n / out[f"{name}_fwd_ms"] / 1e6 / copy
+    out["walks_err"] = check(views, init, config)
+    out["walks_fwd_ms"], out["walks_fwd_bwd_ms"] = ours(views, init, config)
+    out["walks_fwd_pct_copy"] = 100 * FWD_BYTES * n / out["walks_fwd_ms"] / 1e6 / copy
     scan_ms = accelerated_scan(T, C) if missing == 0.0 else None
     if scan_ms is not None:
         out["ascan_fwd_ms"], out["ascan_fwd_bwd_ms"] = scan_ms
@@ -148,32 +124,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny sizes")
-    ap.add_argument("--sweep", action="store_true", help="also time the single pass's launch variants")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="compile the variants in this many processes first (each takes about a minute)")
     args = ap.parse_args()
-    if args.jobs > 1 and not QUICK:
-        variants = [{}, ONEPASS] + ([dict(ONEPASS, **v) for v in SWEEP] if args.sweep else [])
-        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for variant in pool.map(warm, variants):
-                print("compiled", variant, flush=True)
     copy = 2 * (1 << 20) * 4 / timer(lambda: torch.empty(1 << 20).copy_(torch.randn(1 << 20))) / 1e6 if QUICK \
         else copy_bandwidth()
     res = dict(commit=commit(), device="cpu (interpreter)" if QUICK else torch.cuda.get_device_name(),
-               copy_GBps=copy, rows=[], sweep=[])
+               copy_GBps=copy, rows=[])
     for C, T in QUICK_SHAPES if QUICK else SHAPES:
         for missing in MISSING:
             res["rows"].append(row(T, C, missing, copy, DEFAULT_CONFIG))
             print(json.dumps(res["rows"][-1]), flush=True)
             save(res, args.out)
-        if args.sweep and not triton_backend.uses_tiles(T, C):  # the single pass serves the walks only
-            views, init = problem(T, C, 0.0, "cpu" if QUICK else "cuda")
-            for variant in SWEEP:
-                fwd, both = ours(views, init, dataclasses.replace(DEFAULT_CONFIG, **{**ONEPASS, **variant}))
-                res["sweep"].append(dict(C=C, T=T, **variant, fwd_ms=fwd, fwd_bwd_ms=both))
-                print(json.dumps(res["sweep"][-1]), flush=True)
-                save(res, args.out)
-        save(res, args.out)
     print_table(res)
 
 
@@ -185,22 +145,18 @@ def save(res, path):
 
 def print_table(res):
     print(f"copy {res['copy_GBps']:.0f} GB/s, commit {res['commit']}")
-    print("| C | T | missing | walks fwd ms (% copy) | single pass fwd ms (% copy) | accelerated-scan fwd ms (% copy) "
-          "| walks fwd+bwd ms | single pass fwd+bwd ms | accelerated-scan fwd+bwd ms | best / ascan fwd, fwd+bwd |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| C | T | missing | walks fwd ms (% copy) | accelerated-scan fwd ms (% copy) "
+          "| walks fwd+bwd ms | accelerated-scan fwd+bwd ms | walks / ascan fwd, fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|")
     base = {(r["C"], r["T"]): r for r in res["rows"] if "ascan_fwd_ms" in r}
     for r in res["rows"]:
         a = base.get((r["C"], r["T"]))
         ascan = f"{a['ascan_fwd_ms']:.3f} ({a['ascan_fwd_pct_copy']:.0f}%)" if a else ""
         ascan_both = f"{a['ascan_fwd_bwd_ms']:.3f}" if a else ""
-        fwd = min(r["walks_fwd_ms"], r["onepass_fwd_ms"])
-        both = min(r["walks_fwd_bwd_ms"], r["onepass_fwd_bwd_ms"])
-        ratio = f"{fwd / a['ascan_fwd_ms']:.2f}, {both / a['ascan_fwd_bwd_ms']:.2f}" if a else ""
-        print(f"| {r['C']} | {r['T']} | {r['missing']:.0%} "
-              f"| {r['walks_fwd_ms']:.3f} ({r['walks_fwd_pct_copy']:.0f}%) "
-              f"| {r['onepass_fwd_ms']:.3f} ({r['onepass_fwd_pct_copy']:.0f}%) | {ascan} | {r['walks_fwd_bwd_ms']:.3f} "
-              f"| {r['onepass_fwd_bwd_ms']:.3f} | {ascan_both} | {ratio} |")
-
+        ratio = (f"{r['walks_fwd_ms'] / a['ascan_fwd_ms']:.2f}, {r['walks_fwd_bwd_ms'] / a['ascan_fwd_bwd_ms']:.2f}"
+                 if a else "")
+        print(f"| {r['C']} | {r['T']} | {r['missing']:.0%} | {r['walks_fwd_ms']:.3f} ({r['walks_fwd_pct_copy']:.0f}%) "
+              f"| {ascan} | {r['walks_fwd_bwd_ms']:.3f} | {ascan_both} | {ratio} |")
 
 if __name__ == "__main__":
     main()

@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 ALIGNED = "aligned"  # a runtime argument specialised as divisible by 16 (a pointer: 16-byte aligned)
 
 
-POINTER_TYPES = {"loglik_sum_ptr": "*fp64", "flag_ptr": "*i32"}
+POINTER_TYPES = {"loglik_sum_ptr": "*fp64"}
 """Pointer arguments whose element type is not float32 in a float32 launch."""
 
 
@@ -59,7 +59,6 @@ def kernels(fc=None, cfg=None):
     from kalmanscan.kernels.filter.bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
     from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel,
                                                filter_total_kernel)
-    from kalmanscan.kernels.filter.onepass import filter_onepass_kernel
     from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
     from kalmanscan.kernels.filter.tiles import filter_tile_agg_kernel, filter_tile_fwd_kernel
     from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
@@ -88,16 +87,9 @@ def kernels(fc=None, cfg=None):
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     carry = dict(CH=fc.carry_chunk)
-    # the single pass (opt-in) at stretches of 8 steps where the configuration leaves it off: its
-    # unrolled stretch sets the compile time, and 8 steps compile every branch a longer one does
-    onepass = dict(common, BLOCK=fc.onepass_block, R=fc.onepass or 8, PUBLISH=1, W=fc.onepass_lookback)
-    onepass_warps = max(1, min(fc.onepass_warps, fc.onepass_block // 32))
     return {
         "filter_agg": (filter_agg_kernel, walk, fc.num_warps),
         "filter_fwd": (filter_fwd_kernel, walk, fc.num_warps),
-        "filter_onepass": (filter_onepass_kernel, onepass, onepass_warps),
-        "filter_onepass_posterior": (filter_onepass_kernel, dict(onepass, POSTERIOR=1023, SUM_LOGLIK=True),
-                                     onepass_warps),
         "filter_tile_agg": (filter_tile_agg_kernel, tile, fc.tile_warps),
         "filter_tile_fwd": (filter_tile_fwd_kernel, tile, fc.tile_warps),
         "filter_bwd_agg": (filter_bwd_agg_kernel, bwd, fc.num_warps),

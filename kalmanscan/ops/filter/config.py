@@ -42,13 +42,6 @@ class FilterConfig:
         tile_stretches: at most this many stretches of tiles per series (one carry chunk);
         tile_max_c: the time-parallel forward serves series of at most this many channels;
         tile_bwd: the backward runs on tiles too wherever the forward does.
-    Single pass (many series; :mod:`kalmanscan.ops.filter.onepass`, opt-in):
-        onepass: steps per stretch of the single-pass forward, each stretch of ``y`` held in
-            registers (0: the three-kernel walks);
-        onepass_block, onepass_warps: channels and warps per single-pass program;
-        onepass_lookback: earlier stretches whose flags the look-back reads at once (a power of two);
-        onepass_publish: a test knob, 1 in production: stretches publish the state after them only
-            every this many, so that the look-back composes maps under the interpreter.
     """
 
     target_lanes: int = 1 << 18
@@ -72,26 +65,16 @@ class FilterConfig:
     tile_stretches: int = 1024
     tile_max_c: int = 1
     tile_bwd: bool = True
-    onepass: int = 0
-    onepass_block: int = 128
-    onepass_warps: int = 4
-    onepass_lookback: int = 1
-    onepass_publish: int = 1
 
     def __post_init__(self):
         for name in ("target_lanes", "min_stretch", "max_stretches", "block", "small_c_block",
                      "num_warps", "unroll", "bwd_unroll", "carry_chunk", "carry_warps", "tile",
-                     "tile_row", "tile_warps", "tile_stretches", "tile_max_c", "onepass_block", "onepass_warps",
-                     "onepass_lookback", "onepass_publish"):
+                     "tile_row", "tile_warps", "tile_stretches", "tile_max_c"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.stretch is not None and (not isinstance(self.stretch, int) or self.stretch < 1):
             raise ValueError(f"stretch must be a positive integer or None, got {self.stretch!r}")
-        if not isinstance(self.onepass, int) or self.onepass < 0:
-            raise ValueError(f"onepass must be a non-negative integer, got {self.onepass!r}")
-        if self.onepass_lookback & (self.onepass_lookback - 1):
-            raise ValueError(f"onepass_lookback must be a power of two, got {self.onepass_lookback}")
         if self.tile % self.tile_row:
             raise ValueError(f"tile_row must divide tile, got {self.tile_row} and {self.tile}")
 

@@ -44,7 +44,6 @@ from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filt
 from ... import ou
 from ...inputs import Problem
 from ..launch import cdiv, next_power_of_2
-from . import onepass
 from . import torch as torch_backend
 from .config import DEFAULT_CONFIG, FilterConfig
 
@@ -185,26 +184,22 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
     mask = posterior_mask(posterior)
     sum_loglik = loglik_sum and "logliks" in posterior and fwd_kernel is filter_fwd_kernel
-    if fwd_kernel is filter_fwd_kernel and onepass.applies(T, config):
-        out, pointers, write = _outputs(y, outputs, posterior, out_shape)
-        partial = onepass.forward(args, init, pointers, (B, T, C), dict(write, **flags, POSTERIOR=mask), config,
-                                  sum_loglik)
-    else:  # the aggregate kernel is launched before the outputs are allocated: the device starts sooner
-        if ns == 1 and init.is_contiguous():  # the walks start from init itself
-            start = init
-        else:
-            start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
-            start[:, :, 0, :] = init
-        if ns > 1:
-            agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-            agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
-            filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
-                                          num_warps=config.carry_warps)
-        out, pointers, write = _outputs(y, outputs, posterior, out_shape)
-        partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev) if sum_loglik else None
-        if sum_loglik:
-            opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
-        fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=mask, **opts)
+    # the aggregate kernel is launched before the outputs are allocated: the device starts sooner
+    if ns == 1 and init.is_contiguous():  # the walks start from init itself
+        start = init
+    else:
+        start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
+        start[:, :, 0, :] = init
+    if ns > 1:
+        agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
+        agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
+        filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
+                                      num_warps=config.carry_warps)
+    out, pointers, write = _outputs(y, outputs, posterior, out_shape)
+    partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev) if sum_loglik else None
+    if sum_loglik:
+        opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
+    fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=mask, **opts)
     result = {k: out[k] for k in (posterior or outputs)}
     if partial is not None:
         result["loglik"] = partial.sum(1).to(dtype)
