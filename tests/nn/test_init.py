@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from helpers import random_kla
+from helpers import device_of, random_kla
 from kalmanscan import ou
 from kalmanscan.nn import KLA, MIXERS, SequenceModel, initial_statistics
 from kalmanscan.ops.kla.reference import kla_scan_sequential
@@ -134,11 +134,11 @@ def test_authors_gradcheck_float64(variant):
 
 @pytest.mark.parametrize("backend", ["recurrent", "triton"])
 def test_authors_backends_and_decoding_agree(backend):
-    """The recurrent and triton (interpreter) backends and token-by-token decoding give the torch
-    backend's outputs for a freshly initialised authors' layer."""
+    """The recurrent and triton backends and token-by-token decoding give the torch backend's
+    outputs for a freshly initialised authors' layer (on the triton backend's device)."""
     torch.manual_seed(1)
-    layer = KLA(8, d_state=4, init="authors", backend="torch")
-    x = torch.randn(2, 9, 8)
+    layer = KLA(8, d_state=4, init="authors", backend="torch").to(device_of(backend))
+    x = torch.randn(2, 9, 8).to(device_of(backend))
     y, y_var = layer(x, return_variance=True)
     layer.backend = backend
     y_b, y_var_b = layer(x, return_variance=True)

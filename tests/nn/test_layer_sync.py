@@ -1,6 +1,6 @@
 """The KLA layer reads no device value on the host: no synchronisation in its forward or backward,
 the noise-free flag and the kernels' noise floor that replace the value checks, and torch.compile
-of a model around it (fullgraph, on the CPU through the triton interpreter)."""
+of a model around it (fullgraph; on the CPU through the triton interpreter, else on the GPU)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from helpers import device_of
 
 from kalmanscan.nn import KLA, SequenceModel
 from kalmanscan.ops.kla import NOISE_FLOOR, kla_scan
@@ -52,19 +54,22 @@ class HostReads(TorchDispatchMode):
 
 
 def make_layer(backend, seed=0, **kwargs):
+    """A KLA layer with perturbed parameters, on ``backend``'s device (the triton backend's on the
+    GPU where there is one)."""
     torch.manual_seed(seed)
     layer = KLA(8, d_state=3, backend=backend, **kwargs)
     with torch.no_grad():
         for p in layer.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    return layer
+    return layer.to(device_of(backend))
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_forward_and_backward_read_nothing_on_the_host(backend):
     layer = make_layer(backend)
-    x = torch.randn(2, 9, 8, requires_grad=True)
-    with HostReads() as counter, torch.autocast("cpu", dtype=torch.bfloat16):
+    device = device_of(backend)
+    x = torch.randn(2, 9, 8, device=device, requires_grad=True)
+    with HostReads() as counter, torch.autocast(device.type, dtype=torch.bfloat16):
         y, y_var, state = layer(x, state=layer.init_state(2), return_variance=True)
     with HostReads() as counter_bwd:
         (y.float().square().sum() + y_var.sum() + state.var.sum()).backward()
@@ -89,7 +94,7 @@ def noise_free_layer(backend):
     fastest filters passes float32's range within 40 tokens."""
     layer = make_layer(backend)
     M, S = layer.d_inner, layer.d_state
-    decay = torch.linspace(0.3, 0.95, M * S).reshape(M, S)
+    decay = torch.linspace(0.3, 0.95, M * S, device=device_of(backend)).reshape(M, S)
     with torch.no_grad():
         layer.noise_parameter().fill_(-math.inf)
         layer.log_theta.zero_()
@@ -100,8 +105,8 @@ def noise_free_layer(backend):
 def test_noise_free_layer_runs_in_mean_form_on_the_triton_backend():
     """With ``noise_free`` set the triton layer gives the torch backend's mean form exactly (past
     the overflow of the precision); unset, the kernels' noise floor keeps it finite and close."""
-    x = torch.randn(1, 50, 8, requires_grad=True)
-    ref = noise_free_layer("torch")
+    x = torch.randn(1, 50, 8, device=device_of("triton"), requires_grad=True)
+    ref = noise_free_layer("torch").to(x.device)
     y_ref = ref(x)
     flagged = noise_free_layer("triton")
     flagged.noise_free = True
@@ -119,8 +124,8 @@ def test_compiled_model_fullgraph_equals_eager():
     ``kalmanscan::kla_scan_fwd`` operator, run here by the interpreter); forward and gradients
     equal eager."""
     torch.manual_seed(0)
-    model = SequenceModel(11, 8, 1, mixer="kla", d_state=3, backend="triton")
-    tokens = torch.randint(0, 11, (2, 6))
+    model = SequenceModel(11, 8, 1, mixer="kla", d_state=3, backend="triton").to(device_of("triton"))
+    tokens = torch.randint(0, 11, (2, 6)).to(device_of("triton"))
     params = list(model.parameters())
 
     def loss_and_grads(m):

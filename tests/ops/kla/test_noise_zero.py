@@ -21,7 +21,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import max_rel_error
+from helpers import device_of, max_rel_error
 
 from kalmanscan.nn import SequenceModel
 from kalmanscan.ops.kla import kla_scan
@@ -62,7 +62,7 @@ def outputs_and_grads(fn, xs, n_grad):
     xs = [x.detach().clone().requires_grad_(i < n_grad) for i, x in enumerate(xs)]
     out = fn(xs)
     g = torch.Generator().manual_seed(1)
-    loss = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)).sum() for o in out)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o)).sum() for o in out)
     return [o.detach() for o in out], list(torch.autograd.grad(loss, xs[:n_grad]))
 
 
@@ -87,7 +87,8 @@ def test_float32_matches_the_oracle_at_every_length(L, backend):
     backend hands these filters to the torch one (their precision is beyond its kernels' range)."""
     xs = noiseless_inputs(2, L, 3, 4, seed=L)
     ref, ref_grads = outputs_and_grads(lambda a: closed_form(*a[:5]), xs, 5)
-    out, grads = outputs_and_grads(lambda a: kla_scan(*a, backend=backend), [x.float() for x in xs], 6)
+    out, grads = outputs_and_grads(lambda a: kla_scan(*a, backend=backend),
+                                   [x.float().to(device_of(backend)) for x in xs], 6)
     for got in out + grads:
         assert torch.isfinite(got).all()
     for i, (got, want) in enumerate(zip(out + grads[:5], ref + ref_grads)):
@@ -112,11 +113,11 @@ def test_noise_zero_model_trains_in_float32(backend):
     """The harness's --noise-zero model (sigma fixed at 0 in every KLA layer, the layer's own
     initial decays down to 0.2) trains in float32 on a CPU at L = 128, past float32's range of the
     exact precision (about 30 tokens at decay 0.2): finite loss and gradients at every step, and
-    the loss goes down."""
+    the loss goes down (on the triton backend's device)."""
     zero_kla_noise = importlib.import_module("evidence.train").zero_kla_noise
     torch.manual_seed(0)
     model = SequenceModel(16, 8, 2, mixer="kla", d_state=16, backend=backend, init="kalmanscan",
-                          weight_init="torch")
+                          weight_init="torch").to(device_of(backend))
     assert zero_kla_noise(model) == 2
     decay, noise = model.blocks[0].mixer.discretized()
     assert (noise == 0).all() and decay.min() < 0.3
@@ -124,6 +125,7 @@ def test_noise_zero_model_trains_in_float32(backend):
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 16, (2, 129), generator=g)
     tokens[:, 1::2] = tokens[:, 0:-1:2]          # every other token repeats the one before it
+    tokens = tokens.to(device_of(backend))
     losses = []
     for _ in range(6):
         logits = model(tokens[:, :-1])
