@@ -21,6 +21,7 @@ import torch  # noqa: E402
 import xarray as xr  # noqa: E402
 
 import kalmanscan as ks  # noqa: E402
+import kalmanscan.xr  # noqa: E402,F401  (registers the .kalman accessor)
 
 
 def longest_gap(missing):
