@@ -91,8 +91,8 @@ def store7(ptr, stride, p11, p12, p21, p22, e1, e2, f, mask):
 
 @triton.jit
 def last7(p11, p12, p21, p22, e1, e2, f, last):
-    """The 7 numbers of a map at the position along the first axis where ``last`` is on
-    (:func:`kalmanscan.kernels.filter.steps.pick`): scalars from vectors, a row from a tile."""
+    """The 7 numbers of a map at the lane where ``last`` is on, as scalars
+    (:func:`kalmanscan.kernels.filter.steps.pick`)."""
     return (pick(p11, last), pick(p12, last), pick(p21, last), pick(p22, last), pick(e1, last),
             pick(e2, last), pick(f, last))
 

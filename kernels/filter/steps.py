@@ -29,9 +29,8 @@ def lane_coords(C, NS, BLOCK: tl.constexpr):
 
 @triton.jit
 def pick(x, where):
-    """The element of ``x`` along its first axis where the mask ``where`` is on (on at exactly one
-    position): a scalar from a vector, a row from a tile (``where`` then ``[N, 1]``); a masked sum,
-    since registers have no dynamic indexing."""
+    """The element of the vector ``x`` where the mask ``where`` is on (on at exactly one position),
+    as a scalar: a masked sum, since a register vector has no dynamic indexing."""
     return tl.sum(tl.where(where, x, 0.0), axis=0)
 
 

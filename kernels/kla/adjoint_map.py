@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..fast_math import rcp
-from .common import kla_tile, kla_token
+from .common import kla_step_rho, kla_tile, kla_token
 
 
 @triton.jit
@@ -54,13 +54,12 @@ def kla_adjoint_map_kernel(
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
         gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
         gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
-        rho = rcp(a2 + noise * lam)
+        lam_p, eta_p = lam, eta
+        lam, eta, rho = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt)
         rho2 = rho * rho
-        j11 = rho - noise * lam * rho2
-        j12 = -noise * decay * eta * rho2
+        j11 = rho - noise * lam_p * rho2
+        j12 = -noise * decay * eta_p * rho2
         j22 = rho * decay
-        lam = rho * lam + lv[:, None] * (kt * kt)[None, :]
-        eta = j22 * eta + lvv[:, None] * kt[None, :]
         inv = rcp(lam)
         gyq = gy[:, None] * qt[None, :]
         s_e = gyq * inv

@@ -13,13 +13,20 @@ from ..fast_math import rcp
 
 
 @triton.jit
-def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
+def kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt):
     """One predict-then-update step of the filter grid (docs/math.md, section 7):
     ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``,
-    ``eta <- rho decay eta + lam_v v k``."""
+    ``eta <- rho decay eta + lam_v v k``; returns the new ``(lam, eta)`` and ``rho``."""
     rho = rcp(a2 + noise * lam)
-    lam = rho * lam + lv[:, None] * (kt * kt)[None, :]
-    eta = (rho * decay) * eta + lvv[:, None] * kt[None, :]
+    lam_next = rho * lam + lv[:, None] * (kt * kt)[None, :]
+    eta_next = (rho * decay) * eta + lvv[:, None] * kt[None, :]
+    return lam_next, eta_next, rho
+
+
+@triton.jit
+def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
+    """:func:`kla_step_rho` without ``rho``."""
+    lam, eta, _ = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt)
     return lam, eta
 
 
