@@ -2,8 +2,9 @@
 
 :class:`Checks` queues checks and facts on tensors and decides them together; :func:`check_no_inf`
 searches ``y`` for ``inf``; :func:`queue_y_check` queues that search's cheap precursor (one
-reduction); :func:`finite_sum` and :func:`check_y_by_result` are the by-result check of the public calls
-(one reduction of a result read back).
+reduction); :func:`finite_sum` and :func:`check_y_by_result` are the by-result check (one reduction
+of a result read back); :class:`Ahead` reads values queued before a call's kernels without waiting
+for the kernels, and :class:`LateYCheck` decides ``y``'s check once the kernels are queued.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from .types import ArrayLike
 
-__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result"]
+__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead", "LateYCheck"]
 
 
 class Checks:
@@ -96,3 +97,52 @@ def check_y_by_result(y: torch.Tensor, witness: torch.Tensor, diffuse: bool) -> 
     synchronisation, made last so that the device works while the host assembles the result."""
     if diffuse or not finite_sum(witness):
         check_no_inf(y)
+
+
+class Ahead:
+    """Values computed on the device before a call's kernels are queued, copied back to the host
+    without waiting (page-locked memory, an event after the copy), and read once the kernels are
+    queued: :meth:`read` waits for the values and what was queued before them, not for the kernels,
+    so the call returns while its kernels run and calls queue behind each other. On a CPU, under
+    ``torch.compile`` and while a CUDA graph is captured, :meth:`read` returns the values as they are.
+    """
+
+    def __init__(self, values: torch.Tensor):
+        self.values, self.event = values, None
+        if values.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+            self.values = values.to("cpu", non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def read(self) -> torch.Tensor:
+        """The values (on the host for a device's): one wait on the device, for them alone."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.values
+
+
+class LateYCheck:
+    """``y``'s inf check for calls whose parameters were checked on the host, decided once the
+    kernels are queued.
+
+    On a GPU, one reduction of ``y`` queued when this object is made (make it once ``y`` is final,
+    before the kernels) and read by :meth:`decide` through :class:`Ahead`: the wait is for the
+    reduction, not for the kernels. On a CPU, from a result ``y`` reaches (:func:`check_y_by_result`,
+    no pass over ``y``) when :meth:`decide` is given one, else by the reduction then.
+    """
+
+    def __init__(self, y: torch.Tensor):
+        self.y, self.ahead = y, None
+        if y.is_cuda:
+            with torch.no_grad():
+                self.ahead = Ahead(torch.isfinite(torch.nansum(y.detach())))
+
+    def decide(self, witness: torch.Tensor | None = None, diffuse: bool = False) -> None:
+        """Raise ``ValueError`` naming ``y`` if it holds an ``inf``: one synchronisation."""
+        if self.ahead is None and witness is not None:
+            check_y_by_result(self.y, witness, diffuse)
+            return
+        with torch.no_grad():
+            finite = self.ahead.read() if self.ahead is not None else torch.isfinite(torch.nansum(self.y.detach()))
+        if not bool(finite):
+            check_no_inf(self.y)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .diffuse import Diffuse, finite_problem, restore
-from .checks import check_y_by_result
+from .checks import LateYCheck
 from .inputs import Problem, host_parameters, prepare
 from .ops.filter import run_backend
 from .posterior import Params, Posterior
@@ -63,11 +63,13 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
             has a transition), so chunk by chunk equals one call over the whole series
             (:mod:`kalmanscan.stream`). Excludes ``init_mean`` and ``init_var``.
         check_finite: whether to check that ``y`` holds no ``inf`` (``ValueError`` naming ``y``),
-            as SciPy's ``check_finite``. The check reads one reduction of the result back to the
-            host: on a GPU, the call's one synchronisation (with parameters given as device
-            tensors, one reduction of ``y`` instead, read with their checks). ``False`` skips it, so that calls on a
-            device queue behind each other without waiting; an ``inf`` in ``y`` then shows as a
-            non-finite result instead of an error. The parameters are checked either way.
+            as SciPy's ``check_finite``. On a GPU it is one reduction of ``y`` (4 bytes an
+            element read) queued before the kernels and read back once they are queued: the
+            call's one synchronisation, which waits for the reduction, not for the kernels (with
+            parameters given as device tensors, it is read with their checks, before the
+            kernels). On a CPU it is one reduction of the result. ``False`` skips it: no
+            synchronisation, and an ``inf`` in ``y`` shows as a non-finite result instead of an
+            error. The parameters are checked either way.
 
     Parameters are static (scalars or ``(C,)``, or ``(..., 1, C)`` with batch dimensions) or per
     step (``(..., T, C)``); a per-step value at index ``t`` governs the transition into step ``t``
@@ -76,38 +78,39 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     Raises:
         ValueError: naming the argument, for bad values or shapes (see :mod:`kalmanscan.inputs`).
     """
-    # No separate pass over y looking for inf when the result shows it: an inf in y makes the
-    # log-likelihood and the filtered mean from its step on (the last step's too) non-finite; one
-    # reduction of the result is read back (the call's one synchronisation), and only when it is
-    # not finite is y searched (and the ValueError raised). Parameters checked on their device
-    # need a read of their own before the kernels: y's check (one reduction) then joins it.
+    # With parameters checked on the host, y's inf check is decided once the kernels are queued
+    # (LateYCheck): on a GPU one reduction of y queued before them and read while they run (the
+    # call's one synchronisation); on a CPU from the result (an inf in y makes the log-likelihood
+    # and the filtered mean from its step on, the last step's too, non-finite), y searched only
+    # when that is not finite. Parameters checked on their device need a read of their own before
+    # the kernels: y's check (one reduction) then joins it.
     wanted = _check_outputs(outputs)
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
-    by_result = (check_finite and ("logliks" in wanted or "mean" in wanted)
-                 and host_parameters(params, times, init_mean, init_var))
+    late = check_finite and host_parameters(params, times, init_mean, init_var)
     with naming_state(state):
         p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
                     init_mean=init_mean, init_var=init_var, backend=backend,
-                    check_y=check_finite and not by_result)
+                    check_y=check_finite and not late)
     if state is not None:
         p = continue_problem(p, state)
     if outputs is not None:
         p = dataclasses.replace(p, outputs=wanted)
     finite, diffuse = finite_problem(p)
+    y_check = LateYCheck(p.y) if late else None
     out = run_backend(finite, backend)
     if diffuse is not None:
         out = restore(p, diffuse, out)
     if "logliks" in wanted and "loglik" not in out:  # the fused kernels sum it as they go
         out["loglik"] = sum_time(out["logliks"])
-    witness = (out["loglik"] if "logliks" in wanted else out["mean"][..., -1, :]) if by_result else None
+    witness = out["loglik"] if "logliks" in wanted else out["mean"][..., -1, :] if "mean" in wanted else None
     if outputs is not None:
         kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
         out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
     post = make_posterior(p, out, diffuse=diffuse)
-    if by_result:
-        check_y_by_result(p.y, witness, diffuse is not None)
+    if y_check is not None:
+        y_check.decide(witness, diffuse is not None)
     return post if state is None else mark(post, state)
 
 

@@ -94,6 +94,15 @@ def _numeric(path, name, text):
     inf = np.flatnonzero(np.isinf(values))
     if inf.size:
         raise ValueError(f"input file '{path}': column '{name}' has an infinite value at line {int(inf[0]) + 2}")
+    return _exactly(raw, values, ~missing.to_numpy())
+
+
+def _exactly(raw, values, cells):
+    """``values`` with its ``cells`` parsed from ``raw``'s text by NumPy (correctly rounded: the
+    nearest float64, so a number written as its shortest repr reads back to the same bits; pandas'
+    own parser, used to find the bad cells, can be an ulp off)."""
+    values = np.array(values, np.float64)
+    values[cells] = raw.to_numpy()[cells].astype(np.float64)
     return values
 
 
@@ -111,7 +120,7 @@ def _times(path, name, text):
             i = int(bad[0])
             raise ValueError(f"input file '{path}': time column '{name}' has {raw.iloc[i]!r} at line {i + 2}; "
                              "times are numbers (or ISO 8601 dates throughout)")
-        return values
+        return _exactly(raw, values, np.ones(values.shape, bool))
     parsed = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
     bad = np.flatnonzero(parsed.isna().to_numpy())
     if bad.size:

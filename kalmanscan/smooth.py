@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .diffuse import finite_problem, restore, smooth_leading
-from .checks import check_y_by_result
+from .checks import LateYCheck
 from .filtering import make_posterior, sum_time
 from .inputs import host_parameters, prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
@@ -49,17 +49,18 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     """
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
-    # y's inf check as ks.filter's: from the result (one read, last) when the parameters are
-    # checked on the host, else joined with their read before the kernels.
-    by_result = check_finite and host_parameters(
+    # y's inf check as ks.filter's: decided once the kernels are queued when the parameters are
+    # checked on the host (checks.LateYCheck), else joined with their read before the kernels.
+    late = check_finite and host_parameters(
         dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt), times, init_mean, init_var)
     with naming_state(state):
         p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
                     init_mean=init_mean, init_var=init_var, backend=backend,
-                    check_y=check_finite and not by_result)
+                    check_y=check_finite and not late)
     if state is not None:
         p = continue_problem(p, state)
     finite, diffuse = finite_problem(p)
+    y_check = LateYCheck(p.y) if late else None
     out = run_backend(finite, backend)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
@@ -77,6 +78,6 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         out["loglik"] = sum_time(out["logliks"])
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
-    if by_result:
-        check_y_by_result(p.y, out["loglik"], diffuse is not None)
+    if y_check is not None:
+        y_check.decide(out["loglik"], diffuse is not None)
     return post if state is None else mark(post, state)

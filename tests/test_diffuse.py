@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import statsmodels.api as sm
 import torch
+from helpers import device_of, to_np
 
 import kalmanscan as ks
 
@@ -22,8 +23,8 @@ def nile(lead: int = 0):
 
 
 def run(fn, y, backend, **kw):
-    post = fn(y if backend == "reference" else torch.tensor(y), backend=backend, **kw)
-    return post, {k: np.asarray(getattr(post, k)) for k in ("mean", "var", "precision", "pred_var", "loglik")}
+    post = fn(y if backend == "reference" else torch.tensor(y, device=device_of(backend)), backend=backend, **kw)
+    return post, {k: to_np(getattr(post, k)) for k in ("mean", "var", "precision", "pred_var", "loglik")}
 
 
 def statsmodels_level(y):
@@ -46,7 +47,7 @@ def test_local_level_matches_statsmodels_exact_diffuse(backend, lead):
     np.testing.assert_allclose(f["loglik"][0], ref.llf_obs[lead + 1:].sum(), rtol=1e-12)
     assert np.all(np.isinf(f["var"][:lead])) and np.all(f["precision"][:lead] == 0)
     assert np.all(np.isinf(f["pred_var"][:lead + 1]))
-    assert np.asarray(post.n_diffuse).tolist() == [1]
+    assert to_np(post.n_diffuse).tolist() == [1]
     if lead == 0:
         assert f["loglik"][0] == pytest.approx(-632.5456, abs=1e-4)
 
@@ -70,7 +71,7 @@ def test_mixed_channels_and_a_channel_never_observed(backend):
     post, f = run(ks.filter, y, backend, **kw)
     ref, g = run(ks.filter, y, "reference", **dict(kw, init_var=np.array([1.0, 2.0, 1.0])))
     np.testing.assert_allclose(f["mean"][..., 1], g["mean"][..., 1], rtol=1e-10)   # finite: untouched
-    assert np.asarray(post.n_diffuse).tolist() == [[1, 0, 1], [1, 0, 0]]
+    assert to_np(post.n_diffuse).tolist() == [[1, 0, 1], [1, 0, 0]]
     assert np.all(np.isinf(f["var"][1, :, 2])) and f["loglik"][1, 2] == 0
     assert np.all(np.isfinite(f["var"][:, 2:, 0])) and np.all(np.isinf(f["var"][:, :2, 0]))
     _, s = run(ks.smooth, y, backend, **kw)

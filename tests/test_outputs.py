@@ -41,7 +41,7 @@ def test_selected_fields_equal_the_full_call(backend, outputs, poisoned):
     assert "not computed" in repr(post)
 
 
-@pytest.mark.parametrize("outputs", [("mean",), None])
+@pytest.mark.parametrize("outputs", [("mean",), ("var",), None])
 def test_inf_in_y_is_still_refused(outputs):
     y = series(backend="triton")
     y[1, 3, 0] = math.inf

@@ -12,7 +12,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers import FIELDS, FLOAT32_BOUND, api_examples, max_rel_error, posterior_error, random_problem, to_np
+from helpers import (FIELDS, FLOAT32_BOUND, api_examples, device_of, max_rel_error, posterior_error, random_problem,
+                     to_np)
 
 import kalmanscan as ks
 
@@ -79,7 +80,7 @@ def test_chunks_equal_one_call(backend, per_step, times, per_step_dt, poisoned):
     """Float64 chunks against one call of the same backend and the reference (data offset by 1e4,
     so the state's deviation from the level is exercised), to float64 rounding."""
     y, kw = problem(10 * per_step + 2 * times + per_step_dt, per_step, times, per_step_dt, offset=1e4)
-    convert = (lambda x: x) if backend == "reference" else torch.tensor
+    convert = (lambda x: x) if backend == "reference" else (lambda x: torch.tensor(x, device=device_of(backend)))
     parts = stream(ks.filter, y, kw, convert=convert, backend=backend)
     whole = ks.filter(convert(y), backend=backend, **kw)
     ref = ks.filter(y, backend="reference", **kw)
@@ -96,7 +97,8 @@ def test_chunks_equal_one_call(backend, per_step, times, per_step_dt, poisoned):
 def test_float32_chunks(backend):
     """Float32 chunks within the float32 bound of the reference, as one float32 call is."""
     y, kw = problem(3, per_step=backend != "triton", times=backend != "triton", offset=100.0)
-    parts = stream(ks.filter, y, kw, convert=lambda x: torch.tensor(x, dtype=torch.float32), backend=backend)
+    parts = stream(ks.filter, y, kw, convert=lambda x: torch.tensor(x, dtype=torch.float32, device=device_of(backend)),
+                   backend=backend)
     assert parts[-1].mean.dtype == torch.float32 and parts[-1].state.var.dtype == torch.float32
     err, errs = posterior_error(joined(parts), ks.filter(y, backend="reference", **kw))
     assert err < FLOAT32_BOUND, errs
@@ -147,7 +149,7 @@ def test_smoother_of_a_chunk_is_conditioned_on_the_past(backend):
     chunk's steps; its last step is the filter's."""
     y, kw = problem(5, per_step=backend != "triton", times=backend != "triton")
     a, b = 20, 45
-    convert = (lambda x: x) if backend == "reference" else torch.tensor
+    convert = (lambda x: x) if backend == "reference" else (lambda x: torch.tensor(x, device=device_of(backend)))
     past = ks.filter(convert(chunk(y, kw, 0, a)[0]), backend=backend, **chunk(y, kw, 0, a)[1])
     yc, kc = chunk(y, kw, a, b)
     got = ks.smooth(convert(yc), state=past, backend=backend, **kc)

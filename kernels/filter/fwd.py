@@ -218,8 +218,9 @@ def filter_agg_kernel(
 
 
 @triton.jit
-def filter_carry_kernel(agg_ptr, start_ptr, C, NS, CH: tl.constexpr):
-    """Starting states of stretches ``1..NS-1`` from slot 0 (the initial state) and the products.
+def filter_carry_kernel(agg_ptr, init_ptr, start_ptr, C, NS, CH: tl.constexpr):
+    """Starting states ``start[b, :, s, c]`` of every stretch: slot 0 the initial state
+    ``init[b, :, c]`` (``(B, 2, C)`` contiguous), slots ``1..NS-1`` from it and the products.
 
     One program per ``(b, c)``; stretches in chunks of ``CH`` with an inclusive
     ``tl.associative_scan`` of :func:`compose7` (padding is the identity map).
@@ -228,8 +229,10 @@ def filter_carry_kernel(agg_ptr, start_ptr, C, NS, CH: tl.constexpr):
     b = pid // C
     c = pid % C
     sbase = start_ptr + b * 2 * NS * C + c
-    lam = tl.load(sbase)
-    eta = tl.load(sbase + NS * C)
+    lam = tl.load(init_ptr + b * 2 * C + c)
+    eta = tl.load(init_ptr + b * 2 * C + C + c)
+    tl.store(sbase, lam)
+    tl.store(sbase + NS * C, eta)
     abase = agg_ptr + b * 7 * NS * C + c
     stride = NS * C
     idx = tl.arange(0, CH)

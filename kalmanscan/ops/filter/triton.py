@@ -150,7 +150,8 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
                    outputs: Sequence[str] = ("mu", "lam", "pred_mu", "pred_var"),
                    config: FilterConfig = DEFAULT_CONFIG,
                    posterior: Sequence[str] | bool = False,
-                   out_shape: Sequence[int] | None = None, loglik_sum: bool = True) -> dict[str, torch.Tensor]:
+                   out_shape: Sequence[int] | None = None, loglik_sum: bool = True,
+                   one_block: bool = False) -> dict[str, torch.Tensor]:
     """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``
     (allocated as ``out_shape`` instead when given: any shape of ``B T C`` elements).
 
@@ -161,7 +162,8 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     instead (those of :func:`kalmanscan.ops.filter.torch.finish`, in one pass), only those named.
     With ``"logliks"`` among them and ``loglik_sum`` the walks also return ``"loglik"``, the sum
     over time ``(B, C)``: each stretch's sum accumulated in float64 by the kernel, the stretches
-    summed after it, in ``y``'s dtype (the tiles leave it out).
+    summed after it, in ``y``'s dtype (the tiles leave it out). ``one_block``: small outputs may
+    share one allocation (:func:`_outputs`; not for an operator's returns, which must not alias).
     """
     if posterior is True:
         posterior = POSTERIOR
@@ -185,24 +187,22 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     mask = posterior_mask(posterior)
     sum_loglik = loglik_sum and "logliks" in posterior and fwd_kernel is filter_fwd_kernel
     # the aggregate kernel is launched before the outputs are allocated: the device starts sooner
-    if ns == 1 and init.is_contiguous():  # the walks start from init itself
-        start = init
-    else:
-        start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
-        start[:, :, 0, :] = init
+    init = init.contiguous()
+    start = init  # one stretch: the walks start from init itself; else the carry writes every start
     if ns > 1:
+        start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
-        filter_carry_kernel[(B * C,)](agg, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
+        filter_carry_kernel[(B * C,)](agg, init, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                       num_warps=config.carry_warps)
-    out, pointers, write = _outputs(y, outputs, posterior, out_shape)
+    out, pointers, write = _outputs(y, outputs, posterior, out_shape, one_block)
     partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev) if sum_loglik else None
     if sum_loglik:
         opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
     fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=mask, **opts)
     result = {k: out[k] for k in (posterior or outputs)}
     if partial is not None:
-        result["loglik"] = partial.sum(1).to(dtype)
+        result["loglik"] = (partial[:, 0] if ns == 1 else partial.sum(1)).to(dtype)
     return result
 
 
@@ -211,20 +211,30 @@ def posterior_mask(fields: Iterable[str]) -> int:
     return sum(1 << i for i, k in enumerate(POSTERIOR) if k in fields)
 
 
-def _outputs(y, outputs, posterior, out_shape=None):
+ONE_BLOCK_OUTPUTS = 1 << 22
+
+
+def _outputs(y, outputs, posterior, out_shape=None, one_block=False):
     """``(out, pointers, flags)`` of the forward kernels: the ``(B, T, C)`` output tensors, the ten
-    output pointers in kernel order (a one-element dummy for those not written) and the
-    ``WRITE_*`` flags. The predicted mean and variance are written together (one flag), so asking
-    for one allocates both."""
+    output pointers in kernel order (``y``'s for those not written, never written through) and
+    the ``WRITE_*`` flags. The predicted mean and variance are written together (one flag), so
+    asking for one allocates both. With ``one_block``, fields of at most :data:`ONE_BLOCK_OUTPUTS`
+    elements in all share one allocation (views of it: a small call's fixed cost; a field kept
+    alone keeps the others' memory, at most that many elements)."""
     B, T, C = y.shape
     like = dict(dtype=y.dtype, device=y.device)
-    names = POSTERIOR if posterior else ("mu", "lam", "pred_mu", "pred_var")
+    names_all = POSTERIOR if posterior else ("mu", "lam", "pred_mu", "pred_var")
     wanted = set(posterior if posterior else outputs)
     if not posterior and wanted & {"pred_mu", "pred_var"}:
         wanted |= {"pred_mu", "pred_var"}
-    out = {k: torch.empty(out_shape or (B, T, C), **like) for k in names if k in wanted}
-    dummy = torch.empty(1, **like)
-    pointers = [out.get(k, dummy) for k in names] + ([] if posterior else [dummy] * 6)
+    names = [k for k in names_all if k in wanted]
+    shape = tuple(out_shape or (B, T, C))
+    if one_block and len(names) > 1 and len(names) * B * T * C <= ONE_BLOCK_OUTPUTS:
+        out = dict(zip(names, torch.empty((len(names),) + shape, **like).unbind(0)))
+    else:
+        out = {k: torch.empty(shape, **like) for k in names}
+    dummy = y  # the pointer of a field not written: never written through (its flag is off)
+    pointers = [out.get(k, dummy) for k in names_all] + ([] if posterior else [dummy] * 6)
     return out, pointers, dict(WRITE_MU="mu" in out, WRITE_LAM="lam" in out, WRITE_PRED="pred_mu" in out)
 
 
@@ -347,7 +357,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
             values = filter_posterior(*inputs, init, list(shape), config.as_ints(), posterior_mask(fields))
             return {**dict(zip(fields, values)), "decay": decay, "noise": noise}
         views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
-        out = filter_forward(views, init, config=config, posterior=fields, out_shape=shape)
+        out = filter_forward(views, init, config=config, posterior=fields, out_shape=shape, one_block=True)
         if "loglik" in out:
             out["loglik"] = out["loglik"].reshape(shape[:-2] + shape[-1:])
         return {**out, "decay": decay, "noise": noise}
@@ -364,9 +374,19 @@ def initial_state(p: Problem) -> torch.Tensor:
     B, C = math.prod(shape[:-2]), shape[-1]
     lam0, eta0 = p.initial_info()
     if B == 1 and lam0.shape == eta0.shape == (1, C):
+        if _side_by_side(lam0, eta0):  # the host's derived rows, copied together: a view of them
+            return lam0.as_strided((1, 2, C), (2 * C, C, 1))
         return torch.cat([lam0, eta0]).view(1, 2, C)
     bshape = shape[:-2] + (1, C)
     return torch.stack([x.expand(bshape).reshape(B, C) for x in (lam0, eta0)], 1)
+
+
+def _side_by_side(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether contiguous ``b`` follows contiguous ``a`` in the same memory (neither needing a
+    gradient): then ``(a, b)`` stacked is a view."""
+    return (a.is_contiguous() and b.is_contiguous() and not (a.requires_grad or b.requires_grad)
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and b.storage_offset() == a.storage_offset() + a.numel())
 
 
 def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor,

@@ -1,5 +1,6 @@
 """The KLA scan's registry of backends, its input validation and its dispatch: :func:`kla_scan`
-for any caller (inputs checked, one device-to-host synchronisation), :func:`kla_scan_unchecked` for
+for any caller (inputs checked, one device-to-host synchronisation, which on a GPU does not wait
+for the kernels), :func:`kla_scan_unchecked` for
 callers whose inputs are valid by construction (shapes checked on the host, no synchronisation);
 the operation is described in :mod:`kalmanscan.ops.kla`."""
 
@@ -13,6 +14,7 @@ from types import ModuleType
 import torch
 
 from ... import mobius
+from ...checks import Ahead
 from ..registry import Registry
 from .state import FilterState
 
@@ -74,12 +76,18 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     if not _launch_first(v) or _resolve(backend, v, k, False) != "triton":
         mean_form = decide_checks(queue_checks(lam_v, decay, noise, initial_state), noise.dtype)
         return _run(_resolve(backend, v, k, mean_form), v, lam_v, k, q, decay, noise, initial_state, return_state)
-    # On a GPU the fused kernels are launched first and the checks queued behind them, so the
-    # device starts as soon as it can and does not wait for the host between the two; the result
-    # is returned only once the checks passed, and is replaced by the torch backend's when the
-    # filters turn out to need the mean form.
+    # On a GPU the checks are queued first, their extrema copied back without waiting, then the
+    # fused kernels launched and the extrema read (checks.Ahead): the read waits for the checks,
+    # not for the kernels, so the call returns while its kernels run. The result is returned only
+    # once the checks passed, and is replaced by the torch backend's when the filters turn out to
+    # need the mean form.
+    pending = queue_checks(lam_v, decay, noise, initial_state)
+    if pending is not None:
+        pending = (pending[0], Ahead(pending[1]))
     out = _run("triton", v, lam_v, k, q, decay, noise, initial_state, return_state)
-    if decide_checks(queue_checks(lam_v, decay, noise, initial_state), noise.dtype):
+    if pending is not None:
+        pending = (pending[0], pending[1].read())
+    if decide_checks(pending, noise.dtype):
         return _run("torch", v, lam_v, k, q, decay, noise, initial_state, return_state)
     return out
 

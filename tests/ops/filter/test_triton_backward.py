@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers import NAMES, Launches, config, forward_views, prepared, random_problem
+from helpers import KERNEL_DEVICE, NAMES, Launches, config, forward_views, prepared, random_problem
 
 import kalmanscan as ks
 from kalmanscan.ops.filter import torch as torch_backend
@@ -78,7 +78,8 @@ def test_absent_cotangents_gradients_equal_torch_autograd(fields, T, cfg, per_st
     monkeypatch.setattr(triton, "filter_backward", spy)
     rng = np.random.default_rng(90 + T + per_step)
     y, kw = random_problem(rng, T, C=3, batch=(2,), per_step=per_step, times=per_step, missing=0.15)
-    grads = _gradients_of_fields(y, kw, {k: torch.tensor(rng.normal(size=(2, T, 3))) for k in fields}, cfg)
+    weights = {k: torch.tensor(rng.normal(size=(2, T, 3)), device=KERNEL_DEVICE) for k in fields}
+    grads = _gradients_of_fields(y, kw, weights, cfg)
     assert seen == [COTANGENT_PATTERNS[fields]]
     _assert_gradients_equal(grads["torch"], grads["triton"])
 
@@ -100,8 +101,10 @@ def test_filter_loss_on_one_field_gradients_equal_torch_autograd(field, poisoned
 
 def _saved_forward(y, kw, cfg):
     """``(views, init, mu, lam)``: what :func:`triton.filter_backward` takes for the problem
-    ``(y, kw)``, the forward's saved state from :func:`triton.filter_forward`."""
-    views, init = forward_views(y, kw)
+    ``(y, kw)``, the forward's saved state from :func:`triton.filter_forward`, on
+    :data:`KERNEL_DEVICE` (the views made there, so broadcast parameters keep their zero strides)."""
+    views = triton.kernel_views(prepared(y, kw)[0])
+    init = forward_views(y, kw)[1].to(KERNEL_DEVICE)
     out = triton.filter_forward(views, init, config=cfg)
     return views, init, out["mu"], out["lam"]
 
@@ -114,7 +117,7 @@ def _backward_problem(T=23, C=3):
     on stretches of 4 steps."""
     rng = np.random.default_rng(97)
     y, kw = random_problem(rng, T, C=C, batch=(), per_step=True, times=True, missing=0.15)
-    return (*_saved_forward(y, kw, STRETCH4), torch.tensor(rng.normal(size=(4, 1, T, C))))
+    return (*_saved_forward(y, kw, STRETCH4), torch.tensor(rng.normal(size=(4, 1, T, C)), device=KERNEL_DEVICE))
 
 
 def test_backward_without_cotangents_is_zero(poisoned):
@@ -173,7 +176,8 @@ def test_tile_backward_gradients_equal_torch_autograd(T, row, per_step, times, f
     assert triton.uses_tiles(T, 1, cfg)
     rng = np.random.default_rng(1000 + T + 10 * per_step + times)
     y, kw = random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=times, missing=0.15)
-    grads = _gradients_of_fields(y, kw, {k: torch.tensor(rng.normal(size=(2, T, 1))) for k in fields}, cfg)
+    weights = {k: torch.tensor(rng.normal(size=(2, T, 1)), device=KERNEL_DEVICE) for k in fields}
+    grads = _gradients_of_fields(y, kw, weights, cfg)
     assert tile_launches.count == 1
     _assert_gradients_equal(grads["torch"], grads["triton"])
 
@@ -203,7 +207,7 @@ def test_tile_backward_equals_walk_backward(T, row, per_step, wide, present, til
     rng = np.random.default_rng(1100 + T)
     y, kw = random_problem(rng, T, C=1, batch=(2,), per_step=per_step, times=per_step, missing=0.15)
     views, init, mu, lam = _saved_forward(y, kw, cfg)
-    cot = [torch.tensor(rng.normal(size=(2, T, 1))) if on else None for on in present]
+    cot = [torch.tensor(rng.normal(size=(2, T, 1)), device=KERNEL_DEVICE) if on else None for on in present]
     got = triton.filter_backward(views, init, mu, lam, cot, cfg)
     want = triton.filter_backward(views, init, mu, lam, cot, dataclasses.replace(cfg, tile_bwd=False))
     assert tile_launches.count == 1

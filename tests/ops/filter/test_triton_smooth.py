@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers import (FLOAT32_BOUND, NAMES, config, posterior_error, prepared, problem_tensors, random_problem,
-                     triton_smooth)
+from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, NAMES, config, posterior_error, prepared, problem_tensors,
+                     random_problem, triton_smooth)
 
 import kalmanscan as ks
 from kalmanscan.ops.filter import torch as torch_backend
@@ -53,7 +53,8 @@ def test_smooth_through_ks_smooth():
     rng = np.random.default_rng(901)
     y, kw = random_problem(rng, 23, C=2, per_step=True, times=True, missing=0.2)
     ref = ks.smooth(y, backend="reference", **kw)
-    out = ks.smooth(torch.tensor(y), backend="triton", **problem_tensors(kw))
+    out = ks.smooth(torch.tensor(y, device=KERNEL_DEVICE), backend="triton",
+                    **problem_tensors(kw, device=KERNEL_DEVICE))
     err, errs = posterior_error(out, ref, fields=("mean", "var", "precision"))
     assert err < 1e-10, errs
     err, errs = posterior_error(out.filtered, ref.filtered)
@@ -70,9 +71,11 @@ def test_rts_kernels_equal_torch_scans_on_arbitrary_inputs(cfg, poisoned):
          "var": 0.1 + torch.rand(B, T, C, generator=g, dtype=torch.float64),
          "pred_mean": torch.randn(B, T, C, generator=g, dtype=torch.float64),
          "pred_var": 1.0 + torch.rand(B, T, C, generator=g, dtype=torch.float64),
-         "decay": (0.5 + 0.5 * torch.rand(1, 1, C, generator=g, dtype=torch.float64)).expand(B, T, C),
-         "noise": (0.1 + torch.rand(1, 1, C, generator=g, dtype=torch.float64)).expand(B, T, C)}
-    m = torch.randn(1, T, 1, generator=g, dtype=torch.float64).expand(B, T, C)
+         "decay": 0.5 + 0.5 * torch.rand(1, 1, C, generator=g, dtype=torch.float64),
+         "noise": 0.1 + torch.rand(1, 1, C, generator=g, dtype=torch.float64)}
+    # on the kernels' device before the broadcast: decay and noise keep their zero strides
+    f = {k: v.to(KERNEL_DEVICE).expand(B, T, C) for k, v in f.items()}
+    m = torch.randn(1, T, 1, generator=g, dtype=torch.float64).to(KERNEL_DEVICE).expand(B, T, C)
     mean_s, var_s, prec_s = triton.smooth(f, m, cfg)
     want_mean, want_var, _ = torch_backend.smooth(f, m)
     torch.testing.assert_close(mean_s, want_mean, rtol=1e-12, atol=1e-12)
@@ -99,7 +102,8 @@ def test_smoother_gradients_still_flow_through_ks_smooth():
     """Through :func:`kalmanscan.smooth` on the triton backend (the default launch)."""
     rng = np.random.default_rng(8)
     y, kw = random_problem(rng, 12, C=1, per_step=False)
-    theta = torch.tensor(kw.pop("theta"), requires_grad=True)
-    post = ks.smooth(torch.tensor(y), backend="triton", theta=theta, **problem_tensors(kw))
+    theta = torch.tensor(kw.pop("theta"), requires_grad=True, device=KERNEL_DEVICE)
+    post = ks.smooth(torch.tensor(y, device=KERNEL_DEVICE), backend="triton", theta=theta,
+                     **problem_tensors(kw, device=KERNEL_DEVICE))
     (g,) = torch.autograd.grad(post.mean.sum() + post.var.sum(), [theta])
     assert torch.isfinite(g).all() and float(g.abs().sum()) > 0
