@@ -110,7 +110,7 @@ def noise_bound(dtype: torch.dtype) -> float:
 def decaying_noise(decay: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """``noise`` where ``decay < 1``, else 1 (detached): its minimum is what
     :func:`precision_overflows` takes."""
-    return torch.where(decay.detach() < 1, noise.detach(), torch.ones_like(noise))
+    return torch.where(decay.detach() < 1, noise.detach(), 1.0)
 
 
 def lacks_noise(decay: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

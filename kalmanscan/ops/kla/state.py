@@ -30,13 +30,27 @@ class FilterState(tuple):
 
     ``var`` and ``mu`` stay exact in the floating-point range at every length (they only
     underflow towards 0); ``lam`` and ``eta`` are exact where in range and follow
-    :func:`information` beyond it (``inf``, never NaN).
+    :func:`information` beyond it (``inf``, never NaN). A state made from ``(lam, eta)`` alone
+    computes ``var = 1 / lam`` and ``mu = eta var`` when first read (a call that does not return
+    its state launches nothing for them).
     """
 
-    def __new__(cls, lam, eta, var, mu):
+    def __new__(cls, lam, eta, var=None, mu=None):
         state = super().__new__(cls, (lam, eta))
-        state.var, state.mu = var, mu
+        state._var, state._mu = var, mu
         return state
+
+    @property
+    def var(self) -> torch.Tensor:
+        if self._var is None:
+            self._var = 1.0 / self[0]
+        return self._var
+
+    @property
+    def mu(self) -> torch.Tensor:
+        if self._mu is None:
+            self._mu = self[1] * self.var
+        return self._mu
 
     def __getnewargs__(self):
         return (*self, self.var, self.mu)
@@ -48,9 +62,9 @@ class FilterState(tuple):
 
     @classmethod
     def from_information(cls, lam: torch.Tensor, eta: torch.Tensor) -> FilterState:
-        """The state of precision ``lam > 0`` and information mean ``eta``."""
-        var = 1.0 / lam
-        return cls(lam, eta, var, eta * var)
+        """The state of precision ``lam > 0`` and information mean ``eta`` (``var``, ``mu`` computed
+        when first read)."""
+        return cls(lam, eta)
 
     def to(self, dtype: torch.dtype) -> FilterState:
         """The four tensors cast to ``dtype``."""
