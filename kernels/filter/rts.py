@@ -33,12 +33,14 @@ from .steps import index, lane_coords, load_param
 def rts_step(t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
              pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
              decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c):
-    """``(J, bm, bv, m_t, valid)`` of step ``t``: the maps ``x -> J x + bm``, ``v -> J^2 v + bv``
-    (constant at ``T - 1``, identity past ``T``) and the mean parameter at ``t``."""
+    """``(J, bm, bv, m_t, mean_t, valid)`` of step ``t``: the maps ``x -> J x + bm``,
+    ``v -> J^2 v + bv`` (constant at ``T - 1``, identity past ``T``), the mean parameter and the
+    filtered mean at ``t``."""
     valid = lane_ok & (t < T)
     inner = lane_ok & (t < T - 1)
     m_t = load_param(m_ptr, b, t, c, sm_b, sm_t, sm_c, valid, 0.0)
-    mu = load_param(mean_ptr, b, t, c, smu_b, smu_t, smu_c, valid, 0.0) - m_t
+    mean_t = load_param(mean_ptr, b, t, c, smu_b, smu_t, smu_c, valid, 0.0)
+    mu = mean_t - m_t
     var = load_param(var_ptr, b, t, c, svr_b, svr_t, svr_c, valid, 0.0)
     a = load_param(decay_ptr, b, t + 1, c, sdc_b, sdc_t, sdc_c, inner, 0.0)
     q = load_param(noise_ptr, b, t + 1, c, snz_b, snz_t, snz_c, inner, 0.0)
@@ -50,7 +52,7 @@ def rts_step(t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b,
     J = tl.where(valid, J, 1.0)
     bm = tl.where(inner, mu - J * pmu, tl.where(valid, mu, 0.0))
     bv = tl.where(inner, var_pv * q, tl.where(valid, var, 0.0))
-    return J, bm, bv, m_t, valid
+    return J, bm, bv, m_t, mean_t, valid
 
 
 @triton.jit
@@ -69,7 +71,7 @@ def rts_agg_kernel(
     zero = tl.zeros((BLOCK,), agg_ptr.dtype.element_ty)
     P, Pv, B, Bv = one, one, zero, zero
     for k in range(0, L):
-        J, bm, bv, m_t, valid = rts_step(
+        J, bm, bv, m_t, _, valid = rts_step(
             t0 + L - 1 - k, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
             pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
             decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c)
@@ -102,13 +104,15 @@ def rts_kernel(
     out = b * T * C + c
     for k in range(0, L):
         t = t0 + L - 1 - k
-        J, bm, bv, m_t, valid = rts_step(
+        J, bm, bv, m_t, mean_t, valid = rts_step(
             t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
             pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
             decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c)
         x = J * x + bm
         v = J * J * v + bv
         o = out + t * C
-        tl.store(mean_s_ptr + o, x + m_t, mask=valid)
+        # at the last step the smoothed mean is the filtered one, stored as it is (x + m_t would
+        # round the centring back and forth)
+        tl.store(mean_s_ptr + o, tl.where(t == T - 1, mean_t, x + m_t), mask=valid)
         tl.store(var_s_ptr + o, v, mask=valid)
         tl.store(prec_s_ptr + o, 1.0 / tl.where(valid, v, 1.0), mask=valid)
