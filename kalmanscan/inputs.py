@@ -305,8 +305,8 @@ def to_device(x: torch.Tensor, device: torch.device, copy: bool = False) -> torc
     """``x`` on ``device`` (differentiably; a new tensor with ``copy``). From the CPU to a GPU
     through page-locked memory without blocking: torch waits for the device's queue after a copy
     from pageable memory, so a call that moved a host value that way would not queue behind the
-    previous call. The page-locked source is never written, so the copy may read it late. (Under
-``torch.compile``, which cannot trace page-locking, a plain copy.)"""
+    previous call. The page-locked source is never written, so the copy may read it late. Under
+    ``torch.compile``, which cannot trace page-locking, a plain copy."""
     if device.type == "cuda" and x.device.type == "cpu" and not torch.compiler.is_compiling():
         return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
     return x.to(device, copy=copy)
