@@ -79,8 +79,14 @@ def queue_y_check(checks: Checks, y: torch.Tensor) -> None:
     """Queue the check that ``y`` holds no ``inf`` as one reduction with no temporary the size of
     ``y``: ``nansum(y)`` is finite unless ``y`` holds an ``inf`` or the sum overflows, and only
     then is ``y`` searched (:func:`check_no_inf`)."""
+    checks.require(_Y_MESSAGE, _sum_is_finite(y), confirm=lambda: check_no_inf(y))
+
+
+def _sum_is_finite(y: torch.Tensor) -> torch.Tensor:
+    """``isfinite(nansum(y))`` as a 0-d bool tensor on ``y``'s device (one reduction, no gradient):
+    false when ``y`` holds an ``inf`` (or the sum overflows)."""
     with torch.no_grad():
-        checks.require(_Y_MESSAGE, torch.isfinite(torch.nansum(y.detach())), confirm=lambda: check_no_inf(y))
+        return torch.isfinite(torch.nansum(y.detach()))
 
 
 def finite_sum(x: torch.Tensor) -> bool:
@@ -132,17 +138,14 @@ class LateYCheck:
     """
 
     def __init__(self, y: torch.Tensor):
-        self.y, self.ahead = y, None
-        if y.is_cuda:
-            with torch.no_grad():
-                self.ahead = Ahead(torch.isfinite(torch.nansum(y.detach())))
+        self.y = y
+        self.ahead = Ahead(_sum_is_finite(y)) if y.is_cuda else None
 
     def decide(self, witness: torch.Tensor | None = None, diffuse: bool = False) -> None:
         """Raise ``ValueError`` naming ``y`` if it holds an ``inf``: one synchronisation."""
         if self.ahead is None and witness is not None:
             check_y_by_result(self.y, witness, diffuse)
             return
-        with torch.no_grad():
-            finite = self.ahead.read() if self.ahead is not None else torch.isfinite(torch.nansum(self.y.detach()))
+        finite = self.ahead.read() if self.ahead is not None else _sum_is_finite(self.y)
         if not bool(finite):
             check_no_inf(self.y)
