@@ -149,9 +149,9 @@ def validate(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
 def queue_checks(lam_v: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor,
                  initial_state: FilterState | None) -> tuple[list, torch.Tensor] | None:
     """The value checks of :func:`validate`, queued on the device without waiting: ``(ranges,
-    extrema)``, one reduction per tensor stacked into one ``(n, 2)`` float64 tensor, the last row
-    the smallest and largest noise among decaying filters (see :mod:`kalmanscan.mobius`). ``None``
-    when there is nothing to check or a CUDA graph is being captured (no value can be read)."""
+    extrema)``, one reduction per tensor stacked into one ``(n, 2)`` tensor (the widest of their
+    dtypes: every extremum exact). ``None`` when there is nothing to check or a CUDA graph is being
+    captured (no value can be read)."""
     ranges = [("lam_v", lam_v, lambda lo, hi: lo > 0 and hi < math.inf, "positive and finite"),
               ("decay", decay, lambda lo, hi: lo > 0 and hi <= 1, "in (0, 1]"),
               ("noise", noise, lambda lo, hi: lo >= 0 and hi < math.inf, "finite and >= 0")]
@@ -165,25 +165,31 @@ def queue_checks(lam_v: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor,
     ranges = [r for r in ranges if r[1].numel()]
     if not ranges or (lam_v.is_cuda and torch.cuda.is_current_stream_capturing()):
         return None
-    with torch.no_grad():  # NaN fails every comparison; one stack of every extremum, then one cast
-        tensors = [x.detach() for _, x, _, _ in ranges] + [mobius.decaying_noise(decay, noise)]
-        extrema = torch.stack([m for x in tensors for m in torch.aminmax(x)]).double()
+    with torch.no_grad():  # NaN fails every comparison; one stack of every extremum
+        extrema = torch.stack([m for _, x, _, _ in ranges for m in torch.aminmax(x.detach())])
         return ranges, extrema.view(-1, 2)
 
 
 def decide_checks(pending: tuple[list, torch.Tensor] | None, dtype: torch.dtype) -> bool:
     """Read :func:`queue_checks`' extrema (one device-to-host copy), raise ``ValueError`` naming the
-    first argument out of its range, and return whether the filters need the mean form."""
+    first argument out of its range, and return whether the filters need the mean form.
+
+    That is whether the smallest process noise among filters with ``decay < 1`` (or the smallest
+    initial variance) is below :func:`kalmanscan.mobius.noise_bound`: the smallest noise of all is
+    a lower bound on it, so the decaying filters' own minimum is read (a second reduction and
+    read) only when the smallest noise is below the bound."""
     if pending is None:
         return False
     ranges, extrema = pending
-    extrema = extrema.tolist()
-    smallest = extrema[-1][0]
-    for (name, _, ok, what), (lo, hi) in zip(ranges, extrema):
-        if not ok(lo, hi):
+    extrema = dict(zip((r[0] for r in ranges), extrema.tolist()))
+    for name, _, ok, what in ranges:
+        if not ok(*extrema[name]):
             raise ValueError(f"{name} must be {what}")
-        if name == "initial_state var":  # a precision the noise bound 1/NO_NOISE exceeds
-            smallest = min(smallest, lo)
+    bound = mobius.noise_bound(dtype)
+    smallest = extrema["initial_state var"][0] if "initial_state var" in extrema else math.inf
+    if "noise" in extrema and extrema["noise"][0] < bound:
+        decay, noise = (x for name, x, _, _ in ranges if name in ("decay", "noise"))
+        smallest = min(smallest, float(mobius.decaying_noise(decay, noise).amin()))
     return mobius.precision_overflows(smallest, dtype)
 
 

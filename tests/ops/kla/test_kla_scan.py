@@ -368,3 +368,28 @@ def test_kernels_launched_before_the_checks_are_read(monkeypatch):
     quiet[5] = torch.zeros_like(quiet[5])
     for a, b in zip(kla_scan(*quiet, backend="triton"), kla_scan(*quiet, backend="torch")):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mean_form_exactly_when_a_decaying_filter_lacks_noise(dtype):
+    """``validate`` asks for the mean form when a filter with ``decay < 1`` has noise below the
+    bound, or an initial variance is below it; not for a noise-free filter with ``decay = 1``."""
+    from kalmanscan import mobius
+    from kalmanscan.ops.kla import dispatch
+    from kalmanscan.ops.kla.state import FilterState
+
+    v, lam_v, k, q, decay, noise = [x.to(dtype) for x in make_inputs(2, 5, 3, 2, seed=6)[:6]]
+    bound = mobius.noise_bound(dtype)
+    check = lambda d, n, s=None: dispatch.validate(v, lam_v, k, q, d, n, s, "torch")  # noqa: E731
+    assert not check(decay, noise)
+    steady, quiet = decay.clone(), noise.clone()
+    steady[1, 0], quiet[1, 0] = 1.0, 0.0
+    assert not check(steady, quiet)          # the noise-free filter does not decay
+    assert check(decay, quiet)               # it decays
+    quiet[1, 0] = bound / 2
+    assert check(decay, quiet) and not check(steady, quiet)
+    var = torch.ones(2, 3, 2, dtype=dtype)
+    state = lambda: FilterState(1 / var, torch.zeros_like(var), var=var, mu=torch.zeros_like(var))  # noqa: E731
+    assert not check(decay, noise, state())
+    var[0, 2, 1] = bound / 2
+    assert check(decay, noise, state())
