@@ -193,3 +193,30 @@ def test_host_tensor_parameters_of_gpu_data_keep_their_gradient():
         ks.filter(y, theta=theta, sigma=0.5, obs_var=0.3, backend="triton").loglik.sum().backward()
         grads.append(theta.grad.cpu())
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=0)
+
+
+@pytest.mark.gpu
+def test_remembered_rows_on_the_gpu_are_copied_there_and_never_shared():
+    """A call with the host parameters of a recent one copies their rows on the device (no copy
+    from the host) into new tensors: the same result, and writing into what one call returned
+    changes neither the remembered rows nor the next call's result."""
+    y = torch.randn(63, 5, device="cuda", generator=torch.Generator("cuda").manual_seed(6))
+    kw = dict(theta=0.3, sigma=np.full(5, 0.7), obs_var=0.4, backend="triton")
+    first = ks.filter(y, **kw)
+    copies = collections.Counter()
+    real = torch.Tensor.to
+
+    def counted(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        copies[(self.device.type, out.device.type)] += 1
+        return out
+
+    with mock.patch.object(torch.Tensor, "to", counted):
+        second = ks.filter(y, **kw)
+    assert copies[("cpu", "cuda")] == 0, copies
+    assert torch.equal(first.mean, second.mean) and torch.equal(first.var, second.var)
+    second.params["init_mean"].add_(1.0)
+    second.params["init_var"].mul_(3.0)
+    third = ks.filter(y, **kw)
+    assert torch.equal(first.mean, third.mean) and torch.equal(first.var, third.var)
+    assert torch.equal(first.params["init_mean"], third.params["init_mean"])
