@@ -281,9 +281,7 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
 
     The checked rows are remembered by the values they came from (:func:`_host_key`): a call with
     the parameters of a recent one skips the checks and the arithmetic, and pays the copy alone
-    (a new tensor each call, so nothing returned shares memory with the remembered rows). On a GPU
-    the rows are remembered there too (at most :data:`_DEVICE_ROWS_C` channels) and copied on the
-    device: a copy from page-locked memory costs about 0.1 ms of host time on some GPU machines."""
+    (a new tensor each call, so nothing returned shares memory with the remembered rows)."""
     key = _host_key(y_t, (*(vals[k] for k in _PARAMS), init_mean, init_var))
     found = _HOST_ROWS.get(key) if key is not None else None
     if found is None:
@@ -291,30 +289,16 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
         if key is not None:
             if len(_HOST_ROWS) >= _HOST_ROWS_SIZE:
                 _HOST_ROWS.clear()
-                _DEVICE_ROWS.clear()
             _HOST_ROWS[key] = found
     shape, rows, diffuse, no_noise = found
     C = shape[-1]
-    packed = _device_rows(key, rows, y_t.device).view(12, 1, C).unbind(0)
+    packed = to_device(rows, y_t.device, copy=True).view(12, 1, C).unbind(0)
     fields = dict(zip(_PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
     derived = {k: fields.pop(k) for k in _DERIVED}
     p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=diffuse,
                 no_noise=no_noise, **fields)
     p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in _PARAMS + ("init_mean", "init_var")}})
     return p
-
-
-def _device_rows(key: tuple | None, rows: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A new ``(12, C)`` tensor of the checked ``rows`` on ``device``: copied from the rows
-    remembered there when ``key`` names some (not under ``torch.compile`` or while a CUDA graph is
-    captured), else from the host."""
-    if (key is None or device.type != "cuda" or rows.shape[-1] > _DEVICE_ROWS_C or torch.compiler.is_compiling()
-            or torch.cuda.is_current_stream_capturing()):  # (a graph's memory is not the cache's to keep)
-        return to_device(rows, device, copy=True)
-    remembered = _DEVICE_ROWS.get((key, device))
-    if remembered is None:
-        remembered = _DEVICE_ROWS[(key, device)] = to_device(rows, device, copy=True)
-    return remembered.clone()
 
 
 def to_device(x: torch.Tensor, device: torch.device, copy: bool = False) -> torch.Tensor:
@@ -329,13 +313,10 @@ def to_device(x: torch.Tensor, device: torch.device, copy: bool = False) -> torc
 
 
 _HOST_ROWS: dict = {}
-_DEVICE_ROWS: dict = {}
 _HOST_ROWS_SIZE = 64
 _KEYED_SIZE = 4096
-_DEVICE_ROWS_C = 1 << 16
-"""Remembered checked rows on the host and their copies on GPUs (:func:`_prepare_host`; emptied
-when full), the largest array parameter (elements) keyed by its bytes, and the most channels
-whose rows a GPU keeps."""
+"""Remembered checked rows (:func:`_prepare_host`; emptied when full), and the largest array
+parameter (elements) keyed by its bytes."""
 
 
 def _host_key(y_t: torch.Tensor, values) -> tuple | None:
