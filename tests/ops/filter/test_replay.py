@@ -1,0 +1,131 @@
+"""Small forward calls replayed from CUDA graphs (kalmanscan/ops/filter/replay.py): the memory
+blocks copied in and out (on any device), and on a GPU the replayed calls equal to the eager ones
+bit for bit, never sharing memory between calls, and never waiting on the host."""
+
+import numpy as np
+import pytest
+import torch
+
+import kalmanscan as ks
+from kalmanscan.ops.filter import replay
+from kalmanscan.ops.filter.replay import _Blocks
+
+
+def test_blocks_copy_whole_blocks_and_rebuild_every_view():
+    """Tensors viewing two blocks (a broadcast row, a strided slice, a whole tensor): the static
+    copies hold the same values through the same views, ``fill`` copies a new call's blocks, and
+    ``copied_views`` gives new memory each time."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(12, 1, 7, generator=g)
+    y = torch.randn(3, 5, 7, generator=g)
+    tensors = [y, rows[0].expand(3, 5, 7), rows[4].expand(3, 5, 7), rows.view(12, 7)[10:12].unsqueeze(0)]
+    blocks = _Blocks(tensors)
+    assert blocks.which == [0, 1, 1, 1] and not blocks.too_large()
+    static = blocks.static_views()
+    for a, b in zip(static, tensors):
+        assert torch.equal(a, b) and a.stride() == b.stride()
+        assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    rows2, y2 = torch.randn(12, 1, 7, generator=g), torch.randn(3, 5, 7, generator=g)
+    blocks.fill([y2, rows2[0].expand(3, 5, 7), rows2[4].expand(3, 5, 7), rows2.view(12, 7)[10:12].unsqueeze(0)])
+    assert torch.equal(static[0], y2) and torch.equal(static[2], rows2[4].expand(3, 5, 7))
+    assert torch.equal(static[3], rows2.view(12, 7)[10:12].unsqueeze(0))
+    out = _Blocks(static)
+    first, second = out.copied_views(), out.copied_views()
+    for a, b, s in zip(first, second, static):
+        assert torch.equal(a, s) and torch.equal(b, s)
+        assert a.untyped_storage().data_ptr() not in (b.untyped_storage().data_ptr(), s.untyped_storage().data_ptr())
+
+
+def test_a_small_slice_of_a_large_block_is_not_copied_by_block():
+    big = torch.zeros(1 << 20)
+    assert _Blocks([big[:100].view(10, 10)]).too_large()
+    assert not _Blocks([big.view(1024, 1024)]).too_large()
+    assert _Blocks([big.view(torch.int32)[:10], big[:10]]).too_large()  # two dtypes over one block
+
+
+def _eager_and_replayed(monkeypatch, calls):
+    """Every call of ``calls`` (functions of no argument) with replay off, then the same calls with
+    it on (each call repeated until its layout is captured, then once more replayed)."""
+    monkeypatch.setattr(replay, "REPLAY", False)
+    eager = [f() for f in calls]
+    monkeypatch.setattr(replay, "REPLAY", True)
+    replay._KEPT.clear()
+    replay._SEEN.clear()
+    replayed = []
+    for f in calls:
+        for _ in range(replay.AFTER + 1):
+            f()
+        replayed.append(f())
+    return eager, replayed
+
+
+FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
+          "pred_obs_var", "logliks", "loglik")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(63, 5), (1000, 3), (2, 300, 17), (5000, 1), (1, 64)])
+@pytest.mark.parametrize("outputs", [None, ("mean", "var"), ("loglik",)])
+def test_replayed_calls_equal_eager_bit_for_bit(monkeypatch, shape, outputs):
+    """Shapes with one stretch, several stretches, a batch, the tiles (one long series) and one
+    step; every field, the mean and variance, the log-likelihood alone: a replayed call's fields
+    are the eager call's bits, for data and parameters that change between calls."""
+    g = torch.Generator("cuda").manual_seed(1)
+    ys = [torch.randn(shape, device="cuda", generator=g) for _ in range(3)]
+    ys[1][..., 7 % shape[-2], :] = float("nan")
+    C = shape[-1]
+    rng = np.random.default_rng(2)
+    kws = [dict(theta=rng.uniform(0.05, 1, C), sigma=rng.uniform(0.2, 1, C), obs_var=float(rng.uniform(0.1, 1)))
+           for _ in ys]
+    calls = [lambda y=y, kw=kw: ks.filter(y, backend="triton", outputs=outputs, **kw) for y, kw in zip(ys, kws)]
+    eager, replayed = _eager_and_replayed(monkeypatch, calls)
+    for a, b in zip(eager, replayed):
+        for k in FIELDS:
+            va, vb = getattr(a, k), getattr(b, k)
+            assert (va is None) == (vb is None), k
+            if va is not None:
+                assert torch.equal(torch.nan_to_num(va, 7.0), torch.nan_to_num(vb, 7.0)), k
+
+
+@pytest.mark.gpu
+def test_replayed_results_are_new_memory_and_calls_do_not_wait(monkeypatch):
+    """Results of a replayed call are not overwritten by the next call; unchecked calls, the one
+    that captures included, never synchronise the host."""
+    from test_call_cost import _synchronisations
+
+    replay._KEPT.clear()
+    replay._SEEN.clear()
+    g = torch.Generator("cuda").manual_seed(3)
+    kw = dict(theta=0.3, sigma=np.full(8, 0.7), obs_var=0.4, backend="triton", check_finite=False)
+    ks.filter(torch.randn(64, 8, device="cuda", generator=g), **kw)  # compiles the kernels
+    replay._SEEN.clear()
+    kept = []
+    for _ in range(replay.AFTER + 3):
+        y = torch.randn(64, 8, device="cuda", generator=g)
+        torch.cuda.synchronize()
+        assert _synchronisations(lambda y=y: kept.append((y, ks.filter(y, **kw)))) == 0
+    assert len(replay._KEPT) == 1
+    for y, post in kept:
+        again = ks.filter(y, **{**kw, "check_finite": True})
+        assert torch.equal(post.mean, again.mean) and torch.equal(post.loglik, again.loglik)
+
+
+@pytest.mark.gpu
+def test_a_call_inside_a_graph_being_captured_launches_eagerly():
+    """A ks.filter call captured into the caller's own CUDA graph is not replayed from another."""
+    y = torch.randn(40, 4, device="cuda")
+    kw = dict(theta=0.3, sigma=0.5, obs_var=0.4, backend="triton", check_finite=False, outputs=("mean",))
+    expected = ks.filter(y, **kw).mean
+    for _ in range(replay.AFTER + 1):
+        ks.filter(y, **kw)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ks.filter(y, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        post = ks.filter(y, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(post.mean, expected)
