@@ -11,17 +11,21 @@ copies its inputs into them (one copy per distinct memory block: ``y``, and the 
 :mod:`kalmanscan.inputs` moves to the device as one tensor), replays the graph and copies the
 outputs out into new tensors (one copy per output block): the same kernels, launch options and
 bits as the eager call, with a handful of launches instead of three Triton launches and their
-allocations. Nothing is captured while a CUDA graph is being captured or under ``torch.compile``;
-the capture itself (after one warm-up launch on a side stream, as CUDA graphs require) waits for
-nothing on the host. At most :data:`GRAPHS` layouts are kept (least recently used dropped), each
-holding its static inputs, outputs and the kernels' scratch in its own memory pool; only calls
-whose outputs fit in one block (:data:`~kalmanscan.ops.filter.triton.ONE_BLOCK_OUTPUTS` elements)
-are replayed. ``REPLAY = False`` turns it off.
+allocations.
+
+Nothing is captured while a CUDA graph is being captured or under ``torch.compile``, nor again
+for a layout whose capture failed (it stays eager, with a warning). The capture itself (after one
+warm-up launch on a side stream, as CUDA graphs require) waits for nothing on the host. At most
+:data:`GRAPHS` layouts are kept (least recently used dropped), each holding its static inputs,
+outputs and the kernels' scratch in its own memory pool; only calls whose outputs fit in one block
+(:data:`~kalmanscan.ops.filter.triton.ONE_BLOCK_OUTPUTS` elements) are replayed. ``REPLAY =
+False`` turns it off.
 """
 
 from __future__ import annotations
 
 import collections
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -56,7 +60,12 @@ def forward(run: Callable[[dict, torch.Tensor], dict], views: dict[str, torch.Te
         _SEEN[layout] += 1
         if _SEEN[layout] <= AFTER:
             return None
-        graph = _Graph.capture(run, views, init)
+        try:
+            with torch.cuda.device(y.device):
+                graph = _Graph.capture(run, views, init)
+        except RuntimeError as err:  # an operation a CUDA graph cannot hold: this layout stays eager
+            warnings.warn(f"ks.filter: small calls of this layout launch eagerly ({err})", RuntimeWarning, stacklevel=4)
+            graph = None
         del _SEEN[layout]
         if len(_KEPT) >= GRAPHS:
             _KEPT.popitem(last=False)
@@ -87,15 +96,17 @@ class _Graph:
         s_views, s_init = dict(zip(views, static[:-1])), static[-1]
         stream, current = torch.cuda.Stream(init.device), torch.cuda.current_stream(init.device)
         stream.wait_stream(current)
-        with torch.cuda.stream(stream):
-            run(s_views, s_init)  # warm-up: every kernel specialised for the static inputs first
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                out = run(s_views, s_init)
-            finally:
-                graph.capture_end()
-        current.wait_stream(stream)
+        try:
+            with torch.cuda.stream(stream):
+                run(s_views, s_init)  # warm-up: every kernel specialised for the static inputs first
+                graph = torch.cuda.CUDAGraph()
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    out = run(s_views, s_init)
+                finally:
+                    graph.capture_end()
+        finally:
+            current.wait_stream(stream)
         return cls(graph, blocks, list(out), _Blocks(list(out.values())))
 
     def __call__(self, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
