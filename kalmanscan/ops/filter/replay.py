@@ -25,6 +25,7 @@ False`` turns it off.
 from __future__ import annotations
 
 import collections
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -38,6 +39,8 @@ AFTER = 2
 """Replay on (the switch); layouts kept; eager calls of a layout before its capture."""
 
 _SEEN: collections.Counter = collections.Counter()
+_SEEN_SIZE = 256
+_LOCK = threading.Lock()
 _KEPT: collections.OrderedDict = collections.OrderedDict()
 
 
@@ -53,10 +56,18 @@ def forward(run: Callable[[dict, torch.Tensor], dict], views: dict[str, torch.Te
         return None
     inputs = [*views.values(), init]
     blocks = [x.untyped_storage().data_ptr() for x in inputs]
-    layout = (key, y.device, torch.is_inference_mode_enabled(), tuple(views), tuple(blocks.index(b) for b in blocks),
-              *(_layout(x) for x in inputs))
-    graph = _KEPT.get(layout)
-    if graph is None:
+    stream = torch.cuda.current_stream(y.device).cuda_stream  # a graph per stream: its copies are ordered
+    layout = (key, y.device, stream, torch.is_inference_mode_enabled(), tuple(views),
+              tuple(blocks.index(b) for b in blocks), *(_layout(x) for x in inputs))
+    with _LOCK:  # copy in, replay, copy out: one call's at a time on the host, in stream order
+        return _forward(run, views, init, inputs, layout)
+
+
+def _forward(run, views, init, inputs, layout):
+    y = views["y"]
+    if layout not in _KEPT:
+        if len(_SEEN) >= _SEEN_SIZE:  # many layouts seen once or twice: start counting afresh
+            _SEEN.clear()
         _SEEN[layout] += 1
         if _SEEN[layout] <= AFTER:
             return None
@@ -71,6 +82,7 @@ def forward(run: Callable[[dict, torch.Tensor], dict], views: dict[str, torch.Te
             _KEPT.popitem(last=False)
         _KEPT[layout] = graph
     _KEPT.move_to_end(layout)
+    graph = _KEPT[layout]
     return graph(inputs) if graph is not None else None
 
 
