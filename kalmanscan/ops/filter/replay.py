@@ -19,7 +19,7 @@ warm-up launch on a side stream, as CUDA graphs require) waits for nothing on th
 :data:`GRAPHS` layouts are kept (least recently used dropped), each holding its static inputs,
 outputs and the kernels' scratch in its own memory pool; only calls whose outputs fit in one block
 (:data:`~kalmanscan.ops.filter.triton.ONE_BLOCK_OUTPUTS` elements) are replayed. ``REPLAY =
-False`` turns it off.
+False`` turns it off; :func:`clear` drops the kept graphs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["forward", "REPLAY", "GRAPHS", "AFTER"]
+__all__ = ["forward", "clear", "REPLAY", "GRAPHS", "AFTER"]
 
 REPLAY = True
 GRAPHS = 4
@@ -61,6 +61,13 @@ def forward(run: Callable[[dict, torch.Tensor], dict], views: dict[str, torch.Te
               tuple(blocks.index(b) for b in blocks), *(_layout(x) for x in inputs))
     with _LOCK:  # copy in, replay, copy out: one call's at a time on the host, in stream order
         return _forward(run, views, init, inputs, layout)
+
+
+def clear() -> None:
+    """Drop every kept graph and count (their GPU memory is freed once nothing else holds it)."""
+    with _LOCK:
+        _KEPT.clear()
+        _SEEN.clear()
 
 
 def _forward(run, views, init, inputs, layout):

@@ -49,8 +49,7 @@ def _eager_and_replayed(monkeypatch, calls):
     monkeypatch.setattr(replay, "REPLAY", False)
     eager = [f() for f in calls]
     monkeypatch.setattr(replay, "REPLAY", True)
-    replay._KEPT.clear()
-    replay._SEEN.clear()
+    replay.clear()
     replayed = []
     for f in calls:
         for _ in range(replay.AFTER + 1):
@@ -93,12 +92,11 @@ def test_replayed_results_are_new_memory_and_calls_do_not_wait(monkeypatch):
     that captures included, never synchronise the host."""
     from test_call_cost import _synchronisations
 
-    replay._KEPT.clear()
-    replay._SEEN.clear()
+    replay.clear()
     g = torch.Generator("cuda").manual_seed(3)
     kw = dict(theta=0.3, sigma=np.full(8, 0.7), obs_var=0.4, backend="triton", check_finite=False)
     ks.filter(torch.randn(64, 8, device="cuda", generator=g), **kw)  # compiles the kernels
-    replay._SEEN.clear()
+    replay.clear()
     kept = []
     for _ in range(replay.AFTER + 3):
         y = torch.randn(64, 8, device="cuda", generator=g)
