@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -189,3 +191,24 @@ def api_examples(marker: str) -> list[str]:
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b]
     assert blocks, f"docs/api.md has no example containing {marker!r}"
     return blocks
+
+
+def synchronisations(fn) -> int:
+    """Device synchronisations made by ``fn()``, as torch's sync debug mode reports them (the
+    blocking copies from pageable host memory included, which no operation count shows), and the
+    waits on events (a read of values queued before the kernels, ``checks.Ahead``)."""
+    waits = []
+    wait = torch.cuda.Event.synchronize
+
+    def counted(event):
+        waits.append(event)
+        return wait(event)
+
+    with warnings.catch_warnings(record=True) as caught, mock.patch.object(torch.cuda.Event, "synchronize", counted):
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return len(waits) + sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)

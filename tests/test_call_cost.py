@@ -3,14 +3,12 @@ back to the host (a device synchronisation each on a GPU) and kernel launches. U
 a regression of the call's fixed cost shows here (the GPU timings are benchmarks/bench_api.py's)."""
 
 import collections
-import warnings
-from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 import triton.runtime.interpreter as interpreter
-from helpers import device_of
+from helpers import device_of, synchronisations
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kalmanscan as ks
@@ -138,27 +136,6 @@ def test_check_finite_false_reads_nothing_back(dispatched, backend):
         ks.smooth(y, **kw)
 
 
-def _synchronisations(fn) -> int:
-    """Device synchronisations made by ``fn()``, as torch's sync debug mode reports them (the
-    blocking copies from pageable host memory included, which no operation count shows), and the
-    waits on events (a read of values queued before the kernels, ``checks.Ahead``)."""
-    waits = []
-    wait = torch.cuda.Event.synchronize
-
-    def counted(event):
-        waits.append(event)
-        return wait(event)
-
-    with warnings.catch_warnings(record=True) as caught, mock.patch.object(torch.cuda.Event, "synchronize", counted):
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return len(waits) + sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("call", ["filter", "smooth"])
 @pytest.mark.parametrize("params", ["remembered", "new", "tensor"])
@@ -179,7 +156,7 @@ def test_gpu_calls_synchronise_once_checked_and_never_unchecked(call, params):
             fn(y, **kw)
         torch.cuda.synchronize()
         expected = 1 if params == "tensor" else int(check)
-        assert _synchronisations(lambda: fn(y, **kw)) == expected, (call, params, check)
+        assert synchronisations(lambda: fn(y, **kw)) == expected, (call, params, check)
 
 
 @pytest.mark.gpu

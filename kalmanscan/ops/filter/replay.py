@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["forward", "clear", "REPLAY", "GRAPHS", "AFTER"]
+__all__ = ["forward", "clear", "kept", "Blocks", "REPLAY", "GRAPHS", "AFTER"]
 
 REPLAY = True
 GRAPHS = 4
@@ -70,6 +70,11 @@ def clear() -> None:
         _SEEN.clear()
 
 
+def kept() -> int:
+    """How many layouts are kept (graphs, and layouts left eager)."""
+    return len(_KEPT)
+
+
 def _forward(run, views, init, inputs, layout):
     y = views["y"]
     if layout not in _KEPT:
@@ -103,12 +108,12 @@ class _Graph:
     """One layout's graph: static copies of the inputs' memory blocks, the captured launch, its
     outputs."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, blocks: _Blocks, names: list[str], outputs: _Blocks):
+    def __init__(self, graph: torch.cuda.CUDAGraph, blocks: Blocks, names: list[str], outputs: Blocks):
         self.graph, self.blocks, self.names, self.outputs = graph, blocks, names, outputs
 
     @classmethod
     def capture(cls, run, views, init):
-        blocks = _Blocks([*views.values(), init])
+        blocks = Blocks([*views.values(), init])
         if blocks.too_large():
             return None
         static = blocks.static_views()
@@ -126,7 +131,7 @@ class _Graph:
                     graph.capture_end()
         finally:
             current.wait_stream(stream)
-        return cls(graph, blocks, list(out), _Blocks(list(out.values())))
+        return cls(graph, blocks, list(out), Blocks(list(out.values())))
 
     def __call__(self, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         self.blocks.fill(inputs)
@@ -134,7 +139,7 @@ class _Graph:
         return dict(zip(self.names, self.outputs.copied_views()))
 
 
-class _Blocks:
+class Blocks:
     """Tensors grouped by the memory block they view: one flat tensor per block (copied whole),
     each tensor an ``as_strided`` view of its block's flat tensor."""
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import kalmanscan as ks
+from helpers import synchronisations
 from kalmanscan.ops.filter import replay
-from kalmanscan.ops.filter.replay import _Blocks
+from kalmanscan.ops.filter.replay import Blocks
 
 
 def test_blocks_copy_whole_blocks_and_rebuild_every_view():
@@ -19,7 +20,7 @@ def test_blocks_copy_whole_blocks_and_rebuild_every_view():
     rows = torch.randn(12, 1, 7, generator=g)
     y = torch.randn(3, 5, 7, generator=g)
     tensors = [y, rows[0].expand(3, 5, 7), rows[4].expand(3, 5, 7), rows.view(12, 7)[10:12].unsqueeze(0)]
-    blocks = _Blocks(tensors)
+    blocks = Blocks(tensors)
     assert blocks.which == [0, 1, 1, 1] and not blocks.too_large()
     static = blocks.static_views()
     for a, b in zip(static, tensors):
@@ -29,7 +30,7 @@ def test_blocks_copy_whole_blocks_and_rebuild_every_view():
     blocks.fill([y2, rows2[0].expand(3, 5, 7), rows2[4].expand(3, 5, 7), rows2.view(12, 7)[10:12].unsqueeze(0)])
     assert torch.equal(static[0], y2) and torch.equal(static[2], rows2[4].expand(3, 5, 7))
     assert torch.equal(static[3], rows2.view(12, 7)[10:12].unsqueeze(0))
-    out = _Blocks(static)
+    out = Blocks(static)
     first, second = out.copied_views(), out.copied_views()
     for a, b, s in zip(first, second, static):
         assert torch.equal(a, s) and torch.equal(b, s)
@@ -38,9 +39,9 @@ def test_blocks_copy_whole_blocks_and_rebuild_every_view():
 
 def test_a_small_slice_of_a_large_block_is_not_copied_by_block():
     big = torch.zeros(1 << 20)
-    assert _Blocks([big[:100].view(10, 10)]).too_large()
-    assert not _Blocks([big.view(1024, 1024)]).too_large()
-    assert _Blocks([big.view(torch.int32)[:10], big[:10]]).too_large()  # two dtypes over one block
+    assert Blocks([big[:100].view(10, 10)]).too_large()
+    assert not Blocks([big.view(1024, 1024)]).too_large()
+    assert Blocks([big.view(torch.int32)[:10], big[:10]]).too_large()  # two dtypes over one block
 
 
 def _eager_and_replayed(monkeypatch, calls):
@@ -90,8 +91,6 @@ def test_replayed_calls_equal_eager_bit_for_bit(monkeypatch, shape, outputs):
 def test_replayed_results_are_new_memory_and_calls_do_not_wait(monkeypatch):
     """Results of a replayed call are not overwritten by the next call; unchecked calls, the one
     that captures included, never synchronise the host."""
-    from test_call_cost import _synchronisations
-
     replay.clear()
     g = torch.Generator("cuda").manual_seed(3)
     kw = dict(theta=0.3, sigma=np.full(8, 0.7), obs_var=0.4, backend="triton", check_finite=False)
@@ -101,8 +100,8 @@ def test_replayed_results_are_new_memory_and_calls_do_not_wait(monkeypatch):
     for _ in range(replay.AFTER + 3):
         y = torch.randn(64, 8, device="cuda", generator=g)
         torch.cuda.synchronize()
-        assert _synchronisations(lambda y=y: kept.append((y, ks.filter(y, **kw)))) == 0
-    assert len(replay._KEPT) == 1
+        assert synchronisations(lambda y=y: kept.append((y, ks.filter(y, **kw)))) == 0
+    assert replay.kept() == 1
     for y, post in kept:
         again = ks.filter(y, **{**kw, "check_finite": True})
         assert torch.equal(post.mean, again.mean) and torch.equal(post.loglik, again.loglik)
