@@ -66,12 +66,13 @@ FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision",
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(63, 5), (1000, 3), (2, 300, 17), (5000, 1), (1, 64)])
 @pytest.mark.parametrize("outputs", [None, ("mean", "var"), ("loglik",)])
-def test_replayed_calls_equal_eager_bit_for_bit(monkeypatch, shape, outputs):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_replayed_calls_equal_eager_bit_for_bit(monkeypatch, shape, outputs, dtype):
     """Shapes with one stretch, several stretches, a batch, the tiles (one long series) and one
-    step; every field, the mean and variance, the log-likelihood alone: a replayed call's fields
-    are the eager call's bits, for data and parameters that change between calls."""
+    step; every field, the mean and variance, the log-likelihood alone; both dtypes: a replayed
+    call's fields are the eager call's bits, for data and parameters that change between calls."""
     g = torch.Generator("cuda").manual_seed(1)
-    ys = [torch.randn(shape, device="cuda", generator=g) for _ in range(3)]
+    ys = [torch.randn(shape, device="cuda", generator=g, dtype=dtype) for _ in range(3)]
     ys[1][..., 7 % shape[-2], :] = float("nan")
     C = shape[-1]
     rng = np.random.default_rng(2)
@@ -85,6 +86,19 @@ def test_replayed_calls_equal_eager_bit_for_bit(monkeypatch, shape, outputs):
             assert (va is None) == (vb is None), k
             if va is not None:
                 assert torch.equal(torch.nan_to_num(va, 7.0), torch.nan_to_num(vb, 7.0)), k
+
+
+@pytest.mark.gpu
+def test_replayed_smoother_equals_eager(monkeypatch):
+    """ks.smooth filters first without gradients: replayed, its smoothed fields are unchanged."""
+    g = torch.Generator("cuda").manual_seed(4)
+    ys = [torch.randn(2, 500, 6, device="cuda", generator=g) for _ in range(3)]
+    kw = dict(theta=np.linspace(0.1, 0.6, 6), sigma=0.5, obs_var=0.3, backend="triton")
+    calls = [lambda y=y: ks.smooth(y, **kw) for y in ys]
+    eager, replayed = _eager_and_replayed(monkeypatch, calls)
+    for a, b in zip(eager, replayed):
+        for k in ("mean", "var", "loglik"):
+            assert torch.equal(getattr(a, k), getattr(b, k)), k
 
 
 @pytest.mark.gpu
