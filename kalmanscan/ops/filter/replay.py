@@ -49,8 +49,8 @@ def forward(run: Callable[[dict, torch.Tensor], dict], views: dict[str, torch.Te
     """``run(views, init)`` (a forward launch returning ``{name: tensor}``) replayed from the
     graph kept for this layout, or ``None`` when the caller should launch eagerly: replay off, the
     first :data:`AFTER` calls of a layout, a stream being captured, or inputs that cannot be
-    copied by memory block (a block of mixed dtypes, or much larger than what the inputs span). ``key`` names everything of the launch besides the inputs'
-    layout (fields, configuration)."""
+    copied by memory block (a block of mixed dtypes, or much larger than what the inputs span).
+    ``key`` names everything of the launch besides the inputs' layout (fields, configuration)."""
     y = views["y"]
     if not REPLAY or not y.is_cuda or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
         return None

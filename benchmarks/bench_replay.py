@@ -1,0 +1,108 @@
+"""Small ``ks.filter`` calls replayed from CUDA graphs against the same calls launched eagerly, in
+one process on the GPU (:mod:`kalmanscan.ops.filter.replay`).
+
+For each case (a shape, checked or not, every field or the mean and variance) and each variant
+(``kalmanscan.ops.filter.replay.REPLAY`` on or off), interleaved over ``--rounds`` rounds: the
+median wall time of one synchronised call (*alone*) and the time per call of ``--queued`` calls
+back to back (*queued*), microseconds. The kernels' eager wrapper is timed the same way in both
+columns: it never replays, so its two columns show the host's noise between them. A case past the
+replay's size (all fields at C = 512, T = 2048) runs eagerly in both columns too.
+
+    python -m benchmarks.bench_replay [--rounds 5] [--out replay.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import kalmanscan as ks
+from benchmarks.bench_filter import initial_state
+from benchmarks.records import commit
+from kalmanscan.inputs import prepare
+from kalmanscan.ops.filter import replay
+from kalmanscan.ops.filter import triton as filter_triton
+
+SHAPES = [(2048, 64), (256, 64), (2048, 512)]   # (T, C)
+KW = dict(theta=0.2, sigma=0.5, obs_var=0.3)
+
+
+def cases() -> dict:
+    """``{name: call}`` of every case."""
+    out = {}
+    for shape in SHAPES:
+        y = torch.randn(shape, device="cuda")
+        out[f"ks.filter C={shape[1]} T={shape[0]} checked"] = lambda y=y: ks.filter(y, backend="triton", **KW)
+        out[f"ks.filter C={shape[1]} T={shape[0]} unchecked"] = (
+            lambda y=y: ks.filter(y, backend="triton", check_finite=False, **KW))
+        out[f"ks.filter C={shape[1]} T={shape[0]} mean,var unchecked"] = (
+            lambda y=y: ks.filter(y, backend="triton", check_finite=False, outputs=("mean", "var"), **KW))
+    y = torch.randn(SHAPES[0], device="cuda")
+    p = prepare(y, backend="triton", **KW)
+    views, init = filter_triton.kernel_views(p), initial_state(p)
+    out["filter_forward (eager kernels) C=64 T=2048"] = (
+        lambda: filter_triton.filter_forward(views, init, posterior=True))
+    return out
+
+
+def alone(fn, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return times[n // 6:]
+
+
+def queued(fn, n: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--alone", type=int, default=60)
+    ap.add_argument("--queued", type=int, default=200)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    calls = cases()
+    variants = {"replay": True, "eager": False}
+    res = {(c, v): {"alone": [], "queued": []} for c in calls for v in variants}
+    with torch.no_grad():
+        for on in variants.values():
+            replay.REPLAY = on
+            for fn in calls.values():
+                for _ in range(replay.AFTER + 2):
+                    fn()
+        for _ in range(args.rounds):
+            for v, on in variants.items():
+                replay.REPLAY = on
+                for c, fn in calls.items():
+                    res[(c, v)]["alone"] += alone(fn, args.alone)
+                    res[(c, v)]["queued"].append(queued(fn, args.queued))
+    replay.REPLAY = True
+    rows = []
+    print(f"{torch.cuda.get_device_name()}: wall of one synchronised call alone / per call queued, medians, us")
+    for c in calls:
+        medians = {f"{v}_{k}": statistics.median(res[(c, v)][k]) for v in variants for k in ("alone", "queued")}
+        row = {"case": c, **medians}
+        rows.append(row)
+        print(f"{c:<48}", "  ".join(f"{v}: {row[v + '_alone']:7.1f} / {row[v + '_queued']:7.1f}" for v in variants))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "commit": commit(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
