@@ -2,9 +2,10 @@
 one process on the GPU (:mod:`kalmanscan.ops.filter.replay`).
 
 For each case (a shape, checked or not, every field or the mean and variance) and each variant
-(``kalmanscan.ops.filter.replay.REPLAY`` on or off), interleaved over ``--rounds`` rounds: the
-median wall time of one synchronised call (*alone*) and the time per call of ``--queued`` calls
-back to back (*queued*), microseconds. The kernels' eager wrapper is timed the same way in both
+(``kalmanscan.ops.filter.replay.REPLAY`` on or off), interleaved over ``--rounds`` rounds, the
+two timings of :mod:`benchmarks.bench_api`: the host wall time of one synchronised call (*alone*,
+``alone_ms``) and the time per call back to back (*queued*, ``median_ms``); the median over the
+rounds, microseconds. The kernels' eager wrapper is timed the same way in both
 columns: it never replays, so its two columns show the host's noise between them. A case past the
 replay's size (all fields at C = 512, T = 2048) runs eagerly in both columns too.
 
@@ -16,12 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
 import kalmanscan as ks
-from benchmarks.bench_filter import initial_state
+from benchmarks.bench_api import alone_ms
+from benchmarks.bench_filter import initial_state, median_ms
 from benchmarks.records import commit
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import replay
@@ -49,31 +50,9 @@ def cases() -> dict:
     return out
 
 
-def alone(fn, n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return times[n // 6:]
-
-
-def queued(fn, n: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--alone", type=int, default=60)
-    ap.add_argument("--queued", type=int, default=200)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     calls = cases()
@@ -89,8 +68,8 @@ def main():
             for v, on in variants.items():
                 replay.REPLAY = on
                 for c, fn in calls.items():
-                    res[(c, v)]["alone"] += alone(fn, args.alone)
-                    res[(c, v)]["queued"].append(queued(fn, args.queued))
+                    res[(c, v)]["alone"].append(alone_ms(fn) * 1e3)
+                    res[(c, v)]["queued"].append(median_ms(fn) * 1e3)
     replay.REPLAY = True
     rows = []
     print(f"{torch.cuda.get_device_name()}: wall of one synchronised call alone / per call queued, medians, us")
