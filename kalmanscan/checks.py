@@ -85,8 +85,13 @@ def queue_y_check(checks: Checks, y: torch.Tensor) -> None:
 def _sum_is_finite(y: torch.Tensor) -> torch.Tensor:
     """``isfinite(nansum(y))`` as a 0-d bool tensor on ``y``'s device (one reduction, no gradient):
     false when ``y`` holds an ``inf`` (or the sum overflows)."""
+    return torch.isfinite(_nansum(y))
+
+
+def _nansum(y: torch.Tensor) -> torch.Tensor:
+    """``nansum(y)`` as a 0-d tensor on ``y``'s device, without gradient."""
     with torch.no_grad():
-        return torch.isfinite(torch.nansum(y.detach()))
+        return torch.nansum(y.detach())
 
 
 def finite_sum(x: torch.Tensor) -> bool:
@@ -139,11 +144,9 @@ class LateYCheck:
 
     def __init__(self, y: torch.Tensor):
         self.y = y
-        if y.is_cuda:  # the sum itself comes back; its finiteness is asked on the host (isfinite
-            with torch.no_grad():  # is four launches on a device, 45 us of host time on some)
-                self.ahead = Ahead(torch.nansum(y.detach()))
-        else:
-            self.ahead = None
+        # on a GPU the sum itself comes back and its finiteness is asked on the host (isfinite is
+        # four launches on a device, 45 us of host time on some)
+        self.ahead = Ahead(_nansum(y)) if y.is_cuda else None
 
     def decide(self, witness: torch.Tensor | None = None, diffuse: bool = False) -> None:
         """Raise ``ValueError`` naming ``y`` if it holds an ``inf``: one synchronisation."""

@@ -55,10 +55,11 @@ def forward(run: Callable[[dict, torch.Tensor], dict], views: dict[str, torch.Te
     if not REPLAY or not y.is_cuda or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
         return None
     inputs = [*views.values(), init]
-    blocks = [x.untyped_storage().data_ptr() for x in inputs]
+    storages = [x.untyped_storage() for x in inputs]
+    blocks = [m.data_ptr() for m in storages]
     stream = torch.cuda.current_stream(y.device).cuda_stream  # a graph per stream: its copies are ordered
     layout = (key, y.device, stream, torch.is_inference_mode_enabled(), tuple(views),
-              tuple(blocks.index(b) for b in blocks), *(_layout(x) for x in inputs))
+              tuple(blocks.index(b) for b in blocks), *(_layout(x, m) for x, m in zip(inputs, storages)))
     with _LOCK:  # copy in, replay, copy out: one call's at a time on the host, in stream order
         return _forward(run, views, init, inputs, layout)
 
@@ -98,10 +99,10 @@ def _forward(run, views, init, inputs, layout):
     return graph(inputs) if graph is not None else None
 
 
-def _layout(x: torch.Tensor) -> tuple:
+def _layout(x: torch.Tensor, block: torch.UntypedStorage) -> tuple:
     """What a graph fixes of an input besides which inputs share a memory block: dtype, shape,
-    strides, offset in its block and the block's size."""
-    return x.dtype, tuple(x.shape), x.stride(), x.storage_offset(), x.untyped_storage().nbytes()
+    strides, offset in its block (``block``) and the block's size."""
+    return x.dtype, tuple(x.shape), x.stride(), x.storage_offset(), block.nbytes()
 
 
 class _Graph:

@@ -359,7 +359,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
             values = filter_posterior(*inputs, init, list(shape), config.as_ints(), posterior_mask(fields))
             return {**dict(zip(fields, values)), "decay": decay, "noise": noise}
         views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
-        run = functools.partial(_forward_posterior, config=config, fields=fields, shape=shape)
+        run = functools.partial(filter_forward, config=config, posterior=fields, out_shape=shape, one_block=True)
         out = None
         if len(fields) * math.prod(shape) <= ONE_BLOCK_OUTPUTS:  # small: its launches are the host's time
             out = replay.forward(run, views, init, (fields, config, tuple(shape)))
@@ -372,11 +372,6 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     mu_c, lam, pred_mu_c, pred_var = filter_fused(*inputs, init, list(shape), config.as_ints())
     missing = torch.isnan(p.y)
     return torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
-
-
-def _forward_posterior(views, init, config, fields, shape):
-    """The no-gradient forward of :func:`filter`: ``fields`` of :data:`POSTERIOR` in one block."""
-    return filter_forward(views, init, config=config, posterior=fields, out_shape=shape, one_block=True)
 
 
 def initial_state(p: Problem) -> torch.Tensor:
