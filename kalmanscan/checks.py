@@ -16,7 +16,8 @@ import torch
 
 from .types import ArrayLike
 
-__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead", "LateYCheck"]
+__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead", "LateYCheck",
+           "BY_RESULT"]
 
 
 class Checks:
@@ -132,13 +133,21 @@ class Ahead:
         return self.values
 
 
+BY_RESULT = 1 << 18
+"""On a GPU, :class:`LateYCheck` decides a ``y`` of at most this many elements from a result: the
+kernels of such a call take a few microseconds, less than the host spends queueing a reduction and
+its read ahead of them (about 60 against 30 us on an H200's host, ``benchmarks/results``'
+``check_pieces_2026-12-04_h200.txt``)."""
+
+
 class LateYCheck:
     """``y``'s inf check for calls whose parameters were checked on the host, decided once the
     kernels are queued.
 
-    On a GPU, one reduction of ``y`` queued when this object is made (make it once ``y`` is final,
-    before the kernels) and read by :meth:`decide` through :class:`Ahead`: the wait is for the
-    reduction, not for the kernels. On a CPU, from a result ``y`` reaches (:func:`check_y_by_result`,
+    On a GPU, for a ``y`` of more than :data:`BY_RESULT` elements, one reduction of ``y`` queued
+    when this object is made (make it once ``y`` is final, before the kernels) and read by
+    :meth:`decide` through :class:`Ahead`: the wait is for the reduction, not for the kernels. On a
+    CPU, and for a smaller ``y`` on a GPU, from a result ``y`` reaches (:func:`check_y_by_result`,
     no pass over ``y``) when :meth:`decide` is given one, else by the reduction then.
     """
 
@@ -146,7 +155,7 @@ class LateYCheck:
         self.y = y
         # on a GPU the sum itself comes back and its finiteness is asked on the host (isfinite is
         # four launches on a device, 45 us of host time on some)
-        self.ahead = Ahead(_nansum(y)) if y.is_cuda else None
+        self.ahead = Ahead(_nansum(y)) if y.is_cuda and y.numel() > BY_RESULT else None
 
     def decide(self, witness: torch.Tensor | None = None, diffuse: bool = False) -> None:
         """Raise ``ValueError`` naming ``y`` if it holds an ``inf``: one synchronisation."""

@@ -1,0 +1,77 @@
+"""Host cost of the pieces of ``y``'s inf check on a small GPU call, beside the public call checked
+and not: host wall of one call followed by a synchronisation, medians, microseconds.
+
+    python -m benchmarks.check_pieces [--T 2048] [--C 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+import torch
+
+import kalmanscan as ks
+from kalmanscan import checks
+
+KW = dict(theta=0.2, sigma=0.5, obs_var=0.3)
+
+
+def median_us(fn, reps: int = 300) -> float:
+    """Median host wall time of ``fn()`` followed by a device synchronisation."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def rows(y: torch.Tensor) -> dict:
+    """``{name: call}``: the check's pieces, then the public call."""
+    pinned, event = torch.empty((), pin_memory=True), torch.cuda.Event()
+    loglik = ks.filter(y, backend="triton", **KW).loglik
+
+    def preallocated():
+        pinned.copy_(torch.nansum(y), non_blocking=True)
+        event.record()
+        event.synchronize()
+        return math.isfinite(float(pinned))
+
+    return {
+        "empty (sync only)": lambda: None,
+        "nansum launch": lambda: torch.nansum(y),
+        "nansum + float": lambda: math.isfinite(float(torch.nansum(y))),
+        "nansum + .to(cpu,nb) + Event": lambda: checks.Ahead(torch.nansum(y)),
+        "LateYCheck make+decide": lambda: checks.LateYCheck(y).decide(loglik),
+        "nansum + preallocated pinned + event": preallocated,
+        "witness sum + float (by-result)": lambda: checks.finite_sum(loglik),
+        "Event() + record": lambda: torch.cuda.Event().record(),
+        "filter checked": lambda: ks.filter(y, backend="triton", **KW),
+        "filter unchecked": lambda: ks.filter(y, backend="triton", check_finite=False, **KW),
+        "filter mean,var checked": lambda: ks.filter(y, backend="triton", outputs=("mean", "var"), **KW),
+        "filter mean,var unchecked": lambda: ks.filter(y, backend="triton", check_finite=False,
+                                                       outputs=("mean", "var"), **KW),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--C", type=int, default=64)
+    args = ap.parse_args()
+    calls = rows(torch.randn(args.T, args.C, device="cuda"))
+    for _ in range(2):
+        for name, fn in calls.items():
+            print(f"{name:40s} {median_us(fn):8.1f}", flush=True)
+        print()
+
+
+if __name__ == "__main__":
+    main()
