@@ -1,5 +1,6 @@
 """Host cost of the pieces of ``y``'s inf check on a small GPU call, beside the public call checked
-and not: host wall of one call followed by a synchronisation, medians, microseconds.
+and not: host wall of one call followed by a synchronisation (``bench_api.alone_ms``), medians,
+microseconds.
 
     python -m benchmarks.check_pieces [--T 2048] [--C 64]
 """
@@ -8,29 +9,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 
 import torch
 
 import kalmanscan as ks
+from benchmarks.bench_api import alone_ms
 from kalmanscan import checks
 
 KW = dict(theta=0.2, sigma=0.5, obs_var=0.3)
-
-
-def median_us(fn, reps: int = 300) -> float:
-    """Median host wall time of ``fn()`` followed by a device synchronisation."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
 
 
 def rows(y: torch.Tensor) -> dict:
@@ -69,7 +55,7 @@ def main():
     calls = rows(torch.randn(args.T, args.C, device="cuda"))
     for _ in range(2):
         for name, fn in calls.items():
-            print(f"{name:40s} {median_us(fn):8.1f}", flush=True)
+            print(f"{name:40s} {alone_ms(fn, reps=300) * 1e3:8.1f}", flush=True)
         print()
 
 
