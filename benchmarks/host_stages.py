@@ -18,12 +18,12 @@ import torch
 import kalmanscan as ks
 from benchmarks.bench_filter import initial_state
 from benchmarks.bench_kla import make_inputs
-from kalmanscan import checks, filtering
+from kalmanscan import filtering
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import triton as filter_triton
 from kalmanscan.ops.kla.triton import kla_scan_triton
 
-STAGES = ("prepare", "finite_problem", "run_backend", "make_posterior")
+STAGES = ("prepare", "finite_problem", "run_backend", "make_posterior", "decide_y")
 
 
 def _stamped(stamps):
@@ -38,7 +38,6 @@ def _stamped(stamps):
         setattr(owner, name, g)
     for name in STAGES:
         wrap(filtering, name)
-    wrap(checks.LateYCheck, "decide")
 
 
 def timeline(fn, stamps, calls):

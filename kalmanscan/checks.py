@@ -4,7 +4,8 @@
 searches ``y`` for ``inf``; :func:`queue_y_check` queues that search's cheap precursor (one
 reduction); :func:`finite_sum` and :func:`check_y_by_result` are the by-result check (one reduction
 of a result read back); :class:`Ahead` reads values queued before a call's kernels without waiting
-for the kernels, and :class:`LateYCheck` decides ``y``'s check once the kernels are queued.
+for the kernels; :func:`queue_y_sum` and :func:`decide_y` are ``y``'s check for calls whose
+parameters were checked on the host, decided once the kernels are queued.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 
 from .types import ArrayLike
 
-__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead", "LateYCheck",
-           "BY_RESULT"]
+__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead", "queue_y_sum",
+           "decide_y", "BY_RESULT"]
 
 
 class Checks:
@@ -134,34 +135,32 @@ class Ahead:
 
 
 BY_RESULT = 1 << 18
-"""On a GPU, :class:`LateYCheck` decides a ``y`` of at most this many elements from a result: the
+"""On a GPU, a ``y`` of at most this many elements is checked from a result (:func:`decide_y`): the
 kernels of such a call take a few microseconds, less than the host spends queueing a reduction and
 its read ahead of them (about 60 against 30 us on an H200's host, ``benchmarks/results``'
 ``check_pieces_2026-12-04_h200.txt``)."""
 
 
-class LateYCheck:
-    """``y``'s inf check for calls whose parameters were checked on the host, decided once the
-    kernels are queued.
+def queue_y_sum(y: torch.Tensor) -> Ahead | None:
+    """``nansum(y)`` queued before a call's kernels and read through :class:`Ahead` (finite exactly
+    when ``y`` holds no ``inf``, unless the sum overflows), for a ``y`` of more than
+    :data:`BY_RESULT` elements; ``None`` for a smaller one (its check is by result)."""
+    return Ahead(_nansum(y)) if y.numel() > BY_RESULT else None
 
-    On a GPU, for a ``y`` of more than :data:`BY_RESULT` elements, one reduction of ``y`` queued
-    when this object is made (make it once ``y`` is final, before the kernels) and read by
-    :meth:`decide` through :class:`Ahead`: the wait is for the reduction, not for the kernels. On a
-    CPU, and for a smaller ``y`` on a GPU, from a result ``y`` reaches (:func:`check_y_by_result`,
-    no pass over ``y``) when :meth:`decide` is given one, else by the reduction then.
-    """
 
-    def __init__(self, y: torch.Tensor):
-        self.y = y
-        # on a GPU the sum itself comes back and its finiteness is asked on the host (isfinite is
-        # four launches on a device, 45 us of host time on some)
-        self.ahead = Ahead(_nansum(y)) if y.is_cuda and y.numel() > BY_RESULT else None
+def decide_y(y: torch.Tensor, queued: Ahead | None, witness: torch.Tensor | None = None,
+             diffuse: bool = False) -> None:
+    """``y``'s inf check for a call whose parameters were checked on the host, decided once its
+    kernels are queued: ``ValueError`` naming ``y`` if it holds an ``inf``; one synchronisation.
 
-    def decide(self, witness: torch.Tensor | None = None, diffuse: bool = False) -> None:
-        """Raise ``ValueError`` naming ``y`` if it holds an ``inf``: one synchronisation."""
-        if self.ahead is None and witness is not None:
-            check_y_by_result(self.y, witness, diffuse)
-            return
-        finite = math.isfinite(float(self.ahead.read())) if self.ahead is not None else _sum_is_finite(self.y)
-        if not bool(finite):
-            check_no_inf(self.y)
+    From ``queued`` when given (an :class:`Ahead` of a value finite exactly when ``y`` holds no
+    ``inf``, queued before or among the kernels: :func:`queue_y_sum`, or the filter's own pass over
+    ``y``): the wait is for it, not for the kernels. Else from a result ``y`` reaches
+    (:func:`check_y_by_result`, no pass over ``y``), else by a reduction of ``y`` now. ``y`` is
+    searched only when the value read is not finite."""
+    if queued is None and witness is not None:
+        check_y_by_result(y, witness, diffuse)
+        return
+    finite = math.isfinite(float(queued.read())) if queued is not None else bool(_sum_is_finite(y))
+    if not finite:
+        check_no_inf(y)

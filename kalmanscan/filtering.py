@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .diffuse import Diffuse, finite_problem, restore
-from .checks import LateYCheck
+from .checks import decide_y
 from .inputs import Problem, host_parameters, prepare
 from .ops.filter import run_backend
 from .posterior import Params, Posterior
@@ -79,11 +79,11 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         ValueError: naming the argument, for bad values or shapes (see :mod:`kalmanscan.inputs`).
     """
     # With parameters checked on the host, y's inf check is decided once the kernels are queued
-    # (LateYCheck): on a GPU one reduction of y queued before them and read while they run (the
-    # call's one synchronisation); on a CPU from the result (an inf in y makes the log-likelihood
-    # and the filtered mean from its step on, the last step's too, non-finite), y searched only
-    # when that is not finite. Parameters checked on their device need a read of their own before
-    # the kernels: y's check (one reduction) then joins it.
+    # (checks.decide_y): for a large y on a GPU the triton backend queues it with its kernels and
+    # it is read while they run (the call's one synchronisation); otherwise from the result (an
+    # inf in y makes the log-likelihood and the filtered mean from its step on, the last step's
+    # too, non-finite), y searched only when that is not finite. Parameters checked on their
+    # device need a read of their own before the kernels: y's check (one reduction) then joins it.
     wanted = _check_outputs(outputs)
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
@@ -98,8 +98,8 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if outputs is not None:
         p = dataclasses.replace(p, outputs=wanted)
     finite, diffuse = finite_problem(p)
-    y_check = LateYCheck(p.y) if late else None
-    out = run_backend(finite, backend)
+    out = run_backend(dataclasses.replace(finite, y_check=late and diffuse is None), backend)
+    queued = out.pop("y_check", None)
     if diffuse is not None:
         out = restore(p, diffuse, out)
     if "logliks" in wanted and "loglik" not in out:  # the fused kernels sum it as they go
@@ -109,8 +109,8 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
         out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
     post = make_posterior(p, out, diffuse=diffuse)
-    if y_check is not None:
-        y_check.decide(witness, diffuse is not None)
+    if late:
+        decide_y(p.y, queued, witness, diffuse is not None)
     return post if state is None else mark(post, state)
 
 

@@ -47,7 +47,11 @@ class Problem:
     ``derived``: when every parameter came from the host as a scalar or ``(C,)`` (the common call),
     ``decay, noise, lam0, eta0`` computed there in float64 with the checks and moved with the
     parameters in one copy (views ``(1, C)`` of one tensor), and the fields they came from (``from``);
-    read through :meth:`decay_noise` and :meth:`initial_info`."""
+    read through :meth:`decay_noise` and :meth:`initial_info`. ``y_check``: a backend may queue
+    ``y``'s inf check with its kernels, returned as ``out["y_check"]`` (a
+    :class:`~kalmanscan.checks.Ahead` of a value that is not finite when ``y`` holds an ``inf``,
+    read by :func:`kalmanscan.checks.decide_y`); one that does not leaves the caller to check by
+    result."""
 
     y: torch.Tensor
     theta: torch.Tensor
@@ -66,6 +70,7 @@ class Problem:
     no_noise: bool | None = None
     outputs: tuple | None = None
     derived: dict | None = field(default=None, repr=False)
+    y_check: bool = False
 
     @property
     def dtype(self) -> torch.dtype:

@@ -16,12 +16,13 @@ the reference a float64 loop, triton fused reverse walks (without gradients), cp
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
 from .diffuse import finite_problem, restore, smooth_leading
-from .checks import LateYCheck
+from .checks import decide_y
 from .filtering import make_posterior, sum_time
 from .inputs import host_parameters, prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
@@ -50,7 +51,7 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     # y's inf check as ks.filter's: decided once the kernels are queued when the parameters are
-    # checked on the host (checks.LateYCheck), else joined with their read before the kernels.
+    # checked on the host (checks.decide_y), else joined with their read before the kernels.
     late = check_finite and host_parameters(
         dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt), times, init_mean, init_var)
     with naming_state(state):
@@ -60,8 +61,8 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if state is not None:
         p = continue_problem(p, state)
     finite, diffuse = finite_problem(p)
-    y_check = LateYCheck(p.y) if late else None
-    out = run_backend(finite, backend)
+    out = run_backend(dataclasses.replace(finite, y_check=late and diffuse is None), backend)
+    queued = out.pop("y_check", None)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
     mean_param = torch.broadcast_to(p.mean, shape)
@@ -78,6 +79,6 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         out["loglik"] = sum_time(out["logliks"])
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
-    if y_check is not None:
-        y_check.decide(out["loglik"], diffuse is not None)
+    if late:
+        decide_y(p.y, queued, out["loglik"], diffuse is not None)
     return post if state is None else mark(post, state)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .filtering import OUTPUTS, filter as _public_filter
-from .checks import LateYCheck
+from .checks import decide_y
 from .inputs import prepare
 from .ops.filter import resolve_backend, run_backend
 from .stream import StreamState, predict
@@ -127,10 +127,11 @@ class StreamFilter:
         y_t = self._steps_of(y, p0, one_step)
         init_mean, init_var = predict(self._level, self._decay, self._noise, self._mean - self._level, self._var)
         p = dataclasses.replace(p0, y=y_t, shape=tuple(y_t.shape), init_mean=init_mean, init_var=init_var,
-                                outputs=self._fields)
-        check = self._queue_check(y_t)
+                                outputs=self._fields, y_check=self.check_finite)
         out = run_backend(p, self.backend)
-        self._decide(check, out["logliks"])
+        queued = out.pop("y_check", None)
+        if self.check_finite:
+            decide_y(y_t, queued, out["logliks"])
         self._advance_state(out)
         return {k: p.output(out[k][..., 0, :] if one_step else out[k]) for k in self.outputs}
 
@@ -165,27 +166,14 @@ class StreamFilter:
 
         y_t = self._steps_of(y, p0, one_step=True)
         shape = y_t.shape[:-2] + y_t.shape[-1:]
-        check = self._queue_check(y_t)
         out, belief = triton_backend.stream_step(y_t, self._belief, self._rows, self._fields)
         logliks = out[triton_backend.POSTERIOR.index("logliks")].view(shape)
-        self._decide(check, logliks)
+        if self.check_finite:  # by result: one step's kernel takes less than a reduction queued ahead
+            decide_y(y_t, None, logliks)
         self._belief = belief.view(self._belief.shape)
         self._loglik = self._loglik + logliks
         self._steps += 1
         return {k: p0.output(out[triton_backend.POSTERIOR.index(k)].view(shape)) for k in self.outputs}
-
-    def _queue_check(self, y_t: torch.Tensor) -> LateYCheck | None:
-        """With ``check_finite``, ``y``'s inf check, made before the kernels: on a GPU one
-        reduction of the new steps queued now and read while the kernels run."""
-        return LateYCheck(y_t) if self.check_finite else None
-
-    @staticmethod
-    def _decide(check: LateYCheck | None, logliks: torch.Tensor) -> None:
-        """``ValueError`` naming ``y`` when it holds an ``inf``: on a CPU searched only when the new
-        steps' log-likelihoods are not finite (one read of their sum); on a GPU from the queued
-        reduction (one wait, for it alone)."""
-        if check is not None:
-            check.decide(logliks)
 
     def _steps_of(self, y: ArrayLike, p0, one_step: bool) -> torch.Tensor:
         """``y`` as a ``(..., k, C)`` tensor of the stream's dtype and device; ``ValueError`` naming

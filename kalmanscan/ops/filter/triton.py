@@ -43,6 +43,8 @@ from kalmanscan.kernels.filter.tiles import filter_tile_agg_kernel, filter_tile_
 from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filter_tile_bwd_kernel
 
 from ... import ou
+from ... import checks
+from ...checks import Ahead
 from ...inputs import Problem
 from ..launch import cdiv, next_power_of_2
 from . import replay
@@ -153,7 +155,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
                    config: FilterConfig = DEFAULT_CONFIG,
                    posterior: Sequence[str] | bool = False,
                    out_shape: Sequence[int] | None = None, loglik_sum: bool = True,
-                   one_block: bool = False) -> dict[str, torch.Tensor]:
+                   one_block: bool = False, y_check: bool = False) -> dict[str, torch.Tensor]:
     """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``
     (allocated as ``out_shape`` instead when given: any shape of ``B T C`` elements).
 
@@ -166,6 +168,12 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     over time ``(B, C)``: each stretch's sum accumulated in float64 by the kernel, the stretches
     summed after it, in ``y``'s dtype (the tiles leave it out). ``one_block``: small outputs may
     share one allocation (:func:`_outputs`; not for an operator's returns, which must not alias).
+    ``y_check``: also ``"y_check"``, ``y``'s inf check queued with the kernels
+    (:class:`kalmanscan.checks.Ahead`): with stretches, the sum of the stretch products' ``e1, e2``
+    read after the aggregate pass (an ``inf`` in ``y`` leaves its stretch's ``e1`` or ``e2`` inf or
+    NaN: ``info = h (y - h mean) / obs_var`` enters both, scaled by finite non-negative numbers, and
+    nothing in a product makes a non-finite number finite again); else ``nansum(y)`` queued before
+    them.
     """
     if posterior is True:
         posterior = POSTERIOR
@@ -190,11 +198,15 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     sum_loglik = loglik_sum and "logliks" in posterior and fwd_kernel is filter_fwd_kernel
     # the aggregate kernel is launched before the outputs are allocated: the device starts sooner
     init = init.contiguous()
+    from_agg = y_check and ns > 1 and agg_kernel is filter_agg_kernel
+    queued = Ahead(torch.nansum(y)) if y_check and not from_agg else None
     start = init  # one stretch: the walks start from init itself; else the carry writes every start
     if ns > 1:
         start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
+        if from_agg:  # read while the carry and the outputs' walks run
+            queued = Ahead(torch.sum(agg[:, 4:6], dtype=torch.float64))
         filter_carry_kernel[(B * C,)](agg, init, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                       num_warps=config.carry_warps)
     out, pointers, write = _outputs(y, outputs, posterior, out_shape, one_block)
@@ -205,6 +217,8 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     result = {k: out[k] for k in (posterior or outputs)}
     if partial is not None:
         result["loglik"] = (partial[:, 0] if ns == 1 else partial.sum(1)).to(dtype)
+    if queued is not None:
+        result["y_check"] = queued
     return result
 
 
@@ -342,7 +356,9 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     A problem with no process noise where ``decay < 1`` (``sigma = 0``, or a noise below
     :data:`kalmanscan.mobius.NO_NOISE`) runs on the torch backend instead: its precision grows like
     ``decay^(-2t)``, past the range of the kernels, which carry it (see :mod:`kalmanscan.mobius`).
-    ``config`` sets the launch (:class:`FilterConfig`).
+    ``config`` sets the launch (:class:`FilterConfig`). With ``p.y_check``, for a ``y`` of more
+    than :data:`kalmanscan.checks.BY_RESULT` elements, ``"y_check"``: ``y``'s inf check queued with
+    the kernels (:func:`filter_forward`, or :func:`kalmanscan.checks.queue_y_sum` before them).
     """
     shape = p.shape
     check_device(p.y)
@@ -353,6 +369,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     decay, noise = p.decay_noise()
     from .library import filter_fused, filter_posterior  # (it imports this module)
 
+    y_check = p.y_check and p.y.numel() > checks.BY_RESULT and not torch.compiler.is_compiling()
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         fields = POSTERIOR if p.outputs is None else tuple(k for k in POSTERIOR if k in p.outputs)
         if torch.compiler.is_compiling():  # one opaque operator for the compiler (library module docstring)
@@ -360,18 +377,24 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
             return {**dict(zip(fields, values)), "decay": decay, "noise": noise}
         views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
         run = functools.partial(filter_forward, config=config, posterior=fields, out_shape=shape, one_block=True)
-        out = None
-        if len(fields) * math.prod(shape) <= ONE_BLOCK_OUTPUTS:  # small: its launches are the host's time
+        out, queued = None, None
+        small = len(fields) * math.prod(shape) <= ONE_BLOCK_OUTPUTS
+        if small:  # its launches are the host's time: replayed, y's check queued before them
+            queued = checks.queue_y_sum(p.y) if y_check else None
             out = replay.forward(run, views, init, (fields, config, tuple(shape)))
         if out is None:
-            out = run(views, init)
+            out = run(views, init, y_check=y_check and not small)
+        if queued is not None:
+            out["y_check"] = queued
         if "loglik" in out:
             out["loglik"] = out["loglik"].reshape(shape[:-2] + shape[-1:])
         return {**out, "decay": decay, "noise": noise}
 
+    queued = checks.queue_y_sum(p.y) if y_check else None
     mu_c, lam, pred_mu_c, pred_var = filter_fused(*inputs, init, list(shape), config.as_ints())
     missing = torch.isnan(p.y)
-    return torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
+    out = torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
+    return out if queued is None else {**out, "y_check": queued}
 
 
 def initial_state(p: Problem) -> torch.Tensor:
