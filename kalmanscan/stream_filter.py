@@ -167,13 +167,14 @@ class StreamFilter:
         y_t = self._steps_of(y, p0, one_step=True)
         shape = y_t.shape[:-2] + y_t.shape[-1:]
         out, belief = triton_backend.stream_step(y_t, self._belief, self._rows, self._fields)
-        logliks = out[triton_backend.POSTERIOR.index("logliks")].view(shape)
+        rows = dict(zip(triton_backend.POSTERIOR, out.view(out.shape[:1] + shape).unbind(0)))  # one view op
+        logliks = rows["logliks"]
         if self.check_finite:  # by result: one step's kernel takes less than a reduction queued ahead
             decide_y(y_t, None, logliks)
         self._belief = belief.view(self._belief.shape)
         self._loglik = self._loglik + logliks
         self._steps += 1
-        return {k: p0.output(out[triton_backend.POSTERIOR.index(k)].view(shape)) for k in self.outputs}
+        return {k: p0.output(rows[k]) for k in self.outputs}
 
     def _steps_of(self, y: ArrayLike, p0, one_step: bool) -> torch.Tensor:
         """``y`` as a ``(..., k, C)`` tensor of the stream's dtype and device; ``ValueError`` naming
