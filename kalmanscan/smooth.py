@@ -61,7 +61,9 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if state is not None:
         p = continue_problem(p, state)
     finite, diffuse = finite_problem(p)
-    out = run_backend(dataclasses.replace(finite, y_check=late and diffuse is None), backend)
+    if late and diffuse is None:  # the triton backend may queue y's check with its kernels
+        finite = dataclasses.replace(finite, y_check=True)
+    out = run_backend(finite, backend)
     queued = out.pop("y_check", None)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
