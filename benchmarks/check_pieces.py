@@ -35,7 +35,7 @@ def rows(y: torch.Tensor) -> dict:
         "nansum launch": lambda: torch.nansum(y),
         "nansum + float": lambda: math.isfinite(float(torch.nansum(y))),
         "nansum + .to(cpu,nb) + Event": lambda: checks.Ahead(torch.nansum(y)),
-        "nansum ahead + decide_y": lambda: checks.decide_y(y, checks.Ahead(torch.nansum(y)), loglik),
+        "nansum ahead + decide_y": lambda: checks.decide_y(y, checks.queue_y_sum(y), loglik),
         "decide_y by result": lambda: checks.decide_y(y, None, loglik),
         "nansum + preallocated pinned + event": preallocated,
         "witness sum + float (by-result)": lambda: checks.finite_sum(loglik),

@@ -141,11 +141,11 @@ its read ahead of them (about 60 against 30 us on an H200's host, ``benchmarks/r
 ``check_pieces_2026-12-04_h200.txt``)."""
 
 
-def queue_y_sum(y: torch.Tensor) -> Ahead | None:
+def queue_y_sum(y: torch.Tensor) -> Ahead:
     """``nansum(y)`` queued before a call's kernels and read through :class:`Ahead` (finite exactly
-    when ``y`` holds no ``inf``, unless the sum overflows), for a ``y`` of more than
-    :data:`BY_RESULT` elements; ``None`` for a smaller one (its check is by result)."""
-    return Ahead(_nansum(y)) if y.numel() > BY_RESULT else None
+    when ``y`` holds no ``inf``, unless the sum overflows): ``y``'s check for a ``y`` of more than
+    :data:`BY_RESULT` elements whose kernels do not take it from their own pass."""
+    return Ahead(_nansum(y))
 
 
 def decide_y(y: torch.Tensor, queued: Ahead | None, witness: torch.Tensor | None = None,

@@ -44,7 +44,6 @@ from kalmanscan.kernels.filter.tiles_bwd import filter_tile_bwd_agg_kernel, filt
 
 from ... import ou
 from ... import checks
-from ...checks import Ahead
 from ...inputs import Problem
 from ..launch import cdiv, next_power_of_2
 from . import replay
@@ -199,14 +198,14 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     # the aggregate kernel is launched before the outputs are allocated: the device starts sooner
     init = init.contiguous()
     from_agg = y_check and ns > 1 and agg_kernel is filter_agg_kernel
-    queued = Ahead(torch.nansum(y)) if y_check and not from_agg else None
+    queued = checks.queue_y_sum(y) if y_check and not from_agg else None
     start = init  # one stretch: the walks start from init itself; else the carry writes every start
     if ns > 1:
         start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
         if from_agg:  # read while the carry and the outputs' walks run
-            queued = Ahead(torch.sum(agg[:, 4:6], dtype=torch.float64))
+            queued = checks.Ahead(torch.sum(agg[:, 4:6], dtype=torch.float64))
         filter_carry_kernel[(B * C,)](agg, init, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                       num_warps=config.carry_warps)
     out, pointers, write = _outputs(y, outputs, posterior, out_shape, one_block)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kalmanscan as ks
-from helpers import KERNEL_DEVICE
+from helpers import KERNEL_DEVICE, synchronisations
 from kalmanscan import checks
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import triton
@@ -97,8 +97,6 @@ def test_the_check_is_queued_with_the_kernels(queued):
 def test_large_gpu_calls_check_y_from_their_kernels_with_one_wait(queued, monkeypatch, outputs):
     """On a GPU, at the default threshold, a ``y`` past it (stretches: the aggregate pass's check)
     is refused for an inf anywhere, searched never when clean, with one synchronisation a call."""
-    from helpers import synchronisations
-
     monkeypatch.setattr(checks, "BY_RESULT", 1 << 18)
     y = torch.randn(4096, 128, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
     assert triton.plan(1, 4096, 128)[0] > 1 and y.numel() > checks.BY_RESULT
