@@ -9,7 +9,11 @@ rounds, microseconds. The kernels' eager wrapper is timed the same way in both
 columns: it never replays, so its two columns show the host's noise between them. A case past the
 replay's size (all fields at C = 512, T = 2048) runs eagerly in both columns too.
 
-    python -m benchmarks.bench_replay [--rounds 5] [--out replay.json]
+``--compare check`` sets the variants to ``y``'s inf check instead: by result (the default
+threshold ``kalmanscan.checks.BY_RESULT``) against a reduction queued ahead of the kernels for
+every ``y`` (threshold 0), replay on in both; only the checked cases differ.
+
+    python -m benchmarks.bench_replay [--rounds 5] [--compare replay|check] [--out replay.json]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import kalmanscan as ks
 from benchmarks.bench_api import alone_ms
 from benchmarks.bench_filter import initial_state, median_ms
 from benchmarks.records import commit
+from kalmanscan import checks
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import replay
 from kalmanscan.ops.filter import triton as filter_triton
@@ -53,24 +58,29 @@ def cases() -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--compare", choices=("replay", "check"), default="replay")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     calls = cases()
-    variants = {"replay": True, "eager": False}
+    by_result = checks.BY_RESULT
+    variants = ({"replay": lambda: setattr(replay, "REPLAY", True), "eager": lambda: setattr(replay, "REPLAY", False)}
+                if args.compare == "replay" else
+                {"by_result": lambda: setattr(checks, "BY_RESULT", by_result),
+                 "ahead": lambda: setattr(checks, "BY_RESULT", 0)})
     res = {(c, v): {"alone": [], "queued": []} for c in calls for v in variants}
     with torch.no_grad():
-        for on in variants.values():
-            replay.REPLAY = on
+        for use in variants.values():
+            use()
             for fn in calls.values():
                 for _ in range(replay.AFTER + 2):
                     fn()
         for _ in range(args.rounds):
-            for v, on in variants.items():
-                replay.REPLAY = on
+            for v, use in variants.items():
+                use()
                 for c, fn in calls.items():
                     res[(c, v)]["alone"].append(alone_ms(fn) * 1e3)
                     res[(c, v)]["queued"].append(median_ms(fn) * 1e3)
-    replay.REPLAY = True
+    replay.REPLAY, checks.BY_RESULT = True, by_result
     rows = []
     print(f"{torch.cuda.get_device_name()}: wall of one synchronised call alone / per call queued, medians, us")
     for c in calls:
@@ -80,7 +90,8 @@ def main():
         print(f"{c:<48}", "  ".join(f"{v}: {row[v + '_alone']:7.1f} / {row[v + '_queued']:7.1f}" for v in variants))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "commit": commit(), "rows": rows}, f, indent=1)
+            record = {"device": torch.cuda.get_device_name(), "commit": commit(), "compare": args.compare}
+            json.dump({**record, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
