@@ -105,7 +105,7 @@ def long_walk_kernel(y_ptr, decay_ptr, noise_ptr, obs_var_ptr, mean_ptr, h_ptr, 
     rho_s = rcp(decay * decay + noise * lam)
     f_s = decay * rho_s
     var_s = rcp(lam)
-    steady = PURE != 0
+    steady = (tl.program_id(0) * 0 + PURE) != 0
     n_steady = tl.program_id(0) * 0
     base = b * T * C + c * sc
     rows = tl.arange(0, U)[:, None]
