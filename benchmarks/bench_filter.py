@@ -20,7 +20,11 @@ bandwidth measured in the same run, the torch backend, a time-stepped torch loop
 element) and, from a separate process, the same algebra as two ``jax.lax.associative_scan`` passes.
 ``--sweep`` also times launch variants (:data:`SWEEP`: fields of
 :class:`~kalmanscan.ops.filter.config.FilterConfig` changed from ``DEFAULT_CONFIG``, each passed to
-the launch wrappers of :mod:`kalmanscan.ops.filter.triton`).
+the launch wrappers of :mod:`kalmanscan.ops.filter.triton`); with ``--sweep-lanes``, the walks'
+time split (:data:`LANES`) at each of ``--sweep-shapes``:
+
+    python -m benchmarks.bench_filter --out lanes.json --sweep-only --sweep-lanes \
+        --sweep-shapes 4096x32768,16384x8192,65536x2048,1024x131072,256x524288,64x1048576
 """
 
 from __future__ import annotations
@@ -177,9 +181,15 @@ SWEEP = {  # (C, T): FilterConfig fields changed from DEFAULT_CONFIG, one launch
 }
 
 
-def sweep(shapes=None):
+LANES = [dict(target_lanes=1 << k) for k in range(15, 21)]  # --sweep-lanes: the walks' time split
+
+
+def sweep(shapes=None, variants=None):
     """Forward and forward+backward times of launch variants (``FilterConfig`` fields, passed to the
-    launch wrappers), at the ``(C, T)`` of ``SWEEP`` (those in ``shapes`` only, when given)."""
+    launch wrappers), at the ``(C, T)`` of ``SWEEP`` (those in ``shapes`` only, when given); with
+    ``variants``, those at each of ``shapes`` instead."""
+    if variants is not None:
+        return [row for C, T in shapes for row in sweep_shape(C, T, variants)]
     rows = []
     for (C, T), variants in SWEEP.items():
         if not shapes or (C, T) in shapes:
@@ -273,6 +283,8 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="also time launch variants of the forward")
     ap.add_argument("--sweep-only", action="store_true", help="only the launch variants (no checks, no table)")
     ap.add_argument("--sweep-shapes", help="only these SWEEP shapes, e.g. 4096x32768,64x1048576")
+    ap.add_argument("--sweep-lanes", action="store_true",
+                    help="with --sweep-shapes (any shapes): time the walks' time split (LANES: target_lanes)")
     ap.add_argument("--checks", help="comma-separated checks to run (default: all, none with --sweep-only; "
                     "those named run with --sweep-only too)")
     args = ap.parse_args()
@@ -297,7 +309,7 @@ def main():
     if args.sweep or args.sweep_only:
         shapes = ([tuple(int(v) for v in x.split("x")) for x in args.sweep_shapes.split(",")]
                   if args.sweep_shapes else None)
-        res["sweep"] = sweep(shapes)
+        res["sweep"] = sweep(shapes, LANES if args.sweep_lanes else None)
         for row in res["sweep"]:
             print(json.dumps(row), flush=True)
         if args.sweep_only:
