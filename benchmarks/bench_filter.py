@@ -41,6 +41,8 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.records import commit
+
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import torch as torch_backend
 from kalmanscan.ops.filter import triton as triton_backend
@@ -291,7 +293,7 @@ def main():
     if args.jax:
         json.dump(jax_two_scans(SHAPES), open(args.out, "w"), indent=1)
         return
-    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=commit())
     import triton
     res["triton"] = triton.__version__
     from . import filter_checks as fc

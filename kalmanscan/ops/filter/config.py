@@ -23,6 +23,9 @@ class FilterConfig:
     Walks (many series): every (stretch of time, channel) lane walks its stretch.
         target_lanes: enough (stretch, channel) lanes to fill an H100 with one-warp programs.
         min_stretch: shortest stretch worth an aggregate pass.
+        min_stretches: a split into fewer stretches than this is not worth its aggregate pass:
+            time is walked in one stretch instead (at 131072 channels two stretches took the
+            forward 0.737 ms against one stretch's 0.442, docs/performance.md).
         max_stretches: bound on the carry scan's length.
         stretch: forces the steps per stretch (``None``: planned from the shape; the tests use
             small values to cross many stretch boundaries on small problems; it also turns the
@@ -46,6 +49,7 @@ class FilterConfig:
 
     target_lanes: int = 1 << 18
     min_stretch: int = 64
+    min_stretches: int = 3
     max_stretches: int = 16384
     stretch: int | None = None
     block: int = 128
@@ -67,7 +71,7 @@ class FilterConfig:
     tile_bwd: bool = True
 
     def __post_init__(self):
-        for name in ("target_lanes", "min_stretch", "max_stretches", "block", "small_c_block",
+        for name in ("target_lanes", "min_stretch", "min_stretches", "max_stretches", "block", "small_c_block",
                      "num_warps", "unroll", "bwd_unroll", "carry_chunk", "carry_warps", "tile",
                      "tile_row", "tile_warps", "tile_stretches", "tile_max_c"):
             value = getattr(self, name)

@@ -64,12 +64,14 @@ def plan(B: int, T: int, C: int, config: FilterConfig = DEFAULT_CONFIG) -> tuple
     """``(NS, L)``: number of stretches and steps per stretch for a ``(B, T, C)`` problem.
 
     By default enough stretches for about ``config.target_lanes`` lanes, each at least
-    ``config.min_stretch`` steps long, at most ``config.max_stretches`` of them; ``config.stretch``
-    forces ``L``.
+    ``config.min_stretch`` steps long, at most ``config.max_stretches`` of them, and one stretch
+    where that gives fewer than ``config.min_stretches``; ``config.stretch`` forces ``L``.
     """
     stretch = config.stretch
     if stretch is None:
         ns = max(1, min(cdiv(config.target_lanes, B * C), T // config.min_stretch, config.max_stretches))
+        if ns < config.min_stretches:
+            ns = 1
         stretch = cdiv(T, ns)
     stretch = max(1, min(int(stretch), T))
     return cdiv(T, stretch), stretch

@@ -209,8 +209,19 @@ def test_plan_regimes():
     assert triton.plan(1, 201, 3, CHUNKS) == (41, 5)
 
 
+def test_plan_walks_one_stretch_rather_than_two():
+    # a split into fewer than min_stretches stretches is not worth its aggregate pass
+    assert triton.plan(1, 1024, 131072) == (1, 1024)
+    assert triton.plan(2, 4096, 65536) == (1, 4096)
+    assert triton.plan(1, 2048, 65536) == (4, 512)
+    assert triton.plan(1, 8, 3, FOURS) == (1, 8)
+    assert triton.plan(1, 12, 3, FOURS) == (3, 4)
+    assert triton.plan(1, 8, 3, config(min_stretch=4, target_lanes=1 << 30, min_stretches=1)) == (2, 4)
+
+
 def test_config_refuses_bad_values():
-    for bad in (dict(stretch=0), dict(min_stretch=0), dict(carry_chunk=1.5), dict(tile=16, tile_row=3)):
+    for bad in (dict(stretch=0), dict(min_stretch=0), dict(min_stretches=0), dict(carry_chunk=1.5),
+                dict(tile=16, tile_row=3)):
         with pytest.raises(ValueError):
             config(**bad)
 
