@@ -1,6 +1,7 @@
 """Value checks that cost at most one device synchronisation (shared by the filter's entry points).
 
-:class:`Checks` queues checks and facts on tensors and decides them together; :func:`check_no_inf`
+:class:`Checks` queues checks and facts on tensors and decides them together, at once or, through
+:class:`Pending`, once a call's kernels are queued; :func:`check_no_inf`
 searches ``y`` for ``inf``; :func:`queue_y_check` queues that search's cheap precursor (one
 reduction); :func:`finite_sum` and :func:`check_y_by_result` are the by-result check (one reduction
 of a result read back); :class:`Ahead` reads values queued before a call's kernels without waiting
@@ -17,8 +18,8 @@ import torch
 
 from .types import ArrayLike
 
-__all__ = ["Checks", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead", "queue_y_sum",
-           "decide_y", "BY_RESULT"]
+__all__ = ["Checks", "Pending", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead",
+           "queue_y_sum", "decide_y", "BY_RESULT"]
 
 
 class Checks:
@@ -50,22 +51,41 @@ class Checks:
 
     def decide(self) -> dict:
         """Raise for the first failed check; return the facts as Python bools."""
+        return self.queue().decide()
+
+    def queue(self) -> Pending:
+        """The verdicts and facts copied back without waiting (:class:`Ahead`, one stack per
+        device), decided later by :meth:`Pending.decide`; the queue is emptied."""
         entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
-        verdict = [None if isinstance(x, torch.Tensor) else bool(x) for x in entries]
-        devices = {x.device for x in entries if isinstance(x, torch.Tensor)}
-        for device in devices:  # one stack per device, read as NumPy: one copy back from a device
+        known = [None if isinstance(x, torch.Tensor) else bool(x) for x in entries]
+        reads = []
+        for device in {x.device for x in entries if isinstance(x, torch.Tensor)}:
             order = [i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device == device]
-            read = torch.stack([entries[i].reshape(()).to(torch.bool) for i in order]).cpu().numpy()
-            for i, v in zip(order, read):
+            reads.append((order, Ahead(torch.stack([entries[i].reshape(()).to(torch.bool) for i in order]))))
+        pending = Pending([(message, confirm) for message, _, confirm in self.items], list(self.facts), known, reads)
+        self.items, self.facts = [], {}
+        return pending
+
+
+class Pending:
+    """Checks and facts queued by :meth:`Checks.queue`: :meth:`decide` reads them (one wait per
+    device, for them alone, not for what was queued after them), raises ``ValueError`` for the first
+    check that failed, in the order they were added, and returns the facts as Python bools."""
+
+    def __init__(self, items: list, names: list, known: list, reads: list):
+        self.items, self.names, self.known, self.reads = items, names, known, reads
+
+    def decide(self) -> dict:
+        verdict = list(self.known)
+        for order, ahead in self.reads:
+            for i, v in zip(order, ahead.read().cpu().numpy()):
                 verdict[i] = bool(v)
-        for (message, _, confirm), good in zip(self.items, verdict):
+        for (message, confirm), good in zip(self.items, verdict):
             if not good and confirm is None:
                 raise ValueError(message)
             if not good:
                 confirm()
-        facts = dict(zip(self.facts, verdict[len(self.items):]))
-        self.items, self.facts = [], {}
-        return facts
+        return dict(zip(self.names, verdict[len(self.items):]))
 
 
 _Y_MESSAGE = "y must be finite or NaN (missing); it contains inf"

@@ -11,14 +11,14 @@ import torch
 
 from .diffuse import Diffuse, finite_problem, restore
 from .checks import decide_y
-from .inputs import Problem, host_parameters, prepare
+from .inputs import GUESSED, Problem, host_parameters, prepare
 from .ops.filter import run_backend
 from .posterior import Params, Posterior
 from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike
 
 
-__all__ = ["filter", "make_posterior", "sum_time", "OUTPUTS"]
+__all__ = ["filter", "make_posterior", "sum_time", "run_problem", "confirmed", "OUTPUTS"]
 
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
@@ -66,8 +66,8 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
             as SciPy's ``check_finite``. On a GPU it is one reduction of ``y`` (4 bytes an
             element read) queued before the kernels and read back once they are queued: the
             call's one synchronisation, which waits for the reduction, not for the kernels (with
-            parameters given as device tensors, it is read with their checks, before the
-            kernels). On a CPU it is one reduction of the result. ``False`` skips it: no
+            parameters given as device tensors, it is read with their checks, once the kernels
+            are queued). On a CPU it is one reduction of the result. ``False`` skips it: no
             synchronisation, and an ``inf`` in ``y`` shows as a non-finite result instead of an
             error. The parameters are checked either way.
 
@@ -83,24 +83,17 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # it is read while they run (the call's one synchronisation); otherwise from the result (an
     # inf in y makes the log-likelihood and the filtered mean from its step on, the last step's
     # too, non-finite), y searched only when that is not finite. Parameters checked on their
-    # device need a read of their own before the kernels: y's check (one reduction) then joins it.
+    # device need a read of their own: y's check (one reduction) joins it. On the triton backend
+    # it is read once the kernels are queued (confirmed), the facts that pick the kernels' path
+    # (a diffuse prior, no process noise) assumed until then and the call run again, checked
+    # first, when they differ; on the other backends before the kernels.
     wanted = _check_outputs(outputs)
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
     late = check_finite and host_parameters(params, times, init_mean, init_var)
-    with naming_state(state):
-        p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                    init_mean=init_mean, init_var=init_var, backend=backend,
-                    check_y=check_finite and not late)
-    if state is not None:
-        p = continue_problem(p, state)
-    if outputs is not None:
-        p = dataclasses.replace(p, outputs=wanted)
-    finite, diffuse = finite_problem(p)
-    if late and diffuse is None:  # the triton backend may queue y's check with its kernels
-        finite = dataclasses.replace(finite, y_check=True)
-    out = run_backend(finite, backend)
+    p, _, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
+                                     backend, state, check_finite, late, None if outputs is None else wanted)
     queued = out.pop("y_check", None)
     if diffuse is not None:
         out = restore(p, diffuse, out)
@@ -114,6 +107,42 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if late:
         decide_y(p.y, queued, witness, diffuse is not None)
     return post if state is None else mark(post, state)
+
+
+def run_problem(args: dict, backend: str, state: StreamState | None, check_finite: bool, late: bool,
+                outputs: tuple | None = None) -> tuple[Problem, Problem, Diffuse | None, dict]:
+    """``(p, finite, diffuse, out)``: the problem :func:`~kalmanscan.inputs.prepare` makes of
+    ``args`` (continuing ``state``, asking for ``outputs``), its finite form and diffuse part
+    (:func:`~kalmanscan.diffuse.finite_problem`) and the backend's result. With ``late`` (the
+    parameters checked on the host) ``y``'s check is left to the caller, the triton backend asked
+    to queue it with its kernels; else it joins the parameters' checks, which on the triton backend
+    are read once the kernels are queued (:func:`confirmed`): a read that refutes the facts
+    assumed until then runs the call again, checked first."""
+    for defer in (True, False):
+        with naming_state(state):
+            p = prepare(**args, backend=backend, check_y=check_finite and not late, defer=defer)
+        if state is not None:
+            p = continue_problem(p, state)
+        if outputs is not None:
+            p = dataclasses.replace(p, outputs=outputs)
+        finite, diffuse = finite_problem(p)
+        if late and diffuse is None:  # the triton backend may queue y's check with its kernels
+            finite = dataclasses.replace(finite, y_check=True)
+        out = run_backend(finite, backend)
+        if confirmed(p, state):
+            break
+    return p, finite, diffuse, out
+
+
+def confirmed(p: Problem, state: StreamState | None = None) -> bool:
+    """Whether ``p``'s facts hold: true unless :func:`~kalmanscan.inputs.prepare` deferred its
+    checks (``p.pending``); then they are read now, once the kernels are queued (``ValueError`` for
+    a bad value, named as ``prepare`` names it), and compared with the facts it assumed."""
+    if p.pending is None:
+        return True
+    with naming_state(state):
+        facts = p.pending.decide()
+    return all(facts[k] == GUESSED[k] for k in facts)
 
 
 OUTPUTS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from . import mobius, ou
-from .checks import Checks, queue_y_check
+from .checks import Checks, Pending, queue_y_check
 from .types import ArrayLike
 
 
-__all__ = ["Problem", "prepare", "host_parameters", "to_device"]
+__all__ = ["Problem", "prepare", "host_parameters", "to_device", "GUESSED"]
 _PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
 _NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
                          "pass init_var > 0, or float('inf') for a diffuse prior")
@@ -51,7 +51,9 @@ class Problem:
     ``y``'s inf check with its kernels, returned as ``out["y_check"]`` (a
     :class:`~kalmanscan.checks.Ahead` of a value that is not finite when ``y`` holds an ``inf``,
     read by :func:`kalmanscan.checks.decide_y`); one that does not leaves the caller to check by
-    result."""
+    result. ``pending``: checks and facts :func:`prepare` queued without reading them (``defer``):
+    the caller decides them once its kernels are queued; ``diffuse`` and ``no_noise`` are then
+    guesses until that read confirms them."""
 
     y: torch.Tensor
     theta: torch.Tensor
@@ -71,6 +73,7 @@ class Problem:
     outputs: tuple | None = None
     derived: dict | None = field(default=None, repr=False)
     y_check: bool = False
+    pending: Pending | None = field(default=None, repr=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -148,7 +151,7 @@ def _to_tensor(name, x, dtype, device):
 def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
             h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
             init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
-            check_y: bool = True) -> Problem:
+            check_y: bool = True, defer: bool = False) -> Problem:
     """Validate and broadcast the filter's inputs; see the module docstring for the rules.
 
     When every parameter is a scalar or ``(C,)`` on the host (Python numbers, NumPy, CPU tensors
@@ -158,7 +161,10 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     ``y``'s device, and checks on device tensors are decided together in one synchronisation. The
     inf check on ``y`` is one reduction (one synchronisation on a device). ``check_y=False`` skips
     it; the caller must then call :func:`check_no_inf` itself, e.g. only when the log-likelihood
-    comes out non-finite (an ``inf`` in ``y`` always makes it so).
+    comes out non-finite (an ``inf`` in ``y`` always makes it so). With ``defer`` on the triton
+    backend, the checks on device tensors are not read here: they are queued
+    (:attr:`Problem.pending`, facts assumed as :data:`GUESSED`) for the caller to decide once its
+    kernels are queued, and to run the call again if the facts read differ.
     """
     from .ops.filter import backend_names, resolve_backend  # (the registry imports this module)
 
@@ -220,17 +226,26 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         checks.add("init_mean", init_m, torch.isfinite, "finite")
     for name, p in (("init_mean", init_m), ("init_var", init_v)):
         shape = _broadcast_init(name, shape, tuple(p.shape))
+    triton = resolve_backend(backend, device) == "triton"
     with torch.no_grad():
         checks.fact("diffuse", torch.isinf(init_v.detach()).any())
-        if resolve_backend(backend, device) == "triton":  # it picks its path by this fact
+        if triton:  # it picks its path by this fact
             trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
             home = trans[0].device if len({x.device for x in trans}) == 1 else device
             checks.fact("no_noise", mobius.lacks_noise(*ou.discretize(*(to_device(x, home) for x in trans))))
-    facts = checks.decide()
+    if defer and triton:  # read once the kernels are queued; until then the common facts are assumed
+        pending, facts = checks.queue(), GUESSED
+    else:
+        pending, facts = None, checks.decide()
     moved = {k: to_device(v, device) for k, v in params.items()}
     return Problem(y=y_t, init_mean=to_device(init_m, device), init_var=to_device(init_v, device), shape=shape,
                    numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"),
-                   times=None if times_t is None else to_device(times_t, device), **moved)
+                   times=None if times_t is None else to_device(times_t, device), pending=pending, **moved)
+
+
+GUESSED = dict(diffuse=False, no_noise=False)
+"""The facts a deferred :func:`prepare` assumes until its checks are read (:attr:`Problem.pending`):
+no diffuse prior, process noise present."""
 
 
 _BOUNDS = dict(theta=">= 0", sigma=">= 0", obs_var="> 0", mean=None, h=None, dt="> 0")

@@ -16,17 +16,16 @@ the reference a float64 loop, triton fused reverse walks (without gradients), cp
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
-from .diffuse import finite_problem, restore, smooth_leading
+from .diffuse import restore, smooth_leading
 from .checks import decide_y
-from .filtering import make_posterior, sum_time
-from .inputs import host_parameters, prepare
-from .ops.filter import get_backend, resolve_backend, run_backend
-from .stream import StreamState, as_prior, continue_problem, mark, naming_state
+from .filtering import make_posterior, run_problem, sum_time
+from .inputs import host_parameters
+from .ops.filter import get_backend, resolve_backend
+from .stream import StreamState, as_prior, mark
 from .types import ArrayLike
 
 if TYPE_CHECKING:
@@ -51,19 +50,13 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     # y's inf check as ks.filter's: decided once the kernels are queued when the parameters are
-    # checked on the host (checks.decide_y), else joined with their read before the kernels.
+    # checked on the host (checks.decide_y), else joined with their checks, read once the triton
+    # backend's kernels are queued (before the kernels on the other backends).
     late = check_finite and host_parameters(
         dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt), times, init_mean, init_var)
-    with naming_state(state):
-        p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
-                    init_mean=init_mean, init_var=init_var, backend=backend,
-                    check_y=check_finite and not late)
-    if state is not None:
-        p = continue_problem(p, state)
-    finite, diffuse = finite_problem(p)
-    if late and diffuse is None:  # the triton backend may queue y's check with its kernels
-        finite = dataclasses.replace(finite, y_check=True)
-    out = run_backend(finite, backend)
+    p, finite, diffuse, out = run_problem(
+        dict(y=y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times, init_mean=init_mean,
+             init_var=init_var), backend, state, check_finite, late)
     queued = out.pop("y_check", None)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
