@@ -8,7 +8,8 @@ output and with ``outputs=("mean", "var")``, the fused kernels that write the sa
 (host wall time of one synchronised call, median). The floors are the bytes each call must move
 (4 bytes per element read of ``y``, 4 per element written per field) over the copy bandwidth
 measured in the same run. The public call is timed with ``check_finite=False`` as well (no
-synchronisation: calls queue behind each other). Per shape it also prints the fixed cost of a
+synchronisation: calls queue behind each other), and with ``theta`` given as a device tensor (its
+checks read on the device, once the kernels are queued). Per shape it also prints the fixed cost of a
 call (the public call alone minus its kernels alone), the time of the log-likelihood's sum over
 time (a pass over the per-step values after the kernels), and what one ``ks.filter`` / ``ks.smooth``
 call dispatches: torch operations, synchronisations (scalar reads) and host-to-device copies. The KLA scan's public call
@@ -102,6 +103,7 @@ def filter_rows(g, bw, shapes=SHAPES) -> list[dict]:
     for C, T in shapes:
         y = torch.randn(T, C, device="cuda", generator=g)
         kw = dict(theta=0.2, sigma=0.5, obs_var=0.3)
+        theta_dev = torch.full((C,), 0.2, device="cuda")  # a parameter on the device: its checks read there
         p = prepare(y, backend="triton", **kw)
         views, init = triton_backend.kernel_views(p), initial_state(p)
         n = T * C
@@ -114,6 +116,7 @@ def filter_rows(g, bw, shapes=SHAPES) -> list[dict]:
                    public_all_unchecked=both(lambda: ks.filter(y, backend="triton", check_finite=False, **kw)),
                    public_mean_var_unchecked=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"),
                                                                     check_finite=False, **kw)),
+                   public_all_device_params=both(lambda: ks.filter(y, backend="triton", **dict(kw, theta=theta_dev))),
                    floor_all_ms=(4 + 4 * ALL_FIELDS) * n / bw / 1e6, floor_mean_var_ms=12 * n / bw / 1e6)
         logliks = ks.filter(y, backend="triton", outputs=("loglik",), **kw).logliks
         row["loglik_sum"] = both(lambda: sum_time(logliks))  # the public call's pass after its kernels
@@ -186,6 +189,11 @@ def main():
         print(f"C={r['C']:>5} T={r['T']:>8}  all {pa['queued']:7.3f}/{pa['alone']:7.3f} "
               f"({pa['queued'] / r['kernel_all']['queued']:5.2f}x)   mean+var {pm['queued']:7.3f}/{pm['alone']:7.3f} "
               f"({pm['queued'] / r['kernel_mean_var']['queued']:5.2f}x)")
+    print("ks.filter with theta a device tensor (every field; ms, queued / alone; public / kernels queued):")
+    for r in rows:
+        pd = r["public_all_device_params"]
+        print(f"C={r['C']:>5} T={r['T']:>8}  {pd['queued']:7.3f}/{pd['alone']:7.3f} "
+              f"({pd['queued'] / r['kernel_all']['queued']:5.2f}x)")
     for part in ("fwd", "fwd_bwd"):
         d = kla[part]
         print(f"kla_scan {part}: public {d['public']['queued']:.3f}/{d['public']['alone']:.3f} ms, "
