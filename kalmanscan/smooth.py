@@ -52,11 +52,10 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # y's inf check as ks.filter's: decided once the kernels are queued when the parameters are
     # checked on the host (checks.decide_y), else joined with their checks, read once the triton
     # backend's kernels are queued (before the kernels on the other backends).
-    late = check_finite and host_parameters(
-        dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt), times, init_mean, init_var)
-    p, finite, diffuse, out = run_problem(
-        dict(y=y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times, init_mean=init_mean,
-             init_var=init_var), backend, state, check_finite, late)
+    params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
+    late = check_finite and host_parameters(params, times, init_mean, init_var)
+    p, finite, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
+                                          backend, state, check_finite, late)
     queued = out.pop("y_check", None)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
