@@ -25,11 +25,12 @@ from .checks import Checks, Pending, queue_y_check
 from .types import ArrayLike
 
 
-__all__ = ["Problem", "prepare", "host_parameters", "to_device", "GUESSED"]
-_PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
-_NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
+__all__ = ["Problem", "prepare", "host_parameters", "to_device", "GUESSED", "PARAMS", "BOUNDS", "requirement",
+           "broadcast_param", "broadcast_init", "host_array", "on_host", "NEEDS_INIT_VAR_THETA", "NEEDS_INIT_VAR_SIGMA"]
+PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
+NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
                          "pass init_var > 0, or float('inf') for a diffuse prior")
-_NEEDS_INIT_VAR_SIGMA = ("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
+NEEDS_INIT_VAR_SIGMA = ("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
                          "is then 0 (a known state); pass init_var > 0, or float('inf') for a diffuse prior")
 
 
@@ -167,6 +168,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     kernels are queued, and to run the call again if the facts read differ.
     """
     from .ops.filter import backend_names, resolve_backend  # (the registry imports this module)
+    from .param_rows import prepare_static, static_on_device  # (it imports this module)
 
     if backend not in backend_names():
         raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
@@ -183,7 +185,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         raise ValueError(f"y must have T >= 1 and C >= 1, got shape {tuple(y_t.shape)}")
 
     vals = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
-    for name in _PARAMS:
+    for name in PARAMS:
         if vals[name] is None:
             raise ValueError(f"{name} is required")
     if host_parameters(vals, times, init_mean, init_var):
@@ -196,25 +198,35 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     checks = Checks()
     if check_y:
         queue_y_check(checks, y_t)
-    params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in _PARAMS}
+    triton = resolve_backend(backend, device) == "triton"
+    given = dict(vals, init_mean=init_mean, init_var=init_var)
+    if static_on_device(y_t, given, times):
+        p, facts = prepare_static(y_t, given, checks, numpy_out, out_dtype)
+        checks.fact("diffuse", facts["diffuse"])
+        if triton:
+            checks.fact("no_noise", facts["no_noise"])
+        p.pending, facts = (checks.queue(), GUESSED) if defer and triton else (None, checks.decide())
+        p.diffuse, p.no_noise = facts["diffuse"], facts.get("no_noise")
+        return p
+    params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in PARAMS}
     times_t = None
     if times is not None:
         params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, _home(times), checks)
 
-    for name, bound in _BOUNDS.items():
-        checks.add(name, params[name], lambda v, b=bound: _within(v, b), _requirement(bound))
+    for name, bound in BOUNDS.items():
+        checks.add(name, params[name], lambda v, b=bound: _within(v, b), requirement(bound))
 
     shape = tuple(y_t.shape)
     for name, p in params.items():
-        shape = _broadcast(name, shape, tuple(p.shape), y_t.shape[-2])
+        shape = broadcast_param(name, shape, tuple(p.shape), y_t.shape[-2])
 
     theta0 = params["theta"][..., :1, :]
     sigma0 = params["sigma"][..., :1, :]
     if theta0.device != sigma0.device:
         theta0, sigma0 = to_device(theta0, device), to_device(sigma0, device)
     if init_var is None:
-        checks.require(_NEEDS_INIT_VAR_THETA, torch.all(theta0.detach() != 0))
-        checks.require(_NEEDS_INIT_VAR_SIGMA, torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
+        checks.require(NEEDS_INIT_VAR_THETA, torch.all(theta0.detach() != 0))
+        checks.require(NEEDS_INIT_VAR_SIGMA, torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
         init_v = ou.stationary_var(theta0, sigma0)
     else:
         init_v = _init_param("init_var", init_var, dtype, _home(init_var))
@@ -225,8 +237,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         init_m = _init_param("init_mean", init_mean, dtype, _home(init_mean))
         checks.add("init_mean", init_m, torch.isfinite, "finite")
     for name, p in (("init_mean", init_m), ("init_var", init_v)):
-        shape = _broadcast_init(name, shape, tuple(p.shape))
-    triton = resolve_backend(backend, device) == "triton"
+        shape = broadcast_init(name, shape, tuple(p.shape))
     with torch.no_grad():
         checks.fact("diffuse", torch.isinf(init_v.detach()).any())
         if triton:  # it picks its path by this fact
@@ -248,12 +259,12 @@ GUESSED = dict(diffuse=False, no_noise=False)
 no diffuse prior, process noise present."""
 
 
-_BOUNDS = dict(theta=">= 0", sigma=">= 0", obs_var="> 0", mean=None, h=None, dt="> 0")
+BOUNDS = dict(theta=">= 0", sigma=">= 0", obs_var="> 0", mean=None, h=None, dt="> 0")
 """Each parameter's rule besides being finite (checked in this order)."""
 _DERIVED = ("decay", "noise", "lam0", "eta0")
 
 
-def _requirement(bound: str | None) -> str:
+def requirement(bound: str | None) -> str:
     return "finite" if bound is None else f"finite and {bound}"
 
 
@@ -270,10 +281,10 @@ def host_parameters(values: dict, times: ArrayLike | None, init_mean: ArrayLike 
     """Whether :func:`prepare` checks these parameters on the host (no synchronisation): every one
     of ``values`` (the six model parameters), ``init_mean`` and ``init_var`` a scalar or ``(C,)`` on
     the host, and no ``times``."""
-    return times is None and all(_on_host(x) for x in (*values.values(), init_mean, init_var))
+    return times is None and all(on_host(x) for x in (*values.values(), init_mean, init_var))
 
 
-def _on_host(x) -> bool:
+def on_host(x: ArrayLike | None) -> bool:
     """Whether ``x`` is ``None``, or a scalar or ``(C,)`` given on the host without gradient: the
     parameters :func:`_prepare_host` takes."""
     if x is None or isinstance(x, (int, float)):
@@ -283,7 +294,7 @@ def _on_host(x) -> bool:
     return np.ndim(x) <= 1
 
 
-def _host_array(name, x, np_dtype) -> np.ndarray:
+def host_array(name: str, x: ArrayLike, np_dtype: type) -> np.ndarray:
     """``x`` as a NumPy array of the compute dtype (then float64, exactly): what the kernels see."""
     if isinstance(x, torch.Tensor):
         x = x.detach().to(torch.float64).numpy()
@@ -302,7 +313,7 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
     The checked rows are remembered by the values they came from (:func:`_host_key`): a call with
     the parameters of a recent one skips the checks and the arithmetic, and pays the copy alone
     (a new tensor each call, so nothing returned shares memory with the remembered rows)."""
-    key = _host_key(y_t, (*(vals[k] for k in _PARAMS), init_mean, init_var))
+    key = _host_key(y_t, (*(vals[k] for k in PARAMS), init_mean, init_var))
     found = _HOST_ROWS.get(key) if key is not None else None
     if found is None:
         found = _host_rows(y_t, vals, init_mean, init_var)
@@ -313,11 +324,11 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
     shape, rows, diffuse, no_noise = found
     C = shape[-1]
     packed = to_device(rows, y_t.device, copy=True).view(12, 1, C).unbind(0)
-    fields = dict(zip(_PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
+    fields = dict(zip(PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
     derived = {k: fields.pop(k) for k in _DERIVED}
     p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=diffuse,
                 no_noise=no_noise, **fields)
-    p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in _PARAMS + ("init_mean", "init_var")}})
+    p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in PARAMS + ("init_mean", "init_var")}})
     return p
 
 
@@ -366,29 +377,29 @@ def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
     ``decay, noise, lam0, eta0``), page-locked when ``y`` is on a GPU."""
     dtype, shape = y_t.dtype, tuple(y_t.shape)
     np_dtype = np.float32 if dtype == torch.float32 else np.float64
-    arrs = {name: _host_array(name, vals[name], np_dtype) for name in _PARAMS}
+    arrs = {name: host_array(name, vals[name], np_dtype) for name in PARAMS}
     for name, a in arrs.items():
-        shape = _broadcast(name, shape, (1,) * (2 - a.ndim) + a.shape, shape[-2])
-    inits = {name: None if x is None else _host_array(name, x, np_dtype)
+        shape = broadcast_param(name, shape, (1,) * (2 - a.ndim) + a.shape, shape[-2])
+    inits = {name: None if x is None else host_array(name, x, np_dtype)
              for name, x in (("init_mean", init_mean), ("init_var", init_var))}
     for name, a in inits.items():
         if a is not None:
-            shape = _broadcast_init(name, shape, (1,) * (2 - a.ndim) + a.shape)
+            shape = broadcast_init(name, shape, (1,) * (2 - a.ndim) + a.shape)
     C = shape[-1]
     rows = np.empty((12, C))
-    for i, name in enumerate(_PARAMS):
+    for i, name in enumerate(PARAMS):
         rows[i] = arrs[name]
     good = np.isfinite(rows[:6]).all(1)
     nonneg, positive = (rows[:6] >= 0).all(1), (rows[:6] > 0).all(1)
-    for i, (name, bound) in enumerate(_BOUNDS.items()):
+    for i, (name, bound) in enumerate(BOUNDS.items()):
         if not (good[i] and (bound is None or (nonneg if bound == ">= 0" else positive)[i])):
-            raise ValueError(f"{name} must be {_requirement(bound)}")
+            raise ValueError(f"{name} must be {requirement(bound)}")
     theta, sigma, obs_var, mean, h, dt = rows[:6]
     if inits["init_var"] is None:
         if not (theta != 0).all():
-            raise ValueError(_NEEDS_INIT_VAR_THETA)
+            raise ValueError(NEEDS_INIT_VAR_THETA)
         if not ((sigma != 0) | (theta == 0)).all():
-            raise ValueError(_NEEDS_INIT_VAR_SIGMA)
+            raise ValueError(NEEDS_INIT_VAR_SIGMA)
         with np.errstate(divide="ignore", over="ignore"):
             rows[7] = (sigma * sigma / (2.0 * theta)).astype(np_dtype)
     else:
@@ -425,7 +436,7 @@ def _init_param(name, x, dtype, device):
     return p.reshape(1, 1) if p.ndim == 0 else p.unsqueeze(-2)
 
 
-def _broadcast(name, shape, pshape, T):
+def broadcast_param(name: str, shape: tuple, pshape: tuple, T: int) -> tuple:
     try:
         out = np.broadcast_shapes(shape, pshape)
     except ValueError:
@@ -437,7 +448,7 @@ def _broadcast(name, shape, pshape, T):
     return out
 
 
-def _broadcast_init(name, shape, pshape):
+def broadcast_init(name: str, shape: tuple, pshape: tuple) -> tuple:
     """``shape`` broadcast with an initial-state parameter of shape ``pshape`` (``(..., 1, C)``)."""
     try:
         batch = np.broadcast_shapes(shape[:-2] + (1, shape[-1]), pshape)

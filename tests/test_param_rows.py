@@ -1,0 +1,138 @@
+"""Static parameters given as device tensors, checked and derived by one launch (``param_rows``).
+
+On the CPU the interpreter runs the launch: :func:`prepare_static` gives the fields, derived rows
+and facts of the host path (``prepare`` with the same values as NumPy), raises its messages for bad
+values in its order, keeps gradients, and ``ks.filter`` through it (the GPU gate lifted) equals the
+torch backend."""
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+import kalmanscan as ks
+from kalmanscan.checks import Checks
+from kalmanscan.inputs import prepare
+from kalmanscan.param_rows import prepare_static, static_on_device
+
+param_rows = importlib.import_module("kalmanscan.param_rows")
+
+T, C = 31, 5
+ROWS = ("theta", "sigma", "obs_var", "mean", "h", "dt", "init_mean", "init_var")
+
+
+def values(seed=0, dtype=torch.float32, **over):
+    g = torch.Generator().manual_seed(seed)
+    vals = dict(theta=torch.rand(C, dtype=dtype, generator=g) + 0.1, sigma=0.5,
+                obs_var=torch.rand(C, dtype=dtype, generator=g) + 0.2, mean=torch.tensor(0.3, dtype=dtype),
+                h=np.linspace(0.5, 1.5, C), dt=0.7, init_mean=None, init_var=None)
+    vals.update(over)
+    return vals
+
+
+def host(vals):
+    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in vals.items()}
+
+
+def static(y, vals):
+    checks = Checks()
+    p, facts = prepare_static(y, vals, checks, False, y.dtype)
+    verdict = checks.queue()
+    return p, {k: bool(v) for k, v in facts.items()}, verdict
+
+
+CASES = {
+    "stationary prior": {},
+    "given prior": dict(init_mean=torch.full((C,), -0.2), init_var=2.0),
+    "diffuse prior": dict(init_var=torch.tensor([1.0, float("inf"), 1.0, 2.0, 3.0])),
+    "no process noise": dict(sigma=torch.zeros(C), init_var=1.0),
+    "random walk": dict(theta=0.0, init_var=torch.full((C,), 4.0)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", list(CASES))
+def test_rows_and_facts_equal_the_host_path(case, dtype):
+    vals = values(dtype=dtype, **CASES[case])
+    y = torch.randn(T, C, dtype=dtype)
+    p, facts, verdict = static(y, vals)
+    verdict.decide()
+    ref = prepare(y, backend="torch", **host(vals))
+    for k in ROWS:
+        torch.testing.assert_close(getattr(p, k).expand(1, C), getattr(ref, k).expand(1, C), rtol=0, atol=0)
+    ulps = 4 * torch.finfo(dtype).eps  # decay and noise by Kahan's phi, not expm1: a few ulps apart
+    for got, want in zip((*p.decay_noise(), *p.initial_info()), (*ref.decay_noise(), *ref.initial_info())):
+        torch.testing.assert_close(got.expand(1, C), want.expand(1, C), rtol=ulps, atol=0)
+    assert facts == dict(diffuse=ref.diffuse, no_noise=ref.no_process_noise())
+    assert p.shape == ref.shape
+
+
+BAD = [
+    (dict(theta=torch.tensor([0.1, -1.0, 0.2, 0.3, 0.4])), "theta must be finite and >= 0"),
+    (dict(sigma=torch.tensor(float("nan"))), "sigma must be finite and >= 0"),
+    (dict(obs_var=0.0), "obs_var must be finite and > 0"),
+    (dict(mean=torch.full((C,), float("inf"))), "mean must be finite"),
+    (dict(h=torch.tensor(float("-inf"))), "h must be finite"),
+    (dict(dt=torch.zeros(C)), "dt must be finite and > 0"),
+    (dict(theta=torch.zeros(C)), "init_var is required when theta = 0"),
+    (dict(sigma=torch.zeros(C)), "init_var is required where sigma = 0"),
+    (dict(init_var=torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0])), "init_var must be > 0"),
+    (dict(init_var=torch.tensor(float("nan"))), "init_var must be > 0"),
+    (dict(init_mean=torch.full((C,), float("nan"))), "init_mean must be finite"),
+    (dict(theta=torch.full((C,), -1.0), obs_var=-1.0), "theta must be"),  # the first in order
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD)
+def test_bad_values_raise_naming_the_argument(bad, message):
+    y = torch.randn(T, C)
+    _, _, verdict = static(y, values(**bad))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        verdict.decide()
+
+
+def test_shapes_are_checked_on_the_host():
+    y = torch.randn(T, C)
+    with pytest.raises(ValueError, match="theta of shape"):
+        static(y, values(theta=torch.rand(C + 1)))
+    with pytest.raises(ValueError, match="init_var of shape"):
+        static(y, values(init_var=torch.rand(C + 2)))
+
+
+def test_gradients_reach_the_tensors_given():
+    y = torch.randn(T, C, dtype=torch.float64)
+    theta = torch.rand(C, dtype=torch.float64) + 0.2
+    sigma = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
+    theta.requires_grad_()
+    p, _, verdict = static(y, values(dtype=torch.float64, theta=theta, sigma=sigma))
+    verdict.decide()
+    assert p.derived is None
+    (p.theta.sum() + 2 * p.init_var.sum()).backward()
+    want = 1 - 2 * 0.6 ** 2 / (2 * theta.detach() ** 2)
+    torch.testing.assert_close(theta.grad, want, rtol=1e-13, atol=0)
+    torch.testing.assert_close(sigma.grad, (2 * 0.6 / theta.detach()).sum(), rtol=1e-13, atol=0)
+
+
+def test_only_gpu_data_without_times_and_with_static_parameters():
+    vals = values()
+    assert not static_on_device(torch.zeros(3, C), vals, None)
+    if torch.cuda.is_available():
+        y = torch.zeros(3, C, device="cuda")
+        assert static_on_device(y, vals, None)
+        assert not static_on_device(y, vals, np.arange(3.0))
+        assert not static_on_device(y, dict(vals, theta=torch.rand(3, C)), None)
+
+
+@pytest.mark.parametrize("case", ["stationary prior", "given prior", "diffuse prior", "no process noise"])
+def test_filter_through_it_equals_the_torch_backend(monkeypatch, case):
+    monkeypatch.setattr(param_rows, "static_on_device", lambda y, vals, times: times is None)
+    y = torch.randn(T, C, dtype=torch.float64)
+    y[3, 1] = float("nan")
+    vals = {k: v for k, v in values(dtype=torch.float64, **CASES[case]).items() if v is not None}
+    got = ks.filter(y, backend="triton", **vals)
+    want = ks.filter(y, backend="torch", **host(vals))
+    for k in ("mean", "var", "pred_mean", "pred_var", "logliks"):
+        torch.testing.assert_close(getattr(got, k), getattr(want, k), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="obs_var must be"):
+        ks.filter(y, backend="triton", **dict(vals, obs_var=torch.full((C,), -1.0, dtype=torch.float64)))
