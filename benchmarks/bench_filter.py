@@ -177,7 +177,9 @@ WALKS = dict(tile=1 << 40)  # no series is a tile long: the forward (and backwar
 SWEEP = {  # (C, T): FilterConfig fields changed from DEFAULT_CONFIG, one launch variant each
     (4096, 32768): [dict()],
     (64, 1 << 20): [dict()],
-    (1, 1 << 22): [WALKS, dict(tile_bwd=False), dict(), dict(tile_row=4), dict(tile_stretches=4096)],
+    (1, 1 << 22): [WALKS, dict(tile_bwd=False), dict(), dict(tile_row=4), dict(tile_stretches=4096),
+                   dict(tile_stretches=512), dict(tile_stretches=2048), dict(tile=512), dict(tile=2048),
+                   dict(tile_warps=2), dict(tile_warps=8)],
     (4, 1 << 20): [dict(), dict(tile_max_c=4, tile_bwd=False), dict(tile_max_c=4)],
     (1, 1 << 24): [dict(tile_bwd=False), dict(), dict(tile_stretches=4096)],
 }
