@@ -6,7 +6,8 @@
 In one process, at (C, T) = (4096, 32768) and (1, 2^22), with no value and with 10% of values
 missing at random: the triton backend's forward writing the filtered mean and variance (12 bytes
 per element: ``y`` in, two fields out) and its forward (four saved fields) plus backward given the
-cotangents of the mean and precision (the walks; the one long series runs on the tiles);
+cotangents of the mean and precision (the walks; the one long series runs on the tiles, whose
+complete stretches take the closed form, and is timed again with ``tile_closed`` off);
 accelerated-scan's Triton first-order recurrence ``x_t = a_t x_{t-1} + b_t``
 (``accelerated_scan.scalar.scan``, layout ``(B, C, T)``: forward 12 bytes per element, and
 forward+backward) when it is installed; the device-to-device copy bandwidth. Times are CUDA-graph
@@ -19,6 +20,7 @@ times, meaningless as speeds).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -112,6 +114,11 @@ def row(T, C, missing, copy, config):
     out["walks_err"] = check(views, init, config)
     out["walks_fwd_ms"], out["walks_fwd_bwd_ms"] = ours(views, init, config)
     out["walks_fwd_pct_copy"] = 100 * FWD_BYTES * n / out["walks_fwd_ms"] / 1e6 / copy
+    if triton_backend.uses_tiles(T, C, config):  # one long series: the tiles' composed branch too
+        composed = dataclasses.replace(config, tile_closed=False)
+        out["composed_err"] = check(views, init, composed)
+        out["composed_fwd_ms"], out["composed_fwd_bwd_ms"] = ours(views, init, composed)
+        out["composed_fwd_pct_copy"] = 100 * FWD_BYTES * n / out["composed_fwd_ms"] / 1e6 / copy
     scan_ms = accelerated_scan(T, C) if missing == 0.0 else None
     if scan_ms is not None:
         out["ascan_fwd_ms"], out["ascan_fwd_bwd_ms"] = scan_ms
@@ -144,9 +151,9 @@ def save(res, path):
 
 def print_table(res):
     print(f"copy {res['copy_GBps']:.0f} GB/s, commit {res['commit']}")
-    print("| C | T | missing | walks fwd ms (% copy) | accelerated-scan fwd ms (% copy) "
-          "| walks fwd+bwd ms | accelerated-scan fwd+bwd ms | walks / ascan fwd, fwd+bwd |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| C | T | missing | ours fwd ms (% copy) | tiles composed fwd ms (% copy) | accelerated-scan fwd ms "
+          "(% copy) | ours fwd+bwd ms | accelerated-scan fwd+bwd ms | ours / ascan fwd, fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = {(r["C"], r["T"]): r for r in res["rows"] if "ascan_fwd_ms" in r}
     for r in res["rows"]:
         a = base.get((r["C"], r["T"]))
@@ -154,8 +161,10 @@ def print_table(res):
         ascan_both = f"{a['ascan_fwd_bwd_ms']:.3f}" if a else ""
         ratio = (f"{r['walks_fwd_ms'] / a['ascan_fwd_ms']:.2f}, {r['walks_fwd_bwd_ms'] / a['ascan_fwd_bwd_ms']:.2f}"
                  if a else "")
+        composed = (f"{r['composed_fwd_ms']:.3f} ({r['composed_fwd_pct_copy']:.0f}%)" if "composed_fwd_ms" in r
+                    else "")
         print(f"| {r['C']} | {r['T']} | {r['missing']:.0%} | {r['walks_fwd_ms']:.3f} ({r['walks_fwd_pct_copy']:.0f}%) "
-              f"| {ascan} | {r['walks_fwd_bwd_ms']:.3f} | {ascan_both} | {ratio} |")
+              f"| {composed} | {ascan} | {r['walks_fwd_bwd_ms']:.3f} | {ascan_both} | {ratio} |")
 
 if __name__ == "__main__":
     main()

@@ -82,6 +82,7 @@ def kernels(fc=None, cfg=None):
     bwd = dict(common, BLOCK=fc.block, UNROLL=fc.bwd_unroll,
                HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
     loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
+    tile_fwd = dict(tile, CLOSED=fc.tile_closed)
     tile_bwd = dict(tile, HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
     kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
@@ -90,8 +91,8 @@ def kernels(fc=None, cfg=None):
     return {
         "filter_agg": (filter_agg_kernel, walk, fc.num_warps),
         "filter_fwd": (filter_fwd_kernel, walk, fc.num_warps),
-        "filter_tile_agg": (filter_tile_agg_kernel, tile, fc.tile_warps),
-        "filter_tile_fwd": (filter_tile_fwd_kernel, tile, fc.tile_warps),
+        "filter_tile_agg": (filter_tile_agg_kernel, tile_fwd, fc.tile_warps),
+        "filter_tile_fwd": (filter_tile_fwd_kernel, tile_fwd, fc.tile_warps),
         "filter_bwd_agg": (filter_bwd_agg_kernel, bwd, fc.num_warps),
         "filter_bwd": (filter_bwd_kernel, bwd, fc.num_warps),
         "filter_carry": (filter_carry_kernel, carry, fc.carry_warps),
@@ -106,8 +107,8 @@ def kernels(fc=None, cfg=None):
         "rts_wide": (rts_kernel, dict(walk, WIDE=True), fc.num_warps),
         "filter_fwd_variants": (filter_fwd_kernel, dict(walk, **other, PREFETCH=False), fc.num_warps),
         "filter_fwd_posterior": (filter_fwd_kernel, dict(walk, POSTERIOR=1023, SUM_LOGLIK=True), fc.num_warps),
-        "filter_tile_fwd_variants": (filter_tile_fwd_kernel, dict(tile, **other), fc.tile_warps),
-        "filter_tile_posterior": (filter_tile_fwd_kernel, dict(tile, POSTERIOR=True), fc.tile_warps),
+        "filter_tile_fwd_variants": (filter_tile_fwd_kernel, dict(tile_fwd, **other), fc.tile_warps),
+        "filter_tile_posterior": (filter_tile_fwd_kernel, dict(tile_fwd, POSTERIOR=True), fc.tile_warps),
         "filter_bwd_variants": (filter_bwd_kernel, dict(bwd, **other), fc.num_warps),
         "filter_bwd_agg_loglik": (filter_bwd_agg_kernel, loglik, fc.num_warps),
         "filter_tile_bwd_agg": (filter_tile_bwd_agg_kernel, tile_bwd, fc.tile_warps),

@@ -33,6 +33,7 @@ import triton.language as tl
 from ..fast_math import rcp
 from .fwd import compose7, step_after, last7, leaf7
 from .steps import emit_step, index, info_step, load_y, pick, static_inputs, step_inputs
+from .tiles_closed import closed_agg7, closed_constants, closed_power, closed_sums, closed_tile_states
 
 
 @triton.jit
@@ -130,12 +131,14 @@ def filter_tile_agg_kernel(
     y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
-    agg_ptr, T, C, NS, R,
+    agg_ptr, fast_ptr, T, C, NS, R,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr, TILE: tl.constexpr, ROW: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, CLOSED: tl.constexpr,
 ):
     """Stretch ``program_id(0)`` of series ``program_id(1) = b C + c``: its product into
-    ``agg[b, k, s, c]`` (7 numbers, trace 1)."""
+    ``agg[b, k, s, c]`` (7 numbers, trace 1), and ``fast[b C + c, s]`` 1 where it came in closed
+    form (``CLOSED``, static parameters, a complete stretch: :mod:`kalmanscan.kernels.filter.tiles_closed`),
+    0 where the steps were composed."""
     tl.static_assert(TILE % ROW == 0)
     s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = stretch_setup(
         T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
@@ -146,19 +149,38 @@ def filter_tile_agg_kernel(
     steps = rows[:, None] * ROW + tl.arange(0, ROW)[None, :]
     zero = tl.zeros([], decay_s.dtype)
     t11, t12, t21, t22, u1, u2, v = zero + 1.0, zero, zero, zero + 1.0, zero, zero, zero + 1.0
-    for r in range(R):
-        t = t0 + r * TILE + steps
-        valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-            t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(
-            row_columns(decay, ROW), row_columns(noise, ROW), row_columns(phi, ROW), row_columns(info, ROW),
-            ROW), 0, compose7)
-        q11, q12, q21, q22, g1, g2, h = last7(p11, p12, p21, p22, e1, e2, f, last)
-        t11, t12, t21, t22, u1, u2, v = compose7(t11, t12, t21, t22, u1, u2, v,
-                                                  q11, q12, q21, q22, g1, g2, h)
+    fast = tl.zeros([], tl.int32)
+    if CLOSED and not TRANS_STEP and not OBS_STEP:
+        xp, xm, inv_d, log2_f, nlr, c_lam, c_var, var_star, usable = closed_constants(decay_s, noise_s,
+                                                                                        obs_var_s, h_s)
+        L = R * TILE
+        if usable & (s > 0) & (t0 + L <= T):
+            s1, s2, gaps = zero, zero, tl.zeros([], tl.int32)
+            for r in range(R):
+                t = t0 + r * TILE + steps
+                valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
+                    t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
+                    theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+                    obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+                    decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+                s1, s2, gaps = closed_sums(s1, s2, gaps, r * TILE + steps, L, observed, info, xp, xm, log2_f, nlr)
+            if gaps == 0:
+                t11, t12, t21, t22, u1, u2, v = closed_agg7(s1, s2, L, xp, xm, inv_d, log2_f, nlr)
+                fast = fast + 1
+    if fast == 0:
+        for r in range(R):
+            t = t0 + r * TILE + steps
+            valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
+                t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
+                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+                decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+            p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(
+                row_columns(decay, ROW), row_columns(noise, ROW), row_columns(phi, ROW), row_columns(info, ROW),
+                ROW), 0, compose7)
+            q11, q12, q21, q22, g1, g2, h = last7(p11, p12, p21, p22, e1, e2, f, last)
+            t11, t12, t21, t22, u1, u2, v = compose7(t11, t12, t21, t22, u1, u2, v,
+                                                      q11, q12, q21, q22, g1, g2, h)
     base = agg_ptr + b * 7 * NS * C + s * C + c
     stride = NS * C
     tl.store(base, t11)
@@ -168,6 +190,8 @@ def filter_tile_agg_kernel(
     tl.store(base + 4 * stride, u1)
     tl.store(base + 5 * stride, u2)
     tl.store(base + 6 * stride, v)
+    if CLOSED:
+        tl.store(fast_ptr + (b * C + c) * NS + s, fast)
 
 
 @triton.jit
@@ -175,15 +199,18 @@ def filter_tile_fwd_kernel(
     y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
     h_ptr, sh_b, sh_t, sh_c,
-    start_ptr, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr,
+    start_ptr, fast_ptr, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr,
     var_ptr, pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr, T, C, NS, R,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr, POSTERIOR: tl.constexpr,
-    TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr,
+    TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr, CLOSED: tl.constexpr,
 ):
     """Stretch ``program_id(0)`` of series ``program_id(1)`` from ``start[b, :, s, c]``: the outputs
     ``(B, T, C)`` of :func:`kalmanscan.kernels.filter.steps.emit_step`, a tile at a time: the state before
-    every step (``[NT, ROW]``, each row walked from the state before it), then the tile's outputs."""
+    every step (``[NT, ROW]``, each row walked from the state before it), then the tile's outputs.
+    A stretch whose ``fast[b C + c, s]`` is 1 (``CLOSED``: the aggregate pass found it complete)
+    takes each row's first precision in closed form and scans the mean's affine maps
+    (:func:`kalmanscan.kernels.filter.tiles_closed.closed_tile_states`)."""
     tl.static_assert(TILE % ROW == 0)
     s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = stretch_setup(
         T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
@@ -198,30 +225,53 @@ def filter_tile_fwd_kernel(
     last = rows == TILE // ROW - 1
     before = tl.maximum(rows - 1, 0)
     steps = rows[:, None] * ROW + tl.arange(0, ROW)[None, :]
-    for r in range(R):
-        t = t0 + r * TILE + steps
-        valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-            t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-        d = row_columns(decay, ROW)
-        n = row_columns(noise, ROW)
-        ph = row_columns(phi, ROW)
-        inf = row_columns(info, ROW)
-        p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(d, n, ph, inf, ROW), 0, compose7)
-        inv_w0 = rcp(p21 * lam + p22)
-        lam_r = tl.where(first, lam, tl.gather((p11 * lam + p12) * inv_w0, before, 0))
-        eta_r = tl.where(first, eta, tl.gather((e1 * lam + e2 + f * eta) * inv_w0, before, 0))
-        lams = ()
-        etas = ()
-        for j in tl.static_range(ROW):
-            lams = lams + (lam_r,)
-            etas = etas + (eta_r,)
-            lam_r, eta_r = info_step(lam_r, eta_r, d[j], n[j], ph[j], inf[j])
-        emit_step(join_columns(lams, ROW), join_columns(etas, ROW), decay, noise, observed, yc, phi, info,
-                  obs_var, mean, h, out + t * C, valid, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr,
-                  pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
-                  WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
-        lam = pick(lam_r, last)
-        eta = pick(eta_r, last)
+    fast = tl.zeros([], tl.int32)
+    if CLOSED and not TRANS_STEP and not OBS_STEP:
+        fast = tl.load(fast_ptr + (b * C + c) * NS + s)
+    if fast != 0:
+        xp, xm, inv_d, log2_f, nlr, c_lam, c_var, var_star, usable = closed_constants(decay_s, noise_s,
+                                                                                        obs_var_s, h_s)
+        phi_s = h_s / obs_var_s * h_s
+        for r in range(R):
+            t = t0 + r * TILE + steps
+            valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
+                t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
+                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+                decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+            lam_rows = closed_power(lam, (r * TILE + rows * ROW).to(lam.dtype), xp, var_star, nlr, c_lam, c_var)
+            lams, etas, eta_end = closed_tile_states(lam_rows, eta, decay_s, noise_s, phi_s, row_columns(info, ROW),
+                                                     first, before, ROW)
+            emit_step(join_columns(lams, ROW), join_columns(etas, ROW), decay, noise, observed, yc, phi, info,
+                      obs_var, mean, h, out + t * C, valid, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr,
+                      pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
+                      WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+            eta = pick(eta_end, last)
+    else:
+        for r in range(R):
+            t = t0 + r * TILE + steps
+            valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
+                t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
+                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+                decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+            d = row_columns(decay, ROW)
+            n = row_columns(noise, ROW)
+            ph = row_columns(phi, ROW)
+            inf = row_columns(info, ROW)
+            p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(d, n, ph, inf, ROW), 0, compose7)
+            inv_w0 = rcp(p21 * lam + p22)
+            lam_r = tl.where(first, lam, tl.gather((p11 * lam + p12) * inv_w0, before, 0))
+            eta_r = tl.where(first, eta, tl.gather((e1 * lam + e2 + f * eta) * inv_w0, before, 0))
+            lams = ()
+            etas = ()
+            for j in tl.static_range(ROW):
+                lams = lams + (lam_r,)
+                etas = etas + (eta_r,)
+                lam_r, eta_r = info_step(lam_r, eta_r, d[j], n[j], ph[j], inf[j])
+            emit_step(join_columns(lams, ROW), join_columns(etas, ROW), decay, noise, observed, yc, phi, info,
+                      obs_var, mean, h, out + t * C, valid, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr,
+                      pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
+                      WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+            lam = pick(lam_r, last)
+            eta = pick(eta_r, last)

@@ -45,6 +45,8 @@ class FilterConfig:
         tile_stretches: at most this many stretches of tiles per series (one carry chunk);
         tile_max_c: the time-parallel forward serves series of at most this many channels;
         tile_bwd: the backward runs on tiles too wherever the forward does.
+        tile_closed: complete stretches of a series with static parameters take the closed form
+            (:mod:`kalmanscan.kernels.filter.tiles_closed`) instead of composing their steps.
     """
 
     target_lanes: int = 1 << 18
@@ -69,6 +71,7 @@ class FilterConfig:
     tile_stretches: int = 1024
     tile_max_c: int = 1
     tile_bwd: bool = True
+    tile_closed: bool = True
 
     def __post_init__(self):
         for name in ("target_lanes", "min_stretch", "min_stretches", "max_stretches", "block", "small_c_block",

@@ -181,11 +181,12 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     posterior = tuple(k for k in POSTERIOR if k in posterior) if posterior else ()
     y = views["y"]
     B, T, C = y.shape
-    if uses_tiles(T, C, config):
+    tiles = uses_tiles(T, C, config)
+    if tiles:
         ns, r = tile_plan(T, config)
         grid = (ns, B * C)
         opts = dict(TILE=config.tile, ROW=config.tile_row, num_warps=config.tile_warps,
-                    WIDE=B * T * C >= config.wide_from)
+                    WIDE=B * T * C >= config.wide_from, CLOSED=config.tile_closed and ns > 1)
         agg_kernel, fwd_kernel = filter_tile_agg_kernel, filter_tile_fwd_kernel
     else:
         ns, r = plan(B, T, C, config)
@@ -202,10 +203,13 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     from_agg = y_check and ns > 1 and agg_kernel is filter_agg_kernel
     queued = checks.queue_y_sum(y) if y_check and not from_agg else None
     start = init  # one stretch: the walks start from init itself; else the carry writes every start
+    fast = ()  # the tiles' closed-form flags (one per stretch), passed after agg and after start
+    if tiles:
+        fast = (torch.empty(B * C, ns, dtype=torch.int32, device=dev) if opts["CLOSED"] else init,)
     if ns > 1:
         start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-        agg_kernel[grid](*args, agg, T, C, ns, r, **flags, **opts)
+        agg_kernel[grid](*args, agg, *fast, T, C, ns, r, **flags, **opts)
         if from_agg:  # read while the carry and the outputs' walks run
             queued = checks.Ahead(torch.sum(agg[:, 4:6], dtype=torch.float64))
         filter_carry_kernel[(B * C,)](agg, init, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
@@ -214,7 +218,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev) if sum_loglik else None
     if sum_loglik:
         opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
-    fwd_kernel[grid](*args, start, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=mask, **opts)
+    fwd_kernel[grid](*args, start, *fast, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=mask, **opts)
     result = {k: out[k] for k in (posterior or outputs)}
     if partial is not None:
         result["loglik"] = (partial[:, 0] if ns == 1 else partial.sum(1)).to(dtype)
