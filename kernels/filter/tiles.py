@@ -33,7 +33,7 @@ import triton.language as tl
 from ..fast_math import rcp
 from .fwd import compose7, step_after, last7, leaf7
 from .steps import emit_step, index, info_step, load_y, pick, static_inputs, step_inputs
-from .tiles_closed import closed_agg7, closed_constants, closed_power, closed_sums, closed_tile_states
+from .tiles_closed import closed_agg7, closed_constants, closed_power, closed_sums, closed_tile_states, tile_sum
 
 
 @triton.jit
@@ -154,8 +154,14 @@ def filter_tile_agg_kernel(
         xp, xm, inv_d, log2_f, nlr, c_lam, c_var, var_star, usable = closed_constants(decay_s, noise_s,
                                                                                         obs_var_s, h_s)
         L = R * TILE
-        if usable & (s > 0) & (t0 + L <= T):
-            s1, s2, gaps = zero, zero, tl.zeros([], tl.int32)
+        complete = usable & (s > 0) & (t0 + L <= T)
+        if complete:  # a gap in the first tile (dense missing values): compose without summing first
+            first_y = load_y(y_ptr, b, t0 + steps, c, sy_b, sy_t, sy_c, t0 + steps < T)
+            complete = tile_sum((first_y != first_y).to(tl.int32)) == 0
+        if complete:
+            acc1 = tl.zeros(steps.shape, decay_s.dtype)
+            acc2 = tl.zeros(steps.shape, decay_s.dtype)
+            gaps = tl.zeros(steps.shape, tl.int32)
             for r in range(R):
                 t = t0 + r * TILE + steps
                 valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
@@ -163,9 +169,11 @@ def filter_tile_agg_kernel(
                     theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
                     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
                     decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-                s1, s2, gaps = closed_sums(s1, s2, gaps, r * TILE + steps, L, observed, info, xp, xm, log2_f, nlr)
-            if gaps == 0:
-                t11, t12, t21, t22, u1, u2, v = closed_agg7(s1, s2, L, xp, xm, inv_d, log2_f, nlr)
+                acc1, acc2, gaps = closed_sums(acc1, acc2, gaps, r * TILE + steps, L, observed, info, xp, xm,
+                                               log2_f, nlr)
+            if tile_sum(gaps) == 0:
+                t11, t12, t21, t22, u1, u2, v = closed_agg7(tile_sum(acc1), tile_sum(acc2), L, xp, xm, inv_d,
+                                                            log2_f, nlr)
                 fast = fast + 1
     if fast == 0:
         for r in range(R):

@@ -83,11 +83,27 @@ def closed_power(lam0, k, xp, var_star, nlr, c_lam, c_var):
 
 
 @triton.jit
+def one_minus_exp(x):
+    """``(u, 1 - u)`` for ``u = exp(-x)``, ``x >= 0``, without a division: below ``x = 1/2`` the
+    Taylor series of ``1 - exp(-x)`` to degree 8 (truncation below ``x^9 / 9! / (1 - e^-x) < 1.4e-8``
+    relative), above it ``1 - u`` itself (relative error at most ``u / (1 - u) < 1.55`` ulps); in
+    float64, :func:`one_minus_power`'s division."""
+    if x.dtype == tl.float64:  # the series' truncation is not below float64's rounding: Kahan's form
+        u, omu = one_minus_power(x, 1.0)
+    else:
+        u = tl.exp(-x)
+        series = x * (1.0 - x * (1.0 / 2 - x * (1.0 / 6 - x * (1.0 / 24 - x * (1.0 / 120 - x * (
+            1.0 / 720 - x * (1.0 / 5040 - x * (1.0 / 40320))))))))
+        omu = tl.where(x < 0.5, series, 1.0 - u)
+    return u, omu
+
+
+@triton.jit
 def closed_weights(j, L, xp, xm, log2_f, nlr):
     """The weights of step ``j`` (0-based) of a complete stretch of ``L`` steps in its information
     row: ``w (1 - u)`` and ``w (u x+ - x-)``, ``w = f*^(L - 1 - j)``, ``u = rho^(j + 1)``."""
     w = tl.exp2((L - 1 - j).to(log2_f.dtype) * log2_f)
-    u, omu = one_minus_power((j + 1).to(nlr.dtype), nlr)
+    u, omu = one_minus_exp((j + 1).to(nlr.dtype) * nlr)
     return w * omu, w * (u * xp - xm)
 
 
@@ -102,12 +118,18 @@ def closed_agg7(s1, s2, L, xp, xm, inv_d, log2_f, nlr):
 
 
 @triton.jit
-def closed_sums(s1, s2, gaps, j, L, observed, info, xp, xm, log2_f, nlr):
-    """The weighted sums of :func:`closed_weights` over a tile (steps ``j`` within the stretch,
-    ``[NT, ROW]``) added to ``s1, s2``, and its missing values counted into ``gaps``."""
+def closed_sums(acc1, acc2, gaps, j, L, observed, info, xp, xm, log2_f, nlr):
+    """The terms of :func:`closed_weights`' sums over a tile (steps ``j`` within the stretch, ``[NT,
+    ROW]``) added elementwise to ``acc1, acc2``, and its missing values to ``gaps`` (summed over
+    the tile by the caller, once per stretch)."""
     w1, w2 = closed_weights(j, L, xp, xm, log2_f, nlr)
-    return (s1 + tl.sum(tl.sum(w1 * info, 1), 0), s2 + tl.sum(tl.sum(w2 * info, 1), 0),
-            gaps + tl.sum(tl.sum((observed == 0).to(tl.int32), 1), 0))
+    return acc1 + w1 * info, acc2 + w2 * info, gaps + (observed == 0).to(tl.int32)
+
+
+@triton.jit
+def tile_sum(x):
+    """The sum of a ``[NT, ROW]`` block."""
+    return tl.sum(tl.sum(x, 1), 0)
 
 
 @triton.jit
