@@ -33,8 +33,7 @@ import triton.language as tl
 from ..fast_math import rcp
 from .fwd import compose7, step_after, last7, leaf7
 from .steps import emit_step, index, info_step, load_y, pick, static_inputs, step_inputs
-from .tiles_closed import (closed_agg7, closed_constants, closed_power, closed_sums, closed_tile_states, tile_powers,
-                           tile_sum)
+from .tiles_closed import closed_agg7, closed_constants, closed_power, closed_sums, closed_tile_states, tile_sum
 
 
 @triton.jit
@@ -163,7 +162,6 @@ def filter_tile_agg_kernel(
             acc1 = tl.zeros(steps.shape, decay_s.dtype)
             acc2 = tl.zeros(steps.shape, decay_s.dtype)
             gaps = tl.zeros(steps.shape, tl.int32)
-            powers = tile_powers(steps, log2_f, nlr, TILE)
             for r in range(R):
                 t = t0 + r * TILE + steps
                 valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
@@ -171,8 +169,8 @@ def filter_tile_agg_kernel(
                     theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
                     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
                     decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-                acc1, acc2, gaps = closed_sums(acc1, acc2, gaps, r, L, powers, observed, info, xp, xm, log2_f, nlr,
-                                               TILE)
+                acc1, acc2, gaps = closed_sums(acc1, acc2, gaps, r * TILE + steps, L, observed, info, xp, xm,
+                                               log2_f, nlr)
             if tile_sum(gaps) == 0:
                 t11, t12, t21, t22, u1, u2, v = closed_agg7(tile_sum(acc1), tile_sum(acc2), L, xp, xm, inv_d,
                                                             log2_f, nlr)

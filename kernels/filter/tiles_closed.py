@@ -10,8 +10,7 @@ series' first, no step past ``T``) then needs no scan of seven-number maps:
   (``x+ = lam* > 0 > x-`` the fixed points, ``D = x+ - x-``, ``u_k = rho^k``, ``rho = f*^2``),
   the forget factor ``f*^L`` and the information row ``sum_k f*^(L-k) info_k row2(E1 + u_k E2)``
   = ``[sum w_k (1 - u_k) info_k, sum w_k (u_k x+ - x-) info_k] / D``, ``w_k = f*^(L-k)``: two
-  weighted sums (:func:`closed_sums`), whose per-step factors are a tile's own powers times one
-  power per tile (:func:`tile_powers`, :func:`closed_weights`). Every entry of the projectors' combination is a sum of
+  weighted sums (:func:`closed_sums`). Every entry of the projectors' combination is a sum of
   non-negative terms, and ``1 - u`` is formed as ``x phi(x)`` (Kahan), so nothing cancels but the
   sums of information, as in a walk.
 - its outputs need the precision before each step, which is the power of the map applied to the
@@ -100,26 +99,12 @@ def one_minus_exp(x):
 
 
 @triton.jit
-def tile_powers(steps, log2_f, nlr, TILE: tl.constexpr):
-    """The per-step factors of a tile's weights, the same in every tile of a stretch (computed once
-    per program): ``f*^(TILE - 1 - i)``, ``rho^(i + 1)`` and ``1 - rho^(i + 1)`` at the tile's step
-    ``i`` (``steps``, ``[NT, ROW]``)."""
-    i = steps.to(log2_f.dtype)
-    u, omu = one_minus_exp((i + 1.0) * nlr)
-    return tl.exp2((TILE - 1.0 - i) * log2_f), u, omu
-
-
-@triton.jit
-def closed_weights(r, L, w_tile, u_tile, omu_tile, xp, xm, log2_f, nlr, TILE: tl.constexpr):
-    """The weights of tile ``r``'s steps (step ``j = r TILE + i`` of a complete stretch of ``L``) in
-    the stretch's information row: ``w (1 - u)`` and ``w (u x+ - x-)``, ``w = f*^(L - 1 - j)``,
-    ``u = rho^(j + 1)``, from :func:`tile_powers` and the tile's own powers: ``w = f*^(L - (r + 1)
-    TILE) f*^(TILE - 1 - i)`` (both at most 1), ``u = rho^(r TILE) rho^(i + 1)`` and ``1 - u = (1 -
-    rho^(r TILE)) + rho^(r TILE) (1 - rho^(i + 1))`` (non-negative terms)."""
-    start = L * 0 + r * TILE  # a tensor whether the loop's r is one or a Python int (interpreter)
-    w = tl.exp2((L - TILE - start).to(log2_f.dtype) * log2_f) * w_tile
-    a, oma = one_minus_power(start.to(nlr.dtype), nlr)
-    return w * (oma + a * omu_tile), w * (a * u_tile * xp - xm)
+def closed_weights(j, L, xp, xm, log2_f, nlr):
+    """The weights of step ``j`` (0-based) of a complete stretch of ``L`` steps in its information
+    row: ``w (1 - u)`` and ``w (u x+ - x-)``, ``w = f*^(L - 1 - j)``, ``u = rho^(j + 1)``."""
+    w = tl.exp2((L - 1 - j).to(log2_f.dtype) * log2_f)
+    u, omu = one_minus_exp((j + 1).to(nlr.dtype) * nlr)
+    return w * omu, w * (u * xp - xm)
 
 
 @triton.jit
@@ -133,11 +118,11 @@ def closed_agg7(s1, s2, L, xp, xm, inv_d, log2_f, nlr):
 
 
 @triton.jit
-def closed_sums(acc1, acc2, gaps, r, L, powers, observed, info, xp, xm, log2_f, nlr, TILE: tl.constexpr):
-    """The terms of :func:`closed_weights`' sums over tile ``r`` added elementwise to ``acc1, acc2``
-    (``powers`` from :func:`tile_powers`), and its missing values to ``gaps`` (summed over the tile
-    by the caller, once per stretch)."""
-    w1, w2 = closed_weights(r, L, powers[0], powers[1], powers[2], xp, xm, log2_f, nlr, TILE)
+def closed_sums(acc1, acc2, gaps, j, L, observed, info, xp, xm, log2_f, nlr):
+    """The terms of :func:`closed_weights`' sums over a tile (steps ``j`` within the stretch, ``[NT,
+    ROW]``) added elementwise to ``acc1, acc2``, and its missing values to ``gaps`` (summed over
+    the tile by the caller, once per stretch)."""
+    w1, w2 = closed_weights(j, L, xp, xm, log2_f, nlr)
     return acc1 + w1 * info, acc2 + w2 * info, gaps + (observed == 0).to(tl.int32)
 
 
