@@ -25,6 +25,10 @@ lane composes its row's steps in registers (the merged homogeneous form of
 Every term of the precision's read-out is non-negative, so it is accurate to a few ulps per
 combine; the information mean's may cancel, as a walk's sum of information does. Within a row the
 numerics are those of the walks.
+
+With ``CLOSED`` (static parameters, several stretches), a complete stretch takes the closed form of
+:mod:`kalmanscan.kernels.filter.tiles_closed` in both passes instead (a uniform branch per program;
+the aggregate pass records which stretches did in ``fast``).
 """
 
 import triton
