@@ -142,12 +142,10 @@ def stretch_product(t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr,
                     sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
                     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
                     decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
-                    UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
-    """The product of the maps of steps ``t0 .. t0 + L - 1`` (7 numbers per lane, trace 1; steps
-    at or past ``T`` and lanes where ``lane_ok`` is off: the identity). Lanes are ``lane_ok``'s
-    shape; ``t0`` broadcasts against it."""
-    one = tl.full(lane_ok.shape, 1.0, decay_s.dtype)
-    zero = tl.zeros(lane_ok.shape, decay_s.dtype)
+                    BLOCK: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
+    """The product of the maps of steps ``t0 .. t0 + L - 1`` (7 numbers per lane, trace 1)."""
+    one = tl.full((BLOCK,), 1.0, decay_s.dtype)
+    zero = tl.zeros((BLOCK,), decay_s.dtype)
     p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
     end = tl.minimum(t0 + L, T)
     # with PREFETCH, y of the next four steps in flight (loads issued ahead of the dependent chain)
@@ -175,9 +173,8 @@ def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, 
                  POSTERIOR: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
                  SUM_LOGLIK: tl.constexpr):
     """Walk steps ``t0 .. t0 + L - 1`` from the state ``(lam, eta)``, writing the outputs
-    (:func:`kalmanscan.kernels.filter.steps.emit_step`). Returns the state after them and the sum of
-    the steps' log-likelihoods in float64 with ``SUM_LOGLIK`` (``POSTERIOR`` bit 256 set), else
-    zeros."""
+    (:func:`kalmanscan.kernels.filter.steps.emit_step`). Returns the sum of the steps'
+    log-likelihoods in float64 with ``SUM_LOGLIK`` (``POSTERIOR`` bit 256 set), else zeros."""
     out = b * T * C + c
     end = tl.minimum(t0 + L, T)
     total = tl.zeros_like(lam).to(tl.float64)
@@ -195,7 +192,7 @@ def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, 
             mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
             pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP, OBS_STEP,
             WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR, SUM_LOGLIK)
-    return lam, eta, total
+    return total
 
 
 @triton.jit
@@ -216,7 +213,7 @@ def filter_agg_kernel(
         t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
         sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
         mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
-        TRANS_STEP, OBS_STEP, UNROLL, PREFETCH)
+        TRANS_STEP, OBS_STEP, BLOCK, UNROLL, PREFETCH)
     store7(agg_ptr + b * 7 * NS * C + g, NS * C, p11, p12, p21, p22, e1, e2, f, lane_ok)
 
 
@@ -316,7 +313,7 @@ def filter_fwd_kernel(
     sbase = start_ptr + b * 2 * NS * C + g
     lam = tl.load(sbase, mask=lane_ok, other=1.0)
     eta = tl.load(sbase + NS * C, mask=lane_ok, other=0.0)
-    lam, eta, total = walk_outputs(
+    total = walk_outputs(
         lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
         sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
         mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,

@@ -47,12 +47,6 @@ class FilterConfig:
         tile_bwd: the backward runs on tiles too wherever the forward does.
         tile_closed: complete stretches of a series with static parameters take the closed form
             (:mod:`kalmanscan.kernels.filter.tiles_closed`) instead of composing their steps.
-    Chunks (many series, one pass over ``y``): a program per block of channels streams time.
-        chunks: the forward streams time in chunks where :func:`~kalmanscan.ops.filter.triton.uses_chunks`
-            says so (:mod:`kalmanscan.kernels.filter.chunks`);
-        chunk_rows, chunk_steps: a chunk is ``chunk_rows`` segments of ``chunk_steps`` steps, one per
-            row of the program's lanes; chunk_block: channels per program; chunk_warps: its warps;
-        chunk_min_programs: the fewest programs (blocks of channels times batch rows) worth it.
     """
 
     target_lanes: int = 1 << 18
@@ -78,18 +72,11 @@ class FilterConfig:
     tile_max_c: int = 1
     tile_bwd: bool = True
     tile_closed: bool = True
-    chunks: bool = False
-    chunk_rows: int = 8
-    chunk_steps: int = 16
-    chunk_block: int = 32
-    chunk_warps: int = 8
-    chunk_min_programs: int = 128
 
     def __post_init__(self):
         for name in ("target_lanes", "min_stretch", "min_stretches", "max_stretches", "block", "small_c_block",
                      "num_warps", "unroll", "bwd_unroll", "carry_chunk", "carry_warps", "tile",
-                     "tile_row", "tile_warps", "tile_stretches", "tile_max_c", "chunk_rows", "chunk_steps",
-                     "chunk_block", "chunk_warps", "chunk_min_programs"):
+                     "tile_row", "tile_warps", "tile_stretches", "tile_max_c"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-from kalmanscan.kernels.filter.chunks import filter_chunk_kernel
 from kalmanscan.kernels.filter.bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
 from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel,
                                            filter_total_kernel)
@@ -52,8 +51,7 @@ from . import torch as torch_backend
 from .config import DEFAULT_CONFIG, FilterConfig
 
 __all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan",
-           "uses_tiles", "uses_chunks",
-           "flat", "kernel_views", "check_device", "step_flags", "param_grads", "initial_state",
+           "uses_tiles", "flat", "kernel_views", "check_device", "step_flags", "param_grads", "initial_state",
            "stream_step", "FilterConfig", "DEFAULT_CONFIG"]
 
 _TRANS = ("theta", "sigma", "dt")
@@ -99,14 +97,6 @@ def uses_tiles(T: int, C: int, config: FilterConfig = DEFAULT_CONFIG) -> bool:
     """Whether the forward runs time-parallel (lanes along time): few channels, at least a tile of
     steps, and no stretch length forced."""
     return config.stretch is None and C <= config.tile_max_c and T >= config.tile
-
-
-def uses_chunks(B: int, T: int, C: int, config: FilterConfig = DEFAULT_CONFIG) -> bool:
-    """Whether the forward streams time in chunks (:mod:`kalmanscan.kernels.filter.chunks`): on
-    (``config.chunks``), no stretch length forced, not the tiles' few series, and at least
-    ``config.chunk_min_programs`` blocks of channels."""
-    return (config.chunks and config.stretch is None and not uses_tiles(T, C, config)
-            and B * cdiv(C, config.chunk_block) >= config.chunk_min_programs)
 
 
 def kernel_views(p: Problem) -> dict:
@@ -192,8 +182,6 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     y = views["y"]
     B, T, C = y.shape
     tiles = uses_tiles(T, C, config)
-    if uses_chunks(B, T, C, config):
-        return _chunk_forward(views, init, outputs, config, posterior, out_shape, loglik_sum, one_block, y_check)
     if tiles:
         ns, r = tile_plan(T, config)
         grid = (ns, B * C)
@@ -234,29 +222,6 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     result = {k: out[k] for k in (posterior or outputs)}
     if partial is not None:
         result["loglik"] = (partial[:, 0] if ns == 1 else partial.sum(1)).to(dtype)
-    if queued is not None:
-        result["y_check"] = queued
-    return result
-
-
-def _chunk_forward(views, init, outputs, config, posterior, out_shape, loglik_sum, one_block, y_check):
-    """:func:`filter_forward` streaming time in chunks (:func:`uses_chunks`): one launch, ``y``'s
-    check queued before it."""
-    y = views["y"]
-    B, T, C = y.shape
-    queued = checks.queue_y_sum(y) if y_check else None
-    out, pointers, write = _outputs(y, outputs, posterior, out_shape, one_block)
-    sum_loglik = loglik_sum and "logliks" in posterior
-    partial = torch.empty(B, 1, C, dtype=torch.float64, device=y.device) if sum_loglik else None
-    extra = dict(loglik_sum_ptr=partial, SUM_LOGLIK=True) if sum_loglik else {}
-    filter_chunk_kernel[(cdiv(C, config.chunk_block), B)](
-        *_kernel_args(views), init.contiguous(), *pointers, T, C, TRANS_STEP=_steps(views, _TRANS),
-        OBS_STEP=_steps(views, _OBS), **write, POSTERIOR=posterior_mask(posterior), ROWS=config.chunk_rows,
-        STEPS=config.chunk_steps, BLOCK_C=config.chunk_block, WIDE=B * T * C >= config.wide_from,
-        num_warps=config.chunk_warps, **extra)
-    result = {k: out[k] for k in (posterior or outputs)}
-    if partial is not None:
-        result["loglik"] = partial[:, 0].to(y.dtype)
     if queued is not None:
         result["y_check"] = queued
     return result
