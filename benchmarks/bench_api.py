@@ -38,7 +38,8 @@ from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import triton as triton_backend
 from kalmanscan.ops.kla.triton import kla_scan_triton
 
-SHAPES = [(4096, 32768), (64, 1 << 22), (4096, 2048), (1, 1 << 22), (64, 1 << 20), (64, 2048), (131072, 1024)]
+SHAPES = [(4096, 32768), (64, 1 << 22), (4096, 2048), (1, 1 << 22), (64, 1 << 20), (64, 2048), (131072, 1024),
+          (1, 1 << 24)]
 ALL_FIELDS = 10            # (..., T, C) arrays of a Posterior, 4 bytes each
 KLA_SHAPE = (8, 2048, 1024, 16)
 

@@ -17,9 +17,11 @@ Nothing is captured while a CUDA graph is being captured or under ``torch.compil
 for a layout whose capture failed (it stays eager, with a warning). The capture itself (after one
 warm-up launch on a side stream, as CUDA graphs require) waits for nothing on the host. At most
 :data:`GRAPHS` layouts are kept (least recently used dropped), each holding its static inputs,
-outputs and the kernels' scratch in its own memory pool; only calls whose outputs fit in one block
-(:data:`~kalmanscan.ops.filter.triton.ONE_BLOCK_OUTPUTS` elements) are replayed. ``REPLAY =
-False`` turns it off; :func:`clear` drops the kept graphs.
+outputs and the kernels' scratch in its own memory pool; only the calls
+:func:`~kalmanscan.ops.filter.triton.replayed` picks are replayed (small outputs, or few long
+series up to :data:`~kalmanscan.ops.filter.triton.REPLAY_BYTES` of ``y`` and outputs: at most
+:data:`GRAPHS` times that held). ``REPLAY = False`` turns it off; :func:`clear` drops the kept
+graphs.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import kalmanscan as ks
 from helpers import synchronisations
 from kalmanscan.ops.filter import replay
 from kalmanscan.ops.filter.replay import Blocks
+from kalmanscan.ops.filter.triton import POSTERIOR, replayed
 
 
 def test_blocks_copy_whole_blocks_and_rebuild_every_view():
@@ -42,6 +43,18 @@ def test_a_small_slice_of_a_large_block_is_not_copied_by_block():
     assert Blocks([big[:100].view(10, 10)]).too_large()
     assert not Blocks([big.view(1024, 1024)]).too_large()
     assert Blocks([big.view(torch.int32)[:10], big[:10]]).too_large()  # two dtypes over one block
+
+
+def test_which_calls_are_replayed():
+    """Small outputs, and few long series (the host's launches outlast their kernels) up to
+    REPLAY_BYTES of y and outputs; not many long series, whose kernels outlast the host."""
+    mean_var = ("mean", "var")
+    assert replayed((64, 2048), POSTERIOR, 4)
+    assert replayed((1 << 22, 1), mean_var, 4) and replayed((1 << 22, 1), POSTERIOR, 4)
+    assert replayed((1 << 24, 1), mean_var, 4) and not replayed((1 << 24, 1), mean_var, 8)
+    assert not replayed((1 << 24, 1), POSTERIOR, 4)
+    assert not replayed((32768, 4096), mean_var, 4) and not replayed((1 << 20, 64), mean_var, 4)
+    assert not replayed((512, 1 << 22, 1), mean_var, 4)
 
 
 def _eager_and_replayed(monkeypatch, calls):
@@ -84,6 +97,25 @@ def test_replayed_calls_equal_eager_bit_for_bit(monkeypatch, shape, outputs, dty
         for k in FIELDS:
             va, vb = getattr(a, k), getattr(b, k)
             assert (va is None) == (vb is None), k
+            if va is not None:
+                assert torch.equal(torch.nan_to_num(va, 7.0), torch.nan_to_num(vb, 7.0)), k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("outputs", [("mean", "var"), None])
+def test_a_long_series_is_replayed(monkeypatch, outputs):
+    """One series whose outputs exceed one block (the tiles' regime): kept as a graph, its replayed
+    fields the eager call's bits."""
+    g = torch.Generator("cuda").manual_seed(5)
+    ys = [torch.randn((1 << 21) + 77, 1, device="cuda", generator=g) for _ in range(2)]
+    ys[1][1000:1100] = float("nan")
+    calls = [lambda y=y: ks.filter(y, theta=0.4, sigma=0.6, obs_var=0.5, backend="triton", outputs=outputs)
+             for y in ys]
+    eager, replayed_calls = _eager_and_replayed(monkeypatch, calls)
+    assert replay.kept() == 1
+    for a, b in zip(eager, replayed_calls):
+        for k in FIELDS:
+            va, vb = getattr(a, k), getattr(b, k)
             if va is not None:
                 assert torch.equal(torch.nan_to_num(va, 7.0), torch.nan_to_num(vb, 7.0)), k
 
