@@ -14,6 +14,7 @@ threshold ``kalmanscan.checks.BY_RESULT``) against a reduction queued ahead of t
 every ``y`` (threshold 0), replay on in both; only the checked cases differ.
 
     python -m benchmarks.bench_replay [--rounds 5] [--compare replay|check] [--out replay.json]
+    python -m benchmarks.bench_replay --shapes 4194304x1,16777216x1 --out long.json   # few long series
 """
 
 from __future__ import annotations
@@ -37,20 +38,22 @@ SHAPES = [(2048, 64), (256, 64), (2048, 512)]   # (T, C)
 KW = dict(theta=0.2, sigma=0.5, obs_var=0.3)
 
 
-def cases() -> dict:
-    """``{name: call}`` of every case."""
+def cases(shapes=SHAPES) -> dict:
+    """``{name: call}`` of every case at each ``(T, C)`` of ``shapes``."""
     out = {}
-    for shape in SHAPES:
+    for shape in shapes:
         y = torch.randn(shape, device="cuda")
         out[f"ks.filter C={shape[1]} T={shape[0]} checked"] = lambda y=y: ks.filter(y, backend="triton", **KW)
         out[f"ks.filter C={shape[1]} T={shape[0]} unchecked"] = (
             lambda y=y: ks.filter(y, backend="triton", check_finite=False, **KW))
         out[f"ks.filter C={shape[1]} T={shape[0]} mean,var unchecked"] = (
             lambda y=y: ks.filter(y, backend="triton", check_finite=False, outputs=("mean", "var"), **KW))
-    y = torch.randn(SHAPES[0], device="cuda")
+        out[f"ks.filter C={shape[1]} T={shape[0]} mean,var checked"] = (
+            lambda y=y: ks.filter(y, backend="triton", outputs=("mean", "var"), **KW))
+    y = torch.randn(shapes[0], device="cuda")
     p = prepare(y, backend="triton", **KW)
     views, init = filter_triton.kernel_views(p), initial_state(p)
-    out["filter_forward (eager kernels) C=64 T=2048"] = (
+    out[f"filter_forward (eager kernels) C={shapes[0][1]} T={shapes[0][0]}"] = (
         lambda: filter_triton.filter_forward(views, init, posterior=True))
     return out
 
@@ -60,8 +63,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compare", choices=("replay", "check"), default="replay")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default=None, help="TxC,... (default: SHAPES)")
     args = ap.parse_args()
-    calls = cases()
+    shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    calls = cases(shapes)
     by_result = checks.BY_RESULT
     variants = ({"replay": lambda: setattr(replay, "REPLAY", True), "eager": lambda: setattr(replay, "REPLAY", False)}
                 if args.compare == "replay" else
