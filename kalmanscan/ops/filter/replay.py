@@ -19,9 +19,9 @@ warm-up launch on a side stream, as CUDA graphs require) waits for nothing on th
 :data:`GRAPHS` layouts are kept (least recently used dropped), each holding its static inputs,
 outputs and the kernels' scratch in its own memory pool; only the calls
 :func:`~kalmanscan.ops.filter.triton.replayed` picks are replayed (small outputs, or few long
-series up to :data:`~kalmanscan.ops.filter.triton.REPLAY_BYTES` of ``y`` and outputs: at most
-:data:`GRAPHS` times that held). ``REPLAY = False`` turns it off; :func:`clear` drops the kept
-graphs.
+series of up to :data:`~kalmanscan.ops.filter.triton.REPLAY_ELEMENTS` elements, whose kept layout
+holds ``y`` and its outputs: 176 MiB for ``2^22`` float32 steps with every field). ``REPLAY =
+False`` turns it off; :func:`clear` drops the kept graphs.
 """
 
 from __future__ import annotations

@@ -234,20 +234,17 @@ def posterior_mask(fields: Iterable[str]) -> int:
 
 
 ONE_BLOCK_OUTPUTS = 1 << 22
-REPLAY_BYTES = 1 << 28
+REPLAY_ELEMENTS = 1 << 22
 
 
-def replayed(shape: Sequence[int], fields: Sequence[str], itemsize: int,
-             config: FilterConfig = DEFAULT_CONFIG) -> bool:
-    """Whether a forward call without gradients (its problem's ``shape``, the ``fields`` it writes,
-    bytes per element) goes through :mod:`kalmanscan.ops.filter.replay`: its outputs fit in one block
-    (:data:`ONE_BLOCK_OUTPUTS` elements), or it is a few long series (the tiles, :func:`uses_tiles`),
-    whose three launches and their allocations take the host longer than the kernels take the
-    device, with ``y`` and its outputs at most :data:`REPLAY_BYTES` (what a kept layout holds)."""
+def replayed(shape: Sequence[int], fields: Sequence[str], config: FilterConfig = DEFAULT_CONFIG) -> bool:
+    """Whether a forward call without gradients (its problem's ``shape`` and the ``fields`` it
+    writes) goes through :mod:`kalmanscan.ops.filter.replay`: its outputs fit in one block
+    (:data:`ONE_BLOCK_OUTPUTS` elements), or it is a few long series (the tiles, :func:`uses_tiles`)
+    of at most :data:`REPLAY_ELEMENTS` elements, whose launches take the host longer than the
+    kernels take the device (at ``2^24`` steps replay gained nothing, docs/performance.md)."""
     n = math.prod(shape)
-    if len(fields) * n <= ONE_BLOCK_OUTPUTS:
-        return True
-    return uses_tiles(shape[-2], shape[-1], config) and (1 + len(fields)) * n * itemsize <= REPLAY_BYTES
+    return len(fields) * n <= ONE_BLOCK_OUTPUTS or (uses_tiles(shape[-2], shape[-1], config) and n <= REPLAY_ELEMENTS)
 
 
 def _outputs(y, outputs, posterior, out_shape=None, one_block=False):
@@ -398,7 +395,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
         views = {k: flat(x, shape) for k, x in zip(_ORDER, inputs)}
         run = functools.partial(filter_forward, config=config, posterior=fields, out_shape=shape, one_block=True)
         out, queued = None, None
-        small = replayed(shape, fields, p.y.element_size(), config)
+        small = replayed(shape, fields, config)
         if small:  # its launches are the host's time: replayed, y's check queued before them
             queued = checks.queue_y_sum(p.y) if y_check else None
             out = replay.forward(run, views, init, (fields, config, tuple(shape)))

@@ -47,14 +47,13 @@ def test_a_small_slice_of_a_large_block_is_not_copied_by_block():
 
 def test_which_calls_are_replayed():
     """Small outputs, and few long series (the host's launches outlast their kernels) up to
-    REPLAY_BYTES of y and outputs; not many long series, whose kernels outlast the host."""
+    REPLAY_ELEMENTS; not many long series, whose kernels outlast the host."""
     mean_var = ("mean", "var")
-    assert replayed((64, 2048), POSTERIOR, 4)
-    assert replayed((1 << 22, 1), mean_var, 4) and replayed((1 << 22, 1), POSTERIOR, 4)
-    assert replayed((1 << 24, 1), mean_var, 4) and not replayed((1 << 24, 1), mean_var, 8)
-    assert not replayed((1 << 24, 1), POSTERIOR, 4)
-    assert not replayed((32768, 4096), mean_var, 4) and not replayed((1 << 20, 64), mean_var, 4)
-    assert not replayed((512, 1 << 22, 1), mean_var, 4)
+    assert replayed((64, 2048), POSTERIOR)
+    assert replayed((1 << 22, 1), mean_var) and replayed((1 << 22, 1), POSTERIOR)
+    assert replayed((4, 1 << 20, 1), POSTERIOR) and not replayed((1 << 24, 1), mean_var)
+    assert not replayed((32768, 4096), mean_var) and not replayed((1 << 20, 64), mean_var)
+    assert not replayed((512, 1 << 22, 1), mean_var)
 
 
 def _eager_and_replayed(monkeypatch, calls):
