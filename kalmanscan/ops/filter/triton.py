@@ -50,9 +50,8 @@ from . import replay
 from . import torch as torch_backend
 from .config import DEFAULT_CONFIG, FilterConfig
 
-__all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan",
-           "uses_tiles", "replayed", "flat",
-           "kernel_views", "check_device", "step_flags", "param_grads", "initial_state",
+__all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan", "uses_tiles",
+           "replayed", "flat", "kernel_views", "check_device", "step_flags", "param_grads", "initial_state",
            "stream_step", "FilterConfig", "DEFAULT_CONFIG"]
 
 _TRANS = ("theta", "sigma", "dt")

@@ -75,6 +75,16 @@ FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision",
           "pred_obs_var", "logliks", "loglik")
 
 
+def assert_same_fields(eager, replayed_calls):
+    """Each pair of posteriors has the same fields present, with the same bits (NaN included)."""
+    for a, b in zip(eager, replayed_calls):
+        for k in FIELDS:
+            va, vb = getattr(a, k), getattr(b, k)
+            assert (va is None) == (vb is None), k
+            if va is not None:
+                assert torch.equal(torch.nan_to_num(va, 7.0), torch.nan_to_num(vb, 7.0)), k
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(63, 5), (1000, 3), (2, 300, 17), (5000, 1), (1, 64)])
 @pytest.mark.parametrize("outputs", [None, ("mean", "var"), ("loglik",)])
@@ -91,13 +101,7 @@ def test_replayed_calls_equal_eager_bit_for_bit(monkeypatch, shape, outputs, dty
     kws = [dict(theta=rng.uniform(0.05, 1, C), sigma=rng.uniform(0.2, 1, C), obs_var=float(rng.uniform(0.1, 1)))
            for _ in ys]
     calls = [lambda y=y, kw=kw: ks.filter(y, backend="triton", outputs=outputs, **kw) for y, kw in zip(ys, kws)]
-    eager, replayed = _eager_and_replayed(monkeypatch, calls)
-    for a, b in zip(eager, replayed):
-        for k in FIELDS:
-            va, vb = getattr(a, k), getattr(b, k)
-            assert (va is None) == (vb is None), k
-            if va is not None:
-                assert torch.equal(torch.nan_to_num(va, 7.0), torch.nan_to_num(vb, 7.0)), k
+    assert_same_fields(*_eager_and_replayed(monkeypatch, calls))
 
 
 @pytest.mark.gpu
@@ -112,11 +116,7 @@ def test_a_long_series_is_replayed(monkeypatch, outputs):
              for y in ys]
     eager, replayed_calls = _eager_and_replayed(monkeypatch, calls)
     assert replay.kept() == 1
-    for a, b in zip(eager, replayed_calls):
-        for k in FIELDS:
-            va, vb = getattr(a, k), getattr(b, k)
-            if va is not None:
-                assert torch.equal(torch.nan_to_num(va, 7.0), torch.nan_to_num(vb, 7.0)), k
+    assert_same_fields(eager, replayed_calls)
 
 
 @pytest.mark.gpu
