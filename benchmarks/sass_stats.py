@@ -89,7 +89,7 @@ def kernels(fc=None, cfg=None):
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     carry = dict(CH=fc.carry_chunk)
     return {
-        "filter_agg": (filter_agg_kernel, walk, fc.num_warps),
+        "filter_agg": (filter_agg_kernel, dict(walk, CLOSED=fc.walk_closed, CHUNK=fc.closed_chunk), fc.num_warps),
         "filter_fwd": (filter_fwd_kernel, walk, fc.num_warps),
         "filter_tile_agg": (filter_tile_agg_kernel, tile_fwd, fc.tile_warps),
         "filter_tile_fwd": (filter_tile_fwd_kernel, tile_fwd, fc.tile_warps),

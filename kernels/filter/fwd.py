@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ..fast_math import rcp
 from .steps import emit_step, lane_setup, pick, ring_start, step_inputs, walk_y
+from .walks_closed import closed_prefix
 
 
 @triton.jit
@@ -138,19 +139,18 @@ def output_step(lam, eta, total, t, valid, b, c, y, o,
 
 
 @triton.jit
-def stretch_product(t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
+def stretch_product(p11, p12, p21, p22, e1, e2, f, start, t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c,
+                    theta_ptr, sth_b, sth_t, sth_c,
                     sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
                     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
                     decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
-                    BLOCK: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
-    """The product of the maps of steps ``t0 .. t0 + L - 1`` (7 numbers per lane, trace 1)."""
-    one = tl.full((BLOCK,), 1.0, decay_s.dtype)
-    zero = tl.zeros((BLOCK,), decay_s.dtype)
-    p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
+                    UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
+    """The product ``p`` (of steps ``t0 .. t0 + start - 1``) with the maps of steps ``t0 + start ..
+    t0 + L - 1`` composed after it (7 numbers per lane, trace 1)."""
     end = tl.minimum(t0 + L, T)
     # with PREFETCH, y of the next four steps in flight (loads issued ahead of the dependent chain)
-    y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
-    for i in tl.range(0, L, loop_unroll_factor=UNROLL):
+    y_a, y_b, y_c, y_d = ring_start(y_ptr, b, t0 + start, c, sy_b, sy_t, sy_c, lane_ok, end, decay_s, PREFETCH)
+    for i in tl.range(start, L, loop_unroll_factor=UNROLL):
         t = t0 + i
         valid, y, y_a, y_b, y_c, y_d = walk_y(t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c,
                                               PREFETCH)
@@ -203,17 +203,32 @@ def filter_agg_kernel(
     agg_ptr, T, C, NS, L,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+    CLOSED: tl.constexpr, CHUNK: tl.constexpr,
 ):
-    """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``."""
+    """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``. With
+    ``CLOSED`` and static parameters, complete stretches take their steps in closed form up to the
+    first chunk with a missing value (:func:`kalmanscan.kernels.filter.walks_closed.closed_prefix`)
+    and compose the rest."""
     b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
         C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
         h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
+    one = tl.full((BLOCK,), 1.0, decay_s.dtype)
+    zero = tl.zeros((BLOCK,), decay_s.dtype)
+    p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
+    done = tl.zeros([], tl.int32)
+    if CLOSED and not TRANS_STEP and not OBS_STEP:
+        q11, q12, q21, q22, g1, g2, h, done = closed_prefix(
+            t0, L, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
+            (s > 0) & (t0 + L <= T), CHUNK)
+        if done > 0:
+            p11, p12, p21, p22, e1, e2, f = q11, q12, q21, q22, g1, g2, h
     p11, p12, p21, p22, e1, e2, f = stretch_product(
-        t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
+        p11, p12, p21, p22, e1, e2, f, done, t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c,
+        theta_ptr, sth_b, sth_t, sth_c,
         sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
         mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
-        TRANS_STEP, OBS_STEP, BLOCK, UNROLL, PREFETCH)
+        TRANS_STEP, OBS_STEP, UNROLL, PREFETCH)
     store7(agg_ptr + b * 7 * NS * C + g, NS * C, p11, p12, p21, p22, e1, e2, f, lane_ok)
 
 

@@ -31,13 +31,11 @@ from .steps import ou_phi
 
 
 @triton.jit
-def closed_constants(decay, noise, obs_var, h):
-    """``(xp, xm, inv_d, log2_f, nlr, c_lam, c_var, var_star, usable)`` of one series (scalars of
-    the compute dtype; ``usable`` a boolean): the fixed points ``x+ = lam*``, ``x-``, ``1 / D``,
-    ``log2 f*``, ``-log rho``, the deviation coefficients of :func:`closed_power` and ``1 / lam*``.
-    ``usable`` is false where the map has no attracting fixed point or a constant is out of range
-    (no process noise, ``theta = 0`` with ``h = 0``): the general branch runs there."""
-    dtype = decay.dtype
+def closed_constants64(decay, noise, obs_var, h):
+    """``(xp, xm, f, omf, nlr, c_lam, c_var, usable)`` of the step's Möbius map in float64: the fixed
+    points ``x+ = lam*``, ``x-``, the steady forget factor ``f*`` and ``1 - f*`` (from non-negative
+    terms), ``-log rho``, the deviation coefficients of :func:`closed_power`, and whether the
+    closed form is usable (see :func:`closed_constants`)."""
     a = decay.to(tl.float64)
     q = noise.to(tl.float64)
     phi = (h / obs_var * h).to(tl.float64)  # as the steps form it
@@ -56,6 +54,18 @@ def closed_constants(decay, noise, obs_var, h):
     inf = float("inf")
     usable = ((q > 0) & (xp > 0) & (xp < inf) & (omf > 0) & (f > 0) & (nlr < inf)
               & (c_lam < inf) & (c_var < inf) & (1.0 / xp < inf))
+    return xp, xm, f, omf, nlr, c_lam, c_var, usable
+
+
+@triton.jit
+def closed_constants(decay, noise, obs_var, h):
+    """``(xp, xm, inv_d, log2_f, nlr, c_lam, c_var, var_star, usable)`` of one series (scalars of
+    the compute dtype; ``usable`` a boolean): the fixed points ``x+ = lam*``, ``x-``, ``1 / D``,
+    ``log2 f*``, ``-log rho``, the deviation coefficients of :func:`closed_power` and ``1 / lam*``.
+    ``usable`` is false where the map has no attracting fixed point or a constant is out of range
+    (no process noise, ``theta = 0`` with ``h = 0``): the general branch runs there."""
+    dtype = decay.dtype
+    xp, xm, f, omf, nlr, c_lam, c_var, usable = closed_constants64(decay, noise, obs_var, h)
     return (xp.to(dtype), xm.to(dtype), (1.0 / (xp - xm)).to(dtype), (-0.5 * nlr / 0.6931471805599453).to(dtype),
             nlr.to(dtype), c_lam.to(dtype), c_var.to(dtype), (1.0 / xp).to(dtype), usable)
 

@@ -38,6 +38,9 @@ class FilterConfig:
         posterior_prefetch: the same for the one-pass posterior walk (ten outputs: off, it won).
         unroll, bwd_unroll: unrolling of the forward and backward walks' time loops.
         carry_chunk, carry_warps: stretches per step of the carry scan, and its warps.
+        walk_closed: complete stretches of series with static parameters take their aggregate in
+            closed form (:mod:`kalmanscan.kernels.filter.walks_closed`), in chunks of
+            ``closed_chunk`` steps, instead of composing their steps.
         wide_from: 64-bit offsets once ``4 B T C`` reaches this (bounds every array a walk indexes).
     Tiles (few long series): lanes along time.
         tile: steps per tile; tile_row: steps per row of a tile, composed in-thread before the
@@ -64,6 +67,8 @@ class FilterConfig:
     bwd_unroll: int = 1
     carry_chunk: int = 1024
     carry_warps: int = 4
+    walk_closed: bool = True
+    closed_chunk: int = 16
     wide_from: int = 1 << 31
     tile: int = 1024
     tile_row: int = 8
@@ -75,7 +80,7 @@ class FilterConfig:
 
     def __post_init__(self):
         for name in ("target_lanes", "min_stretch", "min_stretches", "max_stretches", "block", "small_c_block",
-                     "num_warps", "unroll", "bwd_unroll", "carry_chunk", "carry_warps", "tile",
+                     "num_warps", "unroll", "bwd_unroll", "carry_chunk", "carry_warps", "closed_chunk", "tile",
                      "tile_row", "tile_warps", "tile_stretches", "tile_max_c"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -193,6 +193,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
         grid, opts = launch(B, T, C, ns, config)
         opts.update(fwd_opts(config, posterior))
         agg_kernel, fwd_kernel = filter_agg_kernel, filter_fwd_kernel
+    more = {} if tiles else dict(CLOSED=config.walk_closed, CHUNK=config.closed_chunk)  # the aggregate's
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
@@ -209,7 +210,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     if ns > 1:
         start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-        agg_kernel[grid](*args, agg, *fast, T, C, ns, r, **flags, **opts)
+        agg_kernel[grid](*args, agg, *fast, T, C, ns, r, **flags, **opts, **more)
         if from_agg:  # read while the carry and the outputs' walks run
             queued = checks.Ahead(torch.sum(agg[:, 4:6], dtype=torch.float64))
         filter_carry_kernel[(B * C,)](agg, init, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
@@ -476,7 +477,8 @@ def summary(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> tuple[torch.Te
     agg = torch.empty(B, 7, ns, C, dtype=p.dtype, device=p.y.device)
     grid, opts = launch(B, T, C, ns, config)
     filter_agg_kernel[grid](*_kernel_args(views), agg, T, C, ns, stretch, TRANS_STEP=_steps(views, _TRANS),
-                            OBS_STEP=_steps(views, _OBS), **opts, **fwd_opts(config))
+                            OBS_STEP=_steps(views, _OBS), **opts, **fwd_opts(config),
+                            CLOSED=config.walk_closed, CHUNK=config.closed_chunk)
     total = torch.empty(B, 7, C, dtype=p.dtype, device=p.y.device)
     filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns)),
                                   num_warps=config.carry_warps)
