@@ -41,6 +41,8 @@ class FilterConfig:
         walk_closed: complete stretches of series with static parameters take their aggregate in
             closed form (:mod:`kalmanscan.kernels.filter.walks_closed`), in chunks of
             ``closed_chunk`` steps, instead of composing their steps.
+        agg_warps: warps per program of the forward walks' aggregate pass (its lanes spread over
+            more threads than the output walk's: more loads in flight).
         wide_from: 64-bit offsets once ``4 B T C`` reaches this (bounds every array a walk indexes).
     Tiles (few long series): lanes along time.
         tile: steps per tile; tile_row: steps per row of a tile, composed in-thread before the
@@ -69,6 +71,7 @@ class FilterConfig:
     carry_warps: int = 4
     walk_closed: bool = True
     closed_chunk: int = 16
+    agg_warps: int = 2
     wide_from: int = 1 << 31
     tile: int = 1024
     tile_row: int = 8
@@ -80,8 +83,8 @@ class FilterConfig:
 
     def __post_init__(self):
         for name in ("target_lanes", "min_stretch", "min_stretches", "max_stretches", "block", "small_c_block",
-                     "num_warps", "unroll", "bwd_unroll", "carry_chunk", "carry_warps", "closed_chunk", "tile",
-                     "tile_row", "tile_warps", "tile_stretches", "tile_max_c"):
+                     "num_warps", "unroll", "bwd_unroll", "carry_chunk", "carry_warps", "closed_chunk", "agg_warps",
+                     "tile", "tile_row", "tile_warps", "tile_stretches", "tile_max_c"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -106,11 +106,7 @@ def kernel_views(p: Problem) -> dict:
 
 def _kernel_args(views):
     """Pointer and ``(batch, time, channel)`` strides of each input, in kernel order."""
-    args = []
-    for name in _ORDER:
-        x = views[name]
-        args += [x, *x.stride()]
-    return args
+    return [a for name in _ORDER for a in (views[name], *views[name].stride())]
 
 
 def _steps(views, names):
@@ -135,9 +131,11 @@ def launch(B: int, T: int, C: int, ns: int,
     return (cdiv(ns * C, block), B), opts
 
 
-def fwd_opts(config: FilterConfig = DEFAULT_CONFIG, posterior: bool = False) -> dict:
-    """Constexpr options of the forward walks."""
-    return dict(UNROLL=config.unroll, PREFETCH=config.posterior_prefetch if posterior else config.prefetch)
+def fwd_opts(config: FilterConfig = DEFAULT_CONFIG, posterior: bool = False, agg_block: int = 0) -> dict:
+    """Constexpr options of the forward walks (with ``agg_block`` lanes: of their aggregate pass, and its warps)."""
+    more = dict(CLOSED=config.walk_closed, CHUNK=config.closed_chunk,
+                num_warps=max(1, min(config.agg_warps, agg_block // 32))) if agg_block else {}
+    return dict(UNROLL=config.unroll, PREFETCH=config.posterior_prefetch if posterior else config.prefetch, **more)
 
 
 def check_device(y: torch.Tensor) -> None:
@@ -193,7 +191,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
         grid, opts = launch(B, T, C, ns, config)
         opts.update(fwd_opts(config, posterior))
         agg_kernel, fwd_kernel = filter_agg_kernel, filter_fwd_kernel
-    more = {} if tiles else dict(CLOSED=config.walk_closed, CHUNK=config.closed_chunk)  # the aggregate's
+    more = {} if tiles else fwd_opts(config, posterior, agg_block=opts["BLOCK"])
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
@@ -210,7 +208,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     if ns > 1:
         start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
-        agg_kernel[grid](*args, agg, *fast, T, C, ns, r, **flags, **opts, **more)
+        agg_kernel[grid](*args, agg, *fast, T, C, ns, r, **flags, **{**opts, **more})
         if from_agg:  # read while the carry and the outputs' walks run
             queued = checks.Ahead(torch.sum(agg[:, 4:6], dtype=torch.float64))
         filter_carry_kernel[(B * C,)](agg, init, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
@@ -477,8 +475,7 @@ def summary(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> tuple[torch.Te
     agg = torch.empty(B, 7, ns, C, dtype=p.dtype, device=p.y.device)
     grid, opts = launch(B, T, C, ns, config)
     filter_agg_kernel[grid](*_kernel_args(views), agg, T, C, ns, stretch, TRANS_STEP=_steps(views, _TRANS),
-                            OBS_STEP=_steps(views, _OBS), **opts, **fwd_opts(config),
-                            CLOSED=config.walk_closed, CHUNK=config.closed_chunk)
+                            OBS_STEP=_steps(views, _OBS), **{**opts, **fwd_opts(config, agg_block=opts["BLOCK"])})
     total = torch.empty(B, 7, C, dtype=p.dtype, device=p.y.device)
     filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns)),
                                   num_warps=config.carry_warps)
