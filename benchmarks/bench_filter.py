@@ -21,7 +21,8 @@ element) and, from a separate process, the same algebra as two ``jax.lax.associa
 ``--sweep`` also times launch variants (:data:`SWEEP`: fields of
 :class:`~kalmanscan.ops.filter.config.FilterConfig` changed from ``DEFAULT_CONFIG``, each passed to
 the launch wrappers of :mod:`kalmanscan.ops.filter.triton`); with ``--sweep-lanes``, the walks'
-time split (:data:`LANES`) at each of ``--sweep-shapes``:
+time split (:data:`LANES`) at each of ``--sweep-shapes``, with ``--sweep-split`` the split and the
+lanes per program together (:data:`SPLITS`):
 
     python -m benchmarks.bench_filter --out lanes.json --sweep-only --sweep-lanes \
         --sweep-shapes 4096x32768,16384x8192,65536x2048,1024x131072,256x524288,64x1048576
@@ -186,6 +187,7 @@ SWEEP = {  # (C, T): FilterConfig fields changed from DEFAULT_CONFIG, one launch
 
 
 LANES = [dict(target_lanes=1 << k) for k in range(15, 21)]  # --sweep-lanes: the walks' time split
+SPLITS = [dict(target_lanes=1 << k, block=b) for k in (18, 19, 20) for b in (128, 64)]  # --sweep-split
 
 
 def sweep(shapes=None, variants=None):
@@ -289,6 +291,8 @@ def main():
     ap.add_argument("--sweep-shapes", help="only these SWEEP shapes, e.g. 4096x32768,64x1048576")
     ap.add_argument("--sweep-lanes", action="store_true",
                     help="with --sweep-shapes (any shapes): time the walks' time split (LANES: target_lanes)")
+    ap.add_argument("--sweep-split", action="store_true",
+                    help="with --sweep-shapes: the walks' time split and lanes per program (SPLITS)")
     ap.add_argument("--checks", help="comma-separated checks to run (default: all, none with --sweep-only; "
                     "those named run with --sweep-only too)")
     args = ap.parse_args()
@@ -313,7 +317,7 @@ def main():
     if args.sweep or args.sweep_only:
         shapes = ([tuple(int(v) for v in x.split("x")) for x in args.sweep_shapes.split(",")]
                   if args.sweep_shapes else None)
-        res["sweep"] = sweep(shapes, LANES if args.sweep_lanes else None)
+        res["sweep"] = sweep(shapes, LANES if args.sweep_lanes else SPLITS if args.sweep_split else None)
         for row in res["sweep"]:
             print(json.dumps(row), flush=True)
         if args.sweep_only:
