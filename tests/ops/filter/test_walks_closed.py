@@ -80,16 +80,16 @@ def test_extreme_parameters_float32(init_var, chunks):
         assert chunks["head"] > 0 and chunks["tail"] > 0
 
 
-@pytest.mark.parametrize("init_var", [1e-6, 1e6])
-def test_float64_equals_the_composed_branch(init_var, chunks):
-    """``T = 147`` in stretches of 16, chunks of 4: head and tail chunks, within ``1e-12`` of the
-    composed branch on every moment (the rows whose decay is neither 1 nor 0 in float32, for time)."""
-    _, _, p = extreme_problem(torch.float64, init_var, T=147, theta_dt=THETA_DT[1:5])
+def test_float64_equals_the_composed_branch(chunks):
+    """``T = 99`` in stretches of 16, chunks of 4: head and tail chunks, within ``1e-12`` of the
+    composed branch on every moment (the rows whose decay is neither 1 nor 0 in float32, for time;
+    a stretch's map does not depend on the state it starts from, so one initial variance)."""
+    _, _, p = extreme_problem(torch.float64, 1e-6, T=99, theta_dt=THETA_DT[1:5])
     closed, composed = triton_filter(p, walks(16)), triton_filter(p, walks(16, closed=False))
     for k in MOMENTS:
         assert max_rel_error(getattr(closed, k), getattr(composed, k)) < 1e-12, k
     if INTERPRETED:
-        assert chunks["maps"] == 8 * 4
+        assert chunks["maps"] == 5 * 4
         assert chunks["head"] > 0 and chunks["tail"] > 0
 
 
