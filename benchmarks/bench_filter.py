@@ -293,6 +293,8 @@ def main():
                     help="with --sweep-shapes (any shapes): time the walks' time split (LANES: target_lanes)")
     ap.add_argument("--sweep-split", action="store_true",
                     help="with --sweep-shapes: the walks' time split and lanes per program (SPLITS)")
+    ap.add_argument("--sweep-variants", help="with --sweep-shapes: these FilterConfig variants, a JSON list of "
+                    "dicts, e.g. '[{\"agg_warps\": 2, \"closed_chunk\": 16}]'")
     ap.add_argument("--checks", help="comma-separated checks to run (default: all, none with --sweep-only; "
                     "those named run with --sweep-only too)")
     args = ap.parse_args()
@@ -317,7 +319,9 @@ def main():
     if args.sweep or args.sweep_only:
         shapes = ([tuple(int(v) for v in x.split("x")) for x in args.sweep_shapes.split(",")]
                   if args.sweep_shapes else None)
-        res["sweep"] = sweep(shapes, LANES if args.sweep_lanes else SPLITS if args.sweep_split else None)
+        variants = (LANES if args.sweep_lanes else SPLITS if args.sweep_split
+                    else json.loads(args.sweep_variants) if args.sweep_variants else None)
+        res["sweep"] = sweep(shapes, variants)
         for row in res["sweep"]:
             print(json.dumps(row), flush=True)
         if args.sweep_only:
