@@ -11,7 +11,9 @@ time is split across programs by the merged homogeneous form (docs/math.md, sect
 §2). Products of such maps stay lower block-triangular: seven numbers
 ``(p11, p12, p21, p22, e1, e2, f)``. They do not depend on the state, so
 
-1. :func:`filter_agg_kernel` walks every stretch and writes its product ``agg[b, k, s, c]``;
+1. :func:`filter_agg_kernel` walks every stretch and writes its product ``agg[b, k, s, c]`` (with
+   static parameters a complete stretch sums its information in closed form instead:
+   :mod:`kalmanscan.kernels.filter.walks_closed`);
 2. :func:`filter_carry_kernel` scans the products over stretches (``tl.associative_scan``, never
    ``tl.reduce``: the combine is not commutative) and writes each stretch's starting state
    ``start[b, 0/1, s, c] = (lam, eta)``;
