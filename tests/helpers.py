@@ -105,6 +105,13 @@ def problem_tensors(kw, dtype=torch.float64, grad=False, device="cpu"):
     return out
 
 
+def array_tensors(kw, dtype=torch.float64, device=None):
+    """The keywords ``kw`` with their NumPy arrays as tensors of ``dtype`` on ``device`` (default
+    :data:`KERNEL_DEVICE`) and every other value as it is (a Python number stays a number)."""
+    device = KERNEL_DEVICE if device is None else device
+    return {k: torch.tensor(v, dtype=dtype, device=device) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+
+
 class Launches:
     """A kernel whose launches are counted (``kernel[grid](...)`` goes through)."""
 

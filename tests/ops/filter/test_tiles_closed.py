@@ -17,7 +17,8 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import FLOAT32_BOUND, KERNEL_DEVICE, POSITIVE, config, max_rel_error, rel_error, triton_filter
+from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, array_tensors, config, max_rel_error, posterior_error,
+                     triton_filter)
 
 import kalmanscan as ks
 from kalmanscan.inputs import prepare
@@ -59,13 +60,11 @@ def extreme_problem(dtype, init_var, missing=0.0, T=259, theta_dt=THETA_DT):
     y[rng.random(y.shape) < missing] = np.nan
     kw = dict(theta=theta[:, None, None], sigma=2.0, obs_var=obs_var[:, None, None], dt=0.7, mean=0.3,
               h=1.5, init_var=init_var)
-    t = {k: torch.tensor(v, dtype=dtype, device=KERNEL_DEVICE) if isinstance(v, np.ndarray) else v
-         for k, v in kw.items()}
-    return y, kw, prepare(torch.tensor(y, dtype=dtype, device=KERNEL_DEVICE), **t)
+    return y, kw, prepare(torch.tensor(y, dtype=dtype, device=KERNEL_DEVICE), **array_tensors(kw, dtype))
 
 
 def errors(out, ref):
-    return {k: (rel_error if k in POSITIVE else max_rel_error)(getattr(out, k), getattr(ref, k)) for k in MOMENTS}
+    return posterior_error(out, ref, MOMENTS)[1]
 
 
 @pytest.mark.parametrize("init_var", [1e-6, 1e6])
@@ -97,8 +96,7 @@ def test_a_stretch_with_a_missing_value_composes_its_steps(closed_stretches):
     y = y[12:14].copy()  # theta dt = 1e-4, obs_var 1 and 1e4
     y[:, 100, 0] = np.nan   # stretch 2 (steps 96-143) of both series
     kw = {k: v[12:14] if isinstance(v, np.ndarray) else v for k, v in kw.items()}
-    t = {k: torch.tensor(v, dtype=torch.float32, device=KERNEL_DEVICE) if isinstance(v, np.ndarray) else v
-         for k, v in kw.items()}
+    t = array_tensors(kw, torch.float32)
     out = triton_filter(prepare(torch.tensor(y, dtype=torch.float32, device=KERNEL_DEVICE), **t), CLOSED)
     ref = ks.filter(y, backend="reference", **kw)
     errs = errors(out, ref)
@@ -117,7 +115,7 @@ def test_stretch_boundaries_and_every_field(T, poisoned):
     kw = dict(theta=0.05, sigma=0.4, obs_var=2.0, mean=-0.2, h=0.8, init_var=np.array([[1e-3], [50.0]]))
     ref = ks.filter(y, backend="reference", **kw)
     p = prepare(torch.tensor(y, dtype=torch.float64, device=KERNEL_DEVICE),
-                **{k: torch.tensor(v, device=KERNEL_DEVICE) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
+                **array_tensors(kw))
     out = triton_filter(p, CLOSED)
     for k in MOMENTS + ("pred_obs_mean",):
         assert max_rel_error(getattr(out, k), getattr(ref, k)) < 1e-10, k

@@ -12,7 +12,8 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import FLOAT32_BOUND, KERNEL_DEVICE, POSITIVE, config, max_rel_error, rel_error, triton_filter
+from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, array_tensors, config, max_rel_error, posterior_error,
+                     triton_filter)
 
 import kalmanscan as ks
 from kalmanscan.inputs import prepare
@@ -58,13 +59,11 @@ def extreme_problem(dtype, init_var, T, missing=0.0, theta_dt=THETA_DT, seed=5):
     y[rng.random(y.shape) < missing] = np.nan
     kw = dict(theta=(theta_dt / 0.7)[:, None, None], sigma=2.0, obs_var=OBS_VAR, dt=0.7, mean=0.3, h=1.5,
               init_var=init_var)
-    t = {k: torch.tensor(v, dtype=dtype, device=KERNEL_DEVICE) if isinstance(v, np.ndarray) else v
-         for k, v in kw.items()}
-    return y, kw, prepare(torch.tensor(y, dtype=dtype, device=KERNEL_DEVICE), **t)
+    return y, kw, prepare(torch.tensor(y, dtype=dtype, device=KERNEL_DEVICE), **array_tensors(kw, dtype))
 
 
 def errors(out, ref):
-    return {k: (rel_error if k in POSITIVE else max_rel_error)(getattr(out, k), getattr(ref, k)) for k in MOMENTS}
+    return posterior_error(out, ref, MOMENTS)[1]
 
 
 @pytest.mark.parametrize("init_var", [1e-6, 1e6])
@@ -99,8 +98,7 @@ def test_a_gap_stops_the_closed_form_at_its_chunk(chunks):
     y, kw, _ = extreme_problem(torch.float32, 1.0, T=96, theta_dt=THETA_DT[2:4])
     y[:, 32 + 9, 3] = np.nan
     y[:, 64, 0] = np.nan
-    t = {k: torch.tensor(v, dtype=torch.float32, device=KERNEL_DEVICE) if isinstance(v, np.ndarray) else v
-         for k, v in kw.items()}
+    t = array_tensors(kw, torch.float32)
     out = triton_filter(prepare(torch.tensor(y, dtype=torch.float32, device=KERNEL_DEVICE), **t), walks(16))
     errs = errors(out, ks.filter(y, backend="reference", **kw))
     assert max(errs.values()) < FLOAT32_BOUND, errs
@@ -119,7 +117,7 @@ def test_stretch_boundaries_and_every_field(T, poisoned):
               init_var=np.array([[[1e-3]], [[50.0]]]))
     ref = ks.filter(y, backend="reference", **kw)
     p = prepare(torch.tensor(y, dtype=torch.float64, device=KERNEL_DEVICE),
-                **{k: torch.tensor(v, device=KERNEL_DEVICE) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
+                **array_tensors(kw))
     out = triton_filter(p, walks(16))
     for k in MOMENTS + ("pred_obs_mean",):
         assert max_rel_error(getattr(out, k), getattr(ref, k)) < 1e-10, k
@@ -161,7 +159,6 @@ def test_compiled_closed_walks_on_cuda(missing):
               obs_var=rng.uniform(0.01, 10.0, 256), mean=0.5)
     ref = ks.filter(y, backend="reference", **kw)
     out = ks.filter(torch.tensor(y, dtype=torch.float32, device="cuda"), backend="triton",
-                    **{k: torch.tensor(v, dtype=torch.float32, device="cuda") if isinstance(v, np.ndarray) else v
-                       for k, v in kw.items()})
+                    **array_tensors(kw, torch.float32, "cuda"))
     errs = errors(out, ref)
     assert max(errs.values()) < FLOAT32_BOUND, errs
