@@ -64,10 +64,16 @@ def closed_constants(decay, noise, obs_var, h):
     ``log2 f*``, ``-log rho``, the deviation coefficients of :func:`closed_power` and ``1 / lam*``.
     ``usable`` is false where the map has no attracting fixed point or a constant is out of range
     (no process noise, ``theta = 0`` with ``h = 0``): the general branch runs there."""
-    dtype = decay.dtype
     xp, xm, f, omf, nlr, c_lam, c_var, usable = closed_constants64(decay, noise, obs_var, h)
+    return rounded_constants(xp, xm, nlr, c_lam, c_var, decay.dtype) + (usable,)
+
+
+@triton.jit
+def rounded_constants(xp, xm, nlr, c_lam, c_var, dtype: tl.constexpr):
+    """:func:`closed_constants`' values but ``usable``, rounded once from the float64 ones of
+    :func:`closed_constants64` to ``dtype``."""
     return (xp.to(dtype), xm.to(dtype), (1.0 / (xp - xm)).to(dtype), (-0.5 * nlr / 0.6931471805599453).to(dtype),
-            nlr.to(dtype), c_lam.to(dtype), c_var.to(dtype), (1.0 / xp).to(dtype), usable)
+            nlr.to(dtype), c_lam.to(dtype), c_var.to(dtype), (1.0 / xp).to(dtype))
 
 
 @triton.jit

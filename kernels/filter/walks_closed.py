@@ -24,18 +24,20 @@ import triton
 import triton.language as tl
 
 from .steps import load_y
-from .tiles_closed import closed_agg7, closed_constants, closed_constants64, one_minus_exp
+from .tiles_closed import closed_agg7, closed_constants64, one_minus_exp, rounded_constants
 
 
 @triton.jit
 def walk_constants(decay, noise, obs_var, h, lane_ok, complete):
     """``(xp, xm, inv_d, log2_f, nlr, f_hi, f_lo, head, closed)`` of a program's lanes: the constants
-    of :func:`kalmanscan.kernels.filter.tiles_closed.closed_constants`, ``f*`` split in two, the
+    of :func:`kalmanscan.kernels.filter.tiles_closed.closed_constants` (from one float64 evaluation),
+    ``f*`` split in two, the
     program's head (steps while the weights differ from their limit, the largest over its lanes;
     a float, ``inf`` where ``x- = 0``) and whether every lane may take the closed form (``complete``
     and usable)."""
-    xp, xm, inv_d, log2_f, nlr, c_lam, c_var, var_star, usable = closed_constants(decay, noise, obs_var, h)
-    xp64, xm64, f64, omf64, nlr64, c_lam64, c_var64, usable64 = closed_constants64(decay, noise, obs_var, h)
+    xp64, xm64, f64, omf64, nlr64, c_lam64, c_var64, usable = closed_constants64(decay, noise, obs_var, h)
+    xp, xm, inv_d, log2_f, nlr, c_lam, c_var, var_star = rounded_constants(xp64, xm64, nlr64, c_lam64, c_var64,
+                                                                           decay.dtype)
     f_hi = f64.to(decay.dtype)
     f_lo = (f64 - f_hi.to(tl.float64)).to(decay.dtype)
     ratio = tl.maximum(xp64 / tl.maximum(-xm64, 1e-300), 1.0)
