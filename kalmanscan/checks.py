@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from .types import ArrayLike
 
-__all__ = ["Checks", "Pending", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead",
+__all__ = ["Checks", "Pending", "Flag", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead",
            "queue_y_sum", "decide_y", "BY_RESULT"]
+
+
+class Flag(NamedTuple):
+    """Entry ``index`` of a vector of verdicts or facts (0/1 or boolean) that one launch wrote: a
+    check or fact queued without a tensor of its own (:meth:`Checks.require`, :meth:`Checks.fact`);
+    every entry of one vector comes back in one piece of the copy."""
+
+    vector: torch.Tensor
+    index: int
 
 
 class Checks:
@@ -28,7 +38,8 @@ class Checks:
     ``add`` queues ``all(cond(x))`` without waiting for the device; ``fact`` queues a boolean
     tensor to be read back; ``decide`` reads every verdict and fact at once (those computed on the
     CPU cost no synchronisation; all those on a device come back in one copy) and raises
-    ``ValueError`` for the first check that failed, in the order they were added.
+    ``ValueError`` for the first check that failed, in the order they were added. A verdict or fact
+    may be a :class:`Flag` (an entry of a vector of them), read with its vector's other entries.
     """
 
     def __init__(self):
@@ -40,13 +51,15 @@ class Checks:
         with torch.no_grad():
             self.items.append((f"{name} must be {what}", torch.all(cond(x.detach())), None))
 
-    def require(self, message: str, ok: torch.Tensor, confirm: Callable[[], None] | None = None) -> None:
-        """Queue a check given as a boolean tensor ``ok`` and its full error message; when ``ok``
-        is false and ``confirm`` is given, ``confirm()`` decides instead (it raises or returns)."""
+    def require(self, message: str, ok: torch.Tensor | Flag, confirm: Callable[[], None] | None = None) -> None:
+        """Queue a check given as a boolean tensor (or :class:`Flag`) ``ok`` and its full error
+        message; when ``ok`` is false and ``confirm`` is given, ``confirm()`` decides instead (it
+        raises or returns)."""
         self.items.append((message, ok, confirm))
 
-    def fact(self, name: str, value: torch.Tensor | bool) -> None:
-        """Queue a boolean tensor (or a Python bool) read back by :meth:`decide` as ``name``."""
+    def fact(self, name: str, value: torch.Tensor | Flag | bool) -> None:
+        """Queue a boolean tensor (or :class:`Flag`, or a Python bool) read back by :meth:`decide`
+        as ``name``."""
         self.facts[name] = value
 
     def decide(self) -> dict:
@@ -57,11 +70,19 @@ class Checks:
         """The verdicts and facts copied back without waiting (:class:`Ahead`, one stack per
         device), decided later by :meth:`Pending.decide`; the queue is emptied."""
         entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
-        known = [None if isinstance(x, torch.Tensor) else bool(x) for x in entries]
+        flags = [x if isinstance(x, Flag) else Flag(x, 0) if isinstance(x, torch.Tensor) else None for x in entries]
+        known = [None if f is not None else bool(x) for f, x in zip(flags, entries)]
         reads = []
-        for device in {x.device for x in entries if isinstance(x, torch.Tensor)}:
-            order = [i for i, x in enumerate(entries) if isinstance(x, torch.Tensor) and x.device == device]
-            reads.append((order, Ahead(torch.stack([entries[i].reshape(()).to(torch.bool) for i in order]))))
+        for device in {f.vector.device for f in flags if f is not None}:
+            vectors, start, where = [], {}, []
+            for i, f in enumerate(flags):
+                if f is None or f.vector.device != device:
+                    continue
+                if id(f.vector) not in start:  # each vector once, whatever of it is read
+                    start[id(f.vector)] = sum(v.numel() for v in vectors)
+                    vectors.append(f.vector)
+                where.append((i, start[id(f.vector)] + f.index))
+            reads.append((where, Ahead(torch.cat([v.reshape(-1).to(torch.bool) for v in vectors]))))
         pending = Pending([(message, confirm) for message, _, confirm in self.items], list(self.facts), known, reads)
         self.items, self.facts = [], {}
         return pending
@@ -77,9 +98,10 @@ class Pending:
 
     def decide(self) -> dict:
         verdict = list(self.known)
-        for order, ahead in self.reads:
-            for i, v in zip(order, ahead.read().cpu().numpy()):
-                verdict[i] = bool(v)
+        for where, ahead in self.reads:
+            values = ahead.read().cpu().numpy()
+            for i, at in where:
+                verdict[i] = bool(values[at])
         for (message, confirm), good in zip(self.items, verdict):
             if not good and confirm is None:
                 raise ValueError(message)

@@ -22,7 +22,7 @@ import torch
 from kalmanscan.kernels.filter.params import NFLAGS, param_rows_kernel
 
 from . import mobius, ou
-from .checks import Checks
+from .checks import Checks, Flag
 from .inputs import (BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, PARAMS, Problem, broadcast_init,
                      broadcast_param, host_array, on_host, requirement, to_device)
 from .types import ArrayLike
@@ -44,7 +44,8 @@ def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: b
                    out_dtype: object) -> tuple[Problem, dict]:
     """``(problem, facts)`` for :func:`static_on_device` inputs (``values`` as there): the problem's
     fields are ``(1, C)`` rows of one block; the verdicts are queued on ``checks`` (bad values raise
-    when it is decided), the facts ``diffuse`` and ``no_noise`` returned as 0-d bool tensors."""
+    when it is decided), the facts ``diffuse`` and ``no_noise`` returned as :class:`Flag` entries
+    of the launch's flags (read with the verdicts, in one copy)."""
     dtype, device, shape = y_t.dtype, y_t.device, tuple(y_t.shape)
     np_dtype = np.float32 if dtype == torch.float32 else np.float64
     given = {k: values[k] for k in _ROWS if values[k] is not None}
@@ -63,25 +64,27 @@ def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: b
         moved = to_device(torch.from_numpy(block), device)
         rows = dict(zip(host, moved.unbind(0)))
     for k, x in tensors.items():
-        rows[k] = to_device(x, device).to(dtype).expand(C)
-    zero = rows["theta"].new_zeros(()).expand(C)  # where init_mean / init_var are not given
-    block = torch.stack([rows.get(k, zero) for k in _ROWS])
+        x = to_device(x, device).to(dtype)
+        rows[k] = x if x.shape == (C,) else x.expand(C)
+    if len(rows) < len(_ROWS):  # zeros where init_mean / init_var are not given
+        rows.update(dict.fromkeys(set(_ROWS) - set(rows), torch.zeros((), dtype=dtype, device=device).expand(C)))
+    block = torch.stack([rows[k] for k in _ROWS])
     derived = torch.empty(5, C, dtype=dtype, device=device)
     flags = torch.empty(NFLAGS, dtype=torch.int8, device=device)
     param_rows_kernel[(1,)](block.detach(), derived, flags, C, mobius.noise_bound(dtype),
                             GIVEN_MEAN="init_mean" in given, GIVEN_VAR="init_var" in given, BLOCK=_BLOCK)
-    flags = flags.bool()
     for i, (name, bound) in enumerate(BOUNDS.items()):
-        checks.require(f"{name} must be {requirement(bound)}", flags[i])
+        checks.require(f"{name} must be {requirement(bound)}", Flag(flags, i))
     for i, message in ((8, NEEDS_INIT_VAR_THETA), (9, NEEDS_INIT_VAR_SIGMA),
                        (7, "init_var must be > 0 (or inf: a diffuse prior)"), (6, "init_mean must be finite")):
-        checks.require(message, flags[i])
-    fields = {k: block[i].view(1, C) for i, k in enumerate(PARAMS)}
-    init_var, decay, noise, lam0, eta0 = (r.view(1, C) for r in derived.unbind(0))
+        checks.require(message, Flag(flags, i))
+    row = block.view(len(_ROWS), 1, C).unbind(0)
+    fields = dict(zip(PARAMS, row))
+    init_var, decay, noise, lam0, eta0 = derived.view(5, 1, C).unbind(0)
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors.values())
-    init_mean = block[6].view(1, C) if "init_mean" in given else fields["mean"]
+    init_mean = row[6] if "init_mean" in given else fields["mean"]
     if "init_var" in given:
-        init_var = block[7].view(1, C)
+        init_var = row[7]
     elif grad:
         init_var = ou.stationary_var(fields["theta"], fields["sigma"])
     p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, init_mean=init_mean,
@@ -89,4 +92,4 @@ def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: b
     if not grad:
         p.derived = dict(decay=decay, noise=noise, lam0=lam0, eta0=eta0,
                          **{"from": {k: getattr(p, k) for k in _ROWS}})
-    return p, dict(diffuse=flags[10], no_noise=flags[11])
+    return p, dict(diffuse=Flag(flags, 10), no_noise=Flag(flags, 11))

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 import kalmanscan as ks
-from kalmanscan.checks import Checks
+from kalmanscan.checks import Checks, Flag
 from kalmanscan.inputs import prepare
 from kalmanscan.param_rows import prepare_static, static_on_device
+from helpers import synchronisations
 
 param_rows = importlib.import_module("kalmanscan.param_rows")
+filtering = importlib.import_module("kalmanscan.filtering")
 
 T, C = 31, 5
 ROWS = ("theta", "sigma", "obs_var", "mean", "h", "dt", "init_mean", "init_var")
@@ -39,7 +41,7 @@ def static(y, vals):
     checks = Checks()
     p, facts = prepare_static(y, vals, checks, False, y.dtype)
     verdict = checks.queue()
-    return p, {k: bool(v) for k, v in facts.items()}, verdict
+    return p, {k: bool(v.vector[v.index]) for k, v in facts.items()}, verdict
 
 
 CASES = {
@@ -136,3 +138,47 @@ def test_filter_through_it_equals_the_torch_backend(monkeypatch, case):
         torch.testing.assert_close(getattr(got, k), getattr(want, k), rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="obs_var must be"):
         ks.filter(y, backend="triton", **dict(vals, obs_var=torch.full((C,), -1.0, dtype=torch.float64)))
+
+
+def test_flags_are_read_with_their_vector_in_order():
+    """Verdicts and facts given as entries of one vector (``Flag``) come back with the scalar
+    checks in one copy: the first failed check in the order added raises, facts read by name."""
+    flags = torch.tensor([1, 0, 1, 1], dtype=torch.int8)
+    checks = Checks()
+    checks.require("a must hold", Flag(flags, 0))
+    checks.require("b must hold", torch.tensor(True))
+    checks.require("c must hold", Flag(flags, 2))
+    checks.fact("d", Flag(flags, 3))
+    checks.fact("e", Flag(flags, 1))
+    checks.fact("f", True)
+    assert checks.queue().decide() == dict(d=True, e=False, f=True)
+    checks.require("a must hold", Flag(flags, 0))
+    checks.require("g must hold", Flag(flags, 1))
+    checks.require("h must hold", torch.tensor(False))
+    with pytest.raises(ValueError, match="g must hold"):
+        checks.decide()
+
+
+@pytest.mark.gpu
+def test_large_y_with_device_parameters_is_checked_from_the_kernels_pass():
+    """Static device parameters and a ``y`` of more than ``BY_RESULT`` elements on the triton
+    backend: ``y``'s check comes from the kernels' first pass (no reduction of its own), read after
+    the parameters' verdicts; an ``inf`` still raises naming ``y``, a bad parameter naming it."""
+    Cb = 512
+    g = torch.Generator("cuda").manual_seed(5)
+    y = torch.randn(600, Cb, device="cuda", generator=g)
+    y[torch.rand(600, Cb, device="cuda", generator=g) < 0.1] = float("nan")
+    theta = torch.rand(Cb, device="cuda", generator=g) + 0.1
+    kw = dict(theta=theta, sigma=0.6, obs_var=torch.full((Cb,), 0.4, device="cuda"), backend="triton")
+    assert filtering.late_y_check(y, dict(kw, mean=0.0, h=1.0, dt=1.0), None, None, None, "triton")
+    got = ks.filter(y, outputs=("mean", "var"), **kw)
+    want = ks.filter(y, outputs=("mean", "var"), **dict(kw, theta=theta.cpu().numpy(), obs_var=0.4))
+    for k in ("mean", "var"):  # decay and noise derived on the device: a few ulps from the host's
+        torch.testing.assert_close(getattr(got, k), getattr(want, k))
+    assert synchronisations(lambda: ks.filter(y, **kw)) == 2
+    bad = y.clone()
+    bad[599, 511] = float("inf")
+    with pytest.raises(ValueError, match="y must be finite"):
+        ks.filter(bad, **kw)
+    with pytest.raises(ValueError, match="obs_var must be"):
+        ks.filter(bad, **dict(kw, obs_var=torch.full((Cb,), -1.0, device="cuda")))
