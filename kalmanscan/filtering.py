@@ -10,16 +10,15 @@ import numpy as np
 import torch
 
 from .diffuse import Diffuse, finite_problem, restore
-from .checks import BY_RESULT, decide_y
+from .checks import decide_y
 from .inputs import GUESSED, Problem, host_parameters, prepare
-from .ops.filter import resolve_backend, run_backend
-from .param_rows import static_on_device
+from .ops.filter import run_backend
 from .posterior import Params, Posterior
 from .stream import StreamState, as_prior, continue_problem, mark, naming_state
 from .types import ArrayLike
 
 
-__all__ = ["filter", "make_posterior", "sum_time", "run_problem", "confirmed", "late_y_check", "OUTPUTS"]
+__all__ = ["filter", "make_posterior", "sum_time", "run_problem", "confirmed", "OUTPUTS"]
 
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
@@ -68,10 +67,7 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
             element read) queued before the kernels and read back once they are queued: the
             call's one synchronisation, which waits for the reduction, not for the kernels (with
             parameters given as device tensors, it is read with their checks, once the kernels
-            are queued; static ones with more than ``2^18`` elements of ``y`` on the triton
-            backend take it from the kernels' first pass over ``y`` instead, read after the
-            parameters' verdicts: two waits, neither for the kernels). On a CPU it is one
-            reduction of the result. ``False`` skips it: no
+            are queued). On a CPU it is one reduction of the result. ``False`` skips it: no
             synchronisation, and an ``inf`` in ``y`` shows as a non-finite result instead of an
             error. The parameters are checked either way.
 
@@ -87,8 +83,7 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # it is read while they run (the call's one synchronisation); otherwise from the result (an
     # inf in y makes the log-likelihood and the filtered mean from its step on, the last step's
     # too, non-finite), y searched only when that is not finite. Parameters checked on their
-    # device need a read of their own: y's check (one reduction) joins it, unless the triton
-    # backend's kernels take it from their pass over a large y (late_y_check). On the triton backend
+    # device need a read of their own: y's check (one reduction) joins it. On the triton backend
     # it is read once the kernels are queued (confirmed), the facts that pick the kernels' path
     # (a diffuse prior, no process noise) assumed until then and the call run again, checked
     # first, when they differ; on the other backends before the kernels.
@@ -96,7 +91,7 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
-    late = check_finite and late_y_check(y, params, times, init_mean, init_var, backend)
+    late = check_finite and host_parameters(params, times, init_mean, init_var)
     p, _, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
                                      backend, state, check_finite, late, None if outputs is None else wanted)
     queued = out.pop("y_check", None)
@@ -112,21 +107,6 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if late:
         decide_y(p.y, queued, witness, diffuse is not None)
     return post if state is None else mark(post, state)
-
-
-def late_y_check(y: ArrayLike, params: dict, times: ArrayLike | None, init_mean: ArrayLike | None,
-                 init_var: ArrayLike | None, backend: str) -> bool:
-    """Whether ``y``'s inf check is decided once the kernels are queued (:func:`decide_y`) rather
-    than with the parameters' checks: when the parameters are checked on the host, and when they
-    are static device tensors checked by one launch (:mod:`kalmanscan.param_rows`) of a ``y`` of
-    more than :data:`~kalmanscan.checks.BY_RESULT` elements on the triton backend, whose kernels
-    take the check from their first pass over ``y`` (a reduction of its own would read all of
-    ``y`` again; a smaller ``y`` joins the parameters' read, the call's one wait)."""
-    if host_parameters(params, times, init_mean, init_var):
-        return True
-    return (isinstance(y, torch.Tensor) and y.is_cuda and y.numel() > BY_RESULT
-            and static_on_device(y, dict(params, init_mean=init_mean, init_var=init_var), times)
-            and resolve_backend(backend, y.device) == "triton")
 
 
 def run_problem(args: dict, backend: str, state: StreamState | None, check_finite: bool, late: bool,

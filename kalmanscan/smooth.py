@@ -22,7 +22,8 @@ import torch
 
 from .diffuse import restore, smooth_leading
 from .checks import decide_y
-from .filtering import late_y_check, make_posterior, run_problem, sum_time
+from .filtering import make_posterior, run_problem, sum_time
+from .inputs import host_parameters
 from .ops.filter import get_backend, resolve_backend
 from .stream import StreamState, as_prior, mark
 from .types import ArrayLike
@@ -49,11 +50,10 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     # y's inf check as ks.filter's: decided once the kernels are queued when the parameters are
-    # checked on the host, or are static device tensors of a large y on the triton backend
-    # (filtering.late_y_check), else joined with their checks, read once the triton backend's
-    # kernels are queued (before the kernels on the other backends).
+    # checked on the host (checks.decide_y), else joined with their checks, read once the triton
+    # backend's kernels are queued (before the kernels on the other backends).
     params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
-    late = check_finite and late_y_check(y, params, times, init_mean, init_var, backend)
+    late = check_finite and host_parameters(params, times, init_mean, init_var)
     p, finite, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
                                           backend, state, check_finite, late)
     queued = out.pop("y_check", None)
