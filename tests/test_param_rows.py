@@ -180,4 +180,4 @@ def test_large_y_with_device_parameters_equals_numbers_and_is_checked():
     with pytest.raises(ValueError, match="y must be finite"):
         ks.filter(bad, **kw)
     with pytest.raises(ValueError, match="obs_var must be"):
-        ks.filter(bad, **dict(kw, obs_var=torch.full((Cb,), -1.0, device="cuda")))
+        ks.filter(y, **dict(kw, obs_var=torch.full((Cb,), -1.0, device="cuda")))
