@@ -67,8 +67,9 @@ class Checks:
         return self.queue().decide()
 
     def queue(self) -> Pending:
-        """The verdicts and facts copied back without waiting (:class:`Ahead`, one stack per
-        device), decided later by :meth:`Pending.decide`; the queue is emptied."""
+        """The verdicts and facts copied back without waiting (:class:`Ahead`, one vector per
+        device: each tensor or :class:`Flag` vector once, concatenated), decided later by
+        :meth:`Pending.decide`; the queue is emptied."""
         entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
         flags = [x if isinstance(x, Flag) else Flag(x, 0) if isinstance(x, torch.Tensor) else None for x in entries]
         known = [None if f is not None else bool(x) for f, x in zip(flags, entries)]
