@@ -77,16 +77,16 @@ def join_columns(cols, ROW: tl.constexpr):
 
 
 @triton.jit
-def tile_inputs(t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
-                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-                dt_ptr, sdt_b, sdt_t, sdt_c,
-                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-                h_ptr, sh_b, sh_t, sh_c,
-                decay_s, noise_s, obs_var_s, mean_s, h_s,
+def tile_inputs(t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics,
                 TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
     """``(valid, decay, noise, observed, yc, phi, info, obs_var, mean, h)`` of the steps ``t`` (a
-    block ``[NT, ROW]``, :func:`kalmanscan.kernels.filter.steps.step_inputs`); at or past ``T`` the identity
-    step: ``decay = 1``, ``noise = 0``, and ``y`` reads as missing (``phi = info = 0``)."""
+    block ``[NT, ROW]``, :func:`kalmanscan.kernels.filter.steps.step_inputs`; ``params`` the 24
+    parameter pointers and strides in kernel order, ``statics`` the stretch's static parameters,
+    :func:`stretch_setup`); at or past ``T`` the identity step: ``decay = 1``, ``noise = 0``, and
+    ``y`` reads as missing (``phi = info = 0``)."""
+    (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c) = params
+    decay_s, noise_s, obs_var_s, mean_s, h_s = statics
     valid = t < T
     y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
     decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
@@ -113,21 +113,22 @@ def row_maps(decay, noise, phi, info, ROW: tl.constexpr):
 
 
 @triton.jit
-def stretch_setup(T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-                  dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-                  h_ptr, sh_b, sh_t, sh_c, TILE: tl.constexpr, WIDE: tl.constexpr):
-    """``(s, b, c, t0, *statics)``: stretch ``program_id(0)`` of series ``program_id(1) = b C + c``,
-    its first step and its static parameters (:func:`kalmanscan.kernels.filter.steps.static_inputs`)."""
+def stretch_setup(T, C, R, params, TILE: tl.constexpr, WIDE: tl.constexpr):
+    """``(s, b, c, t0, statics)``: stretch ``program_id(0)`` of series ``program_id(1) = b C + c``,
+    its first step and its static parameters ``(decay, noise, obs_var, mean, h)``
+    (:func:`kalmanscan.kernels.filter.steps.static_inputs`; ``params`` as :func:`tile_inputs`)."""
+    (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c) = params
     s = tl.program_id(0)
     bc = tl.program_id(1)
     b = index(bc // C, WIDE)
     c = bc % C
     t0 = index(s, WIDE) * R * TILE
-    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
+    statics = static_inputs(
         t0, t0 < T, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
         dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
         h_ptr, sh_b, sh_t, sh_c)
-    return s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s
+    return s, b, c, t0, statics
 
 
 @triton.jit
@@ -144,10 +145,10 @@ def filter_tile_agg_kernel(
     form (``CLOSED``, static parameters, a complete stretch: :mod:`kalmanscan.kernels.filter.tiles_closed`),
     0 where the steps were composed."""
     tl.static_assert(TILE % ROW == 0)
-    s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = stretch_setup(
-        T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, TILE, WIDE)
+    params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+              obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
+    s, b, c, t0, statics = stretch_setup(T, C, R, params, TILE, WIDE)
+    decay_s, noise_s, obs_var_s, mean_s, h_s = statics
     rows = tl.arange(0, TILE // ROW)
     last = rows == TILE // ROW - 1
     steps = rows[:, None] * ROW + tl.arange(0, ROW)[None, :]
@@ -169,10 +170,7 @@ def filter_tile_agg_kernel(
             for r in range(R):
                 t = t0 + r * TILE + steps
                 valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-                    t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
-                    theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-                    obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-                    decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+                    t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
                 acc1, acc2, gaps = closed_sums(acc1, acc2, gaps, r * TILE + steps, L, observed, info, xp, xm,
                                                log2_f, nlr)
             if tile_sum(gaps) == 0:
@@ -183,10 +181,7 @@ def filter_tile_agg_kernel(
         for r in range(R):
             t = t0 + r * TILE + steps
             valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-                t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
-                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-                decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+                t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
             p11, p12, p21, p22, e1, e2, f = tl.associative_scan(row_maps(
                 row_columns(decay, ROW), row_columns(noise, ROW), row_columns(phi, ROW), row_columns(info, ROW),
                 ROW), 0, compose7)
@@ -224,10 +219,10 @@ def filter_tile_fwd_kernel(
     takes each row's first precision in closed form and scans the mean's affine maps
     (:func:`kalmanscan.kernels.filter.tiles_closed.closed_tile_states`)."""
     tl.static_assert(TILE % ROW == 0)
-    s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = stretch_setup(
-        T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, TILE, WIDE)
+    params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+              obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
+    s, b, c, t0, statics = stretch_setup(T, C, R, params, TILE, WIDE)
+    decay_s, noise_s, obs_var_s, mean_s, h_s = statics
     sbase = start_ptr + b * 2 * NS * C + s * C + c
     lam = tl.load(sbase)
     eta = tl.load(sbase + NS * C)
@@ -247,10 +242,7 @@ def filter_tile_fwd_kernel(
         for r in range(R):
             t = t0 + r * TILE + steps
             valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-                t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
-                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-                decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+                t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
             lam_rows = closed_power(lam, (r * TILE + rows * ROW).to(lam.dtype), xp, var_star, nlr, c_lam, c_var)
             lams, etas, eta_end = closed_tile_states(lam_rows, eta, decay_s, noise_s, phi_s, row_columns(info, ROW),
                                                      first, before, ROW)
@@ -263,10 +255,7 @@ def filter_tile_fwd_kernel(
         for r in range(R):
             t = t0 + r * TILE + steps
             valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-                t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
-                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-                decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+                t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
             d = row_columns(decay, ROW)
             n = row_columns(noise, ROW)
             ph = row_columns(phi, ROW)

@@ -75,18 +75,15 @@ def cotangent_columns(g_ptr, o, valid, HAS: tl.constexpr, ROW: tl.constexpr):
 
 
 @triton.jit
-def tile_adjoint_scan(t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c,
-                      theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-                      dt_ptr, sdt_b, sdt_t, sdt_c,
-                      obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-                      h_ptr, sh_b, sh_t, sh_c,
-                      statics, mu_ptr, lam_ptr, lam0, mu0, g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
+def tile_adjoint_scan(t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c, params, statics,
+                      mu_ptr, lam_ptr, lam0, mu0, g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
                       TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
                       HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr, HAS_G_PM: tl.constexpr,
                       HAS_G_PV: tl.constexpr, ROW: tl.constexpr):
     """Everything the reverse steps of the block ``t`` (``[NT, ROW]``, at offsets ``o`` of the
     ``(B, T, C)`` arrays) need, and the scan of its row maps: ``(valid, observed, yc, hr, x, g,
-    maps)`` (``statics``: the stretch's static parameters, :func:`stretch_backward_setup`) with
+    maps)`` (``params``, ``statics``: the parameters' pointers and strides and the stretch's static
+    parameters, as :func:`kalmanscan.kernels.filter.tiles.tile_inputs` takes them) with
     ``hr = h / obs_var`` (:func:`kalmanscan.kernels.filter.steps.observation`; a scalar when
     static), ``x`` the columns, last
     first (:func:`reversed_columns`), of ``(lam_t, mu_t, lam_{t-1}, mu_{t-1}, decay, noise, t)``
@@ -95,12 +92,8 @@ def tile_adjoint_scan(t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c,
     (:func:`cotangent_columns`); ``maps`` is the inclusive scan of the :func:`row_adjoint_maps`
     over the block rows, tile's last row first: at block row ``i`` the map from the adjoints after
     the tile to those before its row ``NT - 1 - i`` (5 vectors ``[NT]``)."""
-    decay_s, noise_s, obs_var_s, mean_s, h_s = statics
     valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-        t, T, b, c, y_ptr, sy_b, sy_t, sy_c,
-        theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-        obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-        decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
     lam = tl.load(lam_ptr + o, mask=valid, other=1.0)
     mu = tl.load(mu_ptr + o, mask=valid, other=0.0)
     prev = valid & (t > 0)
@@ -116,24 +109,18 @@ def tile_adjoint_scan(t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c,
 
 
 @triton.jit
-def stretch_backward_setup(T, C, R, init_ptr, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-                           dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
-                           mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-                           TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr):
+def stretch_backward_setup(T, C, R, init_ptr, params, TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr):
     """``(s, b, c, t0, statics, lam0, mu0, out, rows, steps)``: the stretch of
     :func:`kalmanscan.kernels.filter.tiles.stretch_setup` (``statics`` its five static parameters), the
     series' initial state ``(lam0, mu0)`` from ``init[b, 0/1, c] = (lam0, lam0 mu0)``, its offset
     ``out = b T C + c``, the block rows ``0 .. NT - 1`` and the steps of the block ``[NT, ROW]``
     within a tile (rows reversed: block row ``i`` holds the tile's row ``NT - 1 - i``)."""
     tl.static_assert(TILE % ROW == 0)
-    s, b, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = stretch_setup(
-        T, C, R, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, TILE, WIDE)
+    s, b, c, t0, statics = stretch_setup(T, C, R, params, TILE, WIDE)
     lam0 = tl.load(init_ptr + b * 2 * C + c)
     rows = tl.arange(0, TILE // ROW)
     starts = (TILE // ROW - 1 - rows) * ROW
-    return (s, b, c, t0, (decay_s, noise_s, obs_var_s, mean_s, h_s), lam0,
+    return (s, b, c, t0, statics, lam0,
             tl.load(init_ptr + b * 2 * C + C + c) / lam0, b * T * C + c, rows,
             starts[:, None] + tl.arange(0, ROW)[None, :])
 
@@ -176,10 +163,10 @@ def filter_tile_bwd_agg_kernel(
     """Stretch ``program_id(0)`` of series ``program_id(1) = b C + c``: its reverse adjoint map
     (5 numbers) into ``agg[b, k, s, c]``, as :func:`kalmanscan.kernels.filter.bwd.filter_bwd_agg_kernel`
     writes a stretch's. Cotangents as in :func:`filter_tile_bwd_kernel`."""
+    params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+              obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
     s, b, c, t0, statics, lam0, mu0, out, rows, steps = stretch_backward_setup(
-        T, C, R, init_ptr, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, TILE, ROW, WIDE)
+        T, C, R, init_ptr, params, TILE, ROW, WIDE)
     NT: tl.constexpr = TILE // ROW
     last = rows == NT - 1
     zero = tl.zeros([], lam0.dtype)
@@ -188,10 +175,7 @@ def filter_tile_bwd_agg_kernel(
         tt = t0 + (R - 1 - k) * TILE
         t = tt + steps
         valid, observed, yc, hr, x, g, adjoint = tile_adjoint_scan(
-            t, T, b, c, out + t * C, C, y_ptr, sy_b, sy_t, sy_c,
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            statics, mu_ptr, lam_ptr, lam0, mu0,
+            t, T, b, c, out + t * C, C, y_ptr, sy_b, sy_t, sy_c, params, statics, mu_ptr, lam_ptr, lam0, mu0,
             g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
             TRANS_STEP, OBS_STEP, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, ROW)
         g11, g12, g22, v1, v2 = adjoint
@@ -230,10 +214,10 @@ def filter_tile_bwd_kernel(
     end); transition adjoints per step to ``trans_grad[k, b, t, c]`` when ``TRANS_STEP``, else to
     ``sums[b, 3 + k, s, c]``; stretch 0 writes ``grad_init[b, 0/1, c]``.
     """
+    params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+              obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
     s, b, c, t0, statics, lam0, mu0, out, rows, steps = stretch_backward_setup(
-        T, C, R, init_ptr, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, TILE, ROW, WIDE)
+        T, C, R, init_ptr, params, TILE, ROW, WIDE)
     NT: tl.constexpr = TILE // ROW
     tbase = top_ptr + b * 2 * NS * C + s * C + c
     gl = tl.load(tbase)
@@ -249,10 +233,7 @@ def filter_tile_bwd_kernel(
         t = tt + steps
         o = out + t * C
         valid, observed, yc, hr, x, g, adjoint = tile_adjoint_scan(
-            t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c,
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            statics, mu_ptr, lam_ptr, lam0, mu0,
+            t, T, b, c, o, C, y_ptr, sy_b, sy_t, sy_c, params, statics, mu_ptr, lam_ptr, lam0, mu0,
             g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr,
             TRANS_STEP, OBS_STEP, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV, ROW)
         g11, g12, g22, v1, v2 = adjoint
