@@ -167,10 +167,9 @@ def filter_bwd_agg_kernel(
     ``v`` by the whole step (:func:`adjoint_step` applied to ``v``). Cotangents as in
     :func:`filter_bwd_kernel`.
     """
-    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
-        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
+    params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+              obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(C, NS, L, params, BLOCK, WIDE)
     lam0 = tl.load(init_ptr + b * 2 * C + c, mask=lane_ok, other=1.0)
     mu0 = tl.load(init_ptr + b * 2 * C + C + c, mask=lane_ok, other=0.0) / lam0
     one = tl.full((BLOCK,), 1.0, decay_s.dtype)
@@ -182,9 +181,7 @@ def filter_bwd_agg_kernel(
         valid = lane_ok & (t < T)
         decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
             t, valid, b, c, load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid),
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+            params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
         _, _, n1, n2, _, _, alpha, beta, delta = adjoint_step(
             v1, v2, lam, mu, lam_p, mu_p, decay, noise, t, b * T * C + t * C + c, valid,
@@ -262,10 +259,9 @@ def filter_bwd_kernel(
     step to ``trans_grad[k, b, t, c]`` when ``TRANS_STEP``, else to ``sums[b, 3 + k, s, c]``.
     Lanes of stretch 0 write the initial state's adjoints ``grad_init[b, 0/1, c]``.
     """
-    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
-        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
+    params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+              obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(C, NS, L, params, BLOCK, WIDE)
     lam0 = tl.load(init_ptr + b * 2 * C + c, mask=lane_ok, other=1.0)
     mu0 = tl.load(init_ptr + b * 2 * C + C + c, mask=lane_ok, other=0.0) / lam0
     tbase = top_ptr + b * 2 * NS * C + g
@@ -280,9 +276,7 @@ def filter_bwd_kernel(
         valid = lane_ok & (t < T)
         decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
             t, valid, b, c, load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid),
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+            params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
         lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
         o = b * T * C + t * C + c
         tot_l, tot_e, gl_next, ge_next, d_decay, d_noise, _, _, _ = adjoint_step(

@@ -102,24 +102,18 @@ def last7(p11, p12, p21, p22, e1, e2, f, last):
 
 @triton.jit
 def product_step(p11, p12, p21, p22, e1, e2, f, t, valid, b, c, y,
-                 theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-                 obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-                 decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
+                 params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
     """The product ``p`` with step ``t``'s map composed after it, from the step's observation ``y``;
     where ``valid`` is off (past the series) the step is the identity (``y`` is NaN there)."""
     decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-        t, valid, b, c, y, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        t, valid, b, c, y, params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
     return step_after(p11, p12, p21, p22, e1, e2, f, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0),
                       phi, info)
 
 
 @triton.jit
 def output_step(lam, eta, total, t, valid, b, c, y, o,
-                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-                decay_s, noise_s, obs_var_s, mean_s, h_s,
+                params, decay_s, noise_s, obs_var_s, mean_s, h_s,
                 mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
                 pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
                 WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr,
@@ -128,9 +122,7 @@ def output_step(lam, eta, total, t, valid, b, c, y, o,
     written at offset ``o`` (:func:`kalmanscan.kernels.filter.steps.emit_step`); returns the state
     after it and ``total`` plus its log-likelihood in float64 with ``SUM_LOGLIK``."""
     decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-        t, valid, b, c, y, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        t, valid, b, c, y, params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
     lam, eta, loglik = emit_step(
         lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h, o, valid,
         mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
@@ -142,10 +134,7 @@ def output_step(lam, eta, total, t, valid, b, c, y, o,
 
 @triton.jit
 def stretch_product(p11, p12, p21, p22, e1, e2, f, start, t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c,
-                    theta_ptr, sth_b, sth_t, sth_c,
-                    sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-                    obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-                    decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
+                    params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
                     UNROLL: tl.constexpr, PREFETCH: tl.constexpr):
     """The product ``p`` (of steps ``t0 .. t0 + start - 1``) with the maps of steps ``t0 + start ..
     t0 + L - 1`` composed after it (7 numbers per lane, trace 1)."""
@@ -158,16 +147,12 @@ def stretch_product(p11, p12, p21, p22, e1, e2, f, start, t0, L, T, b, c, lane_o
                                               PREFETCH)
         p11, p12, p21, p22, e1, e2, f = product_step(
             p11, p12, p21, p22, e1, e2, f, t, valid, b, c, y,
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+            params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
     return p11, p12, p21, p22, e1, e2, f
 
 
 @triton.jit
-def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
-                 sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-                 obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
+def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, params,
                  decay_s, noise_s, obs_var_s, mean_s, h_s,
                  mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
                  pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
@@ -188,9 +173,7 @@ def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, 
                                               PREFETCH)
         lam, eta, total = output_step(
             lam, eta, total, t, valid, b, c, y, out + t * C,
-            theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-            obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-            decay_s, noise_s, obs_var_s, mean_s, h_s,
+            params, decay_s, noise_s, obs_var_s, mean_s, h_s,
             mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
             pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP, OBS_STEP,
             WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR, SUM_LOGLIK)
@@ -211,10 +194,9 @@ def filter_agg_kernel(
     ``CLOSED`` and static parameters, complete stretches take their steps in closed form up to the
     first chunk with a missing value (:func:`kalmanscan.kernels.filter.walks_closed.closed_prefix`)
     and compose the rest."""
-    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
-        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
+    params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+              obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(C, NS, L, params, BLOCK, WIDE)
     one = tl.full((BLOCK,), 1.0, decay_s.dtype)
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     p11, p12, p21, p22, e1, e2, f = one, zero, zero, one, zero, zero, one
@@ -227,9 +209,7 @@ def filter_agg_kernel(
             p11, p12, p21, p22, e1, e2, f = q11, q12, q21, q22, g1, g2, h
     p11, p12, p21, p22, e1, e2, f = stretch_product(
         p11, p12, p21, p22, e1, e2, f, done, t0, L, T, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c,
-        theta_ptr, sth_b, sth_t, sth_c,
-        sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
-        mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
+        params, decay_s, noise_s, obs_var_s, mean_s, h_s,
         TRANS_STEP, OBS_STEP, UNROLL, PREFETCH)
     store7(agg_ptr + b * 7 * NS * C + g, NS * C, p11, p12, p21, p22, e1, e2, f, lane_ok)
 
@@ -323,17 +303,15 @@ def filter_fwd_kernel(
     With ``SUM_LOGLIK`` (and ``POSTERIOR`` bit 256) each lane's stretch also adds its
     log-likelihoods in float64 into ``loglik_sum[b, s, c]`` (``(B, NS, C)``), so the sum over time
     needs no pass over the per-step values."""
-    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(
-        C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c, BLOCK, WIDE)
+    params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+              obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
+    b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(C, NS, L, params, BLOCK, WIDE)
     sbase = start_ptr + b * 2 * NS * C + g
     lam = tl.load(sbase, mask=lane_ok, other=1.0)
     eta = tl.load(sbase + NS * C, mask=lane_ok, other=0.0)
     total = walk_outputs(
-        lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c,
-        sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c,
-        mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c, decay_s, noise_s, obs_var_s, mean_s, h_s,
+        lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, params,
+        decay_s, noise_s, obs_var_s, mean_s, h_s,
         mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr,
         pred_obs_var_ptr, loglik_ptr, missing_ptr, TRANS_STEP, OBS_STEP,
         WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR, UNROLL, PREFETCH, SUM_LOGLIK)

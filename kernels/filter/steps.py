@@ -115,18 +115,18 @@ def ring_next(y_a, y_b, y_c, y_d, y_ptr, b, t, c, sy_b, sy_t, sy_c, lane_ok, end
 
 @triton.jit
 def step_inputs(t, valid, b, c, y,
-                theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-                dt_ptr, sdt_b, sdt_t, sdt_c,
-                obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-                h_ptr, sh_b, sh_t, sh_c,
-                decay_s, noise_s, obs_var_s, mean_s, h_s,
+                params, decay_s, noise_s, obs_var_s, mean_s, h_s,
                 TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr):
     """Everything step ``t`` needs: ``(decay, noise, observed, yc, hr, phi, info, obs_var, mean, h)``.
 
-    ``y`` is the step's observation (loaded by the caller, possibly ahead of time); ``*_s`` are
+    ``params`` are the parameters' 24 pointers and strides in kernel order (``theta_ptr, sth_b,
+    sth_t, sth_c, ..., h_ptr, sh_b, sh_t, sh_c``: each kernel packs its arguments into this tuple
+    once); ``y`` is the step's observation (loaded by the caller, possibly ahead of time); ``*_s`` are
     the lane's static values (used when the matching ``*_STEP`` flag is off). Step 0
     has no transition: ``decay = 1``, ``noise = 0`` there.
     """
+    (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c) = params
     if TRANS_STEP:
         decay, noise = ou_transition(
             load_param(theta_ptr, b, t, c, sth_b, sth_t, sth_c, valid, 0.0),
@@ -151,19 +151,14 @@ def step_inputs(t, valid, b, c, y,
 
 
 @triton.jit
-def lane_setup(C, NS, L, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-               dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-               h_ptr, sh_b, sh_t, sh_c, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+def lane_setup(C, NS, L, params, BLOCK: tl.constexpr, WIDE: tl.constexpr):
     """Prologue of a walking kernel: ``(b, g, lane_ok, s, c, t0, *statics)``: batch row
     ``program_id(1)``, the program's lanes (:func:`lane_coords`), each lane's first step and its
     static parameters (:func:`static_inputs`)."""
     b = index(tl.program_id(1), WIDE)
     g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
     t0 = index(s, WIDE) * L
-    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(
-        t0, lane_ok, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c)
+    decay_s, noise_s, obs_var_s, mean_s, h_s = static_inputs(t0, lane_ok, b, c, params)
     return b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s
 
 
@@ -181,16 +176,14 @@ def walk_y(t, lane_ok, end, T, b, c, y_a, y_b, y_c, y_d, y_ptr, sy_b, sy_t, sy_c
 
 
 @triton.jit
-def static_inputs(t0, lane_ok, b, c,
-                  theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-                  dt_ptr, sdt_b, sdt_t, sdt_c,
-                  obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-                  h_ptr, sh_b, sh_t, sh_c):
+def static_inputs(t0, lane_ok, b, c, params):
     """A lane's parameters at its first step ``t0``: its values for the whole stretch when static.
 
     ``decay`` and ``noise`` are computed in float64 and rounded to the compute dtype (once per
     lane): the GPU's float32 ``exp`` is about two ulps off, and from a diffuse prior the precision
     grows like ``decay^(-2t)``, which multiplies that error by ``2t`` (docs/math.md §8)."""
+    (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
+     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c) = params
     theta = load_param(theta_ptr, b, t0, c, sth_b, sth_t, sth_c, lane_ok, 0.0)
     decay, noise = ou_transition(
         theta.to(tl.float64),

@@ -84,16 +84,11 @@ def tile_inputs(t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics,
     parameter pointers and strides in kernel order, ``statics`` the stretch's static parameters,
     :func:`stretch_setup`); at or past ``T`` the identity step: ``decay = 1``, ``noise = 0``, and
     ``y`` reads as missing (``phi = info = 0``)."""
-    (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c) = params
     decay_s, noise_s, obs_var_s, mean_s, h_s = statics
     valid = t < T
     y = load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid)
     decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
-        t, valid, b, c, y,
-        theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-        obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c,
-        decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
+        t, valid, b, c, y, params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
     return (valid, tl.where(valid, decay, 1.0), tl.where(valid, noise, 0.0), observed, yc, phi, info,
             obs_var, mean, h)
 
@@ -117,17 +112,12 @@ def stretch_setup(T, C, R, params, TILE: tl.constexpr, WIDE: tl.constexpr):
     """``(s, b, c, t0, statics)``: stretch ``program_id(0)`` of series ``program_id(1) = b C + c``,
     its first step and its static parameters ``(decay, noise, obs_var, mean, h)``
     (:func:`kalmanscan.kernels.filter.steps.static_inputs`; ``params`` as :func:`tile_inputs`)."""
-    (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
-     obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c) = params
     s = tl.program_id(0)
     bc = tl.program_id(1)
     b = index(bc // C, WIDE)
     c = bc % C
     t0 = index(s, WIDE) * R * TILE
-    statics = static_inputs(
-        t0, t0 < T, b, c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
-        dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
-        h_ptr, sh_b, sh_t, sh_c)
+    statics = static_inputs(t0, t0 < T, b, c, params)
     return s, b, c, t0, statics
 
 
