@@ -2,14 +2,18 @@
 
     python -m benchmarks.sass_stats                 # every kernel below, for sm_90 (H100/H200)
     python -m benchmarks.sass_stats kla_fwd --dump  # one kernel, its SASS printed
+    python -m benchmarks.sass_stats --save before/  # every kernel's SASS to before/<name>.sass
 
 Uses Triton's bundled ``ptxas`` and ``nvdisasm``, so it runs on a CPU-only machine: a kernel that
 does not compile for the GPU fails here, and the instruction mix of each loop body (the code between
 a loop label and its backward branch) shows what a change to a kernel costs before any GPU time.
 Static counts, not timings: a loop's count is per iteration of its body as compiled (after
 unrolling), for each thread; each kernel's registers per thread and local memory (spills) come
-first. The test suite runs it (``tests/test_gpu_compile.py``), so a kernel that compiles only under
-the interpreter fails CI.
+first. ``--save`` writes each kernel's SASS without addresses, so that two checkouts compiled by the
+same Triton compare with ``diff -r``: a change whose SASS is identical at every launch shape listed
+here cannot change the kernels' speed (run it with the GPU machine's Triton, installed with ``pip
+install --target DIR triton==<version>`` and put first on ``PYTHONPATH``). The test suite runs it
+(``benchmarks/tests/test_sass.py``), so a kernel that compiles only under the interpreter fails CI.
 """
 
 import argparse
@@ -150,6 +154,7 @@ def sass(fn, const, num_warps, arch=90):
 
 
 _RESOURCE = re.compile(r"(REG|STACK|SHARED|LOCAL):(\d+)")
+_ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
 _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
@@ -179,15 +184,21 @@ def main():
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--dump", action="store_true", help="print the SASS")
     ap.add_argument("--list", action="store_true", help="only print the kernels' names")
+    ap.add_argument("--save", metavar="DIR", help="write each kernel's SASS, addresses removed, to DIR/<name>.sass")
     args = ap.parse_args()
     table = kernels()
     if args.list:
         print("\n".join(table))
         return
+    if args.save:
+        os.makedirs(args.save, exist_ok=True)
     for name in args.names or table:
         text, res = sass(*table[name], arch=args.arch)
         if args.dump:
             print(text)
+        if args.save:
+            with open(os.path.join(args.save, f"{name}.sass"), "w") as f:
+                f.write(_ADDRESS.sub("", text))
         print(f"{name:16s} registers {res['REG']}, local (spills) {res['LOCAL']} B, shared {res['SHARED']} B")
         for label, ops in loops(text):
             top = ", ".join(f"{k} {v}" for k, v in ops.most_common(10))
