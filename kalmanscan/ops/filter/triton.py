@@ -131,11 +131,15 @@ def launch(B: int, T: int, C: int, ns: int,
     return (cdiv(ns * C, block), B), opts
 
 
-def fwd_opts(config: FilterConfig = DEFAULT_CONFIG, posterior: bool = False, agg_block: int = 0) -> dict:
-    """Constexpr options of the forward walks (with ``agg_block`` lanes: of their aggregate pass, and its warps)."""
-    more = dict(CLOSED=config.walk_closed, CHUNK=config.closed_chunk,
-                num_warps=max(1, min(config.agg_warps, agg_block // 32))) if agg_block else {}
-    return dict(UNROLL=config.unroll, PREFETCH=config.posterior_prefetch if posterior else config.prefetch, **more)
+def fwd_opts(config: FilterConfig = DEFAULT_CONFIG, posterior: bool = False) -> dict:
+    """Constexpr options of the forward walks."""
+    return dict(UNROLL=config.unroll, PREFETCH=config.posterior_prefetch if posterior else config.prefetch)
+
+
+def agg_opts(config: FilterConfig, block: int) -> dict:
+    """The aggregate pass's options over the walks' (``block`` lanes a program): closed form, chunk, warps."""
+    return dict(CLOSED=config.walk_closed, CHUNK=config.closed_chunk,
+                num_warps=max(1, min(config.agg_warps, block // 32)))
 
 
 def check_device(y: torch.Tensor) -> None:
@@ -191,7 +195,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
         grid, opts = launch(B, T, C, ns, config)
         opts.update(fwd_opts(config, posterior))
         agg_kernel, fwd_kernel = filter_agg_kernel, filter_fwd_kernel
-    more = {} if tiles else fwd_opts(config, posterior, agg_block=opts["BLOCK"])
+    more = {} if tiles else agg_opts(config, opts["BLOCK"])
     dtype, dev = y.dtype, y.device
     args = _kernel_args(views)
     flags = dict(TRANS_STEP=_steps(views, _TRANS), OBS_STEP=_steps(views, _OBS))
@@ -474,8 +478,9 @@ def summary(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> tuple[torch.Te
     ns, stretch = plan(B, T, C, config)
     agg = torch.empty(B, 7, ns, C, dtype=p.dtype, device=p.y.device)
     grid, opts = launch(B, T, C, ns, config)
+    opts.update(fwd_opts(config), **agg_opts(config, opts["BLOCK"]))
     filter_agg_kernel[grid](*_kernel_args(views), agg, T, C, ns, stretch, TRANS_STEP=_steps(views, _TRANS),
-                            OBS_STEP=_steps(views, _OBS), **{**opts, **fwd_opts(config, agg_block=opts["BLOCK"])})
+                            OBS_STEP=_steps(views, _OBS), **opts)
     total = torch.empty(B, 7, C, dtype=p.dtype, device=p.y.device)
     filter_total_kernel[(B * C,)](agg, total, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns)),
                                   num_warps=config.carry_warps)
