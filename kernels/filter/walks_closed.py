@@ -19,10 +19,11 @@ first chunk with one is not summed: :func:`closed_prefix` returns the map of the
 far (a stretch of that length in closed form) and the caller composes the rest of the stretch step
 by step, so a stretch with a gap costs its steps once plus one chunk.
 
-The backward walks read the precision of those steps from the closed form instead of the forward's
-saved ``lam`` (:func:`power_constants`, :func:`power`): the steps the aggregate summed in closed
-form (``done``, which the forward records per program) are observed, so the precision after ``k``
-of them is :func:`kalmanscan.kernels.filter.tiles_closed.closed_power` of the precision entering the
+With ``FilterConfig.bwd_closed`` the backward walks take the precision of those steps from the
+closed form instead of the forward's saved ``lam`` (:func:`power_constants`,
+:func:`closed_precision`): the steps the aggregate summed in closed form (``done``, which the
+forward records per program) are observed, so the precision after ``k`` of them is the power of
+:func:`kalmanscan.kernels.filter.tiles_closed.closed_power` from the precision entering the
 stretch, and the backward reads 4 bytes an element fewer in each of its two passes.
 """
 
