@@ -61,7 +61,7 @@ def _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_next,
     Walking backwards, ``(lam_t, mu_t)`` is the previous iteration's ``(lam_{t-1}, mu_{t-1})``
     (``lam_next, mu_next``), loaded afresh only at the first step of the walk and at ``t = T-1``.
     With ``CLOSED``, ``closed`` is ``(whole, j, done, constants)`` of a program whose first ``done``
-    steps are closed (:func:`_closed_setup`; ``j = L - 1 - k`` the step within the stretch): the
+    steps are closed (:func:`_walk_start`; ``j = L - 1 - k`` the step within the stretch): the
     precision before step ``0 < j <= done`` comes from
     :func:`kalmanscan.kernels.filter.walks_closed.closed_precision` instead of ``lam``, and at the
     walk's first step of a ``whole`` closed stretch the one after it is ``lam_next`` (the caller
@@ -70,16 +70,17 @@ def _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_next,
     o = b * T * C + t * C + c
     fresh = valid & ((k == 0) | (t == T - 1))
     prev = valid & (t > 0)
+    fresh_lam = fresh
     if CLOSED:
         whole, j, done, constants = closed
         fresh_lam = tl.where(whole, False, fresh)
-        lam = tl.where(fresh_lam, tl.load(lam_ptr + o, mask=fresh_lam, other=1.0), lam_next)
+    lam = tl.where(fresh_lam, tl.load(lam_ptr + o, mask=fresh_lam, other=1.0), lam_next)
+    if CLOSED:
         if (j > 0) & (j <= done):
             lam_p = closed_precision(j, constants)
         else:
             lam_p = tl.where(prev, tl.load(lam_ptr + o - C, mask=prev, other=1.0), lam0)
     else:
-        lam = tl.where(fresh, tl.load(lam_ptr + o, mask=fresh, other=1.0), lam_next)
         lam_p = tl.where(prev, tl.load(lam_ptr + o - C, mask=prev, other=1.0), lam0)
     mu = tl.where(fresh, tl.load(mu_ptr + o, mask=fresh, other=0.0), mu_next)
     mu_p = tl.where(prev, tl.load(mu_ptr + o - C, mask=prev, other=0.0), mu0)
@@ -87,27 +88,22 @@ def _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_next,
 
 
 @triton.jit
-def _closed_setup(done_ptr, b, t0, c, T, C, lane_ok, lam_ptr, decay_s, noise_s, obs_var_s, h_s):
-    """``(done, constants)`` of a program whose forward aggregate summed the first ``done`` steps of
-    its lanes' stretches in closed form (``done_ptr[b, program]``): the constants of
-    :func:`kalmanscan.kernels.filter.walks_closed.power_constants` from the precision entering each
-    lane's stretch (the forward's output at ``t0 - 1``)."""
-    done = tl.load(done_ptr + b * tl.num_programs(0) + tl.program_id(0))
-    on = tl.where(done > 0, lane_ok, False)  # (a scalar condition as where: the interpreter's & of it is not boolean)
-    lam_start = tl.load(lam_ptr + b * T * C + (t0 - 1) * C + c, mask=on, other=1.0)
-    return done, power_constants(lam_start, decay_s, noise_s, obs_var_s, h_s, on)
-
-
-@triton.jit
 def _walk_start(done_ptr, b, t0, c, T, C, L, lane_ok, lam_ptr, statics, one, CLOSED: tl.constexpr):
-    """``(lam_p, closed)`` before a reverse walk: the precision after the walk's first step where it
-    comes from the closed form (a whole closed stretch), else ``one`` (it is read there); with
-    ``CLOSED``, ``closed = (done, constants)`` of :func:`_closed_setup`."""
-    decay_s, noise_s, obs_var_s, mean_s, h_s = statics
+    """``(lam_p, closed)`` before a reverse walk. With ``CLOSED``, ``closed = (done, constants)``:
+    the forward's aggregate summed the first ``done`` steps of the program's stretches in closed
+    form (``done_ptr[b, program]``), and ``constants`` are those of
+    :func:`kalmanscan.kernels.filter.walks_closed.power_constants` from the precision entering each
+    lane's stretch (the forward's output at ``t0 - 1``); ``lam_p`` is the precision after the walk's
+    first step where the whole stretch is closed, else ``one`` (it is read there)."""
     lam_p = one
     closed = 0
     if CLOSED:  # static parameters (the forward records done only then)
-        done, constants = _closed_setup(done_ptr, b, t0, c, T, C, lane_ok, lam_ptr, decay_s, noise_s, obs_var_s, h_s)
+        decay_s, noise_s, obs_var_s, mean_s, h_s = statics
+        done = tl.load(done_ptr + b * tl.num_programs(0) + tl.program_id(0))
+        # a scalar condition as where: the interpreter's & of a vector with it is not boolean
+        on = tl.where(done > 0, lane_ok, False)
+        lam_start = tl.load(lam_ptr + b * T * C + (t0 - 1) * C + c, mask=on, other=1.0)
+        constants = power_constants(lam_start, decay_s, noise_s, obs_var_s, h_s, on)
         if done == L:
             lam_p = closed_precision(L, constants)
         closed = (done, constants)

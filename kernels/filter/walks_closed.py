@@ -48,11 +48,19 @@ def walk_constants(decay, noise, obs_var, h, lane_ok, complete):
                                                                            decay.dtype)
     f_hi = f64.to(decay.dtype)
     f_lo = (f64 - f_hi.to(tl.float64)).to(decay.dtype)
-    ratio = tl.maximum(xp64 / tl.maximum(-xm64, 1e-300), 1.0)
-    head_lane = (18.021826694558577 + tl.log(ratio)) / tl.where(nlr64 > 0, nlr64, 1e-300)  # 26 ln 2
-    head = tl.max(tl.where(lane_ok, head_lane, 0.0), axis=0)
+    head = program_head(18.021826694558577, tl.maximum(xp64 / tl.maximum(-xm64, 1e-300), 1.0), nlr64,
+                        lane_ok)  # 26 ln 2
     closed = tl.min(tl.where(lane_ok, (complete & usable).to(tl.int32), 1), axis=0) == 1
     return xp, xm, inv_d, log2_f, nlr, f_hi, f_lo, head, closed
+
+
+@triton.jit
+def program_head(log_bound, ratio, nlr64, lane_ok):
+    """The steps ``k`` after which ``ratio rho^k < exp(-log_bound)`` in every lane of the program
+    (``rho = exp(-nlr64)``; the largest over ``lane_ok`` lanes, a float64 scalar; huge where
+    ``rho = 1``): ``(log_bound + log ratio) / (-log rho)``."""
+    head_lane = (log_bound + tl.log(ratio)) / tl.where(nlr64 > 0, nlr64, 1e-300)
+    return tl.max(tl.where(lane_ok, head_lane, 0.0), axis=0)
 
 
 @triton.jit
@@ -132,9 +140,7 @@ def power_constants(lam_start, decay, noise, obs_var, h, lane_ok):
         bits = 54.0 * 0.6931471805599453
     else:
         bits = 25.0 * 0.6931471805599453
-    ratio = tl.maximum(d.to(tl.float64) / tl.abs(x0).to(tl.float64), 1e-300)
-    head_lane = tl.where(nlr64 > 0, (bits + tl.log(ratio)) / tl.where(nlr64 > 0, nlr64, 1.0), float("inf"))
-    head = tl.max(tl.where(lane_ok, head_lane, 0.0), axis=0)
+    head = program_head(bits, tl.maximum(d.to(tl.float64) / tl.abs(x0).to(tl.float64), 1e-300), nlr64, lane_ok)
     return x0, d, cc, nlr64.to(dtype), head
 
 

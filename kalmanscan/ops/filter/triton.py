@@ -211,11 +211,10 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     fast = ()  # the tiles' closed-form flags (one per stretch), passed after agg and after start
     if tiles:
         fast = (torch.empty(B * C, ns, dtype=torch.int32, device=dev) if opts["CLOSED"] else init,)
-    done = None
-    if closed_steps:
-        done = torch.empty(closed_steps_shape(tuple(y.shape), views, config), dtype=torch.int32, device=dev)
-        if done.numel():
-            more.update(done_ptr=done, SAVE_DONE=True)
+    done = torch.empty(closed_steps_shape(y.shape, views, config), dtype=torch.int32,
+                       device=dev) if closed_steps else None
+    if done is not None and done.numel():
+        more.update(done_ptr=done, SAVE_DONE=True)
     if ns > 1:
         start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
