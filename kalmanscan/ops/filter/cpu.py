@@ -34,8 +34,9 @@ adjoint) compiles on its first call per dtype (about 3 to 10 s of CPU each on a 
 and is cached on disk beside its module (``__pycache__``, or ``NUMBA_CACHE_DIR``), so later
 processes load it (well under a second).
 
-Threads: numba's (``numba.set_num_threads``); work below :data:`SMALL_WORK` steps, or a single
-series, runs on the calling thread alone. Results do not depend on the thread count: each series
+Threads: numba's (``numba.set_num_threads``); work below
+:data:`~kalmanscan.ops.cpu_threads.SMALL_WORK` steps, or a single series, runs on the calling
+thread alone. Results do not depend on the thread count: each series
 is computed by one thread with the same operations.
 """
 
@@ -49,6 +50,7 @@ import numpy as np
 import torch
 
 from ... import ou
+from ..cpu_threads import run_loop
 from ...inputs import Problem
 from .torch import adjoint_to
 
@@ -62,8 +64,6 @@ SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
 MAX_LANES = 256     # series per task at most (a task walks time with its series innermost)
 MIN_LANES = 8       # ... and at least this many while there are enough series (overlaps their latency)
 TASKS_PER_THREAD = 4
-SMALL_WORK = 1 << 17  # steps (series x time) below which a call runs on one thread: waking the others costs
-                      # more than it saves, and on a busy machine a thread barrier can wait a time slice
 
 
 def _loops():
@@ -89,21 +89,6 @@ def _block(B: int, C: int) -> int:
     threads = numba.get_num_threads()
     tasks = threads * max(1, min(TASKS_PER_THREAD, N // (threads * MIN_LANES)))
     return max(1, min(MAX_LANES, -(-N // tasks)))
-
-
-def _run(kernel, N, T, *args):
-    """``kernel(*args)`` over ``N`` series of ``T`` steps: on numba's threads, or on this thread
-    alone for small work or a single series (the thread count changes no result)."""
-    import numba
-
-    if N * T >= SMALL_WORK and N > 1:
-        return kernel(*args)
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        return kernel(*args)
-    finally:
-        numba.set_num_threads(threads)
 
 
 def layout(xs: Sequence[torch.Tensor], shape: tuple[int, ...],
@@ -188,11 +173,11 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     write = np.array([k in out for k in names])
     trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
     if B and (trans_step or tstride[[L.OBS_VAR, L.MEAN, L.H]].any()):
-        _run(L.filter_forward, B * C, T, arrays, boff, tstride, cstride, outs, write, L.constants(dtype), T, C,
-             _block(B, C), trans_step)
+        run_loop(L.filter_forward, B * C, B * C * T, arrays, boff, tstride, cstride, outs, write,
+                 L.constants(dtype), T, C, _block(B, C), trans_step)
     elif B:
-        _run(L.filter_static, B * C, T, arrays, boff, tstride, cstride, outs, write, L.constants(dtype), T, C,
-             _block(B, C))
+        run_loop(L.filter_static, B * C, B * C * T, arrays, boff, tstride, cstride, outs, write,
+                 L.constants(dtype), T, C, _block(B, C))
     zc = out.pop("zc", None)
     return out, zc
 
@@ -251,9 +236,9 @@ class _Filter(torch.autograd.Function):
         gy = _empty(shape, tdtype)
         ginit = torch.empty((2, B * C), dtype=tdtype)
         if B:
-            _run(A.filter_backward, B * C, T, arrays, boff, tstride, cstride, _flat(zc), _flat(var),
-                 carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads), step, _flat(gy),
-                 ginit.numpy(), L.constants(dtype), T, C, _block(B, C), trans_step)
+            run_loop(A.filter_backward, B * C, B * C * T, arrays, boff, tstride, cstride, _flat(zc), _flat(var),
+                     carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads), step, _flat(gy),
+                     ginit.numpy(), L.constants(dtype), T, C, _block(B, C), trans_step)
         y, theta, sigma, dt, obs_var, mean, h, init_mean, init_var = inputs
         out = dict.fromkeys(INPUTS)
         if needs[0]:
@@ -314,8 +299,8 @@ def _rts_forward(inputs, shape):
     arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
     out = tuple(_empty(shape, inputs[0].dtype) for _ in range(3))
     if B:
-        _run(R.rts_forward, B * C, T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
-             L.constants(dtype), T, C, _block(B, C))
+        run_loop(R.rts_forward, B * C, B * C * T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
+                 L.constants(dtype), T, C, _block(B, C))
     return out
 
 
@@ -354,9 +339,9 @@ class _Smooth(torch.autograd.Function):
         grads = [_empty(shape, tdtype) for _ in range(4)]
         grads += [torch.empty((B, T if step[0] else 1, C), dtype=tdtype) for _ in range(2)]
         if B:
-            _run(R.rts_backward, B * C, T, arrays, boff, tstride, cstride, _flat(mean_s), _flat(var_s),
-                 carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads),
-                 step, L.constants(dtype), T, C, _block(B, C))
+            run_loop(R.rts_backward, B * C, B * C * T, arrays, boff, tstride, cstride, _flat(mean_s),
+                     _flat(var_s), carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads),
+                     step, L.constants(dtype), T, C, _block(B, C))
         res = [g.sum_to_size(x.shape) for g, x in zip(grads[:4], inputs[:4])]
         res += [adjoint_to(g, shape, x) for g, x in zip(grads[4:], inputs[4:])]
         return (None, *(g if need else None for g, need in zip(res, ctx.needs_input_grad[1:])))

@@ -25,7 +25,8 @@ import torch
 
 from ... import ou
 from ...inputs import Problem
-from .cpu import FIELDS, INPUTS, MAX_LANES, MIN_LANES, SMALL_WORK, layout
+from ..cpu_threads import SMALL_WORK
+from .cpu import FIELDS, INPUTS, MAX_LANES, MIN_LANES, layout
 
 __all__ = ["NumpyLikelihood"]
 

@@ -3,7 +3,8 @@
 One module per backend, each with ``kla_scan(v, lam_v, k, q, decay, noise, initial_state=None)
 -> (y, y_var, state)``: :mod:`~kalmanscan.ops.kla.reference` (float64 precision recursion, the
 oracle), :mod:`~kalmanscan.ops.kla.torch` (time-parallel scans), :mod:`~kalmanscan.ops.kla.recurrent`
-(token by token) and :mod:`~kalmanscan.ops.kla.triton` (fused kernels); the dispatch and registry
+(token by token in torch operations), :mod:`~kalmanscan.ops.kla.cpu` (compiled loops, the default
+on a CPU) and :mod:`~kalmanscan.ops.kla.triton` (fused kernels); the dispatch and registry
 are in :mod:`~kalmanscan.ops.kla.dispatch`, the fused kernels' ``torch.library`` operators in
 :mod:`~kalmanscan.ops.kla.library`.
 
@@ -24,8 +25,10 @@ This is the filter of docs/math.md with ``a = decay``, ``q = noise``, ``phi = la
 It materialises ``(B, L, M, S)`` tensors (memory ``O(B L M S)``) and is the differentiable oracle of
 the fused ``"triton"`` backend (:mod:`kalmanscan.ops.kla.triton`), which keeps the state in registers.
 The ``"recurrent"`` backend runs :func:`kla_step` token by token (``L`` steps of ``O(B M S)``
-work, the same mean form; autograd through the loop): fewer operations than the parallel scan, so
-the faster of the two on a CPU once a token's ``B M S`` filters number a few thousand.
+work, the same mean form; autograd through the loop, so it also gives second derivatives). The
+``"cpu"`` backend runs the same mean-form recursion as compiled loops over time, parallel over
+batch rows and channel blocks, with an exact compiled backward (docs/performance.md: tens to
+hundreds of times the recurrent backend's speed on a CPU).
 
 The state. Without process noise (``noise = 0``, the gated-linear-attention limit) and with
 ``decay < 1`` the exact precision grows like ``decay^(-2t)`` and ``eta`` like ``decay^(-t)``: both
@@ -36,15 +39,16 @@ it (``initial_state=state``, chunked prefill) or stepping it (:func:`kla_step`, 
 at every length. The state also unpacks as the pair ``(lam, eta)``.
 
 Dtypes: half-precision inputs compute in float32 and return their dtype; the torch backend computes
-in float64 when any input is float64; the triton backend always computes in float32. The returned
+in float64 when any input is float64, and so does the cpu backend; the triton backend always
+computes in float32. The returned
 state is in the compute dtype (keep it in float32 or better when decoding).
 """
 
 from __future__ import annotations
 
-from .dispatch import (NOISE_FLOOR, RECURRENT_MIN_WIDTH, backend_names, check_shapes, kla_scan, kla_scan_unchecked,
-                       register_backend, validate)
+from .dispatch import (NOISE_FLOOR, backend_names, check_shapes, kla_scan, kla_scan_unchecked, register_backend,
+                       validate)
 from .state import FilterState, compute_dtype, information
 
 __all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "backend_names", "validate", "check_shapes",
-           "FilterState", "information", "compute_dtype", "RECURRENT_MIN_WIDTH", "NOISE_FLOOR"]
+           "FilterState", "information", "compute_dtype", "NOISE_FLOOR"]

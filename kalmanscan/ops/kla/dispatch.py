@@ -19,9 +19,8 @@ from ..registry import Registry
 from .state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "unregister_backend", "backend_names", "validate",
-           "queue_checks", "decide_checks", "check_shapes", "RECURRENT_MIN_WIDTH", "NOISE_FLOOR"]
+           "queue_checks", "decide_checks", "check_shapes", "NOISE_FLOOR"]
 
-RECURRENT_MIN_WIDTH = 4096   # B * M * S from which "auto" scans CPU tensors token by token
 # Process noise added on the fused kernels' path of kla_scan_unchecked: it bounds their float32
 # precision by 1/NOISE_FLOOR + max(lam_v k^2). Measured (interpreter, decay 0.3-0.4, L 60): noise
 # 1e-18 gives every gradient to 1.3e-7 of the float64 recursion; at 1e-24 the noise gradient
@@ -30,10 +29,10 @@ RECURRENT_MIN_WIDTH = 4096   # B * M * S from which "auto" scans CPU tensors tok
 NOISE_FLOOR = 1e-15
 
 _REGISTRY = Registry({name: f"kalmanscan.ops.kla.{name}"
-                       for name in ("reference", "torch", "recurrent", "triton")})
+                       for name in ("reference", "torch", "recurrent", "triton", "cpu")})
 # torch.compile traces a call whole only through modules already imported (an import breaks its
 # graph): the backends "auto" can pick on this machine are imported with the dispatch.
-for _name in ("torch", "recurrent", "triton") if torch.cuda.is_available() else ("torch", "recurrent"):
+for _name in ("torch", "cpu", "triton") if torch.cuda.is_available() else ("torch", "cpu"):
     _REGISTRY.module(_name)
 
 
@@ -63,9 +62,9 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     unpacks as ``(lam, eta)``) when ``return_state`` is true. ``initial_state`` is a pair
     ``(lam, eta)`` of ``(B, M, S)`` tensors with ``lam > 0``, or a :class:`FilterState` (continued
     from its ``var`` and ``mu``). ``backend`` is ``"torch"`` (the time-parallel scan),
-    ``"triton"``, ``"recurrent"`` (:func:`kla_scan_recurrent`, token by token) or ``"auto"``: triton
-    for CUDA tensors; on a CPU recurrent where a token's ``B M S`` filters number at least
-    :data:`RECURRENT_MIN_WIDTH` (there it is several times faster), torch otherwise.
+    ``"triton"``, ``"cpu"`` (compiled loops, :mod:`kalmanscan.ops.kla.cpu`), ``"recurrent"``
+    (token by token in torch operations, :mod:`kalmanscan.ops.kla.recurrent`), ``"reference"`` or
+    ``"auto"``: triton for CUDA tensors, cpu for CPU tensors, torch on other devices.
     Filters with ``decay < 1`` and no process noise (``noise``
     below :data:`kalmanscan.mobius.NO_NOISE`), and initial states whose variance is below it, run
     on the torch backend when ``backend`` is triton: their precision is past the range of the fused
@@ -126,8 +125,7 @@ def _launch_first(v: torch.Tensor) -> bool:
 def _resolve(backend, v, k, mean_form):
     """The backend ``"auto"`` stands for, and torch for triton when the filters need the mean form."""
     if backend == "auto":
-        wide = v.shape[0] * v.shape[2] * k.shape[-1] >= RECURRENT_MIN_WIDTH
-        backend = "triton" if v.is_cuda else "recurrent" if v.device.type == "cpu" and wide else "torch"
+        backend = "triton" if v.is_cuda else "cpu" if v.device.type == "cpu" else "torch"
     return "torch" if backend == "triton" and mean_form else backend
 
 
@@ -220,6 +218,8 @@ def check_shapes(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
             raise ValueError(f"{name} must have shape (M, S) = ({M}, {S}), got {tuple(named[name].shape)}")
     if backend == "triton" and not v.is_cuda and not _interpreting():
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1)")
+    if backend == "cpu" and v.device.type != "cpu":
+        raise ValueError(f"backend='cpu' needs CPU tensors, v is on {v.device}")
     if initial_state is not None:
         if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
             raise ValueError("initial_state must be a pair (lam, eta) of (B, M, S) tensors")

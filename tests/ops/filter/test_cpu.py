@@ -14,6 +14,7 @@ import torch
 from helpers import POSITIVE, max_rel_error, random_problem, rel_error, to_np
 
 from kalmanscan.inputs import prepare
+from kalmanscan.ops import cpu_threads
 from kalmanscan.ops.filter import cpu
 from kalmanscan.ops.filter import reference as reference_backend
 from kalmanscan.ops.filter import torch as torch_backend
@@ -297,7 +298,7 @@ def test_smoother_gradients(per_step):
 def test_thread_counts_give_identical_bits(monkeypatch):
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has a single thread here")
-    monkeypatch.setattr(cpu, "SMALL_WORK", 0)  # small problems run on one thread otherwise
+    monkeypatch.setattr(cpu_threads, "SMALL_WORK", 0)  # small problems run on one thread otherwise
     rng = np.random.default_rng(11)
     y, kw = random_problem(rng, 50, C=7, batch=(5,), per_step=False, missing=0.1)
     before = numba.get_num_threads()

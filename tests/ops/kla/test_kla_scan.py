@@ -1,4 +1,4 @@
-"""kla_scan: the torch, recurrent and triton backends against the float64 sequential recursion.
+"""kla_scan: the torch, recurrent, cpu and triton backends against the float64 sequential recursion.
 
 The triton kernels run through the interpreter on CPU (``TRITON_INTERPRET=1``, set in conftest),
 which runs the programs of a launch one after another: a test costs about (programs x tokens each
@@ -11,13 +11,12 @@ instead of crossed with each other.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from helpers import KERNEL_DEVICE, device_of, max_rel_error
+from kla_helpers import make_inputs, outputs_and_grads, poisoned
 
-from kalmanscan.ops.kla import RECURRENT_MIN_WIDTH, kla_scan
+from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
@@ -26,25 +25,6 @@ TOL = 2e-5
 SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)        # M = 5: two channel blocks, one partial
 WIDE = KLAConfig(block_m=8, chunk=8, bwd_block_m=8)         # M = 5: one channel block
 SPLIT = KLAConfig(block_m=4, chunk=4, bwd_block_m=4, pieces=3, bwd_pieces=3)  # time in 3 stretches
-
-
-def make_inputs(B, L, M, S, seed=0, with_state=False, dtype=torch.float64, device="cpu"):
-    """Random non-degenerate inputs (unit-norm k and q, decay in (0.6, 1), noise in (0.05, 1)),
-    made on the CPU (the same values on every device) and moved to ``device``."""
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    xs = [
-        randn(B, L, M),
-        0.1 + 2.0 * rand(B, L, M),
-        torch.nn.functional.normalize(randn(B, L, S), dim=-1),
-        torch.nn.functional.normalize(randn(B, L, S), dim=-1),
-        0.6 + 0.4 * rand(M, S),
-        0.05 + 0.95 * rand(M, S),
-    ]
-    if with_state:
-        xs += [0.5 + rand(B, M, S), randn(B, M, S)]
-    return [x.to(dtype=dtype, device=device) for x in xs]
 
 
 def run_triton(xs, config=SMALL):
@@ -58,24 +38,13 @@ def run_torch(xs, backend="torch"):
     return y, y_var, lam, eta
 
 
-def outputs_and_grads(fn, xs, seed=1):
-    """Outputs of ``fn`` and the gradients of a random linear functional of all four of them."""
-    xs = [x.detach().clone().requires_grad_() for x in xs]
-    outs = fn(xs)
-    g = torch.Generator().manual_seed(seed)
-    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device)).sum()
-               for o in outs)
-    loss.backward()
-    return [o.detach() for o in outs], [x.grad for x in xs]
-
-
 def assert_matches(actual, ref, what):
     for i, (a, r) in enumerate(zip(actual, ref)):
         err = max_rel_error(a, r)
         assert err < TOL, f"{what}[{i}]: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("backend", ["torch", "recurrent"])
+@pytest.mark.parametrize("backend", ["torch", "recurrent", "cpu"])
 @pytest.mark.parametrize("L", [1, 2, 63])
 def test_torch_backends_match_sequential(L, backend):
     xs = make_inputs(2, L, 5, 3, seed=L, with_state=True)
@@ -85,7 +54,7 @@ def test_torch_backends_match_sequential(L, backend):
         assert max_rel_error(a, r) < 1e-12
 
 
-@pytest.mark.parametrize("backend", ["torch", "recurrent"])
+@pytest.mark.parametrize("backend", ["torch", "recurrent", "cpu"])
 def test_torch_backends_float32_and_default_state(backend):
     xs = make_inputs(2, 40, 3, 4, seed=3)
     ref = kla_scan_sequential(*xs)
@@ -94,7 +63,7 @@ def test_torch_backends_float32_and_default_state(backend):
     assert_matches((y, y_var), ref[:2], f"float32 {backend}")
 
 
-@pytest.mark.parametrize("backend", ["torch", "recurrent"])
+@pytest.mark.parametrize("backend", ["torch", "recurrent", "cpu"])
 def test_torch_backends_gradcheck(backend):
     xs = [x.requires_grad_() for x in make_inputs(1, 9, 2, 3, seed=4, with_state=True)]
 
@@ -113,19 +82,6 @@ def test_recurrent_backend_values_and_grads_equal_the_parallel_scan():
     r_out, r_grads = outputs_and_grads(lambda a: run_torch(a, "recurrent"), xs)
     assert_matches(r_out, out, "recurrent vs torch outputs")
     assert_matches(r_grads, grads, "recurrent vs torch grads")
-
-
-@contextlib.contextmanager
-def poisoned():
-    """Every buffer torch.empty and torch.empty_like allocate starts as NaN (torch's deterministic
-    mode with ``fill_uninitialized_memory``): an element a kernel leaves unwritten shows."""
-    assert torch.utils.deterministic.fill_uninitialized_memory
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
 
 
 @pytest.mark.parametrize("B, L, with_state, config", [
@@ -162,7 +118,7 @@ def test_triton_configs_and_power_of_two_state(config):
     assert_matches(grads, ref_grads, "grads")
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch", "recurrent", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "torch", "recurrent", "cpu", "triton"])
 def test_split_and_carry(backend):
     xs = make_inputs(2, 29, 5, 3, seed=21, device=device_of(backend))
     xs = [x.float() for x in xs]
@@ -184,14 +140,14 @@ def test_triton_without_grad_and_half_inputs():
     assert_matches((y, y_var), ref[:2], "no-grad outputs")
     xb = [x.to(torch.bfloat16) for x in xs[:4]] + [x.float() for x in xs[4:]]
     ref_b = kla_scan_sequential(*xb)
-    for backend in ("torch", "recurrent", "triton"):
+    for backend in ("torch", "recurrent", "cpu", "triton"):
         yb, y_varb = kla_scan(*xb, backend=backend)
         assert yb.dtype == torch.bfloat16 and y_varb.dtype == torch.bfloat16
         assert max_rel_error(yb, ref_b[0]) < 1e-2
         assert max_rel_error(y_varb, ref_b[1]) < 1e-2
 
 
-@pytest.mark.parametrize("backend", ["torch", "recurrent", "triton", "reference"])
+@pytest.mark.parametrize("backend", ["torch", "recurrent", "cpu", "triton", "reference"])
 def test_empty_sequence_returns_the_initial_state(backend):
     xs = [x.float() for x in make_inputs(2, 0, 3, 2, seed=2, with_state=True, device=device_of(backend))]
     y, y_var, (lam, eta) = kla_scan(*xs[:6], initial_state=(xs[6], xs[7]), return_state=True,
@@ -200,13 +156,12 @@ def test_empty_sequence_returns_the_initial_state(backend):
     assert torch.equal(lam.to(xs[6].dtype), xs[6]) and torch.equal(eta.to(xs[7].dtype), xs[7])
 
 
-@pytest.mark.parametrize("extra, backend", [(-1, "torch"), (0, "recurrent")])
-def test_auto_backend_on_cpu_is_torch_when_narrow_and_recurrent_when_wide(extra, backend):
-    """B M S one filter short of RECURRENT_MIN_WIDTH, then at least that (S = 16)."""
-    M = -(-RECURRENT_MIN_WIDTH // 16) + extra
-    xs = [x.float() for x in make_inputs(1, 3, M, 16, seed=8)]
-    for a, b in zip(kla_scan(*xs), kla_scan(*xs, backend=backend)):
+def test_auto_backend_on_cpu_is_the_compiled_loops():
+    xs = [x.float() for x in make_inputs(1, 3, 4, 16, seed=8)]
+    for a, b in zip(kla_scan(*xs), kla_scan(*xs, backend="cpu")):
         assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="backend='cpu' needs CPU tensors"):
+        kla_scan(*(x.to("meta") for x in xs), backend="cpu")
 
 
 @pytest.mark.parametrize("index, bad, name", [
@@ -237,7 +192,7 @@ def test_bad_backend_and_state_raise():
         kla_scan(*xs, initial_state=(-torch.ones(1, 3, 2), torch.zeros(1, 3, 2)))
 
 
-@pytest.mark.parametrize("backend", ["torch", "recurrent", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "recurrent", "cpu", "triton"])
 def test_no_process_noise_stays_finite(backend):
     """noise = 0 (the GLA limit): the exact precision grows like decay^(-2t), past float32's range
     within this sequence; y and y_var and all gradients must stay finite and exact. The triton
@@ -292,7 +247,7 @@ def split(xs, cut):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("backend", ["torch", "recurrent", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "recurrent", "cpu", "triton"])
 def test_no_process_noise_state_continues(dtype, backend):
     """noise = 0 past the overflow of the precision: the returned state carries the variance and
     the mean, so the split scan continues it exactly; its pair ``(lam, eta)`` equals the float64

@@ -1,0 +1,28 @@
+"""Running a compiled (numba) loop on numba's threads, or on the calling thread alone when the
+work is too small to pay for waking the others (the ``"cpu"`` backends of both operations)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["run_loop", "SMALL_WORK"]
+
+SMALL_WORK = 1 << 17  # element-steps below which a loop runs on one thread: waking the others costs
+                      # more than it saves, and on a busy machine a thread barrier can wait a time slice
+
+
+def run_loop(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> Any:
+    """``kernel(*args)`` on numba's threads, or on this thread alone when ``work`` is below
+    :data:`SMALL_WORK` or there is a single task. The loops compute each task with the same
+    operations whatever the thread count, so the choice changes no result."""
+    import numba
+
+    if work >= SMALL_WORK and tasks > 1:
+        return kernel(*args)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        return kernel(*args)
+    finally:
+        numba.set_num_threads(threads)
