@@ -106,8 +106,8 @@ class KLA(nn.Module):
             filter starts at (``1.0`` is the paper's code, ``a = -1``); default: the scheme's.
         skip_init: initial value of the skip ``D_skip`` (per channel, (M,); a scalar for
             ``"authors"``).
-        backend: forwarded to :func:`kalmanscan.nn.kla_scan` (``"auto"``, ``"torch"``, ``"triton"``,
-            ``"recurrent"``).
+        backend: forwarded to :func:`kalmanscan.nn.kla_scan` (``"auto"``, ``"triton"``, ``"cpu"``,
+            ``"torch"``, ``"recurrent"``).
 
     OU parameters (each (M, S), stored as logs so they stay positive; ``init="kalmanscan"`` below,
     ``"authors"`` in :mod:`kalmanscan.nn.init`):
