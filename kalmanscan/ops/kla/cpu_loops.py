@@ -7,8 +7,9 @@ compiles anything; each loop compiles on its first call per dtype and is cached 
 Layout. Inputs are C-contiguous arrays in the compute dtype: ``v``, ``lam_v`` ``(B, L, M)``;
 ``k``, ``q`` ``(B, L, S)``; ``decay``, ``noise`` ``(M, S)``; the initial variance and mean
 ``(B, M, S)``. A task is one batch row and a block of at most :data:`BLOCK` consecutive channels;
-tasks run in parallel (``prange``), each holding its block's state as ``(S, W)`` arrays (channels
-innermost: the vector lanes) and walking time sequentially. The checkpoints are ``(B, chunks, S, M)``.
+tasks run in parallel (``prange``), each holding its block's state as ``(S, BLOCK)`` arrays
+(channels innermost: the vector lanes; a partial last block pads its lanes with inert filters) and
+walking time sequentially. The checkpoints are ``(B, chunks, S, M)``.
 
 Recursion, in mean form (docs/math.md §7 with ``var = 1 / lam``, ``mu = eta / lam``; the form of
 :func:`kalmanscan.ops.kla.recurrent.kla_step`, which never overflows): per token and filter ``(m, s)``
@@ -49,33 +50,36 @@ def constants(dtype: np.dtype | type) -> np.ndarray:
 
 @njit(inline="always", fastmath=FAST)
 def block_params(decay: np.ndarray, noise: np.ndarray, m0: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(decay, decay^2, noise)`` of channels ``m0 .. m0 + W - 1`` as ``(S, W)`` arrays."""
+    """``(decay, decay^2, noise)`` of channels ``m0 .. m0 + W - 1`` as ``(S, BLOCK)`` arrays, the
+    lanes past ``W`` inert (``decay = 1``, ``noise = 0``)."""
     S = decay.shape[1]
-    a = np.empty((S, W), decay.dtype)
+    one = decay[0, 0] - decay[0, 0] + 1
+    a = np.empty((S, BLOCK), decay.dtype)
     a2 = np.empty_like(a)
     n = np.empty_like(a)
     for s in range(S):
-        for i in range(W):
-            a[s, i] = decay[m0 + i, s]
+        for i in range(BLOCK):
+            a[s, i] = decay[m0 + i, s] if i < W else one
             a2[s, i] = a[s, i] * a[s, i]
-            n[s, i] = noise[m0 + i, s]
+            n[s, i] = noise[m0 + i, s] if i < W else one - one
     return a, a2, n
 
 
 @njit(inline="always", fastmath=FAST)
-def load_state(x: np.ndarray, b: int, m0: int, W: int) -> np.ndarray:
-    """``x[b, m0 : m0 + W, :]`` of a ``(B, M, S)`` array, transposed to ``(S, W)`` (a copy)."""
+def load_state(x: np.ndarray, b: int, m0: int, W: int, fill: float) -> np.ndarray:
+    """``x[b, m0 : m0 + W, :]`` of a ``(B, M, S)`` array, transposed to ``(S, BLOCK)`` (a copy; the
+    lanes past ``W`` hold ``fill``)."""
     S = x.shape[2]
-    out = np.empty((S, W), x.dtype)
+    out = np.empty((S, BLOCK), x.dtype)
     for s in range(S):
-        for i in range(W):
-            out[s, i] = x[b, m0 + i, s]
+        for i in range(BLOCK):
+            out[s, i] = x[b, m0 + i, s] if i < W else fill
     return out
 
 
 @njit(inline="always", fastmath=FAST)
 def store_state(out: np.ndarray, x: np.ndarray, b: int, m0: int, W: int) -> None:
-    """``out[b, m0 : m0 + W, :] = x.T`` for ``x`` of shape ``(S, W)``."""
+    """``out[b, m0 : m0 + W, :] = x[:, :W].T`` for ``x`` of shape ``(S, BLOCK)``."""
     for s in range(x.shape[0]):
         for i in range(W):
             out[b, m0 + i, s] = x[s, i]
@@ -83,7 +87,8 @@ def store_state(out: np.ndarray, x: np.ndarray, b: int, m0: int, W: int) -> None
 
 @njit(inline="always", fastmath=FAST)
 def token(v: np.ndarray, lam_v: np.ndarray, b: int, t: int, m0: int, W: int, lv: np.ndarray, bv: np.ndarray) -> None:
-    """``lam_v`` and ``b / k = lam_v v`` of token ``t``'s channels into ``lv``, ``bv``."""
+    """``lam_v`` and ``b / k = lam_v v`` of token ``t``'s channels into ``lv``, ``bv`` (``(BLOCK,)``;
+    the lanes past ``W`` keep the zeros they were made with)."""
     for i in range(W):
         lv[i] = lam_v[b, t, m0 + i]
         bv[i] = lv[i] * v[b, t, m0 + i]
@@ -93,8 +98,9 @@ def token(v: np.ndarray, lam_v: np.ndarray, b: int, t: int, m0: int, W: int, lv:
 def step(var: np.ndarray, mu: np.ndarray, a: np.ndarray, a2: np.ndarray, n: np.ndarray, lv: np.ndarray,
          bv: np.ndarray, k: np.ndarray, q: np.ndarray, b: int, t: int, ay: np.ndarray, av: np.ndarray,
          one: float) -> None:
-    """Token ``t`` of the block's ``(S, W)`` filters, in place; its ``y`` and ``y_var`` into
-    ``ay``, ``av`` (``(W,)``)."""
+    """Token ``t`` of the block's ``(S, BLOCK)`` filters, in place; its ``y`` and ``y_var`` into
+    ``ay``, ``av`` (``(BLOCK,)``). The lane loops run over all ``BLOCK`` lanes (a constant trip
+    count the compiler unrolls into whole vectors; inert lanes stay finite)."""
     ay[:] = one - one
     av[:] = one - one
     for s in range(var.shape[0]):
@@ -102,7 +108,7 @@ def step(var: np.ndarray, mu: np.ndarray, a: np.ndarray, a2: np.ndarray, n: np.n
         qs = q[b, t, s]
         k2 = ks * ks
         q2 = qs * qs
-        for i in range(var.shape[1]):
+        for i in range(BLOCK):
             P = a2[s, i] * var[s, i] + n[s, i]
             r = one / (one + lv[i] * k2 * P)
             vn = P * r
@@ -129,16 +135,16 @@ def forward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, deca
         m0 = (task % nb) * BLOCK
         W = min(BLOCK, M - m0)
         a, a2, n = block_params(decay, noise, m0, W)
-        var = load_state(var0, b, m0, W)
-        mu = load_state(mu0, b, m0, W)
-        lv = np.empty(W, v.dtype)
-        bv = np.empty_like(lv)
+        var = load_state(var0, b, m0, W, one)
+        mu = load_state(mu0, b, m0, W, one - one)
+        lv = np.zeros(BLOCK, v.dtype)
+        bv = np.zeros_like(lv)
         ay = np.empty_like(lv)
         av = np.empty_like(lv)
         for t in range(L):
             if save and t % chunk == 0:
-                ck_var[b, t // chunk, :, m0:m0 + W] = var
-                ck_mu[b, t // chunk, :, m0:m0 + W] = mu
+                ck_var[b, t // chunk, :, m0:m0 + W] = var[:, :W]
+                ck_mu[b, t // chunk, :, m0:m0 + W] = mu[:, :W]
             token(v, lam_v, b, t, m0, W, lv, bv)
             step(var, mu, a, a2, n, lv, bv, k, q, b, t, ay, av, one)
             for i in range(W):
@@ -170,25 +176,27 @@ def backward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, dec
         m0 = mb * BLOCK
         W = min(BLOCK, M - m0)
         a, a2, n = block_params(decay, noise, m0, W)
-        gV = load_state(g_var, b, m0, W)
-        gM = load_state(g_mu, b, m0, W)
+        gV = load_state(g_var, b, m0, W, one - one)
+        gM = load_state(g_mu, b, m0, W, one - one)
         ga = np.zeros_like(gV)
         gn = np.zeros_like(gV)
-        sv = np.empty((chunk, S, W), v.dtype)
+        sv = np.empty((chunk, S, BLOCK), v.dtype)
         sm = np.empty_like(sv)
-        lv = np.empty(W, v.dtype)
-        bv = np.empty_like(lv)
-        vv = np.empty_like(lv)
-        gyw = np.empty_like(lv)
-        gyvw = np.empty_like(lv)
+        var = np.ones((S, BLOCK), v.dtype)
+        mu = np.zeros_like(var)
+        lv = np.zeros(BLOCK, v.dtype)
+        bv = np.zeros_like(lv)
+        vv = np.zeros_like(lv)
+        gyw = np.zeros_like(lv)
+        gyvw = np.zeros_like(lv)
         acc_lv = np.empty_like(lv)
         acc_v = np.empty_like(lv)
         for cc in range(n_chunks):
             c = n_chunks - 1 - cc
             t0 = c * chunk
             t1 = min(t0 + chunk, L)
-            var = ck_var[b, c, :, m0:m0 + W].copy()
-            mu = ck_mu[b, c, :, m0:m0 + W].copy()
+            var[:, :W] = ck_var[b, c, :, m0:m0 + W]
+            mu[:, :W] = ck_mu[b, c, :, m0:m0 + W]
             for t in range(t0, t1):  # the chunk again, keeping the state before each token
                 sv[t - t0] = var
                 sm[t - t0] = mu
@@ -197,12 +205,12 @@ def backward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, dec
             for t in range(t1 - 1, t0 - 1, -1):
                 j = t - t0
                 token(v, lam_v, b, t, m0, W, lv, bv)
+                acc_lv[:] = one - one
+                acc_v[:] = one - one
                 for i in range(W):
                     vv[i] = v[b, t, m0 + i]
                     gyw[i] = gy[b, t, m0 + i]
                     gyvw[i] = gy_var[b, t, m0 + i]
-                    acc_lv[i] = one - one
-                    acc_v[i] = one - one
                 for s in range(S):
                     ks = k[b, t, s]
                     qs = q[b, t, s]
@@ -210,7 +218,7 @@ def backward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, dec
                     q2 = qs * qs
                     gk_s = one - one
                     gq_s = one - one
-                    for i in range(W):
+                    for i in range(BLOCK):
                         vp = sv[j, s, i]
                         mp = sm[j, s, i]
                         A = a[s, i]
