@@ -44,6 +44,13 @@ def _np(*xs: Tensor):
     return tuple(x.detach().numpy() for x in xs)
 
 
+def _one_dtype(*xs: Tensor) -> None:
+    """The loops compile per dtype and compute in their inputs' one dtype: refuse a mixture."""
+    dtypes = {x.dtype for x in xs}
+    if len(dtypes) != 1 or xs[0].dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"the cpu KLA operators take float32 or float64 tensors of one dtype, got {dtypes}")
+
+
 def _blocks(M: int) -> int:
     return -(-M // _loops().BLOCK)
 
@@ -55,6 +62,7 @@ def kla_scan_cpu(v: Tensor, lam_v: Tensor, k: Tensor, q: Tensor, decay: Tensor, 
     ``v``, ``lam_v`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, S)``; ``decay``, ``noise`` ``(M, S)``;
     the initial variance and mean ``var0``, ``mu0`` ``(B, M, S)``. The checkpoints are
     ``(B, ceil(L / CHUNK), S, M)`` with ``save``, else ``(0, 0, S, M)``."""
+    _one_dtype(v, lam_v, k, q, decay, noise, var0, mu0)
     loops = _loops()
     v, lam_v, k, q, decay, noise, var0, mu0 = (x.contiguous() for x in (v, lam_v, k, q, decay, noise, var0, mu0))
     B, L, M = v.shape
@@ -83,6 +91,7 @@ def kla_scan_cpu_backward(v: Tensor, lam_v: Tensor, k: Tensor, q: Tensor, decay:
                           g_mu: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients ``(v, lam_v, k, q, decay, noise, var0, mu0)`` of :func:`kla_scan_cpu` (run with
     ``save``) from the cotangents of ``y``, ``y_var``, ``var``, ``mu``, in the inputs' dtype."""
+    _one_dtype(v, lam_v, k, q, decay, noise, ckpt_var, ckpt_mu, gy, gy_var, g_var, g_mu)
     loops = _loops()
     v, lam_v, k, q, decay, noise, gy, gy_var, g_var, g_mu = (
         x.contiguous() for x in (v, lam_v, k, q, decay, noise, gy, gy_var, g_var, g_mu))

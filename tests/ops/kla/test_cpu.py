@@ -117,6 +117,12 @@ def test_second_derivatives_raise():
         g.sum().backward()
 
 
+def test_operators_refuse_mixed_dtypes():
+    args = op_args(False)
+    with pytest.raises(ValueError, match="one dtype"):
+        cpu.kla_scan_cpu(args[0].double(), *args[1:])
+
+
 def op_args(save):
     xs = [x.float() for x in make_inputs(2, CHUNK + 3, BLOCK + 2, 3, seed=8, with_state=True)]
     var0, mu0 = 1.0 / xs[6], xs[7] / xs[6]
