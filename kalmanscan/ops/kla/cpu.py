@@ -133,6 +133,14 @@ def _backward(ctx, gy, gy_var, g_var, g_mu, _g_ckpt_var, _g_ckpt_mu):
 torch.library.register_autograd("kalmanscan::kla_scan_cpu", _backward, setup_context=_setup_context)
 
 
+def _no_second_derivatives(ctx, *grads):
+    raise RuntimeError("backend='cpu' of the KLA scan computes first derivatives only (its backward is a "
+                       "compiled loop); use backend='recurrent' for second derivatives (create_graph=True)")
+
+
+torch.library.register_autograd("kalmanscan::kla_scan_cpu_backward", _no_second_derivatives)
+
+
 def kla_scan(v: Tensor, lam_v: Tensor, k: Tensor, q: Tensor, decay: Tensor, noise: Tensor,
              initial_state: FilterState | None = None) -> tuple[Tensor, Tensor, FilterState]:
     """``(y, y_var, state)``: the signature every KLA backend shares, in the compute dtype; the

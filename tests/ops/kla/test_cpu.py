@@ -113,7 +113,7 @@ def test_second_derivatives_raise():
     xs = [x.requires_grad_() for x in make_inputs(1, 5, 2, 3, seed=7)]
     y, _ = kla_scan(*xs, backend="cpu")
     (g,) = torch.autograd.grad(y.sum(), xs[0], create_graph=True)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="first derivatives only"):
         g.sum().backward()
 
 
