@@ -1,12 +1,19 @@
 """Running a compiled (numba) loop on numba's threads, or on the calling thread alone when the
-work is too small to pay for waking the others (the ``"cpu"`` backends of both operations)."""
+work is too small to pay for waking the others, and the parallel options the loops compile with
+(the ``"cpu"`` backends of both operations)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["run_loop", "SMALL_WORK"]
+__all__ = ["run_loop", "SMALL_WORK", "PARALLEL"]
+
+# numba's ``parallel=`` option of the loops: only the prange loops become parallel; numba's other
+# parfor conversions (array expressions, reductions, fusion) find nothing to do there but cost
+# compile time.
+PARALLEL = dict(prange=True, comprehension=False, setitem=False, reduction=False, numpy=False, stencil=False,
+                fusion=False, inplace_binop=False)
 
 SMALL_WORK = 1 << 17  # element-steps below which a loop runs on one thread: waking the others costs
                       # more than it saves, and on a busy machine a thread barrier can wait a time slice

@@ -41,6 +41,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..cpu_threads import PARALLEL
+
 # Input order of the filter loops (columns of boff, entries of tstride, cstride).
 Y, THETA, SIGMA, DT, OBS_VAR, MEAN, H, INIT_MEAN, INIT_VAR = range(9)
 # Output order of the forward.
@@ -56,11 +58,6 @@ S_MEAN, S_VAR, S_PMEAN, S_PVAR, S_DECAY, S_NOISE = range(6)
 # Cached variance terms of the static loop (rows of each slot of its per-task cache).
 (K_P, K_PP, K_S, K_IS, K_K, K_PF, K_LS, K_IPF, K_IPP) = range(9)
 
-
-# Only the prange loops become parallel: numba's other parfor conversions (array expressions,
-# reductions, fusion) find nothing to do here but cost compile time.
-PARALLEL = dict(prange=True, comprehension=False, setitem=False, reduction=False, numpy=False, stencil=False,
-                fusion=False, inplace_binop=False)
 
 
 def constants(dtype: np.dtype | type) -> np.ndarray:

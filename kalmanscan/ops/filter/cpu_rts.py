@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu_loops import (ONE, PARALLEL, S_DECAY, S_MEAN, S_NOISE, S_PMEAN, S_PVAR, S_VAR, TWO, ZERO, lanes)
+from ..cpu_threads import PARALLEL
+from .cpu_loops import (ONE, S_DECAY, S_MEAN, S_NOISE, S_PMEAN, S_PVAR, S_VAR, TWO, ZERO, lanes)
 
 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")

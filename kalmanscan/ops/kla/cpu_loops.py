@@ -35,12 +35,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..cpu_threads import PARALLEL
+
 BLOCK = 32                    # channels per task (vector lanes)
 FAST = {"reassoc", "contract"}
 ONE, TWO = range(2)           # entries of consts
-# Only the prange loops become parallel (see kalmanscan.ops.filter.cpu_loops).
-PARALLEL = dict(prange=True, comprehension=False, setitem=False, reduction=False, numpy=False, stencil=False,
-                fusion=False, inplace_binop=False)
 
 
 def constants(dtype: np.dtype | type) -> np.ndarray:
@@ -49,11 +48,11 @@ def constants(dtype: np.dtype | type) -> np.ndarray:
 
 
 @njit(inline="always", fastmath=FAST)
-def block_params(decay: np.ndarray, noise: np.ndarray, m0: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def block_params(decay: np.ndarray, noise: np.ndarray, m0: int, W: int,
+                 one: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(decay, decay^2, noise)`` of channels ``m0 .. m0 + W - 1`` as ``(S, BLOCK)`` arrays, the
-    lanes past ``W`` inert (``decay = 1``, ``noise = 0``)."""
+    lanes past ``W`` inert (``decay = one``, ``noise = 0``)."""
     S = decay.shape[1]
-    one = decay[0, 0] - decay[0, 0] + 1
     a = np.empty((S, BLOCK), decay.dtype)
     a2 = np.empty_like(a)
     n = np.empty_like(a)
@@ -134,7 +133,7 @@ def forward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, deca
         b = task // nb
         m0 = (task % nb) * BLOCK
         W = min(BLOCK, M - m0)
-        a, a2, n = block_params(decay, noise, m0, W)
+        a, a2, n = block_params(decay, noise, m0, W, one)
         var = load_state(var0, b, m0, W, one)
         mu = load_state(mu0, b, m0, W, one - one)
         lv = np.zeros(BLOCK, v.dtype)
@@ -175,7 +174,7 @@ def backward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, dec
         mb = task % nb
         m0 = mb * BLOCK
         W = min(BLOCK, M - m0)
-        a, a2, n = block_params(decay, noise, m0, W)
+        a, a2, n = block_params(decay, noise, m0, W, one)
         gV = load_state(g_var, b, m0, W, one - one)
         gM = load_state(g_mu, b, m0, W, one - one)
         ga = np.zeros_like(gV)

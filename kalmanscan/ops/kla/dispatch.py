@@ -72,9 +72,9 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     ``ValueError`` naming the offending argument.
     """
     check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
-    if not _launch_first(v) or _resolve(backend, v, k, False) != "triton":
+    if not _launch_first(v) or _resolve(backend, v, False) != "triton":
         mean_form = decide_checks(queue_checks(lam_v, decay, noise, initial_state), noise.dtype)
-        return _run(_resolve(backend, v, k, mean_form), v, lam_v, k, q, decay, noise, initial_state, return_state)
+        return _run(_resolve(backend, v, mean_form), v, lam_v, k, q, decay, noise, initial_state, return_state)
     # On a GPU the checks are queued first, their extrema copied back without waiting, then the
     # fused kernels launched and the extrema read (checks.Ahead): the read waits for the checks,
     # not for the kernels, so the call returns while its kernels run. The result is returned only
@@ -110,7 +110,7 @@ def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q:
     same ``noise_free`` (its variance is then at least the floor, or it runs in mean form).
     """
     check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
-    backend = _resolve(backend, v, k, noise_free)
+    backend = _resolve(backend, v, noise_free)
     if backend == "triton":
         noise = noise + NOISE_FLOOR
     return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state)
@@ -122,7 +122,7 @@ def _launch_first(v: torch.Tensor) -> bool:
     return v.is_cuda
 
 
-def _resolve(backend, v, k, mean_form):
+def _resolve(backend, v, mean_form):
     """The backend ``"auto"`` stands for, and torch for triton when the filters need the mean form."""
     if backend == "auto":
         backend = "triton" if v.is_cuda else "cpu" if v.device.type == "cpu" else "torch"
