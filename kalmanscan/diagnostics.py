@@ -3,7 +3,9 @@
 Every function takes a :class:`~kalmanscan.Posterior` (NumPy or torch; tensors are detached and
 moved to the host) and arrays broadcasting to its ``(..., T, C)`` shape, and returns NumPy float64.
 NaN in ``y`` or ``truth`` gives NaN in the elementwise scores and is left out of every average.
-Distributions and tests are those of ``scipy.stats``.
+So do the steps of a diffuse prior (``init_var = inf``) whose predictive variance is infinite (the
+first observation of each channel, ``post.n_diffuse``): they have no proper predictive law, and
+the log-likelihood leaves them out too. Distributions and tests are those of ``scipy.stats``.
 
 Scores against observations use the one-step predictive law ``y_t | y_1..y_{t-1} ~ N(m_t, S_t)``
 (``post.pred_obs_mean``, ``post.pred_obs_var``); scores against the true state use the posterior
@@ -54,10 +56,12 @@ def _aligned(name, x, shape):
 
 
 def _predictive(post, y):
+    """``(y, m, S)`` with ``y`` NaN where ``S`` is infinite (a diffuse step: not scored)."""
     post = numpy_post(post)
     m = np.asarray(post.pred_obs_mean, np.float64)
     s2 = np.asarray(post.pred_obs_var, np.float64)
-    return _aligned("y", y, m.shape), m, s2
+    y = _aligned("y", y, m.shape)
+    return np.where(np.isinf(s2), np.nan, y), m, s2
 
 
 def _state(post, truth):
@@ -170,11 +174,13 @@ class CalibrationReport:
     nees_pvalue: float | None = None
     nees_dof: float | None = None
     state_coverage: dict | None = field(default=None)
+    n_diffuse: int = 0
 
     def __repr__(self) -> str:
         verdict = "calibrated" if self.calibrated else "NOT calibrated"
         lines = [f"CalibrationReport: {verdict} (alpha = {self.alpha:g} over {self.n_checks} checks)",
-                 f"  {'observations':<24}{self.n_obs} ({self.n_missing} missing)"]
+                 f"  {'observations':<24}{self.n_obs} ({self.n_missing} missing"
+                 + (f", {self.n_diffuse} diffuse, not scored)" if self.n_diffuse else ")")]
 
         def row(name, value, detail, ok):
             lines.append(f"  {name:<24}{value:<10}{detail:<28}{'ok' if ok else 'FAIL'}")
@@ -252,6 +258,7 @@ def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, lev
     y_a, _, _ = _predictive(post, y)
     seen = ~np.isnan(y_a)
     n = int(seen.sum())
+    n_missing = int(np.isnan(_aligned("y", y, y_a.shape)).sum())  # y_a is NaN at diffuse steps too
     if n < 2:
         raise ValueError(f"y must have at least 2 observed values, got {n}")
     n_checks = 2 + len(levels) + (truth is not None)
@@ -307,7 +314,8 @@ def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, lev
 
     return CalibrationReport(
         calibrated=not reasons, reasons=reasons, alpha=alpha, n_checks=n_checks, n_obs=n,
-        n_missing=int(y_a.size - n), mean_nis=mean_nis, nis_band=nis_band, nis_pvalue=nis_p,
+        n_missing=n_missing, n_diffuse=int(y_a.size - n - n_missing), mean_nis=mean_nis, nis_band=nis_band,
+        nis_pvalue=nis_p,
         pit_ks=float(ks.statistic), pit_pvalue=float(ks.pvalue), pit_mean=pit_mean, pit_var=pit_var,
         coverage=cov, coverage_bands=bands, mean_crps=float(np.nanmean(crps(post, y))),
         mean_log_score=float(np.nanmean(log_score(post, y))), **extra)

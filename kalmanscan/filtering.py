@@ -161,6 +161,14 @@ def _check_outputs(outputs) -> tuple:
     return tuple(k for k in OUTPUTS if k in outputs or (k == "logliks" and "loglik" in outputs))
 
 
+def _read_only(x):
+    """A NumPy array as a read-only view (a tensor as it is)."""
+    if isinstance(x, np.ndarray):
+        x = x.view()
+        x.flags.writeable = False
+    return x
+
+
 def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior | None = None,
                    diffuse: Diffuse | None = None) -> Posterior:
     """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind."""
@@ -173,13 +181,14 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
     lazily = ("decay", "noise", "missing")
     conv = {k: None if v is None else full(v) for k, v in out.items() if k not in lazily}
     # The parameters, times and counts are made when read (Params): most callers read none.
-    lazy = {k: (lambda k=k: full(getattr(p, k))) for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
+    # NumPy parameters come back read-only: they may be views of the caller's arrays.
+    lazy = {k: (lambda k=k: _read_only(full(getattr(p, k)))) for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
     for k in lazily:
         v = out.get(k)
         lazy[k] = (lambda v=v: None if v is None else full(v))
     for k in ("init_mean", "init_var"):
-        lazy[k] = lambda k=k: p.output(getattr(p, k).expand(shape[:-2] + (1, shape[-1]))[..., 0, :])
-    lazy["times"] = lambda: _times(p)
+        lazy[k] = lambda k=k: _read_only(p.output(getattr(p, k).expand(shape[:-2] + (1, shape[-1]))[..., 0, :]))
+    lazy["times"] = lambda: _read_only(_times(p))
     lazy["n_diffuse"] = lambda: _n_diffuse(p, diffuse)
     params = Params({"times_given": p.times is not None}, lazy)
     logliks = conv.pop("logliks", None)

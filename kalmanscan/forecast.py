@@ -114,7 +114,7 @@ def forecast(post: Posterior, steps: int | None = None, *, times: ArrayLike | No
     else:
         t_last = np.asarray(t_last, dtype=np.float64)
     if steps is not None:
-        if not (isinstance(steps, (int, np.integer)) and steps >= 1):
+        if isinstance(steps, (bool, np.bool_)) or not (isinstance(steps, (int, np.integer)) and steps >= 1):
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
         k = np.arange(1, steps + 1, dtype=np.float64)[:, None]
         dt_last = last["dt"]
@@ -127,8 +127,10 @@ def forecast(post: Posterior, steps: int | None = None, *, times: ArrayLike | No
     decay, noise = ou.discretize(last["theta"], last["sigma"], L)
     mean = last["mean"] + decay * (mu - last["mean"])
     var_k = decay * decay * var + noise
-    return Forecast(mean=mean, var=var_k, obs_mean=last["h"] * mean,
-                    obs_var=last["h"] ** 2 * var_k + last["obs_var"], times=future, lead=lead)
+    moments = dict(mean=mean, var=var_k, obs_mean=last["h"] * mean, obs_var=last["h"] ** 2 * var_k + last["obs_var"])
+    if not is_torch:  # computed in float64, returned in the posterior's dtype (as the torch path)
+        moments = {k: np.asarray(v).astype(mu.dtype, copy=False) for k, v in moments.items()}
+    return Forecast(**moments, times=future, lead=lead)
 
 
 def _future_times(times, t_last, is_torch, like):

@@ -126,7 +126,8 @@ class StreamFilter:
             return self._step(y, p0)
         y_t = self._steps_of(y, p0, one_step)
         init_mean, init_var = predict(self._level, self._decay, self._noise, self._mean - self._level, self._var)
-        p = dataclasses.replace(p0, y=y_t, shape=tuple(y_t.shape), init_mean=init_mean, init_var=init_var,
+        shape = tuple(p0.shape[:-2]) + tuple(y_t.shape[-2:])  # the batch of y and the parameters
+        p = dataclasses.replace(p0, y=y_t, shape=shape, init_mean=init_mean, init_var=init_var,
                                 outputs=self._fields, y_check=self.check_finite)
         out = run_backend(p, self.backend)
         queued = out.pop("y_check", None)
@@ -141,6 +142,8 @@ class StreamFilter:
             if np.ndim(y) < 1:
                 raise ValueError(f"y must have shape (..., C) for one step, got {np.shape(y)}")
             y = y.unsqueeze(-2) if isinstance(y, torch.Tensor) else np.expand_dims(np.asarray(y), -2)
+        elif np.ndim(y) >= 2 and np.shape(y)[-2] == 0:
+            raise ValueError(f"y must hold at least one step, got shape {np.shape(y)}")
         state = self.state
         post = _public_filter(y, **self._params, **({} if state is not None else self._init),
                               backend=self.backend, outputs=self._fields, check_finite=self.check_finite,
@@ -155,7 +158,7 @@ class StreamFilter:
         self._advance_state({k: torch.as_tensor(v).to(device=p0.y.device, dtype=p0.dtype) for k, v in out.items()})
         self._diffuse = bool(torch.isinf(self._var).any())
         if self._rows is None and resolve_backend(self.backend, p0.y.device) == "triton" and not p0.no_process_noise():
-            batch = p0.y.shape[:-2] + (1, p0.shape[-1])
+            batch = p0.shape[:-2] + (1, p0.shape[-1])
             rows = (self._decay, self._noise, p0.obs_var, p0.mean, p0.h)
             self._rows = torch.stack([x[..., :1, :].expand(batch).reshape(-1) for x in rows])
         return {k: out[k][..., 0, :] if one_step else out[k] for k in self.outputs}
@@ -165,8 +168,9 @@ class StreamFilter:
         from .ops.filter import triton as triton_backend  # (imports the kernels)
 
         y_t = self._steps_of(y, p0, one_step=True)
-        shape = y_t.shape[:-2] + y_t.shape[-1:]
-        out, belief = triton_backend.stream_step(y_t, self._belief, self._rows, self._fields)
+        shape = p0.shape[:-2] + y_t.shape[-1:]
+        out, belief = triton_backend.stream_step(y_t.expand(p0.shape[:-2] + y_t.shape[-2:]), self._belief,
+                                                 self._rows, self._fields)
         rows = dict(zip(triton_backend.POSTERIOR, out.view(out.shape[:1] + shape).unbind(0)))  # one view op
         logliks = rows["logliks"]
         if self.check_finite:  # by result: one step's kernel takes less than a reduction queued ahead
@@ -192,6 +196,8 @@ class StreamFilter:
         if y_t.ndim != len(batch) + 2 or tuple(y_t.shape[:-2]) != batch or y_t.shape[-1] != C:
             raise ValueError(f"y must have shape {batch + ('k', C)}, as the stream's first update; "
                              f"got {tuple(y_t.shape)}")
+        if y_t.shape[-2] == 0:
+            raise ValueError(f"y must hold at least one step, got shape {tuple(y_t.shape)}")
         return y_t
 
     def _advance_state(self, out: dict[str, torch.Tensor]) -> None:

@@ -46,6 +46,22 @@ def test_elementwise_scores_match_their_definitions(data):
         assert abs(c[t, ch] - num) < 1e-7 * s[t, ch]
 
 
+def test_diffuse_steps_are_not_scored():
+    """With ``init_var = inf`` each channel's first observation has an infinite predictive
+    variance: NaN in every score (as the log-likelihood leaves it out), finite report means."""
+    y = ks.datasets.load_nile().y
+    post = ks.filter(y, theta=0.0, sigma=38.3, obs_var=15099.0, init_var=float("inf"))
+    assert np.isinf(post.pred_obs_var[0, 0]) and post.n_diffuse[0] == 1
+    for score in (D.nis, D.pit, D.crps, D.log_score):
+        s = score(post, y)
+        assert np.isnan(s[0, 0]) and np.all(np.isfinite(s[1:])), score.__name__
+    np.testing.assert_allclose(D.log_score(post, y)[1:], -post.logliks[1:], rtol=1e-12)
+    np.testing.assert_allclose(np.nansum(D.log_score(post, y)), -post.loglik[0], rtol=1e-12)
+    r = D.report(post, y)
+    assert (r.n_obs, r.n_missing, r.n_diffuse) == (99, 0, 1) and np.isfinite(r.mean_crps)
+    assert np.isfinite(r.mean_log_score) and "1 diffuse, not scored" in repr(r)
+
+
 def test_coverage_shapes_and_torch_posteriors(data):
     x, y = data
     post = _post(y)

@@ -120,6 +120,12 @@ def test_inputs_not_modified():
     assert torch.equal(torch.nan_to_num(y_t, 7.0), torch.nan_to_num(y_copy, 7.0))
     for k, v in kw.items():
         np.testing.assert_array_equal(v, copies[k])
+    post = ks.filter(y, **kw)  # NumPy parameters come back as read-only views
+    for k in ("theta", "sigma", "obs_var", "mean", "h", "dt", "times", "init_mean", "init_var"):
+        assert not post.params[k].flags.writeable, k
+    with pytest.raises(ValueError, match="read-only"):
+        post.params["mean"][..., 0, 0] = 99.0
+    np.testing.assert_array_equal(kw["mean"], copies["mean"])
 
 
 def test_gates_match_definitions():

@@ -74,6 +74,10 @@ def test_times_default_from_dt_and_float32_keeps_absolute_times():
     fc = ks.forecast(p32, times=np.array([epoch[-1] + 0.25, epoch[-1] + 0.5]))
     np.testing.assert_array_equal(fc.lead[:, 0].numpy(), [0.25, 0.5])
     assert fc.var.dtype == torch.float32
+    n32 = ks.forecast(ks.filter(y.astype(np.float32), **kw, times=epoch), 2)  # NumPy float32 stays float32
+    assert all(getattr(n32, k).dtype == np.float32 for k in ("mean", "var", "obs_mean", "obs_var"))
+    np.testing.assert_allclose(n32.var, fc.var.numpy(), rtol=1e-6)
+    assert n32.times.dtype == np.float64
 
 
 def test_interval():
@@ -95,6 +99,7 @@ def test_interval():
     ((2,), {"times": [30.0]}, "exactly one"),
     ((0,), {}, "steps"),
     ((2.5,), {}, "steps"),
+    ((True,), {}, "steps"),
     ((), {"times": [5.0]}, "after the last"),
     ((), {"times": [30.0, 29.0]}, "increasing"),
     ((), {"times": [np.nan]}, "finite"),

@@ -1,6 +1,8 @@
-"""The torch backend is differentiable: gradcheck in float64 against finite differences."""
+"""The torch backend is differentiable: gradcheck in float64 against finite differences; the cpu
+backend's public smoother gives the torch backend's gradients whatever the parameters' shapes."""
 
 import numpy as np
+import pytest
 import torch
 from helpers import DEVICE, NAMES, random_problem
 
@@ -49,3 +51,30 @@ def test_missing_values_give_zero_not_nan_gradients():
     theta = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
     ks.filter(y, theta=theta, sigma=1.0, obs_var=0.5, backend="torch").loglik.sum().backward()
     assert torch.isfinite(theta.grad) and y.grad[1, 0] == 0 and torch.all(torch.isfinite(y.grad))
+
+
+@pytest.mark.parametrize("shape", [(), (2,), (1, 2), (3, 1, 2), (9, 2)])
+def test_cpu_smoother_gradients_equal_torch(shape):
+    """Static parameters reach the cpu smoother as broadcast views of ``(..., T, C)``; their
+    gradients (and ``y``'s) equal the torch backend's, and gradcheck passes on the public call."""
+    rng = np.random.default_rng(40 + len(shape))
+    y = rng.normal(size=(3, 9, 2))
+    y[0, 4, 1] = np.nan
+    theta = rng.uniform(0.2, 1.0, size=shape)
+    grads = []
+    for backend in ("cpu", "torch"):
+        y_t = torch.tensor(y, requires_grad=True)
+        theta_t = torch.tensor(theta, requires_grad=True)
+        post = ks.smooth(y_t, theta=theta_t, sigma=0.8, obs_var=0.5, backend=backend)
+        (post.mean.nansum() + (post.var * 0.5).sum()).backward()
+        grads.append((y_t.grad, theta_t.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    def f(y_t, theta_t):
+        post = ks.smooth(y_t, theta=theta_t, sigma=0.8, obs_var=0.5, backend="cpu")
+        return post.mean.sum() + post.var.sum()
+
+    y_t = torch.tensor(np.nan_to_num(y[:, :5]), requires_grad=True)
+    theta_t = torch.tensor(theta[..., :5, :] if len(shape) == 2 and shape[0] == 9 else theta, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (y_t, theta_t), atol=1e-6, rtol=1e-5)

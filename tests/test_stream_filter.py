@@ -52,6 +52,23 @@ def test_stream_equals_one_call(backend):
     assert (f._rows is not None) == (backend == "triton")  # one-step updates ran the stream kernel
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch", "triton", "reference"])
+def test_batch_from_the_parameters(backend):
+    """``y`` of shape ``(T, C)`` with ``sigma`` ``(B, 1, C)`` and ``init_mean`` ``(B, C)``: the
+    stream's batch comes from the parameters, as in ``ks.filter``; each update takes ``y``'s shape."""
+    y, kw = problem(6)
+    rng = np.random.default_rng(6)
+    kw = dict(kw, sigma=rng.uniform(0.2, 1.0, (3, 1, 5)), init_mean=rng.normal(size=(3, 5)))
+    if backend == "triton":
+        y = torch.tensor(y, device=KERNEL_DEVICE)
+    whole = ks.filter(y, backend=backend, **kw)
+    f = ks.StreamFilter(**kw, backend=backend, outputs=FIELDS)
+    got = stream(f, y, CUTS)
+    for k in FIELDS:
+        np.testing.assert_allclose(got[k], to_np(getattr(whole, k)), rtol=1e-12, atol=1e-12, err_msg=k)
+    assert got["mean"].shape == (3, 41, 5) and f.state.mean.shape == (3, 5)
+
+
 def test_stream_kernel_catches_inf_and_leaves_the_state():
     y, kw = problem(5)
     y = torch.tensor(y, device=KERNEL_DEVICE)
@@ -126,6 +143,11 @@ def test_bad_input_is_named():
         f.extend(y[1])
     with pytest.raises(ValueError, match="y must be a NumPy array"):
         f.update(torch.tensor(y[1]))
+    with pytest.raises(ValueError, match="y must hold at least one step"):
+        f.extend(y[1:1])
+    assert f.state.steps == 1
+    with pytest.raises(ValueError, match="y must hold at least one step"):
+        ks.StreamFilter(**kw).extend(y[:0])
     before = y.copy()
     f.extend(y[1:])
     np.testing.assert_array_equal(y, before)  # nothing the caller passed is modified
