@@ -3,9 +3,10 @@
 Every function takes a :class:`~kalmanscan.Posterior` (NumPy or torch; tensors are detached and
 moved to the host) and arrays broadcasting to its ``(..., T, C)`` shape, and returns NumPy float64.
 NaN in ``y`` or ``truth`` gives NaN in the elementwise scores and is left out of every average.
-So do the steps of a diffuse prior (``init_var = inf``) whose predictive variance is infinite (the
-first observation of each channel, ``post.n_diffuse``): they have no proper predictive law, and
-the log-likelihood leaves them out too. Distributions and tests are those of ``scipy.stats``.
+So do the steps of a diffuse prior (``init_var = inf``) whose variance is infinite: the predictive
+law of each channel's first observation (``post.n_diffuse``; the log-likelihood leaves them out
+too), and the posterior before it. Neither is a proper law to score against. Distributions and
+tests are those of ``scipy.stats``.
 
 Scores against observations use the one-step predictive law ``y_t | y_1..y_{t-1} ~ N(m_t, S_t)``
 (``post.pred_obs_mean``, ``post.pred_obs_var``); scores against the true state use the posterior
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from .posterior import Posterior
 
 
-__all__ = ["numpy_post", "inside", "effective_dof", "nees", "nis", "pit", "crps", "log_score", "coverage",
+__all__ = ["numpy_post", "scored", "inside", "effective_dof", "nees", "nis", "pit", "crps", "log_score", "coverage",
            "predictive_coverage",
            "report", "CalibrationReport", "LEVELS"]
 
@@ -55,20 +56,23 @@ def _aligned(name, x, shape):
         raise ValueError(f"{name} of shape {arr.shape} does not broadcast to the posterior's {shape}") from None
 
 
+def scored(x: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """``x`` with NaN where ``var`` is infinite (a diffuse prior's improper law: not scored)."""
+    return np.where(np.isinf(var), np.nan, x)
+
+
 def _predictive(post, y):
-    """``(y, m, S)`` with ``y`` NaN where ``S`` is infinite (a diffuse step: not scored)."""
     post = numpy_post(post)
     m = np.asarray(post.pred_obs_mean, np.float64)
     s2 = np.asarray(post.pred_obs_var, np.float64)
-    y = _aligned("y", y, m.shape)
-    return np.where(np.isinf(s2), np.nan, y), m, s2
+    return scored(_aligned("y", y, m.shape), s2), m, s2
 
 
 def _state(post, truth):
     post = numpy_post(post)
     mu = np.asarray(post.mean, np.float64)
     var = np.asarray(post.var, np.float64)
-    return _aligned("truth", truth, mu.shape), mu, var
+    return scored(_aligned("truth", truth, mu.shape), var), mu, var
 
 
 def nees(post: Posterior, truth: ArrayLike) -> np.ndarray:

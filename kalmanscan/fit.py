@@ -132,10 +132,13 @@ class FitResult:
         flat_se = {k: v.reshape(-1) for k, v in se.items()}
         blocks = next(iter(flat.values())).size if flat else 0
         shape = _block_shape(est)
-        for b in range(min(blocks, _REPR_BLOCKS)):
-            label = "all" if blocks == 1 else str(np.unravel_index(b, shape) if len(shape) > 1 else b)
+        labels = ["all" if blocks == 1 else ",".join(str(int(i)) for i in np.unravel_index(b, shape))
+                  for b in range(min(blocks, _REPR_BLOCKS))]
+        width = max([10, *(len(label) + 2 for label in labels)])
+        lines[-1] = f"{'series':<{width}}{'param':<11}{'estimate':>14}{'std.err':>12}"
+        for b, label in enumerate(labels):
             for i, k in enumerate(self.names):
-                lines.append(f"{label if i == 0 else '':<10}{k:<11}{flat[k][b]:>14.6g}{flat_se[k][b]:>12.4g}")
+                lines.append(f"{label if i == 0 else '':<{width}}{k:<11}{flat[k][b]:>14.6g}{flat_se[k][b]:>12.4g}")
         if blocks > _REPR_BLOCKS:
             lines.append(f"... and {blocks - _REPR_BLOCKS} more series")
         bound = [k for k, v in self.on_boundary.items() if bool(np.any(_np(v)))]

@@ -198,6 +198,7 @@ def reliability(post: Posterior, truth_or_y: ArrayLike, levels: ArrayLike | None
             return _pick(a, () if index is None else index, channel, shape)[..., None]
 
         x, mean, var = sel(x), sel(mean), sel(var)
+    x = diagnostics.scored(x, var)
     observed = diagnostics.inside(mean, var, x, levels, None)
     err = (x - mean) / np.sqrt(var)
     n = diagnostics.effective_dof(err) if target == "state" else np.isfinite(err).sum()

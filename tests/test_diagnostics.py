@@ -62,6 +62,22 @@ def test_diffuse_steps_are_not_scored():
     assert np.isfinite(r.mean_log_score) and "1 diffuse, not scored" in repr(r)
 
 
+def test_improper_posterior_steps_are_not_scored():
+    """A diffuse prior with the first 20 values missing: ``var = inf`` there, so NEES is NaN and
+    coverage (state and reliability plot) counts only the proper steps."""
+    import matplotlib
+    matplotlib.use("Agg")
+    x, y = simulate(theta=0.0, sigma=1.0, obs_var=1.0, T=200, init_var=1.0, seed=0)
+    y[:20] = np.nan
+    post = ks.filter(y, theta=0.0, sigma=1.0, obs_var=1.0, init_var=float("inf"))
+    assert np.all(np.isinf(post.var[:20])) and np.all(np.isnan(D.nees(post, x)[:20]))
+    proper = np.mean(np.abs(x[20:] - post.mean[20:]) <= stats.norm.ppf(0.75) * np.sqrt(post.var[20:]))
+    assert D.coverage(post, x, 0.5) == pytest.approx(proper, rel=1e-12)
+    assert D.report(post, y, truth=x).state_coverage[0.5] == pytest.approx(proper, rel=1e-12)
+    ax = ks.plot.reliability(post, x, levels=[0.5])
+    assert ax.lines[-1].get_ydata()[0] == pytest.approx(proper, rel=1e-12)
+
+
 def test_coverage_shapes_and_torch_posteriors(data):
     x, y = data
     post = _post(y)

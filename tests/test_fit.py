@@ -41,6 +41,14 @@ def test_nile_matches_statsmodels(nile_statsmodels):
     assert "sigma" in text and "obs_var" in text and "converged" in text
 
 
+def test_repr_labels_batched_series():
+    y = np.random.default_rng(5).normal(size=(2, 40, 2))
+    text = repr(ks.fit(y, theta=0.3, estimate=("sigma", "obs_var")))
+    rows = [line for line in text.splitlines() if line.split()[1:2] == ["sigma"]]
+    assert [r.split()[0] for r in rows] == ["0,0", "0,1", "1,0", "1,1"] and "int64" not in text
+    assert len({r.index("sigma") for r in rows}) == 1  # columns aligned
+
+
 def test_recovers_simulated_parameters_within_three_stderr(capsys):
     truth = dict(theta=np.array([0.3, 0.1, 1.0]), sigma=np.array([1.0, 0.5, 2.0]), obs_var=np.array([0.5, 0.2, 1.0]))
     _, y = simulate(T=400, seed=1, **truth)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["RMSNorm", "l2_normalize", "scan_dtype", "causal_conv", "positive_int", "positive_ints",
+__all__ = ["RMSNorm", "l2_normalize", "scan_dtype", "causal_conv", "empty_sequence", "positive_int", "positive_ints",
            "inner_width", "init_log_dt", "init_log_rates", "heads"]
 
 
@@ -53,6 +53,13 @@ def causal_conv(z: torch.Tensor, window: torch.Tensor | None, conv: nn.Conv1d) -
     for j in range(1, K):
         out = out + padded[:, j:j + L] * weight[:, j]
     return out, padded[:, L:]
+
+
+def empty_sequence(x: torch.Tensor, state: Any) -> torch.Tensor | tuple[torch.Tensor, Any]:
+    """A mixer's result for ``x`` of shape ``(B, 0, D)``: an empty ``y`` of ``x``'s shape, and with
+    ``state`` that state unchanged (nothing was read)."""
+    y = x.new_zeros(x.shape)
+    return y if state is None else (y, state)
 
 
 def positive_int(name: str, value: Any) -> int:

@@ -139,12 +139,18 @@ class SequenceModel(nn.Module):
         """One recurrent state per layer, for decoding from the start of a sequence."""
         return [b.mixer.init_state(batch, device=device) for b in self.blocks]
 
+    def _check_state(self, state: list | None) -> None:
+        if state is not None and (not isinstance(state, (list, tuple)) or len(state) != len(self.blocks)):
+            got = f"{len(state)} entries" if isinstance(state, (list, tuple)) else type(state).__name__
+            raise ValueError(f"state must be a list of {len(self.blocks)} layer states (from init_state), got {got}")
+
     def forward(self, tokens: torch.Tensor, state: list | None = None) -> torch.Tensor | tuple[torch.Tensor, list]:
         """tokens (B, L) int -> logits (B, L, vocab_size); with ``state`` (from :meth:`init_state`
         or a previous call) continues the sequence and returns ``(logits, state)``: chunked prefill.
         """
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape (B, L), got {tuple(tokens.shape)}")
+        self._check_state(state)
         x = self.embedding(tokens)
         new_state = None if state is None else []
         for i, block in enumerate(self.blocks):
@@ -158,6 +164,7 @@ class SequenceModel(nn.Module):
         """One decoding step: token (B,) int -> ``(logits (B, vocab_size), state)``."""
         if token.ndim != 1:
             raise ValueError(f"token must have shape (B,), got {tuple(token.shape)}")
+        self._check_state(state)
         x = self.embedding(token)
         new_state = []
         for block, s in zip(self.blocks, state):

@@ -44,10 +44,11 @@ def test_mixer_decoding_and_chunked_prefill_equal_forward(name):
     torch.testing.assert_close(torch.stack(steps, 1), y, **TOL)
     state = m.init_state(2)
     chunks = []
-    for lo, hi in [(0, 1), (1, 18), (18, 37)]:      # lengths 1, 17 and 19 (chunks of 16)
+    for lo, hi in [(0, 1), (1, 1), (1, 18), (18, 37)]:  # lengths 1, 0, 17 and 19 (chunks of 16)
         y_c, state = m(x[:, lo:hi], state=state)
         chunks.append(y_c)
     torch.testing.assert_close(torch.cat(chunks, 1), y, **TOL)
+    assert m(x[:, :0]).shape == (2, 0, 8)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -159,3 +160,8 @@ def test_bad_tokens_raise():
         model.step(torch.zeros(3, 1, dtype=torch.long), model.init_state(3))
     with pytest.raises(ValueError, match="name"):
         register_mixer("")
+    deep = SequenceModel(10, 8, 2, mixer="attention", n_heads=2)
+    with pytest.raises(ValueError, match="state must be a list of 2"):
+        deep.step(torch.zeros(3, dtype=torch.long), deep.init_state(3)[:1])
+    with pytest.raises(ValueError, match="state must be a list of 2"):
+        deep(torch.zeros(3, 4, dtype=torch.long), deep.init_state(3)[:1])

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import (RMSNorm, causal_conv, init_log_dt, inner_width, l2_normalize, positive_int,
+from ..common import (RMSNorm, causal_conv, empty_sequence, init_log_dt, inner_width, l2_normalize, positive_int,
                     positive_ints, scan_dtype)
 
 __all__ = ["GatedDeltaNet", "GDNState", "gated_delta_rule_chunked", "gated_delta_rule_sequential"]
@@ -191,6 +191,8 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, state: GDNState | None = None) -> torch.Tensor | tuple[torch.Tensor, GDNState]:
         """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
         self._check(x, 3, "x", state)
+        if x.shape[1] == 0:
+            return empty_sequence(x, state)
         start = self.init_state(x.shape[0], x.device) if state is None else state
         q, k, v, g, beta, window = self.inputs(x, start.conv)
         with torch.autocast(x.device.type, enabled=False):

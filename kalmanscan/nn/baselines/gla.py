@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import (RMSNorm, causal_conv, heads, positive_ints, scan_dtype)
+from ..common import RMSNorm, causal_conv, empty_sequence, heads, positive_ints, scan_dtype
 
 __all__ = ["GatedLinearAttention", "GLAState", "gla_chunked"]
 
@@ -171,6 +171,8 @@ class GatedLinearAttention(nn.Module):
     def forward(self, x: torch.Tensor, state: GLAState | None = None) -> torch.Tensor | tuple[torch.Tensor, GLAState]:
         """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
         self._check_state(state, x.shape[0])
+        if x.ndim == 3 and x.shape[1] == 0:
+            return empty_sequence(x, state)
         start = self.init_state(x.shape[0], x.device) if state is None else state
         q, k, v, g, window = self._qkvg(x, start.conv)
         scale = self.d_key ** -0.5

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..common import inner_width
+from ..common import empty_sequence, inner_width
 
 __all__ = ["GRUMixer", "GRUState"]
 
@@ -53,6 +53,8 @@ class GRUMixer(nn.Module):
     def forward(self, x: torch.Tensor, state: GRUState | None = None) -> torch.Tensor | tuple[torch.Tensor, GRUState]:
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (B, L, D) with D = {self.d_model}, got {tuple(x.shape)}")
+        if x.shape[1] == 0:
+            return empty_sequence(x, state)
         h0 = None if state is None else state.h[None].to(x.dtype)
         h, h_last = self.rnn(x, h0)
         y = self.out_proj(h)

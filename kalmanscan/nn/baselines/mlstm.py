@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import RMSNorm, causal_conv, inner_width, positive_int, positive_ints, scan_dtype
+from ..common import RMSNorm, causal_conv, empty_sequence, inner_width, positive_int, positive_ints, scan_dtype
 
 __all__ = ["MLSTM", "MLSTMState", "mlstm_sequential", "mlstm_chunkwise"]
 
@@ -219,6 +219,8 @@ class MLSTM(nn.Module):
                 state: MLSTMState | None = None) -> torch.Tensor | tuple[torch.Tensor, MLSTMState]:
         """x (B, L, D) -> y (B, L, D); with ``state``, ``(y, new_state)`` (chunked prefill)."""
         self._check_state(state, x.shape[0])
+        if x.ndim == 3 and x.shape[1] == 0:
+            return empty_sequence(x, state)
         y, new_state = self._mix(x, state, partial(mlstm_chunkwise, chunk=self.chunk_size))
         return y if state is None else (y, new_state)
 

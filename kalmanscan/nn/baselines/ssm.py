@@ -11,7 +11,7 @@ from torch import nn
 
 from ... import mobius
 from ...scan import associative_scan
-from ..common import (causal_conv, init_log_dt, init_log_rates, inner_width,
+from ..common import (causal_conv, empty_sequence, init_log_dt, init_log_rates, inner_width,
                       positive_int, positive_ints, scan_dtype)
 
 __all__ = ["SelectiveSSM", "SSMState"]
@@ -77,6 +77,8 @@ class SelectiveSSM(nn.Module):
         return self.out_proj(y * F.silu(gate))
 
     def forward(self, x: torch.Tensor, state: SSMState | None = None) -> torch.Tensor | tuple[torch.Tensor, SSMState]:
+        if x.ndim == 3 and x.shape[1] == 0:
+            return empty_sequence(x, state)
         z, gate = self.in_proj(x).chunk(2, -1)
         start = self.init_state(x.shape[0], x.device) if state is None else state
         z, window = causal_conv(z, start.conv, self.conv)
