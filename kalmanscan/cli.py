@@ -109,10 +109,13 @@ class _Data:
                              "theta is then per that unit")
         self.time_unit = None if args.dt is not None else args.time_unit
         self.dt = args.dt
-        source = self.da.drop_vars(self.dim) if args.dt is not None else self.da
-        self.y, self.times = ks.xr.to_numpy(source, self.dim, time_unit=self.time_unit)
+        self.y, self.times = ks.xr.to_numpy(self.source(), self.dim, time_unit=self.time_unit)
         self.labels = io.channel_labels(self.da, self.dim)
         self.datetime = coord is not None and coord.dtype.kind in "mM" and args.dt is None
+
+    def source(self):
+        """The DataArray the model sees: without its time coordinate under ``--dt`` (regular steps)."""
+        return self.da.drop_vars(self.dim) if self.dt is not None and self.dim in self.da.coords else self.da
 
     def steps(self) -> dict:
         """``times=`` or ``dt=`` keywords for the NumPy API."""
@@ -166,10 +169,13 @@ class _Data:
 
 
 def _flag_params(args, data) -> dict:
-    """Model parameters given as flags: one value, or one per channel (a DataArray over the channel dim)."""
+    """Model parameters given as flags: one value, or one per channel in the order of ``data.labels``
+    (the non-time dims flattened in order, the last fastest), as a DataArray over those dims."""
     import xarray as xr
 
     other = [d for d in data.da.dims if d != data.dim]
+    shape = [data.da.sizes[d] for d in other]
+    coords = {d: data.da[d].values for d in other if d in data.da.coords}
     out = {}
     for name in _MODEL_FLAGS:
         values = getattr(args, name)
@@ -177,9 +183,8 @@ def _flag_params(args, data) -> dict:
             continue
         if len(values) == 1:
             out[name] = values[0]
-        elif len(other) == 1 and len(values) == data.da.sizes[other[0]]:
-            out[name] = xr.DataArray(values, dims=other, coords={other[0]: data.da[other[0]].values}
-                                     if other[0] in data.da.coords else None)
+        elif other and len(values) == len(data.labels):
+            out[name] = xr.DataArray(np.reshape(values, shape), dims=other, coords=coords)
         else:
             raise ValueError(f"--{name.replace('_', '-')} has {len(values)} values; give one, or one per channel "
                              f"({len(data.labels)}: {', '.join(data.labels[:MAX_ROWS])})")
@@ -202,8 +207,7 @@ def _fit_dataset(args, data, flags):
         kw["dt"] = data.dt
     if "obs_var" in kw["estimate"]:
         _check_constant(data, len(kw["estimate"]), bool(kw.get("shared")))
-    source = data.da.drop_vars(data.dim) if data.dt is not None else data.da
-    ds = ks.xr.fit(source, data.dim, time_unit=data.time_unit, **flags, **kw)
+    ds = ks.xr.fit(data.source(), data.dim, time_unit=data.time_unit, **flags, **kw)
     ds.attrs[io.CHANNELS_ATTR] = json.dumps(data.labels)
     return ds
 
@@ -268,8 +272,10 @@ def _run_filter(args, smooth: bool) -> int:
     _check_outputs(args)
     with _stages(args, 3) as step:
         data, post = _read_and_run(args, step, ks.smooth if smooth else ks.filter)
-        ds = ks.xr.to_dataset(post, data.da, data.dim, time_unit=data.time_unit, level=args.level)
+        ds = ks.xr.to_dataset(post, data.source(), data.dim, time_unit=data.time_unit, level=args.level)
         if data.dt is not None:
+            if data.dim in data.da.coords:  # the file's times (dates too) label the rows; the model used dt
+                ds = ds.assign_coords({data.dim: data.da[data.dim]})
             ds.attrs["time_unit"] = f"steps of dt = {data.dt:g}"
         if args.output:
             step("write")
@@ -355,15 +361,18 @@ def _run_calibrate(args) -> int:
 
 
 def _check_outputs(args):
+    """Before any work: no output onto the input or the --params file, a known -o suffix, and
+    -o and --plot naming different files."""
     from . import io
 
     outputs = [p for p in (getattr(args, "output", None), getattr(args, "plot", None)) if p]
     for path in outputs:
-        io.check_output(path, [args.input, getattr(args, "params", None)])
+        io.check_output(path, [args.input])
+        io.check_output(path, [getattr(args, "params", None)], role="parameter")
     if getattr(args, "output", None):
         io.file_format(args.output, "output")
-    if len(outputs) == 2:
-        io.check_output(outputs[0], [outputs[1]])
+    if len(outputs) == 2 and io.same_file(*outputs):
+        raise ValueError(f"-o and --plot both name the file '{outputs[1]}'; give the two outputs different names")
 
 
 def _values(text):

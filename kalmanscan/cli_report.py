@@ -94,16 +94,26 @@ def plot_bands(post: Posterior, data: Any, z: float, level: float, path: str) ->
 
 
 def plot_calibration(post: Posterior, data: Any, path: str) -> None:
-    """PIT histogram, reliability, NIS and the first channel's band, written to ``path``."""
+    """PIT histogram and reliability diagram (all channels pooled), then the NIS and belief band of
+    the first channel with a scored observation (named in their titles), written to ``path``. A
+    panel with nothing to draw (no channel has one) says so instead of failing."""
     import kalmanscan as ks
 
+    scored = np.isfinite(ks.diagnostics.nis(post, data.y)).reshape(data.y.shape)
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
-    ks.plot.pit_histogram(post, data.y, ax=axes[0, 0])
-    ks.plot.reliability(post, data.y, target="obs", ax=axes[0, 1])
-    ks.plot.nis(post, data.y, channel=0, times=data.plot_times(), ax=axes[1, 0], title=f"NIS, {data.labels[0]}")
-    ks.plot.belief_band(post, y=data.y, times=data.plot_times(), channel=0, ax=axes[1, 1],
-                        title=f"{data.labels[0]}: filtered state")
+    if scored.any():
+        c = int(np.flatnonzero(scored.any(0))[0])
+        first = " (the first channel with observations)" if c else ""
+        ks.plot.pit_histogram(post, data.y, ax=axes[0, 0])
+        ks.plot.reliability(post, data.y, target="obs", ax=axes[0, 1])
+        ks.plot.nis(post, data.y, channel=c, times=data.plot_times(), ax=axes[1, 0],
+                    title=f"NIS, {data.labels[c]}{first}")
+        ks.plot.belief_band(post, y=data.y, times=data.plot_times(), channel=c, ax=axes[1, 1],
+                            title=f"{data.labels[c]}: filtered state")
+    else:
+        for ax in axes.flat:
+            ax.text(0.5, 0.5, "no scored observations", ha="center", va="center", transform=ax.transAxes)
     for ax in axes[1]:
         ax.set_xlabel(data.time_label())
     fig.savefig(path, dpi=110)

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-__all__ = ["read_series", "read_params", "write_dataset", "check_output", "file_format", "channel_labels",
+__all__ = ["read_series", "read_params", "write_dataset", "check_output", "same_file", "file_format", "channel_labels",
            "MISSING", "CHANNELS_ATTR"]
 
 MISSING = ("", "na", "nan", "n/a", "null", "none")
@@ -40,14 +40,27 @@ def file_format(path: str | os.PathLike, role: str = "input") -> str:
                      f"(use one of {', '.join(_CSV + _NETCDF)})")
 
 
-def check_output(path: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> None:
-    """Refuse to write ``path`` when it is one of ``inputs`` (the same file under any name)."""
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether paths ``a`` and ``b`` name the same file (the same path, or the same existing file)."""
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def check_output(path: str | os.PathLike, inputs: Iterable[str | os.PathLike], role: str = "input") -> None:
+    """Refuse to write ``path`` when it is one of ``inputs`` (the same file under any name); the
+    message calls that file the ``role`` file (``"input"``, ``"parameter"``)."""
     for src in inputs:
-        if src is None:
-            continue
-        same = os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src)
-        if same or os.path.abspath(path) == os.path.abspath(src):
-            raise ValueError(f"refusing to overwrite the input file '{src}' with output '{path}'; choose another name")
+        if src is not None and same_file(path, src):
+            raise ValueError(f"refusing to overwrite the {role} file '{src}' with output '{path}'; choose another name")
+
+
+def _check_readable(path, role):
+    """``ValueError`` unless ``path`` is an existing file (a directory is named as one)."""
+    if os.path.isdir(path):
+        raise ValueError(f"{role} file '{path}' is a directory, not a file")
+    if not os.path.isfile(path):
+        raise ValueError(f"{role} file '{path}' does not exist")
 
 
 def read_series(path: str | os.PathLike, *, time_col: str | None = None, columns: Sequence[str] | None = None,
@@ -58,8 +71,7 @@ def read_series(path: str | os.PathLike, *, time_col: str | None = None, columns
     NetCDF: the data variable ``var`` (default: the only one with dimension ``dim``). Times must be
     strictly increasing; values numeric or missing.
     """
-    if not os.path.isfile(path):
-        raise ValueError(f"input file '{path}' does not exist")
+    _check_readable(path, "input")
     if file_format(path) == "csv":
         if var is not None:
             raise ValueError("--var applies to NetCDF input; a CSV file names its channels by column")
@@ -69,31 +81,33 @@ def read_series(path: str | os.PathLike, *, time_col: str | None = None, columns
     return _read_netcdf(path, var, dim)
 
 
-def _read_table(path):
+def _read_table(path, role="input"):
     try:
         table = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
     except pd.errors.EmptyDataError:
-        raise ValueError(f"input file '{path}' is empty") from None
+        raise ValueError(f"{role} file '{path}' is empty") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise ValueError(f"input file '{path}' is not a readable CSV table: {err}") from None
+        raise ValueError(f"{role} file '{path}' is not a readable CSV table: {err}") from None
     if table.shape[0] == 0:
-        raise ValueError(f"input file '{path}' has a header but no data rows")
+        raise ValueError(f"{role} file '{path}' has a header but no data rows")
     return table
 
 
-def _numeric(path, name, text):
-    """Column values as float64, NaN for missing markers; ``ValueError`` at the first bad cell."""
+def _numeric(path, name, text, role="input", finite=True):
+    """Column values as float64, NaN for missing markers; ``ValueError`` at the first bad cell
+    (a non-number, or with ``finite`` an infinity: data must be finite, while a parameter file
+    may hold ``inf``, as ``init_var = inf``, the diffuse prior). ``role`` names the file in messages."""
     raw = text.str.strip()
     missing = raw.str.lower().isin(MISSING)
     values = pd.to_numeric(raw.where(~missing, "nan"), errors="coerce").to_numpy(np.float64)
     bad = np.flatnonzero(np.isnan(values) & ~missing.to_numpy())
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"input file '{path}': column '{name}' has a non-numeric value {raw.iloc[i]!r} at line {i + 2}"
-                         + (f" (and {bad.size - 1} more)" if bad.size > 1 else ""))
+        raise ValueError(f"{role} file '{path}': column '{name}' has a non-numeric value {raw.iloc[i]!r} "
+                         f"at line {i + 2}" + (f" (and {bad.size - 1} more)" if bad.size > 1 else ""))
     inf = np.flatnonzero(np.isinf(values))
-    if inf.size:
-        raise ValueError(f"input file '{path}': column '{name}' has an infinite value at line {int(inf[0]) + 2}")
+    if finite and inf.size:
+        raise ValueError(f"{role} file '{path}': column '{name}' has an infinite value at line {int(inf[0]) + 2}")
     return _exactly(raw, values, ~missing.to_numpy())
 
 
@@ -217,8 +231,7 @@ def read_params(path: str | os.PathLike, like: xr.DataArray, dim: str = "time") 
     """
     from . import xr as kxr
 
-    if not os.path.isfile(path):
-        raise ValueError(f"parameter file '{path}' does not exist")
+    _check_readable(path, "parameter")
     if file_format(path, "parameter") == "netcdf":
         try:
             with xr.open_dataset(path) as ds:
@@ -280,7 +293,7 @@ def _params_table(path, like, dim):
     """A CSV fit table as a Dataset, and the channels it names (``None`` when it names none)."""
     from . import xr as kxr
 
-    table = _read_table(path)
+    table = _read_table(path, "parameter")
     index = [c for c in table.columns if c in like.dims and c != dim]
     names = [c for c in table.columns if c in kxr.FIT_NAMES]
     if not names:
@@ -290,7 +303,7 @@ def _params_table(path, like, dim):
     unit = table["time_unit"].iloc[0].strip() if "time_unit" in table.columns else None
     table = table[index + ([label] if label else []) + names].copy()
     for c in names:
-        table[c] = _numeric(path, c, table[c])
+        table[c] = _numeric(path, c, table[c], "parameter", finite=False)
     if index:
         for d in index:
             table[d] = table[d].str.strip().to_numpy().astype(like[d].dtype if d in like.coords else int)

@@ -168,7 +168,8 @@ def test_bad_invocations_exit_2_and_never_overwrite_the_input(tmp_path, capsys, 
         (["-o", str(tmp_path / "." / "s.csv")], "refusing to overwrite the input file"),
         (["--plot", src], "refusing to overwrite the input file"),
         (["-o", tmp_path / "x.png", "--plot", tmp_path / "x.png"], "cannot tell its format"),
-        (["-o", tmp_path / "x.nc", "--plot", tmp_path / "x.nc"], "refusing to overwrite"),
+        (["-o", tmp_path / "x.nc", "--plot", tmp_path / "x.nc"], "-o and --plot both name the file"),
+        (["-o", tmp_path / "p.nc", "--params", tmp_path / "p.nc"], "refusing to overwrite the parameter file"),
         (["--fit", "--params", tmp_path / "p.nc"], "--fit and --params exclude each other"),
     ]
     for extra, message in cases:
@@ -179,6 +180,11 @@ def test_bad_invocations_exit_2_and_never_overwrite_the_input(tmp_path, capsys, 
     assert code == 2 and "the model needs --obs-var" in err
     code, _, err = _run(capsys, "filter", tmp_path / "missing.csv", *MODEL)
     assert code == 2 and "does not exist" in err
+    (tmp_path / "dir.csv").mkdir()
+    code, _, err = _run(capsys, "filter", tmp_path / "dir.csv", *MODEL)
+    assert code == 2 and "input file" in err and "is a directory" in err
+    code, _, err = _run(capsys, "filter", src, "--params", tmp_path / "dir.csv")
+    assert code == 2 and "parameter file" in err and "is a directory" in err
     code, _, err = _run(capsys, "filter", src, "--theta", "1", "--sigma", "1", "--obs-var", "-1")
     assert code == 2 and "obs_var must be finite and > 0" in err
     code, _, err = _run(capsys, "filter", src, *MODEL, "--params", src)
@@ -186,6 +192,80 @@ def test_bad_invocations_exit_2_and_never_overwrite_the_input(tmp_path, capsys, 
     with pytest.raises(SystemExit) as exit_info:
         main(["filter", src, "--theta", "abc"])
     assert exit_info.value.code == 2
+
+
+def test_dt_ignores_dates_and_keeps_them_as_labels(tmp_path, capsys, sensors):
+    src = _csv(tmp_path / "d.csv", sensors, dates=True)
+    code, out, err = _run(capsys, "filter", src, "--dt", "1", *MODEL, "-o", tmp_path / "f.nc")
+    assert code == 0, err
+    assert "steps of dt = 1" in out
+    ref = ks.filter(sensors.y, dt=1.0, **_model(sensors))
+    with xr.open_dataset(tmp_path / "f.nc") as ds:
+        np.testing.assert_allclose(ds["mean"].values, ref.mean, rtol=1e-12)
+        assert ds["time"].values[2] == np.datetime64("2023-05-03") and ds.attrs["time_unit"] == "steps of dt = 1"
+    code, _, err = _run(capsys, "smooth", src, "--dt", "1", "--time-unit", "1D", *MODEL, "-o", tmp_path / "s.csv",
+                        "--plot", tmp_path / "s.png")
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "s.csv")
+    assert table["date"].iloc[2] == "2023-05-03"
+    np.testing.assert_allclose(table["level_mean"], ks.smooth(sensors.y, dt=1.0, **_model(sensors)).mean[:, 2],
+                               rtol=1e-9)
+    nc = tmp_path / "plain.nc"  # a time dimension without a coordinate
+    xr.Dataset({"v": (("time",), sensors.y[:, 0])}).to_netcdf(nc)
+    code, _, err = _run(capsys, "filter", nc, "--dt", "2", "--theta", "0.1", "--sigma", "1", "--obs-var", "1")
+    assert code == 0, err
+
+
+def test_per_channel_flags_over_two_non_time_dims(tmp_path, capsys):
+    y = np.random.default_rng(0).normal(size=(2, 3, 20))
+    src = tmp_path / "g.nc"
+    xr.DataArray(y, dims=("lat", "lon", "time"), name="v",
+                 coords={"time": np.arange(20.0), "lat": [1.0, 2.0], "lon": [1, 2, 3]}).to_dataset().to_netcdf(src)
+    theta = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    code, out, err = _run(capsys, "filter", src, "--theta", ",".join(map(str, theta)), "--sigma", "1",
+                          "--obs-var", "0.5,1,1.5,2,2.5,3", "-o", tmp_path / "o.nc")
+    assert code == 0, err
+    assert "lat=2.0,lon=3" in out
+    ref = ks.filter(y.reshape(6, 20).T, times=np.arange(20.0), theta=np.array(theta), sigma=1.0,
+                    obs_var=np.array([0.5, 1, 1.5, 2, 2.5, 3]))
+    with xr.open_dataset(tmp_path / "o.nc") as ds:
+        np.testing.assert_allclose(ds["mean"].transpose("lat", "lon", "time").values.reshape(6, 20).T, ref.mean,
+                                   rtol=1e-12)
+    code, _, err = _run(capsys, "filter", src, "--theta", "0.1,0.2,0.3", "--sigma", "1", "--obs-var", "1")
+    assert code == 2 and "--theta has 3 values; give one, or one per channel (6: lat=1.0,lon=1" in err
+
+
+def test_csv_params_with_infinite_init_var_read_back(tmp_path, capsys):
+    src = str(Path(ks.__file__).parent / "datasets" / "nile.csv")
+    fit = ["fit", src, "--theta", "0", "--init-var", "inf", "--estimate", "sigma,obs_var"]
+    results = []
+    for name in ("fit.csv", "fit.nc"):
+        code, _, err = _run(capsys, *fit, "-o", tmp_path / name)
+        assert code == 0, err
+        code, _, err = _run(capsys, "filter", src, "--params", tmp_path / name, "-o", tmp_path / f"f-{name}.nc")
+        assert code == 0, err
+        with xr.open_dataset(tmp_path / f"f-{name}.nc") as ds:
+            results.append(ds.load())
+    xr.testing.assert_allclose(results[0], results[1], rtol=1e-12)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("channel,theta,sigma,obs_var\nvolume,x,1,1\n")
+    code, _, err = _run(capsys, "filter", src, "--params", bad)
+    assert code == 2 and f"parameter file '{bad}': column 'theta' has a non-numeric value 'x'" in err
+
+
+def test_calibrate_plot_uses_the_first_channel_with_observations(tmp_path, capsys, monkeypatch):
+    values = np.random.default_rng(0).normal(size=50)
+    src = tmp_path / "in.csv"
+    src.write_text("t,a,b\n" + "".join(f"{i},,{v!r}\n" for i, v in enumerate(values.tolist())))
+    titles = []
+    nis = ks.plot.nis
+    monkeypatch.setattr(ks.plot, "nis", lambda *a, **kw: (titles.append((kw["channel"], kw["title"])), nis(*a, **kw)))
+    code, out, err = _run(capsys, "calibrate", src, "--theta", "0.3", "--sigma", "1", "--obs-var", "0.5",
+                          "--plot", tmp_path / "c.png")
+    assert code == 0, err
+    assert "CalibrationReport" in out and "wrote" in out
+    assert titles == [(1, "NIS, b (the first channel with observations)")]
+    assert (tmp_path / "c.png").stat().st_size > 20_000
 
 
 def test_netcdf_input_errors(tmp_path, capsys):
