@@ -151,6 +151,11 @@ class SelectiveCopyingTask(Task):
 
     num_tokens_to_copy: int = 16
 
+    def __post_init__(self):
+        if self.seq_len < 2 * self.num_tokens_to_copy + 1:
+            raise ValueError(f"seq_len must be at least 2 num_tokens_to_copy + 1 = {2 * self.num_tokens_to_copy + 1} "
+                             f"(the scattered tokens, the copy token and their copies), got {self.seq_len}")
+
     def generate(self, rng: np.random.Generator, n: int, train: bool):
         blank, copy, k = self.vocab_size - 2, self.vocab_size - 1, self.num_tokens_to_copy
         span = self.seq_len - k - 1

@@ -192,6 +192,8 @@ def test_selective_copying_targets_the_scattered_tokens():
         kept = row_x[:start][row_x[:start] != blank]
         assert (row_y[start + 1 :] == kept).all() and (row_y[: start + 1] == IGNORE).all()
         assert (row_x[start + 1 :] == blank).all()
+    with pytest.raises(ValueError, match="seq_len must be at least .* = 33"):
+        mad_task("selective_copying", seq_len=32)
 
 
 def test_compression_and_memorization():

@@ -15,6 +15,7 @@ so no rank skips one.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["rank_world", "all_gather", "tie", "agree"]
+__all__ = ["rank_world", "all_gather", "tie", "agree", "fingerprint"]
 
 
 def rank_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
@@ -77,9 +78,11 @@ def tie(anchor: torch.Tensor, xs: dict[str, torch.Tensor]) -> dict[str, torch.Te
     The backward of a gather is collective; tying a rank's outputs to a gathered tensor its
     results do not otherwise depend on (rank 0 uses no carry) makes every rank reach that
     backward, and tying the input of a later gather to an earlier one fixes the order in which
-    the backward collectives run, the same on every rank.
+    the backward collectives run, the same on every rank. Every floating-point tensor of ``xs``
+    is tied, also one needing no gradient of its own: when another rank needs gradients, this
+    rank's outputs must lead to the collective backward too.
     """
-    keys = [k for k, v in xs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    keys = [k for k, v in xs.items() if isinstance(v, torch.Tensor) and v.dtype.is_floating_point]
     if not keys or not anchor.requires_grad:
         return xs
     tied = _Tie.apply(anchor, *(xs[k] for k in keys))
@@ -112,3 +115,9 @@ def agree(check: Callable[[], Any], info: Callable[[Any], Sequence[float]], size
     if failed:
         raise ValueError(f"invalid input on rank {failed[0]} of the group (it raised there)")
     return value, gathered[:, 1:]
+
+
+def fingerprint(*values: Any) -> float:
+    """A number that equals another rank's exactly when ``values`` (shapes, dtypes: anything
+    with a stable ``repr``) are equal: their CRC-32, exact in the float64 rows of :func:`agree`."""
+    return float(zlib.crc32(repr(values).encode()))

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .. import merged
 from . import summaries
-from .comm import agree, all_gather, rank_world, tie
+from .comm import agree, all_gather, fingerprint, rank_world, tie
 
 if TYPE_CHECKING:
     from torch import nn
@@ -55,7 +55,7 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     this rank's share (sum them over ranks, e.g. with :func:`reduce_gradients`).
 
     Forward: summaries (no gradient) from the fused piece-map kernel with the triton backend, or a
-    torch product in chunks; one ``all_gather`` of ``7 B M S`` numbers per rank (plus 3 float64 of
+    torch product in chunks; one ``all_gather`` of ``7 B M S`` numbers per rank (plus 4 float64 of
     agreement); the local scan from the incoming state.
 
     Backward (no gradient through the summaries): the carry into rank ``r + 1`` is rank ``r``'s
@@ -78,9 +78,13 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     init = tuple(initial_state) if initial_state is not None and rank == 0 else (None, None)
     tensors = [x for x in (v, lam_v, k, q, decay, noise, *init) if x is not None]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    _, infos = agree(check, lambda _: [grad, v.shape[0] * v.shape[2] * k.shape[2]], 2, v.device, group)
+    shapes = fingerprint(v.shape[0], v.shape[2], k.shape[2])
+    dtypes = fingerprint(*(t.dtype for t in tensors))
+    _, infos = agree(check, lambda _: [grad, shapes, dtypes], 3, v.device, group)
     if not bool((infos[:, 1] == infos[0, 1]).all()):
         raise ValueError("v, k: B, M and S must be the same on every rank")
+    if not bool((infos[:, 2] == infos[0, 2]).all()):
+        raise ValueError("v, lam_v, k, q, decay, noise: the dtypes must be the same on every rank")
     setup = _Setup(group, backend, rank, world)
     if not bool(infos[:, 0].any()):
         own, carry = _exchange(setup, v, lam_v, k, q, decay, noise, *init)
@@ -231,7 +235,9 @@ def _forward(layer, x, state=None, return_variance=False, *, group=None):
                              f"tokens per rank, got {x.shape[1]}")
 
     grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
-    _, infos = agree(check, lambda _: [grad], 1, x.device, group)
+    _, infos = agree(check, lambda _: [grad, fingerprint(x.shape[0], x.shape[2:], x.dtype)], 2, x.device, group)
+    if not bool((infos[:, 1] == infos[0, 1]).all()):
+        raise ValueError("x: the batch size, d_model and dtype must be the same on every rank")
     z, gate = layer.in_proj(x).chunk(2, -1)
     window, halo = _halo(layer, z, bool(infos[:, 0].any()), group)
     z, _ = causal_conv(z, window, layer.conv)
@@ -263,7 +269,7 @@ def sequence_parallel(model: nn.Module, group: dist.ProcessGroup | None = None) 
     equal the same positions of the single-process model on the whole sequence (to rounding).
     Every rank must pass the same batch size and ``L_local >= d_conv - 1``. Raises ``ValueError``
     for models with other sequence mixers (attention, gla, mamba), which need their own scheme.
-    Per KLA layer and call: one agreement all-gather (2 float64), the halo (``B (d_conv - 1) M``
+    Per KLA layer and call: one agreement all-gather (3 float64), the halo (``B (d_conv - 1) M``
     numbers) and :func:`kla_scan`'s exchange.
     The modules are restored on exit; backward may run after the block.
     """

@@ -27,7 +27,6 @@ Both are differentiable: see :mod:`kalmanscan.distributed.comm` for the backward
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING
 
 
@@ -42,7 +41,7 @@ from ..ops.filter.torch import gain_terms
 from ..ops.filter.torch import smooth as rts_torch
 from .. import merged
 from . import summaries
-from .comm import agree, all_gather, rank_world, tie
+from .comm import agree, all_gather, fingerprint, rank_world, tie
 from ..types import ArrayLike
 
 if TYPE_CHECKING:
@@ -83,7 +82,7 @@ def filter(y_local: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: A
     and ``params["times"]`` is local (from 0) when ``times`` is not given.
 
     Communication per call: one ``all_gather`` of ``7 n`` numbers per rank (``n`` the number of
-    channels times the batch size) plus one of 5 float64 (input agreement), and one of ``2 n_t``
+    channels times the batch size) plus one of 6 float64 (input agreement), and one of ``2 n_t``
     (first and last time) when ``times`` is given; the backward adds one ``all_reduce`` of
     ``7 n world`` numbers. Every rank must run backward through its outputs when any does.
     """
@@ -148,6 +147,9 @@ def _filter(y, kw, group, backend):
         if rank > 0 and args["init_var"] is None:
             args["init_var"] = 1.0
         p = prepare(y, backend=backend, **args)
+        if rank == 0 and p.diffuse:
+            raise ValueError("init_var: ks.distributed does not take a diffuse prior (init_var = inf); "
+                             "give a finite init_var, or filter the series in one process with ks.filter")
         if _uses_kernels(p, backend):
             from ..ops.filter.triton import check_device
 
@@ -158,12 +160,13 @@ def _filter(y, kw, group, backend):
         grad = torch.is_grad_enabled() and any(
             isinstance(getattr(p, k), torch.Tensor) and getattr(p, k).requires_grad for k in _INPUTS)
         n_times = 0 if p.times is None else p.times[..., :1, :].numel()
-        return [grad, p.times is not None, n_times, math.prod(p.shape[:-2]) * p.shape[-1]]
+        return [grad, p.times is not None, n_times, fingerprint(p.shape[:-2], p.shape[-1]), fingerprint(p.dtype)]
 
-    p, infos = agree(check, info, 4, device, group)
+    p, infos = agree(check, info, 5, device, group)
     for col, what in ((1, "times must be given on every rank or on none"),
                       (2, "times must have the same batch shape on every rank"),
-                      (3, "y and the parameters must broadcast to the same (..., C) on every rank")):
+                      (3, "y and the parameters must broadcast to the same (..., C) on every rank"),
+                      (4, "y and the parameters must have the same dtype on every rank")):
         if not bool((infos[:, col] == infos[0, col]).all()):
             raise ValueError(what)
     if p.times is not None:

@@ -124,9 +124,9 @@ def _check_fused_summary(rank, world):
         _close(getattr(post, k), getattr(ref, k)[..., lo:hi, :], f"rank {rank} fused {k}")
 
 
-def _kla_problem(L, seed):
+def _kla_problem(L, seed, B=2, M=3):
     g = torch.Generator().manual_seed(seed)
-    B, M, S = 2, 3, 2
+    S = 2
     f64 = dict(generator=g, dtype=torch.float64)
     k = torch.nn.functional.normalize(torch.randn(B, L, S, **f64), dim=-1)
     q = torch.nn.functional.normalize(torch.randn(B, L, S, **f64), dim=-1)
@@ -223,6 +223,36 @@ def _check_errors(rank, world):
     times = torch.arange(4, dtype=torch.float64) + (0.0 if rank < world - 1 else -10.0)
     with pytest.raises(ValueError, match="increasing across ranks"):
         ks.distributed.filter(y, theta=0.5, sigma=1.0, obs_var=1.0, times=times)
+    last = rank == world - 1  # the same number of filters, another layout or dtype, on the last rank
+    swapped = torch.randn(3, 4, 2, dtype=torch.float64) if last else torch.randn(2, 4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"same \(\.\.\., C\)"):
+        ks.distributed.filter(swapped, theta=0.5, sigma=1.0, obs_var=1.0)
+    with pytest.raises(ValueError, match="same dtype"):
+        ks.distributed.filter(y.float() if last else y, theta=0.5, sigma=1.0, obs_var=1.0)
+    with pytest.raises(ValueError, match="init_var" if rank == 0 else "rank 0"):
+        ks.distributed.filter(y, theta=0.5, sigma=1.0, obs_var=1.0, init_var=float("inf"))
+    args = _kla_problem(3, seed=1, B=3 if last else 2, M=2 if last else 3)
+    with pytest.raises(ValueError, match="same on every rank"):
+        ks.distributed.kla_scan(*args.values(), backend="torch")
+    args = _kla_problem(3, seed=1)
+    with pytest.raises(ValueError, match="dtypes must be the same"):
+        ks.distributed.kla_scan(*(v.float() if last else v for v in args.values()), backend="torch")
+
+
+def _check_gradients_on_one_rank(rank, world):
+    """Only rank 1's ``y`` needs a gradient: every rank's outputs still lead to the collective
+    backward (rank 0's too, though nothing of its own needs one), so no rank waits."""
+    bounds = _bounds(world, 70 + world)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    y, _, kw, _ = _series_problem(int(bounds[-1]), seed=71)
+    y_full = _leaf(y)
+    ks.filter(y_full, backend="torch", **kw).mean.sum().backward()
+    y_local = _leaf(y[..., lo:hi, :]) if rank == 1 else y[..., lo:hi, :]
+    post = ks.distributed.filter(y_local, backend="torch", **_local_kw(kw, lo, hi, rank))
+    assert post.mean.requires_grad
+    post.mean.sum().backward()
+    if rank == 1:
+        _close(y_local.grad.nan_to_num(), y_full.grad[..., lo:hi, :].nan_to_num(), "d y on rank 1")
 
 
 def _check_no_noise(rank, world):
@@ -252,6 +282,7 @@ def _worker(rank, world, store):
         _check_kla_fused(rank, world)
         _check_numpy(rank, world)
         _check_errors(rank, world)
+        _check_gradients_on_one_rank(rank, world)
         _check_no_noise(rank, world)
         _check_model(rank, world)
         _check_kla(rank, world, backend="triton")
