@@ -70,7 +70,8 @@ def filter(y_local: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: A
             every rank or on none. The step into a rank's first observation is its first time
             minus the previous rank's last time (exchanged; must be positive).
         init_mean, init_var: the belief at the series' first observation; read on rank 0 only
-            (other ranks may omit them, also when ``theta = 0``).
+            (other ranks may omit them, also when ``theta = 0``). ``init_var`` must be finite:
+            a diffuse prior raises ``ValueError`` (filter such a series in one process).
         group: a ``torch.distributed`` process group (default: the world).
         backend: the local pass's backend: ``"auto"`` (triton on CUDA, else torch),
             ``"torch"`` or ``"triton"``.
