@@ -39,7 +39,7 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
            init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
            state: StreamState | Posterior | None = None, check_finite: bool = True) -> Posterior:
-    """Smoothed moments ``p(x_t | y_0..y_{T-1})``; arguments as :func:`kalmanscan.filter`
+    """Smoothed moments ``p(x_t | y_0..y_{T-1})``; arguments as :func:`kalmanscan.filter` but ``outputs``
     (``check_finite=False`` skips the check that ``y`` holds no ``inf``).
 
     Returns a :class:`~kalmanscan.Posterior` whose ``mean, var, precision`` are smoothed; its
