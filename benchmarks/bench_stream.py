@@ -14,7 +14,8 @@ For ``outputs=("mean", "var")`` (what a stream needs to continue) and for every 
   the backend alone on a prepared step (on CUDA the fused triton kernels,
   :func:`kalmanscan.ops.filter.triton.filter_forward`; on the CPU the backend's ``filter``), so
   the cost of the state and of the public call show separately;
-- on CUDA, the device synchronisations of one call (``torch.cuda.set_sync_debug_mode``).
+- on CUDA, the device synchronisations of one call (``torch.cuda.set_sync_debug_mode``);
+- on the CPU, what a user would write instead: the step in NumPy (:func:`numpy_step`).
 
 The stream is first checked against one call over the same steps (float32 against float32: the
 largest relative difference of ``mean``, ``var`` and the summed log-likelihood). Target (issue 23):
@@ -32,6 +33,7 @@ import statistics
 import time
 import warnings
 
+import numpy as np
 import torch
 
 import kalmanscan as ks
@@ -126,6 +128,36 @@ def backend_step(y: torch.Tensor, kw: dict, backend: str, outputs):
     return lambda t: module.filter(problems[t])
 
 
+def numpy_step(y: torch.Tensor, kw: dict, first: ks.StreamState):
+    """What a user would write on a CPU instead: the covariance-form step in NumPy with the
+    transition ``(decay, noise)`` computed once (mean, variance and the log-likelihood's sum, as a
+    stream needs), continuing the belief ``first`` after step 0. Returns ``(step(t), the largest
+    relative error of its means over steps 1..64 against one ks.filter continuing first)``."""
+    y_np = y.numpy()
+    p = {k: np.asarray(v, np.float32) for k, v in kw.items()}
+    decay = np.exp(-p["theta"])
+    noise = (p["sigma"] ** 2 * -np.expm1(-2 * p["theta"]) / (2 * p["theta"])).astype(np.float32)
+    R, m, log2pi = p["obs_var"], p["mean"], np.float32(np.log(2 * np.pi))
+    state = dict(mean=first.mean.numpy().copy(), var=first.var.numpy().copy(), loglik=np.zeros_like(R))
+
+    def step(t):
+        z = decay * (state["mean"] - m)
+        P = decay * decay * state["var"] + noise
+        S = P + R
+        v = y_np[t] - m - z
+        state["mean"] = m + z + P / S * v
+        state["var"] = P * R / S
+        state["loglik"] += -0.5 * (log2pi + np.log(S) + v * v / S)
+
+    whole = ks.filter(y[1:65], **kw, state=first)
+    means = []
+    for t in range(1, 65):
+        step(t)
+        means.append(state["mean"].copy())
+    err = float(np.abs(np.stack(means) - whole.mean.numpy()).max() / np.abs(whole.mean.numpy()).max())
+    return step, err
+
+
 def run(C: int, calls: int, device: torch.device, backend: str, host_params: bool) -> dict:
     g = torch.Generator(device=device).manual_seed(1)
     y = torch.randn(max(calls, 64) + 2, C, device=device, generator=g)
@@ -159,8 +191,12 @@ def run(C: int, calls: int, device: torch.device, backend: str, host_params: boo
                            no_state_calls_per_s=rate(fresh, calls, device),
                            backend_calls_per_s=rate(kernels, calls, device),
                            stream_syncs_per_call=syncs_per_call(streamed, device))
-    return dict(C=C, calls=calls, backend=resolve_backend(backend, device), max_rel_error_stream_vs_one_call=err,
-                host_params=host_params, rows=rows)
+    result = dict(C=C, calls=calls, backend=resolve_backend(backend, device), max_rel_error_stream_vs_one_call=err,
+                  host_params=host_params, rows=rows)
+    if device.type == "cpu":
+        step, np_err = numpy_step(y, kw, first)
+        result.update(numpy_step_calls_per_s=rate(step, calls, device), numpy_step_max_rel_error=np_err)
+    return result
 
 
 def main():
@@ -187,6 +223,9 @@ def main():
               f"{r['stream_filter_unchecked_calls_per_s']:10.0f} "
               f"{r['stream_calls_per_s']:26.0f} {r['stream_alone_ms']:9.3f} {syncs:>6} "
               f"{r['no_state_calls_per_s']:17.0f} {r['backend_calls_per_s']:16.0f}")
+    if "numpy_step_calls_per_s" in result:
+        print(f"a NumPy step (mean, variance, log-likelihood; against ks.filter "
+              f"{result['numpy_step_max_rel_error']:.1e}): {result['numpy_step_calls_per_s']:.0f} calls/s")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -323,7 +323,11 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
             _HOST_ROWS[key] = found
     shape, rows, diffuse, no_noise = found
     C = shape[-1]
-    packed = to_device(rows, y_t.device, copy=True).view(12, 1, C).unbind(0)
+    if y_t.device.type == "cpu":  # NumPy copies on this thread; torch's copy of this size wakes its
+        packed = torch.from_numpy(rows.numpy().copy())  # thread pool (on a busy machine: a time slice)
+    else:
+        packed = to_device(rows, y_t.device, copy=True)
+    packed = packed.view(12, 1, C).unbind(0)
     fields = dict(zip(PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
     derived = {k: fields.pop(k) for k in _DERIVED}
     p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=diffuse,

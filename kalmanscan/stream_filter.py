@@ -8,7 +8,8 @@ The first :meth:`~StreamFilter.update` is that public call (every check, a diffu
 included) and keeps the validated parameters; each later one predicts the state with the
 stored ``decay, noise`` (a few elementwise operations on ``(..., C)``) and runs the backend on the
 new steps directly; on the triton backend a one-step update is one kernel launch that predicts and
-updates every series (:mod:`kalmanscan.kernels.filter.stream`). The result is the same filter:
+updates every series (:mod:`kalmanscan.kernels.filter.stream`), on the cpu backend one compiled
+loop (:func:`kalmanscan.ops.filter.cpu.stream_step`). The result is the same filter:
 chunk by chunk equals one call over the whole series to float rounding, on every backend
 (``tests/test_stream_filter.py``).
 
@@ -28,7 +29,7 @@ import torch
 from .filtering import OUTPUTS, filter as _public_filter
 from .checks import decide_y
 from .inputs import prepare
-from .ops.filter import resolve_backend, run_backend
+from .ops.filter import get_backend, resolve_backend, run_backend
 from .stream import StreamState, predict
 from .types import ArrayLike
 
@@ -157,21 +158,23 @@ class StreamFilter:
         out = {k: getattr(post, k) for k in self._fields}
         self._advance_state({k: torch.as_tensor(v).to(device=p0.y.device, dtype=p0.dtype) for k, v in out.items()})
         self._diffuse = bool(torch.isinf(self._var).any())
-        if self._rows is None and resolve_backend(self.backend, p0.y.device) == "triton" and not p0.no_process_noise():
+        backend = resolve_backend(self.backend, p0.y.device)
+        if self._rows is None and (backend == "cpu" or backend == "triton" and not p0.no_process_noise()):
             batch = p0.shape[:-2] + (1, p0.shape[-1])
             rows = (self._decay, self._noise, p0.obs_var, p0.mean, p0.h)
             self._rows = torch.stack([x[..., :1, :].expand(batch).reshape(-1) for x in rows])
         return {k: out[k][..., 0, :] if one_step else out[k] for k in self.outputs}
 
     def _step(self, y: ArrayLike, p0) -> dict[str, Any]:
-        """A one-step update on the triton backend: one launch of the stream kernel."""
-        from .ops.filter import triton as triton_backend  # (imports the kernels)
+        """A one-step update on the triton or cpu backend: one launch of the stream kernel, or one
+        compiled loop."""
+        backend = get_backend(resolve_backend(self.backend, p0.y.device))
 
         y_t = self._steps_of(y, p0, one_step=True)
         shape = p0.shape[:-2] + y_t.shape[-1:]
-        out, belief = triton_backend.stream_step(y_t.expand(p0.shape[:-2] + y_t.shape[-2:]), self._belief,
-                                                 self._rows, self._fields)
-        rows = dict(zip(triton_backend.POSTERIOR, out.view(out.shape[:1] + shape).unbind(0)))  # one view op
+        out, belief = backend.stream_step(y_t.expand(p0.shape[:-2] + y_t.shape[-2:]), self._belief,
+                                          self._rows, self._fields)
+        rows = dict(zip(backend.POSTERIOR, out.view(out.shape[:1] + shape).unbind(0)))  # one view op
         logliks = rows["logliks"]
         if self.check_finite:  # by result: one step's kernel takes less than a reduction queued ahead
             decide_y(y_t, None, logliks)

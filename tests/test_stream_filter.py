@@ -32,7 +32,8 @@ def stream(f, y, cuts):
     return {k: np.concatenate([to_np(o[k]) for o in outs], -2) for k in outs[0]}
 
 
-FIELDS = ("mean", "var", "pred_mean", "pred_var", "pred_obs_mean", "pred_obs_var", "logliks")
+FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var",
+          "logliks")
 CUTS = [0, 1, 2, 3, 10, 11, 30, 31, 41]
 
 
@@ -49,7 +50,7 @@ def test_stream_equals_one_call(backend):
     np.testing.assert_allclose(to_np(f.loglik), to_np(whole.loglik), rtol=1e-12)
     assert f.state.steps == 41
     np.testing.assert_allclose(to_np(f.state.mean), to_np(whole.mean[..., -1, :]), rtol=1e-12)
-    assert (f._rows is not None) == (backend == "triton")  # one-step updates ran the stream kernel
+    assert (f._rows is not None) == (backend in ("triton", "cpu"))  # one-step updates ran the stream step
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch", "triton", "reference"])
@@ -67,6 +68,25 @@ def test_batch_from_the_parameters(backend):
     for k in FIELDS:
         np.testing.assert_allclose(got[k], to_np(getattr(whole, k)), rtol=1e-12, atol=1e-12, err_msg=k)
     assert got["mean"].shape == (3, 41, 5) and f.state.mean.shape == (3, 5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cpu_step_over_several_blocks(dtype):
+    """The cpu step's blocks of 64 series: 150 series (a partial last block), gaps anywhere."""
+    rng = np.random.default_rng(7)
+    y = (rng.normal(size=(12, 150)) + 1.0).astype(dtype)
+    y[rng.random(y.shape) < 0.2] = np.nan
+    kw = dict(theta=rng.uniform(0.05, 2.0, 150), sigma=rng.uniform(0.0, 1.0, 150), obs_var=rng.uniform(0.1, 2, 150),
+              mean=rng.normal(size=150), h=rng.uniform(0.5, 1.5, 150), init_var=1.0)
+    whole = ks.filter(y, backend="cpu", **kw)
+    f = ks.StreamFilter(**kw, backend="cpu", outputs=FIELDS)
+    got = stream(f, y, list(range(13)))
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    for k in FIELDS:
+        np.testing.assert_allclose(got[k], getattr(whole, k), rtol=tol, atol=tol, err_msg=k)
+    g = ks.StreamFilter(**kw, backend="cpu")
+    g.update(y[0])
+    assert g.update(y[1])["mean"].dtype == whole.mean.dtype == dtype  # the step's result in y's dtype
 
 
 def test_stream_kernel_catches_inf_and_leaves_the_state():

@@ -45,7 +45,7 @@ def main(out: Path):
     post = ks.filter(y, times=times, theta=p["theta"], sigma=p["sigma"], obs_var=p["obs_var"], mean=p["mean"])
     post = post.to_numpy()
     print(f"filtered {data.y.shape[0]} steps x {data.y.shape[1]} sensors on {device} "
-          f"({'triton kernels' if device == 'cuda' else 'torch scan'})")
+          f"({'triton kernels' if device == 'cuda' else 'compiled cpu loops'})")
 
     # 1. The band: mean +- 1.96 sd is a 95% credible interval for the latent state.
     sd = post.std

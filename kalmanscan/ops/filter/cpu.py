@@ -54,11 +54,12 @@ from ..cpu_threads import run_loop
 from ...inputs import Problem
 from .torch import adjoint_to
 
-__all__ = ["filter", "smooth", "layout", "FIELDS", "INPUTS", "SMOOTH_INPUTS"]
+__all__ = ["filter", "smooth", "stream_step", "layout", "FIELDS", "POSTERIOR", "INPUTS", "SMOOTH_INPUTS"]
 
 # The forward's outputs in the loops' order (cpu_loops.O_MEAN .. O_MISS).
 FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
           "pred_obs_var", "logliks", "missing")
+POSTERIOR = FIELDS  # the rows of stream_step's out, as kalmanscan.ops.filter.triton.POSTERIOR for its kernel
 INPUTS = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h", "init_mean", "init_var")
 SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
 MAX_LANES = 256     # series per task at most (a task walks time with its series innermost)
@@ -180,6 +181,26 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
                  L.constants(dtype), T, C, _block(B, C))
     zc = out.pop("zc", None)
     return out, zc
+
+
+def stream_step(y: torch.Tensor, belief: torch.Tensor, rows: torch.Tensor,
+                fields: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of ``N`` streamed series (:class:`kalmanscan.StreamFilter`'s update on a CPU, the
+    contract of :func:`kalmanscan.ops.filter.triton.stream_step`): ``y`` holds ``N`` values (any
+    shape), ``belief`` ``(2, ...)`` their filtered mean and variance, ``rows`` ``(5, N)`` their
+    ``decay, noise, obs_var, mean, h``, all in the compute dtype. Returns ``(out, new_belief)``:
+    ``out`` ``(10, N)``, the rows of :data:`POSTERIOR` (all written, whatever ``fields`` names),
+    ``new_belief`` ``(2, N)``. One compiled loop (:mod:`kalmanscan.ops.filter.cpu_stream`);
+    nothing given is written."""
+    from . import cpu_stream
+
+    dtype = _np_dtype(rows.dtype)
+    N = rows.shape[1]
+    out = torch.empty(len(POSTERIOR), N, dtype=rows.dtype)
+    new_belief = torch.empty(2, N, dtype=rows.dtype)
+    y, belief, rows = (x.detach().contiguous().numpy() for x in (y.reshape(N), belief.reshape(2, N), rows))
+    cpu_stream.stream_step(y, belief, rows, out.numpy(), new_belief.numpy(), _loops()[0].constants(dtype))
+    return out, new_belief
 
 
 def _first_order_only():
