@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from .filtering import filter as _filter
+from .inputs import prepare
 from .likelihood import POSITIVE as _POSITIVE
 from .likelihood import Likelihood, gradient_and_hessian, spd_inverse, valid
 from .ops.filter import resolve_backend
@@ -208,15 +209,20 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         raise ValueError("backend='reference' is not differentiable; use 'torch', 'triton' or 'auto'")
     if max_iter is None:
         max_iter = 200 if method == "lbfgs" else 2000
-    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
+    if isinstance(max_iter, (bool, np.bool_)) or not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
         raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
-    if not (tol > 0):
-        raise ValueError(f"tol must be > 0, got {tol!r}")
+    if isinstance(tol, (bool, np.bool_)) or not (isinstance(tol, (int, float, np.number)) and tol > 0):
+        raise ValueError(f"tol must be a number > 0, got {tol!r}")
+    if not isinstance(shared, (bool, np.bool_)):
+        raise ValueError(f"shared must be True or False, got {shared!r}")
 
     numpy_in = not isinstance(y, torch.Tensor)
     y_t = _as_y(y)
     if y_t.ndim < 2:
         raise ValueError(f"y must have shape (..., T, C), got {tuple(y_t.shape)}")
+    # y's shape and the observation steps (h, dt, times) checked as ks.filter checks them, before
+    # the guesses are made from them (placeholder values for the model's parameters)
+    prepare(y_t, theta=1.0, sigma=1.0, obs_var=1.0, h=h, dt=dt, times=times, init_var=1.0, check_y=False)
     batch, C = tuple(y_t.shape[:-2]), y_t.shape[-1]
     Cp = 1 if shared else C
     values = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, init_mean=init_mean, init_var=init_var)

@@ -106,6 +106,9 @@ def forecast(post: Posterior, steps: int | None = None, *, times: ArrayLike | No
     p = post.params
     last = {k: p[k][..., -1:, :] for k in ("theta", "sigma", "mean", "h", "obs_var", "dt")}
     base = post.filtered if post.filtered is not None else post
+    if base.mean is None or base.var is None:
+        raise ValueError("post must hold the filtered mean and var (a filter run with outputs including "
+                         "'mean' and 'var')")
     mu, var = base.mean[..., -1:, :], base.var[..., -1:, :]
     is_torch = isinstance(mu, torch.Tensor)
     t_last = p["times"][..., -1:, :]
@@ -117,8 +120,8 @@ def forecast(post: Posterior, steps: int | None = None, *, times: ArrayLike | No
         if isinstance(steps, (bool, np.bool_)) or not (isinstance(steps, (int, np.integer)) and steps >= 1):
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
         k = np.arange(1, steps + 1, dtype=np.float64)[:, None]
-        dt_last = last["dt"]
-        dt_last = dt_last.detach().to(torch.float64) if is_torch else np.asarray(dt_last, np.float64)
+        dt_last = last["dt"]  # differentiable: the lead k dt carries dt's gradient
+        dt_last = dt_last.to(torch.float64) if is_torch else np.asarray(dt_last, np.float64)
         lead = (torch.as_tensor(k, device=mu.device) if is_torch else k) * dt_last
     else:
         lead = _future_times(times, t_last, is_torch, mu) - t_last

@@ -146,8 +146,17 @@ def test_a_channel_without_observations_gets_nan_stderr():
     (dict(sigma=-1.0), "sigma"),
     (dict(max_iter=0), "max_iter"),
     (dict(shared=True, theta=np.array([0.1, 0.2])), "theta"),
+    (dict(max_iter=True), "max_iter"),
+    (dict(tol="1e-6"), "tol"),
+    (dict(shared="yes"), "shared"),
+    (dict(dt=0.0), "dt must be"),
+    (dict(dt=-1.0), "dt must be"),
+    (dict(times=np.zeros(5)), "times must be"),
+    (dict(h=float("nan")), "h must be"),
+    (dict(y=np.zeros((0, 2))), "y must have T >= 1"),
 ])
 def test_bad_input_names_the_argument(kwargs, match):
-    y = np.random.default_rng(0).normal(size=(5, 2))
+    """Checked before anything is computed from the values (the guesses divide by the step)."""
+    y = kwargs.pop("y", np.random.default_rng(0).normal(size=(5, 2)))
     with pytest.raises(ValueError, match=match):
         ks.fit(y, **kwargs)

@@ -58,6 +58,19 @@ def test_torch_smoother_and_filter_forecast_alike_and_differentiably():
     assert sigma.grad is not None and torch.all(sigma.grad > 0)
 
 
+def test_gradient_with_respect_to_dt():
+    """The lead of ``steps`` regular steps is ``k dt``: dt's gradient reaches the forecast through
+    it and through the filtered belief, equal to a central difference."""
+    y = torch.tensor(np.random.default_rng(5).normal(size=(30, 2)))
+    kw = dict(theta=torch.tensor([0.3, 0.8], dtype=torch.float64), sigma=1.0, obs_var=0.5, backend="torch")
+
+    def f(dt):
+        fc = ks.forecast(ks.filter(y, dt=dt, **kw), 3)
+        return (fc.mean + fc.var).sum()
+
+    assert torch.autograd.gradcheck(f, (torch.tensor(0.7, dtype=torch.float64, requires_grad=True),))
+
+
 def test_times_default_from_dt_and_float32_keeps_absolute_times():
     rng = np.random.default_rng(3)
     y, kw = random_problem(rng, 20, C=2, batch=())
@@ -104,9 +117,11 @@ def test_interval():
     ((), {"times": [30.0, 29.0]}, "increasing"),
     ((), {"times": [np.nan]}, "finite"),
     ((), {"times": np.ones((2, 2))}, "shape"),
+    ((2,), {"outputs": ("logliks",)}, "mean and var"),
 ])
 def test_bad_input(args, kwargs, match):
     y = np.random.default_rng(0).normal(size=(10, 2))
-    post = ks.filter(y, theta=0.5, sigma=1.0, obs_var=1.0)
+    outputs = kwargs.pop("outputs", None)  # a posterior without the filtered moments
+    post = ks.filter(y, theta=0.5, sigma=1.0, obs_var=1.0, outputs=outputs)
     with pytest.raises(ValueError, match=match):
         ks.forecast(post, *args, **kwargs)
