@@ -46,6 +46,24 @@ def test_elementwise_scores_match_their_definitions(data):
         assert abs(c[t, ch] - num) < 1e-7 * s[t, ch]
 
 
+def test_report_statistics_equal_the_elementwise_scores():
+    """The report computes every score from one pass over the predictive law: its means equal the
+    public functions', and the PIT test is kstest's (asymptotic p-value past KS_EXACT values)."""
+    rng = np.random.default_rng(8)
+    y = rng.normal(size=(6000, 2))
+    y[rng.random(y.shape) < 0.05] = np.nan
+    post = ks.filter(y, theta=0.3, sigma=1.0, obs_var=0.5)
+    r = D.report(post, y)
+    seen = ~np.isnan(y)
+    assert r.n_obs > D.KS_EXACT
+    assert r.mean_nis == pytest.approx(np.mean(D.nis(post, y)[seen]), rel=1e-12)
+    assert r.mean_crps == pytest.approx(np.nanmean(D.crps(post, y)), rel=1e-12)
+    assert r.mean_log_score == pytest.approx(np.nanmean(D.log_score(post, y)), rel=1e-12)
+    assert r.coverage[0.9] == pytest.approx(D.predictive_coverage(post, y, 0.9), rel=1e-12)
+    asymp = stats.kstest(D.pit(post, y)[seen], "uniform", method="asymp")
+    assert (r.pit_ks, r.pit_pvalue) == pytest.approx((asymp.statistic, asymp.pvalue), rel=1e-12)
+
+
 def test_diffuse_steps_are_not_scored():
     """With ``init_var = inf`` each channel's first observation has an infinite predictive
     variance: NaN in every score (as the log-likelihood leaves it out), finite report means."""
