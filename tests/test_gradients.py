@@ -4,7 +4,7 @@ backend's public smoother gives the torch backend's gradients whatever the param
 import numpy as np
 import pytest
 import torch
-from helpers import DEVICE, NAMES, random_problem
+from helpers import DEVICE, KERNEL_DEVICE, NAMES, random_problem
 
 import kalmanscan as ks
 
@@ -78,3 +78,24 @@ def test_cpu_smoother_gradients_equal_torch(shape):
     y_t = torch.tensor(np.nan_to_num(y[:, :5]), requires_grad=True)
     theta_t = torch.tensor(theta[..., :5, :] if len(shape) == 2 and shape[0] == 9 else theta, requires_grad=True)
     assert torch.autograd.gradcheck(f, (y_t, theta_t), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend, names", [
+    ("cpu", ("theta", "sigma", "obs_var", "mean", "h", "dt")),
+    ("triton", ("theta", "mean")),
+])
+def test_expanded_per_step_parameter_gradients(backend, names):
+    """A per-step parameter given as an expanded view (stride 0 along time) of a ``(C,)`` leaf:
+    the fused and compiled backends read it as static and sum its adjoint over time once; the
+    gradient equals the materialised tensor's (before, ``theta`` got ``T`` times its gradient)."""
+    T, C = 15, 3
+    y = torch.randn(2, T, C, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(KERNEL_DEVICE)
+    for name in names:
+        grads = []
+        for expand in (True, False):
+            leaf = torch.tensor([0.3, 0.5, 0.7], dtype=torch.float64, device=y.device, requires_grad=True)
+            kw = dict(theta=0.2, sigma=0.5, obs_var=1.0)
+            kw[name] = leaf.expand(T, C) if expand else leaf.expand(T, C).contiguous()
+            post = ks.filter(y, backend=backend, **kw)
+            grads.append(torch.autograd.grad(post.loglik.sum() + post.mean.sum(), leaf)[0])
+        torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12, msg=name)

@@ -52,7 +52,7 @@ import torch
 from ... import ou
 from ..cpu_threads import run_loop
 from ...inputs import Problem
-from .torch import adjoint_to
+from .torch import adjoint_to, compact
 
 __all__ = ["filter", "smooth", "stream_step", "layout", "FIELDS", "POSTERIOR", "INPUTS", "SMOOTH_INPUTS"]
 
@@ -368,16 +368,6 @@ class _Smooth(torch.autograd.Function):
         return (None, *(g if need else None for g, need in zip(res, ctx.needs_input_grad[1:])))
 
 
-def _compact(x: torch.Tensor) -> torch.Tensor:
-    """``x`` without its broadcast dimensions (stride 0, size > 1), each cut to size 1: the
-    backward's adjoints of static ``decay``/``noise`` are summed over time, and a broadcast view's
-    gradient reaches its base through autograd's sum (a differentiable view)."""
-    for dim in range(x.ndim):
-        if x.stride(dim) == 0 and x.shape[dim] > 1:
-            x = x.narrow(dim, 0, 1)
-    return x
-
-
 def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` (``mean, var,
     pred_mean, pred_var, decay, noise``, CPU tensors broadcastable to one ``(..., T, C)`` shape)
@@ -394,5 +384,5 @@ def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor | None = None) -
     dtype = inputs[0].dtype
     inputs = tuple(x.to(dtype) for x in inputs)
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
-        return _Smooth.apply(shape, *(_compact(x) for x in inputs))
+        return _Smooth.apply(shape, *(compact(x) for x in inputs))
     return _rts_forward(inputs, shape)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 
 import numpy as np
@@ -51,7 +52,7 @@ def get_backend(name: str) -> ModuleType:
 def run_backend(p: Problem, backend: str) -> dict:
     """Run the backend ``backend`` stands for on a validated problem; results as tensors of the
     compute dtype on ``p``'s device."""
-    out = get_backend(resolve_backend(backend, p.y.device)).filter(p)
+    out = get_backend(resolve_backend(backend, p.y.device)).filter(_compacted(p))
     return {k: _as_tensor(v, p) for k, v in out.items()}
 
 
@@ -59,3 +60,18 @@ def _as_tensor(v, p: Problem):
     if isinstance(v, np.ndarray):
         return torch.as_tensor(v, device=p.y.device).to(p.dtype)
     return v
+
+
+_PARAMETERS = ("theta", "sigma", "obs_var", "mean", "h", "dt", "init_mean", "init_var", "times")
+
+
+def _compacted(p: Problem) -> Problem:
+    """``p`` with each parameter that needs a gradient and is a broadcast view (an expanded
+    per-step ``theta``) cut to size 1 along its broadcast dimensions
+    (:func:`kalmanscan.ops.filter.torch.compact`): the backends' backward passes then sum its
+    adjoint once, and autograd takes it to the view's base."""
+    from .torch import compact
+
+    cut = {k: compact(x) for k in _PARAMETERS
+           if isinstance(x := getattr(p, k, None), torch.Tensor) and x.requires_grad and compact(x) is not x}
+    return dataclasses.replace(p, **cut) if cut else p

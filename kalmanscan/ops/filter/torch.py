@@ -19,12 +19,24 @@ from ... import merged, mobius, ou
 from ...inputs import Problem
 from ...scan import associative_scan
 
-__all__ = ["filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity", "adjoint_to"]
+__all__ = ["compact", "filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity", "adjoint_to"]
 
 
 def first_step_identity(x: torch.Tensor, value: float) -> torch.Tensor:
     """``x`` broadcast to its time length with index 0 replaced by ``value`` (no transition)."""
     return torch.cat([torch.full_like(x[..., :1, :], value), x[..., 1:, :]], -2)
+
+
+def compact(x: torch.Tensor) -> torch.Tensor:
+    """``x`` without its broadcast dimensions (stride 0, size > 1), each cut to size 1 (a
+    differentiable view). The fused and compiled backends read a stride-0 time axis as a static
+    parameter, so their backward sums its adjoint over time; given the cut view, autograd's own sum
+    takes that total back to the expanded tensor's base, instead of a per-step adjoint being
+    expected of it (an expanded ``theta`` of shape ``(T, C)`` got ``T`` times its gradient)."""
+    for dim in range(x.ndim):
+        if x.stride(dim) == 0 and x.shape[dim] > 1:
+            x = x.narrow(dim, 0, 1)
+    return x
 
 
 def adjoint_to(g: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
