@@ -109,8 +109,10 @@ def kla_scan_cpu_backward(v: Tensor, lam_v: Tensor, k: Tensor, q: Tensor, decay:
 
 @kla_scan_cpu_backward.register_fake
 def _(v, lam_v, k, q, decay, noise, ckpt_var, ckpt_mu, gy, gy_var, g_var, g_mu):
-    return (torch.empty_like(v), torch.empty_like(v), torch.empty_like(k), torch.empty_like(q),
-            torch.empty_like(decay), torch.empty_like(noise), torch.empty_like(g_var), torch.empty_like(g_mu))
+    # contiguous, as the operator returns them (empty_like would keep a strided input's strides)
+    return (v.new_empty(v.shape), v.new_empty(v.shape), k.new_empty(k.shape), q.new_empty(q.shape),
+            decay.new_empty(decay.shape), noise.new_empty(noise.shape), g_var.new_empty(g_var.shape),
+            g_mu.new_empty(g_mu.shape))
 
 
 def _setup_context(ctx, inputs, output):

@@ -137,10 +137,17 @@ def test_opcheck_forward(save):
     torch.library.opcheck(cpu.kla_scan_cpu, op_args(save))
 
 
-def test_opcheck_backward():
+@pytest.mark.parametrize("strided", [False, True])
+def test_opcheck_backward(strided):
+    """Also with transposed (non-contiguous) inputs: the fake returns contiguous gradients, as the
+    operator does."""
     args = op_args(True)
     with torch.no_grad():
         y, y_var, var, mu, ckpt_var, ckpt_mu = cpu.kla_scan_cpu(*args)
     g = torch.Generator().manual_seed(2)
     cot = [torch.randn(x.shape, generator=g) for x in (y, y_var, var, mu)]
-    torch.library.opcheck(cpu.kla_scan_cpu_backward, (*(x.detach() for x in args[:6]), ckpt_var, ckpt_mu, *cot))
+    inputs = [x.detach() for x in args[:6]]
+    if strided:
+        inputs = [x.transpose(-1, -2).contiguous().transpose(-1, -2) for x in inputs]
+        assert not inputs[0].is_contiguous()
+    torch.library.opcheck(cpu.kla_scan_cpu_backward, (*inputs, ckpt_var, ckpt_mu, *cot))
