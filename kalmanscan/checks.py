@@ -75,14 +75,17 @@ class Checks:
         known = [None if f is not None else bool(x) for f, x in zip(flags, entries)]
         reads = []
         for device in {f.vector.device for f in flags if f is not None}:
-            vectors, start, where = [], {}, []
+            vectors, start, where = [], [], []
             for i, f in enumerate(flags):
                 if f is None or f.vector.device != device:
                     continue
-                if id(f.vector) not in start:  # each vector once, whatever of it is read
-                    start[id(f.vector)] = sum(v.numel() for v in vectors)
+                # each vector once, whatever of it is read (found by identity, not id(): under
+                # torch.compile an id() is a guard that a new tensor fails on every call)
+                j = next((j for j, v in enumerate(vectors) if v is f.vector), len(vectors))
+                if j == len(vectors):
+                    start.append(sum(v.numel() for v in vectors))
                     vectors.append(f.vector)
-                where.append((i, start[id(f.vector)] + f.index))
+                where.append((i, start[j] + f.index))
             reads.append((where, Ahead(torch.cat([v.reshape(-1).to(torch.bool) for v in vectors]))))
         pending = Pending([(message, confirm) for message, _, confirm in self.items], list(self.facts), known, reads)
         self.items, self.facts = [], {}

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 __all__ = ["run_loop", "SMALL_WORK", "PARALLEL"]
 
 # numba's ``parallel=`` option of the loops: only the prange loops become parallel; numba's other
@@ -19,10 +21,13 @@ SMALL_WORK = 1 << 17  # element-steps below which a loop runs on one thread: wak
                       # more than it saves, and on a busy machine a thread barrier can wait a time slice
 
 
+@torch.compiler.disable
 def run_loop(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> Any:
     """``kernel(*args)`` on numba's threads, or on this thread alone when ``work`` is below
     :data:`SMALL_WORK` or there is a single task. The loops compute each task with the same
-    operations whatever the thread count, so the choice changes no result."""
+    operations whatever the thread count, so the choice changes no result. Opaque to
+    ``torch.compile`` (a graph break): Dynamo would otherwise trace into numba's dispatcher, which
+    on a loop's first call (its compilation) it cannot."""
     import numba
 
     if work >= SMALL_WORK and tasks > 1:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import POSITIVE, max_rel_error, random_problem, rel_error, to_np
 
+import kalmanscan as ks
 from kalmanscan.inputs import prepare
 from kalmanscan.ops import cpu_threads
 from kalmanscan.ops.filter import cpu
@@ -432,3 +433,28 @@ def test_gradients_with_outputs_subset_equal_full():
     for g in grads[1:]:
         for a, b in zip(g, grads[0]):
             assert torch.equal(a, b)
+
+
+def test_compiled_first_call_and_no_recompiles():
+    """``torch.compile`` of a function calling ``ks.filter`` on the cpu backend: as a process's
+    first call of the loops (Dynamo does not trace into numba's dispatcher: run_loop is opaque to
+    it), equal to eager; and calls with the same tensors compile nothing new."""
+    code = ("import torch, kalmanscan as ks\n"
+            "f = lambda y: ks.filter(y, theta=0.1, sigma=0.5, obs_var=1.0).loglik\n"
+            "y = torch.randn(2, 20, 3)\n"
+            "print(torch.allclose(torch.compile(f, backend='aot_eager')(y), f(y)))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.split()[-1] == "True", res.stderr[-2000:]
+
+    from torch._dynamo.utils import counters
+
+    def f(y, theta):
+        return ks.filter(y, theta=theta, sigma=0.5, obs_var=1.0, backend="cpu").loglik.sum()
+
+    y, theta = torch.randn(2, 20, 3), torch.tensor([0.1, 0.3, 0.5], requires_grad=True)
+    compiled = torch.compile(f, backend="aot_eager")
+    torch.testing.assert_close(compiled(y, theta), f(y, theta))
+    graphs = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        compiled(y, theta)
+    assert counters["stats"]["unique_graphs"] == graphs
