@@ -131,6 +131,8 @@ def _resolve(backend, v, mean_form):
 
 def _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state):
     y, y_var, state = _REGISTRY.module(backend).kla_scan(v, lam_v, k, q, decay, noise, initial_state)
+    if return_state and v.shape[1] == 0:  # the initial state: new tensors, not the caller's (or aliases)
+        state = FilterState(*(x.clone() for x in (*state, state.var, state.mu)))
     y, y_var = y.to(v.dtype), y_var.to(v.dtype)
     return (y, y_var, state) if return_state else (y, y_var)
 

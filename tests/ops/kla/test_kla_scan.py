@@ -154,6 +154,12 @@ def test_empty_sequence_returns_the_initial_state(backend):
                                     backend=backend)
     assert y.shape == y_var.shape == (2, 0, 3)
     assert torch.equal(lam.to(xs[6].dtype), xs[6]) and torch.equal(eta.to(xs[7].dtype), xs[7])
+    before = xs[6].clone()
+    lam.mul_(2)  # new tensors: writing the returned state leaves the caller's as it was
+    assert torch.equal(xs[6], before)
+    _, _, state = kla_scan(*xs[:6], return_state=True, backend=backend)
+    state.var.fill_(7.0)  # the default state's four tensors do not alias each other
+    assert torch.all(state[0] == 1) and torch.all(state.mu == 0)
 
 
 def test_auto_backend_on_cpu_is_the_compiled_loops():
