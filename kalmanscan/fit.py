@@ -125,8 +125,7 @@ class FitResult:
         n = _np(self.n_obs)
         status = "converged" if self.converged else "NOT converged"
         lines = [f"FitResult ({_METHOD_NAMES[self.method]}, {status} after {self.n_iter} iterations: {self.message})",
-                 f"log-likelihood {ll.sum():.6g} over {int(n.sum())} observations in {n.size} series",
-                 f"{'series':<10}{'param':<11}{'estimate':>14}{'std.err':>12}"]
+                 f"log-likelihood {ll.sum():.6g} over {int(n.sum())} observations in {n.size} series"]
         est = {k: _np(self.params[k]) for k in self.names}
         se = {k: _np(v) for k, v in self.stderr.items()}
         flat = {k: v.reshape(-1) for k, v in est.items()}
@@ -136,7 +135,7 @@ class FitResult:
         labels = ["all" if blocks == 1 else ",".join(str(int(i)) for i in np.unravel_index(b, shape))
                   for b in range(min(blocks, _REPR_BLOCKS))]
         width = max([10, *(len(label) + 2 for label in labels)])
-        lines[-1] = f"{'series':<{width}}{'param':<11}{'estimate':>14}{'std.err':>12}"
+        lines.append(f"{'series':<{width}}{'param':<11}{'estimate':>14}{'std.err':>12}")
         for b, label in enumerate(labels):
             for i, k in enumerate(self.names):
                 lines.append(f"{label if i == 0 else '':<{width}}{k:<11}{flat[k][b]:>14.6g}{flat_se[k][b]:>12.4g}")
@@ -217,11 +216,7 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         raise ValueError(f"shared must be True or False, got {shared!r}")
 
     numpy_in = not isinstance(y, torch.Tensor)
-    y_t = _as_y(y)
-    if y_t.ndim < 2:
-        raise ValueError(f"y must have shape (..., T, C), got {tuple(y_t.shape)}")
-    # y's shape and the observation steps (h, dt, times) checked as ks.filter checks them, before
-    # the guesses are made from them (placeholder values for the model's parameters)
+    y_t = _as_y(y)  # its shape and the steps (h, dt, times) checked as ks.filter does, before the guesses
     prepare(y_t, theta=1.0, sigma=1.0, obs_var=1.0, h=h, dt=dt, times=times, init_var=1.0, check_y=False)
     batch, C = tuple(y_t.shape[:-2]), y_t.shape[-1]
     Cp = 1 if shared else C
