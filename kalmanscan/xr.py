@@ -165,6 +165,18 @@ def _time_steps(da, dim, time_unit, kwargs):
     return times_from_coord(da[dim].values, time_unit, dim)
 
 
+def _regular(times, static):
+    """``times``, or ``None`` with ``static["dt"]`` set when the times are exactly regular (daily
+    dates in days, say): the same filter, whose static parameters then run the static loops
+    instead of discretising every step again."""
+    if times is not None and len(times) > 1:
+        steps = np.diff(times)
+        if np.all(steps == steps[0]):
+            static["dt"] = float(steps[0])
+            return None
+    return times
+
+
 def _split_params(da, dim, kwargs):
     """Split keyword arguments into DataArray parameters (with a per-step flag) and plain ones."""
     arrays, static = {}, {}
@@ -260,6 +272,7 @@ def _moments(op_name, da, dim, time_unit, level, kwargs):
     z = _z(level)
     times, unit_label = _time_steps(da, dim, time_unit, kwargs)
     arrays, static = _split_params(da, dim, kwargs)
+    times = _regular(times, static)
     op = _public(op_name)
     fields = _FILTER_FIELDS if op_name == "filter" else _SMOOTH_FIELDS
 
@@ -410,6 +423,7 @@ def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = Non
     _check_dataarray(da, dim)
     times, unit_label = _time_steps(da, dim, time_unit, fit_kwargs)
     arrays, static = _split_params(da, dim, fit_kwargs)
+    times = _regular(times, static)
     estimate = static.get("estimate", ("theta", "sigma", "obs_var"))
     estimate = (estimate,) if isinstance(estimate, str) else tuple(estimate)
     shared = bool(static.get("shared", False))

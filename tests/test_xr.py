@@ -255,3 +255,21 @@ def test_to_numpy_and_to_dataset_round_trip():
     xr.testing.assert_identical(ds, expect)
     with pytest.raises(ValueError, match="expected"):
         kxr.to_dataset(post, da.isel(site=[0]), time_unit="1D")
+
+
+def test_regular_times_take_the_static_loops_and_change_nothing():
+    """Exactly regular coordinate steps are passed as ``dt`` (the static loops) and irregular ones as
+    ``times``: both equal ``ks.filter`` with the coordinate's times, for the filter and the fit."""
+    rng = np.random.default_rng(12)
+    _, y = ks.datasets.simulate(T=60, seed=12, theta=np.array([0.3, 0.5, 1.0]), sigma=1.0, obs_var=0.3)
+    for stamps in (pd.date_range("2020-01-01", periods=60, freq="D"),
+                   pd.to_datetime("2020-01-01") + pd.to_timedelta(np.cumsum(rng.integers(1, 4, 60)), "D")):
+        da = xr.DataArray(y, dims=("time", "sensor"), coords={"time": stamps})
+        times = np.asarray((stamps - stamps[0]) / pd.Timedelta("1D"), dtype=float)
+        out = da.kalman.filter(dim="time", theta=0.3, sigma=1.0, obs_var=0.5, time_unit="1D")
+        ref = ks.filter(y, theta=0.3, sigma=1.0, obs_var=0.5, times=times)
+        np.testing.assert_allclose(out["mean"].values, ref.mean, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(out["var"].values, ref.var, rtol=1e-12)
+        fitted = da.kalman.fit(dim="time", time_unit="1D")
+        res = ks.fit(y, times=times)
+        np.testing.assert_allclose(fitted["theta"].values, res.params["theta"], rtol=1e-4)
