@@ -323,11 +323,7 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
             _HOST_ROWS[key] = found
     shape, rows, diffuse, no_noise = found
     C = shape[-1]
-    if y_t.device.type == "cpu":  # NumPy copies on this thread; torch's copy of this size wakes its
-        packed = torch.from_numpy(rows.numpy().copy())  # thread pool (on a busy machine: a time slice)
-    else:
-        packed = to_device(rows, y_t.device, copy=True)
-    packed = packed.view(12, 1, C).unbind(0)
+    packed = to_device(rows, y_t.device, copy=True).view(12, 1, C).unbind(0)
     fields = dict(zip(PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
     derived = {k: fields.pop(k) for k in _DERIVED}
     p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=diffuse,
@@ -341,9 +337,14 @@ def to_device(x: torch.Tensor, device: torch.device, copy: bool = False) -> torc
     through page-locked memory without blocking: torch waits for the device's queue after a copy
     from pageable memory, so a call that moved a host value that way would not queue behind the
     previous call. The page-locked source is never written, so the copy may read it late. Under
-    ``torch.compile``, which cannot trace page-locking, a plain copy."""
+    ``torch.compile``, which cannot trace page-locking, a plain copy. A copy on the CPU of a
+    tensor needing no gradient is NumPy's, on this thread: torch's copy of a few hundred kB wakes
+    its thread pool, which on a busy machine waits for a time slice."""
     if device.type == "cuda" and x.device.type == "cpu" and not torch.compiler.is_compiling():
         return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
+    if (copy and device.type == "cpu" and x.device.type == "cpu" and not x.requires_grad
+            and not torch.compiler.is_compiling()):
+        return torch.from_numpy(x.numpy().copy())
     return x.to(device, copy=copy)
 
 

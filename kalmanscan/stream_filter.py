@@ -81,6 +81,7 @@ class StreamFilter:
         self._problem = None          # the validated parameters of one step, once the stream has started
         self._level = self._decay = self._noise = None
         self._belief = None           # the state: mean and variance, (2, ..., 1, C), compute dtype
+        self._stepper = None          # the backend module whose stream_step runs one-step updates
         self._rows = None             # (5, N) decay, noise, obs_var, mean, h: the one-step kernel's
         self._diffuse = False
         self._loglik = None
@@ -163,12 +164,13 @@ class StreamFilter:
             batch = p0.shape[:-2] + (1, p0.shape[-1])
             rows = (self._decay, self._noise, p0.obs_var, p0.mean, p0.h)
             self._rows = torch.stack([x[..., :1, :].expand(batch).reshape(-1) for x in rows])
+            self._stepper = get_backend(backend)
         return {k: out[k][..., 0, :] if one_step else out[k] for k in self.outputs}
 
     def _step(self, y: ArrayLike, p0) -> dict[str, Any]:
         """A one-step update on the triton or cpu backend: one launch of the stream kernel, or one
         compiled loop."""
-        backend = get_backend(resolve_backend(self.backend, p0.y.device))
+        backend = self._stepper
 
         y_t = self._steps_of(y, p0, one_step=True)
         shape = p0.shape[:-2] + y_t.shape[-1:]

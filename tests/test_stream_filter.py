@@ -37,9 +37,9 @@ FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision",
 CUTS = [0, 1, 2, 3, 10, 11, 30, 31, 41]
 
 
-@pytest.mark.parametrize("backend", ["cpu", "torch", "triton", "reference"])
-def test_stream_equals_one_call(backend):
-    y, kw = problem(0, batch=(2,))
+def streamed_and_whole(y, kw, backend):
+    """``(f, got, whole)``: ``y`` streamed through a :class:`StreamFilter` in :data:`CUTS`, every
+    field held to one ``ks.filter`` call over it."""
     if backend == "triton":  # NumPy runs on the CPU: through the interpreter, or on a GPU as a CUDA tensor
         y = torch.tensor(y, device=KERNEL_DEVICE)
     whole = ks.filter(y, backend=backend, **kw)
@@ -47,6 +47,12 @@ def test_stream_equals_one_call(backend):
     got = stream(f, y, CUTS)
     for k in FIELDS:
         np.testing.assert_allclose(got[k], to_np(getattr(whole, k)), rtol=1e-12, atol=1e-12, err_msg=k)
+    return f, got, whole
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch", "triton", "reference"])
+def test_stream_equals_one_call(backend):
+    f, _, whole = streamed_and_whole(*problem(0, batch=(2,)), backend)
     np.testing.assert_allclose(to_np(f.loglik), to_np(whole.loglik), rtol=1e-12)
     assert f.state.steps == 41
     np.testing.assert_allclose(to_np(f.state.mean), to_np(whole.mean[..., -1, :]), rtol=1e-12)
@@ -60,13 +66,7 @@ def test_batch_from_the_parameters(backend):
     y, kw = problem(6)
     rng = np.random.default_rng(6)
     kw = dict(kw, sigma=rng.uniform(0.2, 1.0, (3, 1, 5)), init_mean=rng.normal(size=(3, 5)))
-    if backend == "triton":
-        y = torch.tensor(y, device=KERNEL_DEVICE)
-    whole = ks.filter(y, backend=backend, **kw)
-    f = ks.StreamFilter(**kw, backend=backend, outputs=FIELDS)
-    got = stream(f, y, CUTS)
-    for k in FIELDS:
-        np.testing.assert_allclose(got[k], to_np(getattr(whole, k)), rtol=1e-12, atol=1e-12, err_msg=k)
+    f, got, _ = streamed_and_whole(y, kw, backend)
     assert got["mean"].shape == (3, 41, 5) and f.state.mean.shape == (3, 5)
 
 

@@ -73,5 +73,6 @@ def _compacted(p: Problem) -> Problem:
     from .torch import compact
 
     cut = {k: compact(x) for k in _PARAMETERS
-           if isinstance(x := getattr(p, k, None), torch.Tensor) and x.requires_grad and compact(x) is not x}
+           if isinstance(x := getattr(p, k, None), torch.Tensor) and x.requires_grad}
+    cut = {k: x for k, x in cut.items() if x is not getattr(p, k)}
     return dataclasses.replace(p, **cut) if cut else p
