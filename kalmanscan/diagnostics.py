@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import special, stats
 
+from . import state_errors
 from .types import ArrayLike
 
 if TYPE_CHECKING:
@@ -229,6 +230,20 @@ def _inside_band(value, band):
     return band[0] <= value <= band[1]
 
 
+def _quadratic_form_check(mean, k, a):
+    """The mean of ``k[0]`` correlated chi-square(1) terms, with cumulants ``k = (k1, k2, k3)`` of
+    their sum, against the scaled and shifted ``c chi2(nu) + b`` of the same three cumulants
+    (Pearson's approximation; ``nu = 8 k2^3 / k3^2``): ``(band, two-sided p)``."""
+    k1, k2, k3 = k
+    nu = 8 * k2**3 / k3**2
+    c = math.sqrt(k2 / (2 * nu))
+    b = k1 - c * nu
+    band = tuple((c * float(v) + b) / k1 for v in stats.chi2.ppf([a / 2, 1 - a / 2], nu))
+    t = (mean * k1 - b) / c
+    p = float(min(1.0, 2 * min(stats.chi2.cdf(t, nu), stats.chi2.sf(t, nu))))
+    return band, p
+
+
 def _chi2_check(mean, dof, a):
     """A mean of ``dof`` chi-square(1) terms against ``chi2(dof) / dof``: ``(band, two-sided p)``."""
     band = tuple(float(v) / dof for v in stats.chi2.ppf([a / 2, 1 - a / 2], dof))
@@ -237,20 +252,13 @@ def _chi2_check(mean, dof, a):
     return band, p
 
 
-def effective_dof(err: np.ndarray) -> float:
-    """Effective count of ``err^2`` terms for standardised errors ``err`` ``(..., T, C)``.
-
-    Posterior errors are correlated over time. For an AR(1) error with lag-1 correlation ``rho``,
-    ``corr(err_t^2, err_s^2) = rho^(2|t-s|)``, so the mean of ``n`` squares has the variance of
-    ``n (1 - rho^2) / (1 + rho^2)`` independent ones. ``rho`` is estimated from consecutive pairs
-    (uncentred: the errors have mean 0 under the model) and clipped to ``rho^2 <= 0.99``.
-    """
-    a, b = err[..., 1:, :], err[..., :-1, :]
-    ok = np.isfinite(a) & np.isfinite(b)
-    den = np.sqrt(np.sum(np.where(ok, a * a, 0)) * np.sum(np.where(ok, b * b, 0)))
-    rho = float(np.sum(np.where(ok, a * b, 0)) / den) if den > 0 else 0.0
-    r2 = min(rho * rho, 0.99)
-    return np.isfinite(err).sum() * (1 - r2) / (1 + r2)
+def effective_dof(post: Posterior, truth: ArrayLike) -> float:
+    """Effective count of independent chi-square(1) terms in the sum of :func:`nees` over the
+    finite steps: ``2 k1^2 / k2`` with ``k1, k2`` the sum's mean and variance under the posterior's
+    own model (:mod:`kalmanscan.state_errors`: the errors are correlated in time)."""
+    post = numpy_post(post)
+    k = state_errors.cumulants(state_errors.links(post), np.isfinite(nees(post, truth)))
+    return state_errors.effective_count(k[0], k[1])
 
 
 def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, levels: ArrayLike = LEVELS,
@@ -264,8 +272,11 @@ def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, lev
       to :data:`KS_EXACT` values, from Kolmogorov's limit law above, which agrees to about 2%
       there at a tenth of the cost);
     - coverage of ``y`` by each central predictive interval in ``levels`` (binomial test);
-    - with ``truth`` (the latent state, ``(..., T, C)``): mean NEES against ``chi2(d) / d`` with
-      ``d`` the effective count of :func:`effective_dof` (errors are correlated in time).
+    - with ``truth`` (the latent state, ``(..., T, C)``): mean NEES against its law under the
+      model. The errors are correlated in time, as a Gauss-Markov chain whose correlations the
+      posterior gives (:mod:`kalmanscan.state_errors`); the sum of squares is matched to a scaled,
+      shifted chi-square by its first three cumulants. ``nees_dof`` is its effective count of
+      independent terms (the same mean and variance).
 
     ``calibrated`` is true when every check passes; ``reasons`` says which failed and which way:
     under-dispersed (over-confident: variances too small) or over-dispersed (under-confident), or
@@ -323,9 +334,10 @@ def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, lev
         e2 = err[np.isfinite(err)] ** 2
         if e2.size < 2:
             raise ValueError("truth must have at least 2 finite values")
-        dof = float(effective_dof(err))
+        k = state_errors.cumulants(state_errors.links(post), np.isfinite(err))
+        dof = state_errors.effective_count(k[0], k[1])
         mean_nees = float(e2.mean())
-        band, p = _chi2_check(mean_nees, dof, a)
+        band, p = _quadratic_form_check(mean_nees, k, a)
         extra = dict(mean_nees=mean_nees, nees_band=band, nees_pvalue=p, nees_dof=dof,
                      state_coverage={lvl: coverage(post, truth, lvl) for lvl in levels})
         if mean_nees > band[1]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats
 
-from . import diagnostics
+from . import diagnostics, state_errors
 from .types import ArrayLike
 
 
@@ -183,7 +183,8 @@ def reliability(post: Posterior, truth_or_y: ArrayLike, levels: ArrayLike | None
     ``target="state"`` checks ``truth`` against the posterior ``mean ± z sqrt(var)``;
     ``target="obs"`` checks ``y`` against the one-step predictive interval. The grey band is the
     central ``level`` binomial range of a calibrated coverage (for the state, with the effective
-    count of :func:`kalmanscan.diagnostics.effective_dof`, as state errors are correlated).
+    count of independent errors under the model, :func:`kalmanscan.diagnostics.effective_dof`'s,
+    as state errors are correlated).
     Points below the diagonal: intervals too narrow (over-confident); above: too wide.
     """
     if target not in ("state", "obs"):
@@ -193,15 +194,16 @@ def reliability(post: Posterior, truth_or_y: ArrayLike, levels: ArrayLike | None
     shape = _shape(post)
     x = np.broadcast_to(_np(truth_or_y).astype(np.float64), shape)
     mean, var = (post.mean, post.var) if target == "state" else (post.pred_obs_mean, post.pred_obs_var)
+    links = state_errors.links(post) if target == "state" else np.zeros(shape)
     if channel is not None:
         def sel(a):
             return _pick(a, () if index is None else index, channel, shape)[..., None]
 
-        x, mean, var = sel(x), sel(mean), sel(var)
+        x, mean, var, links = sel(x), sel(mean), sel(var), sel(links)
     x = diagnostics.scored(x, var)
     observed = diagnostics.inside(mean, var, x, levels, None)
-    err = (x - mean) / np.sqrt(var)
-    n = diagnostics.effective_dof(err) if target == "state" else np.isfinite(err).sum()
+    k = state_errors.cumulants(links, np.isfinite((x - mean) / np.sqrt(var)))
+    n = state_errors.effective_count(k[0], k[1])
     n = max(int(round(n)), 1)
     ax = _axes(ax, (4.6, 4.4))
     lo, hi = (stats.binom.ppf(q, n, levels) / n for q in ((1 - level) / 2, (1 + level) / 2))

@@ -7,6 +7,7 @@ from scipy import integrate, stats
 
 import kalmanscan as ks
 from kalmanscan import diagnostics as D
+from kalmanscan import state_errors
 from kalmanscan.datasets import simulate
 
 PARAMS = dict(theta=np.array([0.2, 0.5]), sigma=np.array([0.5, 1.0]), obs_var=np.array([1.0, 0.5]))
@@ -117,6 +118,7 @@ def test_report_says_calibrated_on_data_from_the_model(data, smooth):
     assert rep.calibrated, rep.reasons
     assert rep.reasons == [] and rep.n_obs == int(np.isfinite(y).sum()) and rep.n_checks == 7
     assert rep.nis_band[0] < rep.mean_nis < rep.nis_band[1]
+    assert rep.nees_dof == pytest.approx(D.effective_dof(_post(y, smooth=smooth), x), rel=1e-12)
     assert set(rep.coverage) == set(D.LEVELS) and rep.state_coverage is not None
     assert "calibrated" in repr(rep) and "NOT" not in repr(rep)
 
@@ -136,15 +138,16 @@ def test_report_catches_misstated_obs_var_and_says_which_way(data, factor, way, 
     assert not without_truth.calibrated and without_truth.mean_nees is None and without_truth.n_checks == 6
 
 
-def test_effective_dof_of_correlated_errors():
-    rng = np.random.default_rng(5)
-    iid = rng.normal(size=(20000, 1))
-    assert D.effective_dof(iid) == pytest.approx(20000, rel=0.01)
-    rho, e = 0.9, np.empty((20000, 1))
-    e[0] = rng.normal()
-    for t in range(1, 20000):
-        e[t] = rho * e[t - 1] + np.sqrt(1 - rho**2) * rng.normal()
-    assert D.effective_dof(e) == pytest.approx(20000 * (1 - rho**2) / (1 + rho**2), rel=0.05)
+def test_effective_dof_is_the_ar1_count_in_the_steady_state():
+    """Without missing values the filter's errors settle into an AR(1) chain of one correlation
+    ``c``: ``n`` correlated squares count as ``n (1 - c^2) / (1 + c^2)`` independent ones."""
+    x, y = simulate(T=20000, seed=5, theta=0.05, sigma=0.5, obs_var=1.0)
+    post = ks.filter(y, theta=0.05, sigma=0.5, obs_var=1.0)
+    c = state_errors.links(post)[-1, 0]
+    assert 0.5 < c < 1
+    assert D.effective_dof(post, x) == pytest.approx(20000 * (1 - c**2) / (1 + c**2), rel=2e-3)
+    smoothed = ks.smooth(y, theta=0.05, sigma=0.5, obs_var=1.0)
+    assert D.effective_dof(smoothed, x) < D.effective_dof(post, x)
 
 
 def test_bad_input(data):
