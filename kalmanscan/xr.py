@@ -5,9 +5,12 @@
     ds.mean, ds.lower, ds.upper, ds.loglik
 
 Layout. ``da`` has the time dimension ``dim`` and any other dimensions; every position along the
-other dimensions is an independent channel. Internally the other dimensions are flattened into the
-channel axis ``C`` of :func:`kalmanscan.filter` (``y`` of shape ``(T, C)``) and restored on output,
-so results keep the input's dimension order, coordinates and attrs.
+other dimensions is an independent channel. In memory, the dimensions before ``dim`` are batch
+dimensions of :func:`kalmanscan.filter`'s ``y`` ``(..., T, C)`` and those after it are flattened into
+its channels ``C``: no copy of a C-contiguous ``da`` (:mod:`kalmanscan.xr_layout`, which says when all
+go into ``C``). Chunk by chunk (dask), all of them are flattened into ``C`` (``y`` of shape
+``(T, C)``). Results keep the input's dimension order, coordinates and attrs, and are the same
+either way.
 
 Time. A ``datetime64`` (or ``timedelta64``) coordinate along ``dim`` gives irregular steps
 ``times = (t - t_0) / time_unit``, with ``time_unit`` required (``"1D"``, ``"6h"``, ``"s"``, a
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
+from .xr_layout import in_memory, layout, moments
 from .xr_times import TimeUnit, regular_steps, time_steps, parse_time_unit, times_from_coord
 
 if TYPE_CHECKING:
@@ -196,8 +200,22 @@ def _moments(op_name, da, dim, time_unit, level, kwargs):
                               times=times, static=static)
 
     da = _as_float(da)
+    if in_memory(da, arrays):
+        lay = layout(da, dim, arrays, times)
+        run = {**static, "outputs": fields} if op_name == "filter" else static  # the loops write only these
+        data = moments(op, lay, fields, times, run, z)
+        no_time = tuple(d for d in lay.dims if d != dim)
+        ds = xr.Dataset({k: (no_time if k == "loglik" else lay.dims, data[k]) for k in _names(fields)},
+                        coords=lay.coords)
+        return _labelled(ds, da, op_name, unit_label, level, z)
     stacked = _apply(da, dim, arrays, kalman_block, len(fields), [dim, _FIELD], da.dtype)
     return _moments_dataset(stacked, fields, da, dim, op_name, unit_label, level, z)
+
+
+def _names(fields):
+    """The output's variables in order, for the filter's ``fields``."""
+    return ["mean", "var", "precision", "lower", "upper", "loglik", "logliks", "pred_mean", "pred_var",
+            "pred_obs_mean", "pred_obs_var", *[f for f in fields if f.startswith("filtered_")]]
 
 
 def _moments_dataset(stacked, fields, da, dim, op_name, unit_label, level, z):
@@ -208,9 +226,12 @@ def _moments_dataset(stacked, fields, da, dim, op_name, unit_label, level, z):
     data["lower"] = data["mean"] - z * std
     data["upper"] = data["mean"] + z * std
     data["loglik"] = data["logliks"].sum(dim)
-    order = ["mean", "var", "precision", "lower", "upper", "loglik", "logliks", "pred_mean", "pred_var",
-             "pred_obs_mean", "pred_obs_var", *[f for f in fields if f.startswith("filtered_")]]
-    ds = xr.Dataset({k: data[k] for k in order})
+    ds = xr.Dataset({k: data[k] for k in _names(fields)})
+    return _labelled(ds, da, op_name, unit_label, level, z)
+
+
+def _labelled(ds, da, op_name, unit_label, level, z):
+    """``ds`` with the variables' and coordinates' attrs (:func:`_describe`) and ``da``'s attrs plus the call's."""
     _describe(ds, da)
     ds.attrs = {**da.attrs, "kalmanscan": op_name, "time_unit": unit_label, "level": float(level),
                 "z": float(z)}

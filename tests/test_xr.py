@@ -273,3 +273,62 @@ def test_regular_times_take_the_static_loops_and_change_nothing():
         fitted = da.kalman.fit(dim="time", time_unit="1D")
         res = ks.fit(y, times=times)
         np.testing.assert_allclose(fitted["theta"].values, res.params["theta"], rtol=1e-4)
+
+
+def _no_apply_ufunc(*args, **kwargs):
+    raise AssertionError("the in-memory path ran apply_ufunc")
+
+
+_SENSOR_THETA = xr.DataArray([0.3, 0.9], dims="sensor", coords={"sensor": [10, 20]})
+_FIRST, _LAST, _MIDDLE = ("time", "site", "sensor"), ("site", "sensor", "time"), ("site", "time", "sensor")
+
+
+@pytest.mark.parametrize("order, params, dtype, regular", [
+    (_FIRST, "site", np.float64, True), (_FIRST, "extra", np.float32, True), (_FIRST, "per_step", np.float64, False),
+    (_LAST, "site", np.float32, True), (_LAST, "sensor", np.float64, False), (_LAST, "per_step", np.float64, True),
+    (_MIDDLE, "scalars", np.float32, False), (_MIDDLE, "site", np.float64, True),
+    (_MIDDLE, "sensor", np.float32, True), (_MIDDLE, "extra", np.float64, False),
+])
+def test_in_memory_equals_dask_path(monkeypatch, order, params, dtype, regular):
+    """The in-memory layout (no apply_ufunc) gives the dask path's Dataset, bit for bit, for filter and
+    smooth: time first, last or in the middle, missing values, regular or irregular times, parameters
+    along a batch or channel dim, per step, or with a dim that da lacks."""
+    da = _data(T=23, dtype=dtype).transpose(*order)
+    if regular:
+        da = da.assign_coords(time=pd.date_range("2021-03-01", periods=23, freq="6h"))
+    kw = {"scalars": dict(theta=0.4),
+          "site": dict(theta=_theta(), init_var=_theta() + 1.0),
+          "sensor": dict(theta=_SENSOR_THETA, init_mean=_SENSOR_THETA),
+          "per_step": dict(theta=_theta(), h=xr.DataArray(np.linspace(0.5, 1.5, 23), dims="time",
+                                                        coords={"time": da.time})),
+          "extra": dict(theta=xr.DataArray([0.1, 1.0], dims="model", coords={"model": ["x", "y"]}))}[params]
+    for op in (kxr.filter, kxr.smooth):
+        lazy = op(da.chunk({"site": 2}), time_unit="1D", sigma=0.7, obs_var=0.5, **kw)
+        assert isinstance(lazy["mean"].data, dask.array.Array)
+        with monkeypatch.context() as m:
+            m.setattr(kxr, "_apply", _no_apply_ufunc)
+            eager = op(da, time_unit="1D", sigma=0.7, obs_var=0.5, **kw)
+        lazy = lazy.compute()
+        xr.testing.assert_identical(eager, lazy)
+        assert list(eager.data_vars) == list(lazy.data_vars)
+        for name, var in eager.variables.items():
+            assert var.dims == lazy[name].dims and var.dtype == lazy[name].dtype, name
+            np.testing.assert_array_equal(var.values, lazy[name].values, err_msg=name)
+        assert eager["mean"].dtype == dtype and eager["mean"].dims == (("model",) if params == "extra" else ()) + order
+
+
+def test_in_memory_filters_a_view_of_da(monkeypatch):
+    """A C-contiguous da reaches the filter without a copy: time first as ``(T, C)``, time in the middle
+    as ``(site, T, sensor)``."""
+    seen, run = [], ks.filter
+
+    def spy(y, **kwargs):
+        seen.append(y)
+        return run(y, **kwargs)
+
+    monkeypatch.setattr(ks, "filter", spy)
+    first = _data().transpose(*_FIRST)
+    for da in (first.copy(data=np.ascontiguousarray(first.values)), _data()):
+        kxr.filter(da, time_unit="1D", theta=_SENSOR_THETA, sigma=0.7, obs_var=0.5)
+        assert np.shares_memory(seen[-1], da.values)
+    assert seen[0].shape == (37, 6) and seen[1].shape == (3, 37, 2)
