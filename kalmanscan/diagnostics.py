@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 __all__ = ["numpy_post", "scored", "inside", "effective_dof", "nees", "nis", "pit", "crps", "log_score", "coverage",
-           "predictive_coverage",
+           "predictive_coverage", "quadratic_form_check",
            "report", "CalibrationReport", "LEVELS"]
 
 LEVELS = (0.5, 0.8, 0.9, 0.95)
@@ -230,8 +230,8 @@ def _inside_band(value, band):
     return band[0] <= value <= band[1]
 
 
-def _quadratic_form_check(mean, k, a):
-    """The mean of ``k[0]`` correlated chi-square(1) terms, with cumulants ``k = (k1, k2, k3)`` of
+def quadratic_form_check(mean: float, k: tuple, a: float) -> tuple[tuple, float]:
+    """The mean ``mean`` of ``k[0]`` correlated chi-square(1) terms, with cumulants ``k = (k1, k2, k3)`` of
     their sum, against the scaled and shifted ``c chi2(nu) + b`` of the same three cumulants
     (Pearson's approximation; ``nu = 8 k2^3 / k3^2``): ``(band, two-sided p)``."""
     k1, k2, k3 = k
@@ -337,7 +337,7 @@ def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, lev
         k = state_errors.cumulants(state_errors.links(post), np.isfinite(err))
         dof = state_errors.effective_count(k[0], k[1])
         mean_nees = float(e2.mean())
-        band, p = _quadratic_form_check(mean_nees, k, a)
+        band, p = quadratic_form_check(mean_nees, k, a)
         extra = dict(mean_nees=mean_nees, nees_band=band, nees_pvalue=p, nees_dof=dof,
                      state_coverage={lvl: coverage(post, truth, lvl) for lvl in levels})
         if mean_nees > band[1]:

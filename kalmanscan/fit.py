@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .fit_result import _METHOD_NAMES, FitResult, _np
+from .fit_result import METHOD_NAMES, FitResult, as_numpy
 from .inputs import prepare
 from .likelihood import POSITIVE as _POSITIVE
 from .likelihood import Likelihood, gradient_and_hessian, spd_inverse, valid
@@ -108,7 +108,7 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             any input :func:`kalmanscan.filter` rejects.
     """
     estimate = _check_estimate(estimate)
-    if method not in _METHOD_NAMES:
+    if method not in METHOD_NAMES:
         raise ValueError(f"method must be 'lbfgs' or 'adam', got {method!r}")
     if backend == "reference":
         raise ValueError("backend='reference' is not differentiable; use 'torch', 'triton' or 'auto'")
@@ -337,7 +337,7 @@ def _guesses(y, values, estimate, batch, Cp, h, dt, times):
     dvar = _nanvar(y[..., 1:, :] - y[..., :-1, :]) if y.shape[-2] > 1 else var
     dvar = torch.where(torch.isfinite(dvar) & (dvar > 0), dvar, var)
     step = _typical_step(dt, times)
-    h_bar = float(np.mean(np.abs(_np(h)))) or 1.0
+    h_bar = float(np.mean(np.abs(as_numpy(h)))) or 1.0
     level = torch.nanmean(y, -2) / h_bar
     level = torch.where(torch.isfinite(level), level, torch.zeros_like(level))
     defaults = dict(theta=torch.full_like(var, 0.1 / step), sigma=torch.sqrt(dvar / (2 * step)) / h_bar,
@@ -369,9 +369,9 @@ def _guesses(y, values, estimate, batch, Cp, h, dt, times):
 
 def _typical_step(dt, times):
     if times is not None:
-        steps = np.diff(_np(times).astype(np.float64), axis=-2 if _np(times).ndim >= 2 else -1)
+        steps = np.diff(as_numpy(times).astype(np.float64), axis=-2 if as_numpy(times).ndim >= 2 else -1)
         return float(np.median(steps)) if steps.size else 1.0
-    d = _np(dt).astype(np.float64)
+    d = as_numpy(dt).astype(np.float64)
     return float(np.median(d)) if d.size else 1.0
 
 

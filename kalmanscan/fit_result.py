@@ -76,13 +76,13 @@ class FitResult:
         return smooth(y, **{**self.filter_kwargs, **overrides})
 
     def __repr__(self) -> str:
-        ll = _np(self.loglik)
-        n = _np(self.n_obs)
+        ll = as_numpy(self.loglik)
+        n = as_numpy(self.n_obs)
         status = "converged" if self.converged else "NOT converged"
-        lines = [f"FitResult ({_METHOD_NAMES[self.method]}, {status} after {self.n_iter} iterations: {self.message})",
+        lines = [f"FitResult ({METHOD_NAMES[self.method]}, {status} after {self.n_iter} iterations: {self.message})",
                  f"log-likelihood {ll.sum():.6g} over {int(n.sum())} observations in {n.size} series"]
-        est = {k: _np(self.params[k]) for k in self.names}
-        se = {k: _np(v) for k, v in self.stderr.items()}
+        est = {k: as_numpy(self.params[k]) for k in self.names}
+        se = {k: as_numpy(v) for k, v in self.stderr.items()}
         flat = {k: v.reshape(-1) for k, v in est.items()}
         flat_se = {k: v.reshape(-1) for k, v in se.items()}
         blocks = next(iter(flat.values())).size if flat else 0
@@ -96,7 +96,7 @@ class FitResult:
                 lines.append(f"{label if i == 0 else '':<{width}}{k:<11}{flat[k][b]:>14.6g}{flat_se[k][b]:>12.4g}")
         if blocks > _REPR_BLOCKS:
             lines.append(f"... and {blocks - _REPR_BLOCKS} more series")
-        bound = [k for k, v in self.on_boundary.items() if bool(np.any(_np(v)))]
+        bound = [k for k, v in self.on_boundary.items() if bool(np.any(as_numpy(v)))]
         if bound:
             lines.append(f"on the boundary 0 (no standard error): {', '.join(bound)}")
         if self.reason and self.reason != self.message:
@@ -105,10 +105,11 @@ class FitResult:
 
 
 _REPR_BLOCKS = 8
-_METHOD_NAMES = {"lbfgs": "L-BFGS", "adam": "Adam"}
+METHOD_NAMES = {"lbfgs": "L-BFGS", "adam": "Adam"}
 
 
-def _np(x):
+def as_numpy(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array (a tensor detached and moved to the host)."""
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 

@@ -29,15 +29,20 @@ cumulants add.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from .scan import associative_scan
 
+if TYPE_CHECKING:
+    from .posterior import Posterior
+
 __all__ = ["links", "cumulants", "effective_count"]
 
 
-def links(post) -> np.ndarray:
+def links(post: Posterior) -> np.ndarray:
     """Lag-one correlations ``c_t`` of the standardised state errors, float64 ``(..., T, C)``
     (``c_0 = 0``); ``post`` a NumPy :class:`~kalmanscan.Posterior` (filtered or smoothed)."""
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):

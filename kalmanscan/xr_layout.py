@@ -20,6 +20,7 @@ go into the channels as there (``y`` then a transposed copy, the fields transpos
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,7 +107,7 @@ def _param(name: str, a: xr.DataArray, order: tuple, nbatch: int, sizes: dict) -
     return x[..., 0, :] if name in _STATIC_ONLY else x
 
 
-def moments(op, lay: Layout, fields: tuple, times: np.ndarray | None, kwargs: dict, z: float) -> dict:
+def moments(op: Callable, lay: Layout, fields: tuple, times: np.ndarray | None, kwargs: dict, z: float) -> dict:
     """``op`` (filter or smooth) on ``lay``: ``{field: array of lay.shape}`` for ``fields`` and the
     derived ``precision, lower, upper`` (``1 / var``, ``mean -+ z sqrt(var)``) and ``loglik``, the
     sum of ``logliks`` over time (NaN as 0), shaped ``lay.shape`` without ``T``."""

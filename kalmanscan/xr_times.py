@@ -74,7 +74,7 @@ def times_from_coord(values: ArrayLike, time_unit: TimeUnit | None = None,
     return times, label
 
 
-def time_steps(da, dim, time_unit, kwargs):
+def time_steps(da: Any, dim: str, time_unit: TimeUnit | None, kwargs: dict) -> tuple[np.ndarray | None, str]:
     """``(times or None, unit label)`` from the coordinate along ``dim`` (see module docstring)."""
     if "times" in kwargs:
         raise ValueError(f"times: ks.xr takes the times from the coordinate {dim!r}; assign it instead "
@@ -86,7 +86,7 @@ def time_steps(da, dim, time_unit, kwargs):
     return times_from_coord(da[dim].values, time_unit, dim)
 
 
-def regular_steps(times, static):
+def regular_steps(times: np.ndarray | None, static: dict) -> np.ndarray | None:
     """``times``, or ``None`` with ``static["dt"]`` set when the times are exactly regular (daily
     dates in days, say): the same filter, whose static parameters then run the static loops
     instead of discretising every step again."""
