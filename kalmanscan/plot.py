@@ -194,16 +194,21 @@ def reliability(post: Posterior, truth_or_y: ArrayLike, levels: ArrayLike | None
     shape = _shape(post)
     x = np.broadcast_to(_np(truth_or_y).astype(np.float64), shape)
     mean, var = (post.mean, post.var) if target == "state" else (post.pred_obs_mean, post.pred_obs_var)
-    links = state_errors.links(post) if target == "state" else np.zeros(shape)
+    links = state_errors.links(post) if target == "state" else None
     if channel is not None:
         def sel(a):
             return _pick(a, () if index is None else index, channel, shape)[..., None]
 
-        x, mean, var, links = sel(x), sel(mean), sel(var), sel(links)
+        x, mean, var = sel(x), sel(mean), sel(var)
+        links = None if links is None else sel(links)
     x = diagnostics.scored(x, var)
     observed = diagnostics.inside(mean, var, x, levels, None)
-    k = state_errors.cumulants(links, np.isfinite((x - mean) / np.sqrt(var)))
-    n = state_errors.effective_count(k[0], k[1])
+    scored = np.isfinite((x - mean) / np.sqrt(var))
+    if links is None:  # innovations are independent: the plain count
+        n = scored.sum()
+    else:
+        k = state_errors.cumulants(links, scored)
+        n = state_errors.effective_count(k[0], k[1])
     n = max(int(round(n)), 1)
     ax = _axes(ax, (4.6, 4.4))
     lo, hi = (stats.binom.ppf(q, n, levels) / n for q in ((1 - level) / 2, (1 + level) / 2))
