@@ -7,8 +7,7 @@ In one process, at (C, T) = (4096, 32768) and (1, 2^22), with no value and with 
 missing at random: the triton backend's forward writing the filtered mean and variance (12 bytes
 per element: ``y`` in, two fields out) and its forward (four saved fields) plus backward given the
 cotangents of the mean and precision (the walks, or the tiles for the one long series; complete
-stretches take their aggregate in closed form; again with the walks' backward taking the closed
-form's precision, ``FilterConfig.bwd_closed``), the same again with every stretch composed
+stretches take their aggregate in closed form), the same again with every stretch composed
 (``walk_closed`` and ``tile_closed`` off), and the public ``ks.filter`` writing the mean and
 variance (checked, calls queued);
 accelerated-scan's Triton first-order recurrence ``x_t = a_t x_{t-1} + b_t``
@@ -88,8 +87,8 @@ def ours(views, init, config):
     cot = (torch.randn(1, T, C, device=views["y"].device), torch.randn(1, T, C, device=views["y"].device), None, None)
 
     def fwd_bwd():
-        o = triton_backend.filter_forward(views, init, config=config, closed_steps=True)
-        triton_backend.filter_backward(views, init, o["mu"], o["lam"], cot, config, o["done"])
+        o = triton_backend.filter_forward(views, init, config=config)
+        triton_backend.filter_backward(views, init, o["mu"], o["lam"], cot, config)
 
     fwd = timer(lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var"), config=config))
     return fwd, timer(fwd_bwd)
@@ -134,8 +133,6 @@ def row(T, C, missing, copy, config):
     out["walks_fwd_ms"], out["walks_fwd_bwd_ms"] = ours(views, init, config)
     out["walks_fwd_pct_copy"] = 100 * FWD_BYTES * n / out["walks_fwd_ms"] / 1e6 / copy
     out["public_fwd_ms"] = public(y, kw)
-    # the backward taking the closed form's precision (FilterConfig.bwd_closed, opt-in)
-    out["closed_bwd_fwd_bwd_ms"] = ours(views, init, dataclasses.replace(config, bwd_closed=True))[1]
     # the composed branch: every stretch composes its steps (no closed form in the walks or the tiles)
     composed = dataclasses.replace(config, tile_closed=False, walk_closed=False)
     out["composed_err"] = check(views, init, composed)
@@ -174,9 +171,9 @@ def save(res, path):
 def print_table(res):
     print(f"copy {res['copy_GBps']:.0f} GB/s, commit {res['commit']}")
     print("| C | T | missing | ours fwd ms (% copy) | composed fwd ms (% copy) | public ks.filter ms | "
-          "accelerated-scan fwd ms (% copy) | ours fwd+bwd ms | closed-precision backward fwd+bwd ms | "
-          "accelerated-scan fwd+bwd ms | ours / ascan fwd, fwd+bwd |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "accelerated-scan fwd ms (% copy) | ours fwd+bwd ms | accelerated-scan fwd+bwd ms | "
+          "ours / ascan fwd, fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     base = {(r["C"], r["T"]): r for r in res["rows"] if "ascan_fwd_ms" in r}
     for r in res["rows"]:
         a = base.get((r["C"], r["T"]))
@@ -186,8 +183,7 @@ def print_table(res):
                  if a else "")
         composed = f"{r['composed_fwd_ms']:.3f} ({r['composed_fwd_pct_copy']:.0f}%)"
         print(f"| {r['C']} | {r['T']} | {r['missing']:.0%} | {r['walks_fwd_ms']:.3f} ({r['walks_fwd_pct_copy']:.0f}%) "
-              f"| {composed} | {r['public_fwd_ms']:.3f} | {ascan} | {r['walks_fwd_bwd_ms']:.3f} "
-              f"| {r['closed_bwd_fwd_bwd_ms']:.3f} | {ascan_both} "
+              f"| {composed} | {r['public_fwd_ms']:.3f} | {ascan} | {r['walks_fwd_bwd_ms']:.3f} | {ascan_both} "
               f"| {ratio} |")
 
 if __name__ == "__main__":

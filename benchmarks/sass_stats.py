@@ -32,7 +32,7 @@ from triton.compiler import ASTSource  # noqa: E402
 ALIGNED = "aligned"  # a runtime argument specialised as divisible by 16 (a pointer: 16-byte aligned)
 
 
-POINTER_TYPES = {"loglik_sum_ptr": "*fp64", "done_ptr": "*i32"}
+POINTER_TYPES = {"loglik_sum_ptr": "*fp64"}
 """Pointer arguments whose element type is not float32 in a float32 launch."""
 
 
@@ -99,10 +99,6 @@ def kernels(fc=None, cfg=None):
         "filter_tile_fwd": (filter_tile_fwd_kernel, tile_fwd, fc.tile_warps),
         "filter_bwd_agg": (filter_bwd_agg_kernel, bwd, fc.num_warps),
         "filter_bwd": (filter_bwd_kernel, bwd, fc.num_warps),
-        "filter_agg_done": (filter_agg_kernel, dict(walk, CLOSED=True, CHUNK=fc.closed_chunk, SAVE_DONE=True),
-                            fc.num_warps),
-        "filter_bwd_agg_closed": (filter_bwd_agg_kernel, dict(bwd, CLOSED=True), fc.num_warps),
-        "filter_bwd_closed": (filter_bwd_kernel, dict(bwd, CLOSED=True), fc.num_warps),
         "filter_carry": (filter_carry_kernel, carry, fc.carry_warps),
         "filter_bwd_carry": (filter_bwd_carry_kernel, carry, fc.carry_warps),
         "filter_total": (filter_total_kernel, carry, fc.carry_warps),

@@ -32,18 +32,12 @@ The map ``(gl, ge) -> (gl', ge')`` is affine with an upper-triangular matrix: fi
 (:func:`filter_bwd_agg_kernel`), a reverse scan of them over stretches
 (:func:`filter_bwd_carry_kernel`) giving the adjoints entering each stretch from above, then the
 walk that writes the gradients (:func:`filter_bwd_kernel`).
-
-With ``CLOSED`` (static parameters) both read ``done[b, program]``, the steps of their stretch the
-forward's aggregate pass took in closed form, and take the precision before and after those steps
-from that form (:func:`kalmanscan.kernels.filter.walks_closed.closed_precision`, from the precision
-entering the stretch) instead of reading ``lam``: 4 bytes an element fewer in each pass.
 """
 
 import triton
 import triton.language as tl
 
 from .steps import index, lane_setup, load_y, pick, step_inputs
-from .walks_closed import closed_precision, power_constants
 
 
 @triton.jit
@@ -54,81 +48,36 @@ def compose5(a11, a12, a22, av1, av2, b11, b12, b22, bv1, bv2):
 
 
 @triton.jit
-def _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_next, mu_next, closed,
-                  CLOSED: tl.constexpr):
+def _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_next, mu_next):
     """``(lam_t, mu_t, lam_{t-1}, mu_{t-1})`` from the forward's outputs (initial state at t=0).
 
     Walking backwards, ``(lam_t, mu_t)`` is the previous iteration's ``(lam_{t-1}, mu_{t-1})``
     (``lam_next, mu_next``), loaded afresh only at the first step of the walk and at ``t = T-1``.
-    With ``CLOSED``, ``closed`` is ``(whole, j, done, constants)`` of a program whose first ``done``
-    steps are closed (:func:`_walk_start`; ``j = L - 1 - k`` the step within the stretch): the
-    precision before step ``0 < j <= done`` comes from
-    :func:`kalmanscan.kernels.filter.walks_closed.closed_precision` instead of ``lam``, and at the
-    walk's first step of a ``whole`` closed stretch the one after it is ``lam_next`` (the caller
-    starts it there from the closed form).
     """
     o = b * T * C + t * C + c
     fresh = valid & ((k == 0) | (t == T - 1))
-    prev = valid & (t > 0)
-    fresh_lam = fresh
-    if CLOSED:
-        whole, j, done, constants = closed
-        fresh_lam = tl.where(whole, False, fresh)
-    lam = tl.where(fresh_lam, tl.load(lam_ptr + o, mask=fresh_lam, other=1.0), lam_next)
-    if CLOSED:
-        if (j > 0) & (j <= done):
-            lam_p = closed_precision(j, constants)
-        else:
-            lam_p = tl.where(prev, tl.load(lam_ptr + o - C, mask=prev, other=1.0), lam0)
-    else:
-        lam_p = tl.where(prev, tl.load(lam_ptr + o - C, mask=prev, other=1.0), lam0)
+    lam = tl.where(fresh, tl.load(lam_ptr + o, mask=fresh, other=1.0), lam_next)
     mu = tl.where(fresh, tl.load(mu_ptr + o, mask=fresh, other=0.0), mu_next)
+    prev = valid & (t > 0)
+    lam_p = tl.where(prev, tl.load(lam_ptr + o - C, mask=prev, other=1.0), lam0)
     mu_p = tl.where(prev, tl.load(mu_ptr + o - C, mask=prev, other=0.0), mu0)
     return lam, mu, lam_p, mu_p
 
 
 @triton.jit
-def _walk_start(done_ptr, b, t0, c, T, C, L, lane_ok, lam_ptr, statics, one, CLOSED: tl.constexpr):
-    """``(lam_p, closed)`` before a reverse walk. With ``CLOSED``, ``closed = (done, constants)``:
-    the forward's aggregate summed the first ``done`` steps of the program's stretches in closed
-    form (``done_ptr[b, program]``), and ``constants`` are those of
-    :func:`kalmanscan.kernels.filter.walks_closed.power_constants` from the precision entering each
-    lane's stretch (the forward's output at ``t0 - 1``); ``lam_p`` is the precision after the walk's
-    first step where the whole stretch is closed, else ``one`` (it is read there)."""
-    lam_p = one
-    closed = 0
-    if CLOSED:  # static parameters (the forward records done only then)
-        decay_s, noise_s, obs_var_s, mean_s, h_s = statics
-        done = tl.load(done_ptr + b * tl.num_programs(0) + tl.program_id(0))
-        # a scalar condition as where: the interpreter's & of a vector with it is not boolean
-        on = tl.where(done > 0, lane_ok, False)
-        lam_start = tl.load(lam_ptr + b * T * C + (t0 - 1) * C + c, mask=on, other=1.0)
-        constants = power_constants(lam_start, decay_s, noise_s, obs_var_s, h_s, on)
-        if done == L:
-            lam_p = closed_precision(L, constants)
-        closed = (done, constants)
-    return lam_p, closed
-
-
-@triton.jit
-def _reverse_step(k, L, t0, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, params, statics, mu_ptr, lam_ptr,
-                  lam0, mu0, lam_p, mu_p, closed, TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
-                  CLOSED: tl.constexpr):
+def _reverse_step(k, L, t0, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, params, decay_s, noise_s, obs_var_s,
+                  mean_s, h_s, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p, TRANS_STEP: tl.constexpr,
+                  OBS_STEP: tl.constexpr):
     """Step ``k`` of a reverse walk over the stretch from ``t0``: ``(t, valid, decay, noise, observed,
-    yc, hr, lam, mu, lam_p, mu_p)``, the step's inputs (:func:`kalmanscan.kernels.filter.steps.step_inputs`)
-    and the states after and before it (:func:`_saved_states`; ``closed`` from :func:`_walk_start`)."""
+    yc, hr, lam, mu, lam_p, mu_p)``, the step's inputs
+    (:func:`kalmanscan.kernels.filter.steps.step_inputs`) and the states after and before it
+    (:func:`_saved_states`; ``lam_p, mu_p`` those of the walk's previous step)."""
     t = t0 + L - 1 - k
     valid = lane_ok & (t < T)
-    decay_s, noise_s, obs_var_s, mean_s, h_s = statics
     decay, noise, observed, yc, hr, phi, info, obs_var, mean, h = step_inputs(
         t, valid, b, c, load_y(y_ptr, b, t, c, sy_b, sy_t, sy_c, valid),
         params, decay_s, noise_s, obs_var_s, mean_s, h_s, TRANS_STEP, OBS_STEP)
-    step = 0
-    if CLOSED:
-        done, constants = closed
-        step = ((k == 0) & (done == L), L - 1 - k, done, constants)
-    lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p,
-                                         step, CLOSED)
+    lam, mu, lam_p, mu_p = _saved_states(k, t, valid, b, c, T, C, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p)
     return t, valid, decay, noise, observed, yc, hr, lam, mu, lam_p, mu_p
 
 
@@ -228,7 +177,6 @@ def filter_bwd_agg_kernel(
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr, HAS_G_PM: tl.constexpr, HAS_G_PV: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr,
-    done_ptr=None, CLOSED: tl.constexpr = False,
 ):
     """Each lane's reverse map over its stretch (5 numbers) into ``agg[b, k, s, c]``.
 
@@ -244,13 +192,11 @@ def filter_bwd_agg_kernel(
     one = tl.full((BLOCK,), 1.0, decay_s.dtype)
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     g11, g12, g22, v1, v2 = one, zero, one, zero, zero
-    statics = (decay_s, noise_s, obs_var_s, mean_s, h_s)
-    lam_p, closed = _walk_start(done_ptr, b, t0, c, T, C, L, lane_ok, lam_ptr, statics, one, CLOSED)
-    mu_p = zero
+    lam_p, mu_p = one, zero
     for k in tl.range(0, L, loop_unroll_factor=UNROLL):
         t, valid, decay, noise, observed, yc, hr, lam, mu, lam_p, mu_p = _reverse_step(
-            k, L, t0, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, params, statics, mu_ptr, lam_ptr, lam0, mu0,
-            lam_p, mu_p, closed, TRANS_STEP, OBS_STEP, CLOSED)
+            k, L, t0, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, params, decay_s, noise_s, obs_var_s, mean_s,
+            h_s, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p, TRANS_STEP, OBS_STEP)
         _, _, n1, n2, _, _, alpha, beta, delta = adjoint_step(
             v1, v2, lam, mu, lam_p, mu_p, decay, noise, t, b * T * C + t * C + c, valid,
             g_mu_ptr, g_lam_ptr, g_pm_ptr, g_pv_ptr, HAS_G_MU, HAS_G_LAM, HAS_G_PM, HAS_G_PV)
@@ -316,7 +262,6 @@ def filter_bwd_kernel(
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     HAS_G_MU: tl.constexpr, HAS_G_LAM: tl.constexpr, HAS_G_PM: tl.constexpr, HAS_G_PV: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr,
-    done_ptr=None, CLOSED: tl.constexpr = False,
 ):
     """Walk each stretch backwards from its ``top`` adjoints and write the gradients.
 
@@ -338,14 +283,12 @@ def filter_bwd_kernel(
     ge = tl.load(tbase + NS * C, mask=lane_ok, other=0.0)
     zero = tl.zeros((BLOCK,), decay_s.dtype)
     s_phi, s_info, s_info_yc, s_decay, s_noise = zero, zero, zero, zero, zero
+    lam_p, mu_p = zero + 1.0, zero
     TC = index(B, WIDE) * T * C
-    statics = (decay_s, noise_s, obs_var_s, mean_s, h_s)
-    lam_p, closed = _walk_start(done_ptr, b, t0, c, T, C, L, lane_ok, lam_ptr, statics, zero + 1.0, CLOSED)
-    mu_p = zero
     for k in tl.range(0, L, loop_unroll_factor=UNROLL):
         t, valid, decay, noise, observed, yc, hr, lam, mu, lam_p, mu_p = _reverse_step(
-            k, L, t0, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, params, statics, mu_ptr, lam_ptr, lam0, mu0,
-            lam_p, mu_p, closed, TRANS_STEP, OBS_STEP, CLOSED)
+            k, L, t0, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, params, decay_s, noise_s, obs_var_s, mean_s,
+            h_s, mu_ptr, lam_ptr, lam0, mu0, lam_p, mu_p, TRANS_STEP, OBS_STEP)
         o = b * T * C + t * C + c
         tot_l, tot_e, gl_next, ge_next, d_decay, d_noise, _, _, _ = adjoint_step(
             gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,

@@ -188,13 +188,12 @@ def filter_agg_kernel(
     agg_ptr, T, C, NS, L,
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     BLOCK: tl.constexpr, WIDE: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-    CLOSED: tl.constexpr, CHUNK: tl.constexpr, done_ptr=None, SAVE_DONE: tl.constexpr = False,
+    CLOSED: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """Each lane's stretch product (7 numbers, trace-normalised) into ``agg[b, k, s, c]``. With
     ``CLOSED`` and static parameters, complete stretches take their steps in closed form up to the
     first chunk with a missing value (:func:`kalmanscan.kernels.filter.walks_closed.closed_prefix`)
-    and compose the rest. With ``SAVE_DONE`` the count of steps so taken (the same for every lane of
-    the program, 0 where none) goes to ``done[b, program]``: the backward reads no precision there."""
+    and compose the rest."""
     params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
               obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
     b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(C, NS, L, params, BLOCK, WIDE)
@@ -213,8 +212,6 @@ def filter_agg_kernel(
         params, decay_s, noise_s, obs_var_s, mean_s, h_s,
         TRANS_STEP, OBS_STEP, UNROLL, PREFETCH)
     store7(agg_ptr + b * 7 * NS * C + g, NS * C, p11, p12, p21, p22, e1, e2, f, lane_ok)
-    if SAVE_DONE:
-        tl.store(done_ptr + b * tl.num_programs(0) + tl.program_id(0), done)
 
 
 @triton.jit

@@ -18,13 +18,6 @@ Steps go in chunks of ``CHUNK``; after each the program looks at its lanes' miss
 first chunk with one is not summed: :func:`closed_prefix` returns the map of the steps summed so
 far (a stretch of that length in closed form) and the caller composes the rest of the stretch step
 by step, so a stretch with a gap costs its steps once plus one chunk.
-
-With ``FilterConfig.bwd_closed`` the backward walks take the precision of those steps from the
-closed form instead of the forward's saved ``lam`` (:func:`power_constants`,
-:func:`closed_precision`): the steps the aggregate summed in closed form (``done``, which the
-forward records per program) are observed, so the precision after ``k`` of them is the power of
-:func:`kalmanscan.kernels.filter.tiles_closed.closed_power` from the precision entering the
-stretch, and the backward reads 4 bytes an element fewer in each of its two passes.
 """
 
 import triton
@@ -32,7 +25,6 @@ import triton.language as tl
 
 from .steps import load_y
 from .tiles_closed import closed_agg7, closed_constants64, one_minus_exp, rounded_constants
-from ..fast_math import rcp
 
 
 @triton.jit
@@ -48,19 +40,11 @@ def walk_constants(decay, noise, obs_var, h, lane_ok, complete):
                                                                            decay.dtype)
     f_hi = f64.to(decay.dtype)
     f_lo = (f64 - f_hi.to(tl.float64)).to(decay.dtype)
-    head = program_head(18.021826694558577, tl.maximum(xp64 / tl.maximum(-xm64, 1e-300), 1.0), nlr64,
-                        lane_ok)  # 26 ln 2
+    ratio = tl.maximum(xp64 / tl.maximum(-xm64, 1e-300), 1.0)
+    head_lane = (18.021826694558577 + tl.log(ratio)) / tl.where(nlr64 > 0, nlr64, 1e-300)  # 26 ln 2
+    head = tl.max(tl.where(lane_ok, head_lane, 0.0), axis=0)
     closed = tl.min(tl.where(lane_ok, (complete & usable).to(tl.int32), 1), axis=0) == 1
     return xp, xm, inv_d, log2_f, nlr, f_hi, f_lo, head, closed
-
-
-@triton.jit
-def program_head(log_bound, ratio, nlr64, lane_ok):
-    """The steps ``k`` after which ``ratio rho^k < exp(-log_bound)`` in every lane of the program
-    (``rho = exp(-nlr64)``; the largest over ``lane_ok`` lanes, a float64 scalar; huge where
-    ``rho = 1``): ``(log_bound + log ratio) / (-log rho)``."""
-    head_lane = (log_bound + tl.log(ratio)) / tl.where(nlr64 > 0, nlr64, 1e-300)
-    return tl.max(tl.where(lane_ok, head_lane, 0.0), axis=0)
 
 
 @triton.jit
@@ -118,43 +102,3 @@ def closed_prefix(t0, L, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, decay_s, noise_
         done += tl.where(clean, CHUNK, 0)
     p11, p12, p21, p22, e1, e2, f = closed_agg7(s1, s2, done, xp, xm, inv_d, log2_f, nlr)
     return p11, p12, p21, p22, e1, e2, f, done
-
-
-@triton.jit
-def power_constants(lam_start, decay, noise, obs_var, h, lane_ok):
-    """``(x0, d, cc, nlr, head)`` of :func:`closed_precision` for lanes entering their stretch with
-    precision ``lam_start > 0``: :func:`kalmanscan.kernels.filter.tiles_closed.closed_power`'s
-    deviation form with its two branches folded into one, ``x0`` signed (positive: ``lam_start >=
-    lam*``, the precision side, ``x0 = lam*``; negative: the variance side, ``-x0 = 1 / lam*``), and
-    the program's ``head``: the steps after which every lane's deviation is below half an ulp of
-    ``|x0|`` (``d u < 2^-(p+1) |x0|``, ``p`` the dtype's significand bits), so the form is the fixed
-    point itself. Constants from one float64 evaluation, rounded to the compute dtype."""
-    xp64, xm64, f64, omf64, nlr64, c_lam64, c_var64, usable = closed_constants64(decay, noise, obs_var, h)
-    dtype = lam_start.dtype
-    xp = xp64.to(dtype)
-    above = lam_start >= xp
-    x0 = tl.where(above, xp, -(1.0 / xp64).to(dtype))
-    d = tl.where(above, lam_start - xp, (xp - lam_start) / (lam_start * xp))
-    cc = tl.where(above, c_lam64.to(dtype), c_var64.to(dtype))
-    if dtype == tl.float64:
-        bits = 54.0 * 0.6931471805599453
-    else:
-        bits = 25.0 * 0.6931471805599453
-    head = program_head(bits, tl.maximum(d.to(tl.float64) / tl.abs(x0).to(tl.float64), 1e-300), nlr64, lane_ok)
-    return x0, d, cc, nlr64.to(dtype), head
-
-
-@triton.jit
-def closed_precision(k, constants):
-    """The precision after ``k >= 0`` observed steps (a scalar, the same for every lane) from the
-    lanes' :func:`power_constants`: ``|x0| + d u / (1 + cc d (1 - u))``, ``u = rho^k``, or its
-    reciprocal on the variance side (``x0 < 0``); every term non-negative (docs/math.md §9).
-    ``1 - u`` comes from :func:`kalmanscan.kernels.filter.tiles_closed.one_minus_exp` (no
-    division). Past the program's head the deviation term rounds away: the fixed point, without
-    the exponential."""
-    x0, d, cc, nlr, head = constants
-    z = tl.abs(x0)
-    if k <= head:
-        u, omu = one_minus_exp(k.to(nlr.dtype) * nlr)
-        z = z + d * u * rcp(1.0 + cc * d * omu)
-    return tl.where(x0 > 0, z, rcp(z))

@@ -43,12 +43,6 @@ class FilterConfig:
             ``closed_chunk`` steps, instead of composing their steps.
         agg_warps: warps per program of the forward walks' aggregate pass (its lanes spread over
             more threads than the output walk's: more loads in flight).
-        bwd_closed: the backward walks take the precision of the steps the aggregate pass summed
-            in closed form from that form instead of reading the saved ``lam``
-            (:mod:`kalmanscan.kernels.filter.walks_closed`): 4 bytes an element fewer in each
-            backward pass, for about 50 more registers a thread; off until timed on a GPU
-            (``benchmarks/closed_bwd.py``, docs/performance.md).
-        bwd_warps: warps per program of the backward walks (``None``: ``num_warps``).
         wide_from: 64-bit offsets once ``4 B T C`` reaches this (bounds every array a walk indexes).
     Tiles (few long series): lanes along time.
         tile: steps per tile; tile_row: steps per row of a tile, composed in-thread before the
@@ -78,8 +72,6 @@ class FilterConfig:
     walk_closed: bool = True
     closed_chunk: int = 16
     agg_warps: int = 2
-    bwd_closed: bool = False
-    bwd_warps: int | None = None
     wide_from: int = 1 << 31
     tile: int = 1024
     tile_row: int = 8
@@ -96,10 +88,8 @@ class FilterConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("stretch", "bwd_warps"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.stretch is not None and (not isinstance(self.stretch, int) or self.stretch < 1):
+            raise ValueError(f"stretch must be a positive integer or None, got {self.stretch!r}")
         if self.tile % self.tile_row:
             raise ValueError(f"tile_row must divide tile, got {self.tile_row} and {self.tile}")
 

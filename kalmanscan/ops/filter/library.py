@@ -2,8 +2,8 @@
 traces a ``ks.filter(..., backend="triton")`` call through the kernels without a graph break.
 
     kalmanscan::filter_fused(y, theta, sigma, dt, obs_var, mean, h, init, shape, config)
-        -> (mu, lam, pred_mu, pred_var, done)
-    kalmanscan::filter_fused_backward(y, theta, sigma, dt, obs_var, mean, h, init, mu, lam, done,
+        -> (mu, lam, pred_mu, pred_var)
+    kalmanscan::filter_fused_backward(y, theta, sigma, dt, obs_var, mean, h, init, mu, lam,
                                       g_mu?, g_lam?, g_pred_mu?, g_pred_var?, shape, config)
         -> (grad_y, obs_grad, trans_grad, grad_init)
     kalmanscan::filter_posterior(y, theta, sigma, dt, obs_var, mean, h, init, shape, config, mask)
@@ -12,9 +12,7 @@ traces a ``ks.filter(..., backend="triton")`` call through the kernels without a
 Shapes: the inputs broadcast to ``shape = (..., T, C)`` (``init`` is ``(B, 2, C)``, ``B`` the
 product of the batch dimensions: initial precision and information mean, centred); the forward's
 outputs are ``(B, T, C)``: the centred filtered mean and precision, the centred predicted mean and
-the predicted variance (:func:`kalmanscan.ops.filter.triton.filter_forward`), and ``done``, the
-steps its aggregate pass took in closed form (int32, no gradient: the backward reads no precision
-there; :func:`kalmanscan.ops.filter.triton.closed_steps_shape`). The backward takes
+the predicted variance (:func:`kalmanscan.ops.filter.triton.filter_forward`). The backward takes
 their cotangents (absent ones as ``None``: never read) and returns the kernels' adjoints
 (:func:`kalmanscan.ops.filter.triton.filter_backward`): ``grad_y`` ``(B, T, C)``, the observation
 adjoints ``(3, B, T or 1, C)``, the transition adjoints ``(2, B, T or 1, C)`` (``T`` where those
@@ -49,7 +47,6 @@ __all__ = ["filter_fused", "filter_fused_backward", "filter_posterior"]
 
 Tensor = torch.Tensor
 Four = tuple[Tensor, Tensor, Tensor, Tensor]
-Five = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
 _ORDER = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h")
 
 
@@ -59,35 +56,29 @@ def _views(inputs, shape):
 
 @torch.library.custom_op("kalmanscan::filter_fused", mutates_args=())
 def filter_fused(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, obs_var: Tensor, mean: Tensor, h: Tensor,
-                 init: Tensor, shape: list[int], config: list[int]) -> Five:
-    """The fused forward writing ``(mu, lam, pred_mu, pred_var)``, centred, ``(B, T, C)``, and
-    ``done``; see the module docstring."""
+                 init: Tensor, shape: list[int], config: list[int]) -> Four:
+    """The fused forward writing ``(mu, lam, pred_mu, pred_var)``, centred, ``(B, T, C)``; see the
+    module docstring."""
     views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
-    out = triton_backend.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config),
-                                        closed_steps=True)
-    return out["mu"], out["lam"], out["pred_mu"], out["pred_var"], out["done"]
+    out = triton_backend.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config))
+    return out["mu"], out["lam"], out["pred_mu"], out["pred_var"]
 
 
 @filter_fused.register_fake
 def _(y, theta, sigma, dt, obs_var, mean, h, init, shape, config):
     B, T, C = math.prod(shape[:-2]), shape[-2], shape[-1]
-    views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
-    done = y.new_empty(triton_backend.closed_steps_shape((B, T, C), views, FilterConfig.from_ints(config)),
-                       dtype=torch.int32)
-    return (*(y.new_empty(B, T, C) for _ in range(4)), done)
+    return tuple(y.new_empty(B, T, C) for _ in range(4))
 
 
 @torch.library.custom_op("kalmanscan::filter_fused_backward", mutates_args=())
 def filter_fused_backward(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, obs_var: Tensor, mean: Tensor,
-                          h: Tensor, init: Tensor, mu: Tensor, lam: Tensor, done: Tensor, g_mu: Tensor | None,
-                          g_lam: Tensor | None,
+                          h: Tensor, init: Tensor, mu: Tensor, lam: Tensor, g_mu: Tensor | None, g_lam: Tensor | None,
                           g_pred_mu: Tensor | None, g_pred_var: Tensor | None, shape: list[int],
                           config: list[int]) -> Four:
     """The fused backward: ``(grad_y, obs_grad, trans_grad, grad_init)``; see the module docstring."""
     views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
     grad_y, obs_grad, trans_grad, grad_init = triton_backend.filter_backward(
-        views, init.contiguous(), mu, lam, (g_mu, g_lam, g_pred_mu, g_pred_var), FilterConfig.from_ints(config),
-        done)
+        views, init.contiguous(), mu, lam, (g_mu, g_lam, g_pred_mu, g_pred_var), FilterConfig.from_ints(config))
     trans_step, obs_step = triton_backend.step_flags(views)  # else both are views of one (5, B, 1, C) sum:
     own = dict(memory_format=torch.contiguous_format)      # copies, laid out as the fake outputs say
     return (grad_y, obs_grad if obs_step else obs_grad.clone(**own),
@@ -95,7 +86,7 @@ def filter_fused_backward(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, o
 
 
 @filter_fused_backward.register_fake
-def _(y, theta, sigma, dt, obs_var, mean, h, init, mu, lam, done, g_mu, g_lam, g_pred_mu, g_pred_var, shape, config):
+def _(y, theta, sigma, dt, obs_var, mean, h, init, mu, lam, g_mu, g_lam, g_pred_mu, g_pred_var, shape, config):
     B, T, C = mu.shape
     trans_step, obs_step = triton_backend.step_flags(_views((y, theta, sigma, dt, obs_var, mean, h), shape))
     return (mu.new_empty(B, T, C), mu.new_empty(3, B, T if obs_step else 1, C),
@@ -126,15 +117,14 @@ def _setup_context(ctx, inputs, output):
     *tensors, shape, config = inputs
     ctx.shape, ctx.config = shape, config
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(*tensors, output[0], output[1], output[4])
-    ctx.mark_non_differentiable(output[4])
+    ctx.save_for_backward(*tensors, output[0], output[1])
 
 
-def _backward(ctx, g_mu, g_lam, g_pred_mu, g_pred_var, g_done):
-    *inputs, init, mu, lam, done = ctx.saved_tensors
+def _backward(ctx, g_mu, g_lam, g_pred_mu, g_pred_var):
+    *inputs, init, mu, lam = ctx.saved_tensors
     shape = tuple(ctx.shape)
     grad_y, obs_grad, trans_grad, grad_init = filter_fused_backward(
-        *inputs, init, mu, lam, done, g_mu, g_lam, g_pred_mu, g_pred_var, ctx.shape, ctx.config)
+        *inputs, init, mu, lam, g_mu, g_lam, g_pred_mu, g_pred_var, ctx.shape, ctx.config)
     y, theta, sigma, dt, obs_var, mean, h = inputs
     params = dict(theta=theta, sigma=sigma, dt=dt, obs_var=obs_var, mean=mean, h=h)
     grads = param_grads(shape, params, obs_grad, trans_grad, ctx.needs_input_grad[1:7])

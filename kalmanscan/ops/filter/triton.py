@@ -50,7 +50,7 @@ from . import torch as torch_backend
 from .config import DEFAULT_CONFIG, FilterConfig
 
 __all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan", "uses_tiles",
-           "replayed", "flat", "kernel_views", "check_device", "step_flags", "closed_steps_shape", "initial_state",
+           "replayed", "flat", "kernel_views", "check_device", "step_flags", "initial_state",
            "stream_step", "FilterConfig", "DEFAULT_CONFIG"]
 
 _TRANS = ("theta", "sigma", "dt")
@@ -157,8 +157,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
                    config: FilterConfig = DEFAULT_CONFIG,
                    posterior: Sequence[str] | bool = False,
                    out_shape: Sequence[int] | None = None, loglik_sum: bool = True,
-                   one_block: bool = False, y_check: bool = False,
-                   closed_steps: bool = False) -> dict[str, torch.Tensor]:
+                   one_block: bool = False, y_check: bool = False) -> dict[str, torch.Tensor]:
     """Launch the fused forward on ``(B, T, C)`` views; returns ``{name: (B, T, C) tensor}``
     (allocated as ``out_shape`` instead when given: any shape of ``B T C`` elements).
 
@@ -176,9 +175,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     read after the aggregate pass (an ``inf`` in ``y`` leaves its stretch's ``e1`` or ``e2`` inf or
     NaN: ``info = h (y - h mean) / obs_var`` enters both, scaled by finite non-negative numbers, and
     nothing in a product makes a non-finite number finite again); else ``nansum(y)`` queued before
-    them. ``closed_steps``: also ``"done"``, the steps of each walks' program that the aggregate
-    pass took in closed form (int32 ``(B, programs)``, :func:`closed_steps_shape`; empty where the
-    closed form does not apply), for :func:`filter_backward`.
+    them.
     """
     if posterior is True:
         posterior = POSTERIOR
@@ -211,10 +208,6 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     fast = ()  # the tiles' closed-form flags (one per stretch), passed after agg and after start
     if tiles:
         fast = (torch.empty(B * C, ns, dtype=torch.int32, device=dev) if opts["CLOSED"] else init,)
-    done = torch.empty(closed_steps_shape(y.shape, views, config), dtype=torch.int32,
-                       device=dev) if closed_steps else None
-    if done is not None and done.numel():
-        more.update(done_ptr=done, SAVE_DONE=True)
     if ns > 1:
         start = torch.empty(B, 2, ns, C, dtype=dtype, device=dev)
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
@@ -233,23 +226,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
         result["loglik"] = (partial[:, 0] if ns == 1 else partial.sum(1)).to(dtype)
     if queued is not None:
         result["y_check"] = queued
-    if closed_steps:
-        result["done"] = done
     return result
-
-
-def closed_steps_shape(shape: Sequence[int], views: dict[str, torch.Tensor],
-                       config: FilterConfig = DEFAULT_CONFIG) -> tuple[int, ...]:
-    """Shape of :func:`filter_forward`'s ``"done"`` for a ``(B, T, C)`` problem: ``(B, programs)``
-    where the walks' aggregate pass runs with its closed form and the backward uses it (several
-    stretches, static parameters, ``config.walk_closed`` and ``config.bwd_closed``), else ``(0,)``."""
-    B, T, C = shape
-    if not (config.walk_closed and config.bwd_closed) or uses_tiles(T, C, config) or any(step_flags(views)):
-        return (0,)
-    ns = plan(B, T, C, config)[0]
-    if ns == 1:
-        return (0,)
-    return (B, launch(B, T, C, ns, config)[0][0])
 
 
 def posterior_mask(fields: Iterable[str]) -> int:
@@ -297,8 +274,7 @@ def _outputs(y, outputs, posterior, out_shape=None, one_block=False):
 
 def filter_backward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor], mu: torch.Tensor, lam: torch.Tensor,
                     cot: Sequence[torch.Tensor | None],
-                    config: FilterConfig = DEFAULT_CONFIG,
-                    done: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                    config: FilterConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, ...]:
     """Launch the backward; returns ``grad_y``, the observation and transition adjoints, init's.
 
     ``cot`` is a sequence of four cotangents, of ``(mu, lam, pred_mu, pred_var)``: each a
@@ -310,9 +286,6 @@ def filter_backward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     time; likewise the transition adjoints ``(d decay, d noise)`` (zero at step 0). With
     ``config.tile_bwd`` on, a problem the forward runs on tiles (:func:`uses_tiles`) runs backwards on
     tiles too (:mod:`kalmanscan.kernels.filter.tiles_bwd`: ``L`` is then the tiles per stretch), else on the walks.
-    ``done`` (the forward's ``"done"`` under the same ``config``): the walks take the precision of
-    the steps their forward summed in closed form from that closed form instead of reading ``lam``
-    (:mod:`kalmanscan.kernels.filter.walks_closed`); ``None`` or empty: ``lam`` is read throughout.
     """
     y = views["y"]
     B, T, C = y.shape
@@ -332,12 +305,7 @@ def filter_backward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
         ns, L = plan(B, T, C, config)
         grid, opts = launch(B, T, C, ns, config)
         opts["UNROLL"] = config.bwd_unroll
-        opts["num_warps"] = config.bwd_warps or config.num_warps
         agg_kernel, bwd_kernel = filter_bwd_agg_kernel, filter_bwd_kernel
-        if done is not None and done.numel():
-            if tuple(done.shape) != closed_steps_shape((B, T, C), views, config):
-                raise ValueError(f"done of shape {tuple(done.shape)} is not the forward's under this config")
-            opts.update(done_ptr=done, CLOSED=True)
     args = _kernel_args(views)
     dummy = torch.empty(1, dtype=dtype, device=dev)
     g = [dummy if x is None else x.contiguous() for x in cot]
@@ -406,7 +374,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
         return {**out, "decay": decay, "noise": noise}
 
     queued = checks.queue_y_sum(p.y) if y_check else None
-    mu_c, lam, pred_mu_c, pred_var, _ = filter_fused(*inputs, init, list(shape), config.as_ints())
+    mu_c, lam, pred_mu_c, pred_var = filter_fused(*inputs, init, list(shape), config.as_ints())
     missing = torch.isnan(p.y)
     out = torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
     return out if queued is None else {**out, "y_check": queued}

@@ -1,8 +1,6 @@
 """The triton filter as torch.library operators: opcheck on tiny shapes (the kernels under
 TRITON_INTERPRET=1 on the CPU), and torch.compile of a function calling ks.filter on CUDA."""
 
-import dataclasses
-
 import pytest
 import torch
 from helpers import KERNEL_DEVICE
@@ -11,10 +9,8 @@ import kalmanscan as ks
 from kalmanscan.ops.filter import library
 from kalmanscan.ops.filter.config import DEFAULT_CONFIG
 
-STRETCHES = dataclasses.replace(DEFAULT_CONFIG, stretch=2, closed_chunk=1, bwd_closed=True)  # 3 stretches
 
-
-def _args(static: bool, requires_grad: bool, config=DEFAULT_CONFIG):
+def _args(static: bool, requires_grad: bool):
     g = torch.Generator().manual_seed(0)
     B, T, C = 2, 5, 3
     t = T if not static else 1
@@ -28,7 +24,7 @@ def _args(static: bool, requires_grad: bool, config=DEFAULT_CONFIG):
     init = torch.stack([torch.rand(B, C, dtype=torch.float64, generator=g) + 0.5,
                         torch.randn(B, C, dtype=torch.float64, generator=g)], 1)
     tensors = [x.to(KERNEL_DEVICE).requires_grad_(requires_grad) for x in (y, theta, sigma, dt, obs_var, mean, h, init)]
-    return (*tensors, [B, T, C], config.as_ints())
+    return (*tensors, [B, T, C], DEFAULT_CONFIG.as_ints())
 
 
 @pytest.mark.parametrize("static", [True, False])
@@ -38,24 +34,12 @@ def test_opcheck_forward(static):
 
 
 @pytest.mark.parametrize("static", [True, False])
-def test_opcheck_forward_in_stretches(static):
-    """Stretches of two steps: with static parameters the forward also returns the steps it took in
-    closed form (``done``, one count per program), else an empty ``done``."""
-    args = _args(static, requires_grad=True, config=STRETCHES)
-    torch.library.opcheck(library.filter_fused, args,
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-    done = library.filter_fused(*args)[4]
-    assert done.dtype == torch.int32 and tuple(done.shape) == ((2, 1) if static else (0,))
-
-
-@pytest.mark.parametrize("static", [True, False])
-@pytest.mark.parametrize("config", [DEFAULT_CONFIG, STRETCHES])
-def test_opcheck_backward(static, config):
-    y, theta, sigma, dt, obs_var, mean, h, init, shape, config = _args(static, requires_grad=False, config=config)
-    mu, lam, pred_mu, pred_var, done = library.filter_fused(y, theta, sigma, dt, obs_var, mean, h, init, shape, config)
+def test_opcheck_backward(static):
+    y, theta, sigma, dt, obs_var, mean, h, init, shape, config = _args(static, requires_grad=False)
+    mu, lam, pred_mu, pred_var = library.filter_fused(y, theta, sigma, dt, obs_var, mean, h, init, shape, config)
     g = torch.ones_like(mu)
     torch.library.opcheck(library.filter_fused_backward,
-                          (y, theta, sigma, dt, obs_var, mean, h, init, mu, lam, done, g, None, g, None, shape, config),
+                          (y, theta, sigma, dt, obs_var, mean, h, init, mu, lam, g, None, g, None, shape, config),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -87,7 +71,7 @@ def test_operator_compiles_without_graph_break():
     args = _args(True, requires_grad=True)
 
     def f(*args):
-        mu, lam, pred_mu, pred_var, _ = library.filter_fused(*args)
+        mu, lam, pred_mu, pred_var = library.filter_fused(*args)
         return (mu * mu / lam).sum() + pred_var.sum()
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)

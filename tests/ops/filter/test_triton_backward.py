@@ -71,9 +71,9 @@ def test_absent_cotangents_gradients_equal_torch_autograd(fields, T, cfg, per_st
     seen = []
     backward = triton.filter_backward
 
-    def spy(views, init, mu, lam, cot, config, done=None):
+    def spy(views, init, mu, lam, cot, config):
         seen.append(tuple(g is not None for g in cot))
-        return backward(views, init, mu, lam, cot, config, done)
+        return backward(views, init, mu, lam, cot, config)
 
     monkeypatch.setattr(triton, "filter_backward", spy)
     rng = np.random.default_rng(90 + T + per_step)
