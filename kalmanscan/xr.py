@@ -225,7 +225,7 @@ def _moments_dataset(stacked, fields, da, dim, op_name, unit_label, level, z):
     data["precision"] = 1.0 / data["var"]
     data["lower"] = data["mean"] - z * std
     data["upper"] = data["mean"] + z * std
-    data["loglik"] = data["logliks"].sum(dim)
+    data["loglik"] = data["logliks"].sum(dim, dtype=np.float64).astype(data["logliks"].dtype)  # as ks.filter
     ds = xr.Dataset({k: data[k] for k in _names(fields)})
     return _labelled(ds, da, op_name, unit_label, level, z)
 

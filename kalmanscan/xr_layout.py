@@ -128,14 +128,15 @@ def moments(op: Callable, lay: Layout, fields: tuple, times: np.ndarray | None, 
 
 
 def _nansum_time(x: np.ndarray, axis: int) -> np.ndarray:
-    """``x`` summed over the time ``axis``, NaN as 0, with time contiguous: NumPy's pairwise sum
+    """``x`` summed over the time ``axis``, NaN as 0, accumulated in float64 and returned in
+    ``x``'s dtype (as ``ks.filter`` sums ``loglik``), with time contiguous: NumPy's pairwise sum
     along time, as the dask path's xarray ``sum`` over its time-last fields (not the sequential
     sum NumPy makes over a non-contiguous axis). NaN is set to 0 only in the series whose sum is
     NaN (the others' sums are the same)."""
     t = np.moveaxis(x, axis, -1).copy()
-    total = t.sum(-1)
+    total = t.sum(-1, dtype=np.float64)
     bad = np.isnan(total)
     if bad.any():
         rows = t[bad]
-        total[bad] = np.where(np.isnan(rows), 0, rows).sum(-1)
-    return total
+        total[bad] = np.where(np.isnan(rows), 0, rows).sum(-1, dtype=np.float64)
+    return total.astype(x.dtype, copy=False)

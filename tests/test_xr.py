@@ -99,6 +99,10 @@ def test_one_dimensional_and_float32_and_integer_input():
     f32 = kxr.filter(y.astype(np.float32), theta=0.2, sigma=1.0, obs_var=1.0)
     assert f32["mean"].dtype == np.float32
     np.testing.assert_allclose(f32["mean"].values, ds["mean"].values, rtol=1e-4)
+    want32 = ks.filter(y.values[:, None].astype(np.float32), theta=0.2, sigma=1.0, obs_var=1.0).loglik[0]
+    lazy32 = kxr.filter(y.astype(np.float32).chunk(), theta=0.2, sigma=1.0, obs_var=1.0).compute()
+    for out in (f32, lazy32):  # summed in float64 as ks.filter sums it, then float32
+        assert out["loglik"].dtype == np.float32 and out["loglik"].item() == want32
     ints = kxr.filter(xr.DataArray(np.arange(1, 64), dims="time"), theta=0.2, sigma=1.0, obs_var=1.0)
     assert ints["mean"].dtype == np.float64
     single = kxr.filter(y.isel(time=slice(0, 1)), theta=0.2, sigma=1.0, obs_var=1.0)
