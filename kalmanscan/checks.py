@@ -148,13 +148,13 @@ def finite_sum(x: torch.Tensor) -> bool:
     return math.isfinite(float(x.detach().sum()))
 
 
-def check_y_by_result(y: torch.Tensor, witness: torch.Tensor, diffuse: bool) -> None:
+def check_y_by_result(y: torch.Tensor, witness: torch.Tensor) -> None:
     """``y``'s inf check from a result it reaches: an ``inf`` in ``y`` makes ``witness`` (the
-    log-likelihood summed over time, or the last filtered mean) non-finite, so ``y`` is searched
-    only when ``witness`` is not finite, or always with a diffuse prior (a diffuse channel's first
-    observation leaves no trace in the result). One read of ``witness``: the call's one
-    synchronisation, made last so that the device works while the host assembles the result."""
-    if diffuse or not finite_sum(witness):
+    log-likelihood summed over time, or the last filtered mean; with a diffuse prior plus the
+    finite problem's initial mean, which a diffuse channel's first observation sets) non-finite,
+    so ``y`` is searched only when ``witness`` is not finite. One read of ``witness``: the call's
+    one synchronisation, made last so that the device works while the host assembles the result."""
+    if not finite_sum(witness):
         check_no_inf(y)
 
 
@@ -194,8 +194,7 @@ def queue_y_sum(y: torch.Tensor) -> Ahead:
     return Ahead(_nansum(y))
 
 
-def decide_y(y: torch.Tensor, queued: Ahead | None, witness: torch.Tensor | None = None,
-             diffuse: bool = False) -> None:
+def decide_y(y: torch.Tensor, queued: Ahead | None, witness: torch.Tensor | None = None) -> None:
     """``y``'s inf check for a call whose parameters were checked on the host, decided once its
     kernels are queued: ``ValueError`` naming ``y`` if it holds an ``inf``; one synchronisation.
 
@@ -205,7 +204,7 @@ def decide_y(y: torch.Tensor, queued: Ahead | None, witness: torch.Tensor | None
     (:func:`check_y_by_result`, no pass over ``y``), else by a reduction of ``y`` now. ``y`` is
     searched only when the value read is not finite."""
     if queued is None and witness is not None:
-        check_y_by_result(y, witness, diffuse)
+        check_y_by_result(y, witness)
         return
     finite = math.isfinite(float(queued.read())) if queued is not None else bool(_sum_is_finite(y))
     if not finite:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,40 +32,61 @@ from . import mobius
 from .inputs import Problem
 from .scan import associative_scan
 
-__all__ = ["Diffuse", "finite_problem", "restore", "smooth_leading"]
+__all__ = ["Diffuse", "finite_problem", "restore", "set_leading", "leading_mask", "diffuse_witness", "smooth_leading"]
 
 
 @dataclass
 class Diffuse:
     """Where the prior is diffuse: ``mask`` ``(..., 1, C)`` (bool, ``init_var = inf``), ``first``
     ``(..., 1, C)`` (int64: index of the first observation, ``T`` when there is none) and
-    ``before``/``upto`` ``(..., T, C)`` (bool: diffuse channels at steps ``t < first`` /
-    ``t <= first``)."""
+    ``before``/``upto`` ``(..., W, C)`` (bool: diffuse channels at steps ``t < first`` /
+    ``t <= first``) over the leading ``W`` steps, past which both are False (``W`` is one more
+    than the last first observation of a diffuse channel, at most ``T``); ``length`` is ``T``."""
 
     mask: torch.Tensor
     first: torch.Tensor
     before: torch.Tensor
     upto: torch.Tensor
+    length: int
 
     @property
     def n_diffuse(self) -> torch.Tensor:
         """Observations left out of the log-likelihood, ``(..., C)`` int64."""
-        T = self.before.shape[-2]
-        return (self.mask & (self.first < T)).to(torch.int64)[..., 0, :]
+        return (self.mask & (self.first < self.length)).to(torch.int64)[..., 0, :]
+
+    @property
+    def window(self) -> int:
+        """``W``, the leading steps :attr:`before` and :attr:`upto` cover."""
+        return self.upto.shape[-2]
+
+
+def _first_seen(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Index of each channel's first observed step, ``(..., 1, C)`` int64 (``T`` for none), for
+    the channels of ``mask``; ``y`` is ``(..., T, C)``. Reads leading blocks of rows, growing, until
+    every masked channel has an observation: usually one block, not the whole series."""
+    T = y.shape[-2]
+    rows = min(T, 8)
+    while True:
+        seen = ~torch.isnan(y[..., :rows, :])
+        any_seen = seen.any(-2, keepdim=True)
+        if rows == T or not bool((mask & ~any_seen).any()):
+            break
+        rows = min(T, rows * 8)
+    unseen_before = (seen.cumsum(-2) == 0).sum(-2, keepdim=True)  # rows before the first seen
+    return torch.where(any_seen, unseen_before, T)
 
 
 def finite_problem(p: Problem) -> tuple[Problem, Diffuse | None]:
     """The finite problem equivalent to ``p`` at every step from each channel's first observation
-    on (module docstring), and where ``p`` is diffuse; ``(p, None)`` when no ``init_var`` is inf."""
+    on (module docstring), and where ``p`` is diffuse; ``(p, None)`` when no ``init_var`` is inf.
+    Only the leading steps up to the last first observation are touched; ``y`` is copied once."""
     if not p.diffuse:
         return p, None
     shape, T = p.shape, p.shape[-2]
     bshape = shape[:-2] + (1, shape[-1])
     mask = torch.broadcast_to(torch.isinf(p.init_var), bshape)
     y = torch.broadcast_to(p.y, shape)
-    seen = ~torch.isnan(y)
-    steps = torch.arange(T, device=y.device).view(T, 1)
-    first = torch.where(seen, steps, T).amin(-2, keepdim=True)
+    first = _first_seen(y, mask)
     at = first.clamp_max(T - 1)
     pick = {k: torch.gather(torch.broadcast_to(getattr(p, k), shape), -2, at)
             for k in ("y", "h", "obs_var", "mean")}
@@ -78,35 +100,82 @@ def finite_problem(p: Problem) -> tuple[Problem, Diffuse | None]:
     init_var = torch.where(observed, pick["obs_var"] / (h * h), torch.ones_like(h))
     init_mean = torch.where(mask, init_mean, torch.broadcast_to(p.init_mean, bshape))
     init_var = torch.where(mask, init_var, torch.broadcast_to(p.init_var, bshape))
+    W = int(torch.where(mask, first, 0).max()) + 1 if first.numel() else 1
+    W = min(W, T)
+    steps = torch.arange(W, device=y.device).view(W, 1)
     before = mask & (steps < first)
     upto = mask & (steps <= first)
-    kw = dict(y=torch.where(upto, torch.full_like(y, math.nan), y), init_mean=init_mean, init_var=init_var)
+    y_finite = y.clone()
+    y_finite[..., :W, :] = torch.where(upto, math.nan, y[..., :W, :])
+    kw = dict(y=y_finite, init_mean=init_mean, init_var=init_var)
     if bool((observed & (first > 0)).any()):  # identity transitions into steps 1..first
+        steps = torch.arange(T, device=y.device).view(T, 1)
         hold = mask & (steps <= first) & (steps > 0)
         for k in ("theta", "sigma"):
             kw[k] = torch.where(hold, torch.zeros_like(y), torch.broadcast_to(getattr(p, k), shape))
-    return dataclasses.replace(p, **kw), Diffuse(mask, first, before, upto)
+    return dataclasses.replace(p, **kw), Diffuse(mask, first, before, upto, T)
+
+
+def set_leading(x: torch.Tensor, where: torch.Tensor, value: torch.Tensor | float, shape: Sequence[int],
+                own: bool = False) -> torch.Tensor:
+    """``x`` broadcast to ``shape`` ``(..., T, C)`` with its leading ``W`` steps set to ``value``
+    where ``where`` (``(..., W, C)``, a :class:`Diffuse` window) holds; ``value`` broadcasts to
+    ``(..., W, C)``. With ``own`` (``x`` is this call's own result,
+    no other output shares its memory) and ``x`` already of ``shape`` with nothing tracking its
+    gradient, its leading rows are written in place; else a new tensor is made."""
+    W = where.shape[-2]
+    value = torch.as_tensor(value, dtype=x.dtype, device=x.device)
+    if (own and tuple(x.shape) == tuple(shape) and 0 not in x.stride()
+            and not (x.requires_grad and torch.is_grad_enabled())):
+        x[..., :W, :] = torch.where(where, value, x[..., :W, :])
+        return x
+    x = torch.broadcast_to(x, shape)
+    head = torch.where(where, value, x[..., :W, :])
+    return head if W == shape[-2] else torch.cat([head, x[..., W:, :]], -2)
 
 
 def restore(p: Problem, d: Diffuse, out: dict) -> dict:
     """The backend's result on the finite problem, as the diffuse filter of ``p``: diffuse moments
-    where the state is still unknown, ``p``'s own ``decay``, ``noise`` and ``missing``."""
-    shape = p.shape
-    mean = torch.broadcast_to(p.mean, shape).to(p.dtype)
-    h = torch.broadcast_to(p.h, shape).to(p.dtype)
-    inf, zero = torch.full_like(mean, math.inf), torch.zeros_like(mean)
+    where the state is still unknown, ``p``'s own ``decay``, ``noise`` and ``missing``. Only the
+    leading :attr:`Diffuse.window` steps change; ``out``'s own tensors are written there in place
+    where nothing tracks their gradient."""
+    shape, W = p.shape, d.window
+    mean, h, y = (torch.broadcast_to(x, shape)[..., :W, :] for x in (p.mean, p.h, p.y))
+    mean, h = mean.to(p.dtype), h.to(p.dtype)
+    fields = (("mean", d.before, mean), ("var", d.before, math.inf), ("precision", d.before, 0.0),
+              ("pred_mean", d.upto, mean), ("pred_var", d.upto, math.inf), ("pred_precision", d.upto, 0.0),
+              ("pred_obs_mean", d.upto, h * mean), ("pred_obs_var", d.upto, math.inf), ("logliks", d.upto, 0.0),
+              ("missing", d.upto, torch.isnan(y).to(p.dtype)))
+    owners = [out[k].untyped_storage().data_ptr() + out[k].storage_offset() * out[k].element_size()
+              for k, _, _ in fields if isinstance(out.get(k), torch.Tensor)]
+    own = len(set(owners)) == len(owners)  # no two outputs share memory
     fixed = dict(out)
-    for k, where, value in (("mean", d.before, mean), ("var", d.before, inf), ("precision", d.before, zero),
-                            ("pred_mean", d.upto, mean), ("pred_var", d.upto, inf),
-                            ("pred_precision", d.upto, zero), ("pred_obs_mean", d.upto, h * mean),
-                            ("pred_obs_var", d.upto, inf), ("logliks", d.upto, zero)):
+    for k, where, value in fields:
         if out.get(k) is None:
             continue
-        fixed[k] = torch.where(where, value, torch.broadcast_to(out[k], shape))
+        fixed[k] = set_leading(out[k], where, value, shape, own)
     fixed["decay"], fixed["noise"] = p.decay_noise()
-    fixed["missing"] = torch.isnan(p.y).to(p.dtype)
+    if fixed.get("missing") is None:
+        fixed["missing"] = torch.isnan(p.y).to(p.dtype)
     fixed.pop("loglik", None)
     return fixed
+
+
+def diffuse_witness(witness: torch.Tensor | None, finite: Problem, d: Diffuse | None) -> torch.Tensor | None:
+    """The result that ``y``'s inf check reads (:func:`kalmanscan.checks.check_y_by_result`) with a
+    diffuse prior: an ``inf`` at a diffuse channel's first observation sets the finite problem's
+    initial mean, which may reach no later output (a channel observed once), so its sum is added;
+    an ``inf`` anywhere else reaches ``witness`` as without one."""
+    if witness is None or d is None:
+        return witness
+    return witness + finite.init_mean.sum().to(witness.dtype)
+
+
+def leading_mask(d: Diffuse, where: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """A window mask of ``d`` (``before`` or ``upto``, ``(..., W, C)``) over all of ``shape``'s steps."""
+    full = torch.zeros(shape, dtype=torch.bool, device=where.device)
+    full[..., :d.window, :] = where
+    return full
 
 
 def smooth_leading(p: Problem, d: Diffuse, filtered: dict, mean_s: torch.Tensor, var_s: torch.Tensor,
@@ -122,7 +191,7 @@ def smooth_leading(p: Problem, d: Diffuse, filtered: dict, mean_s: torch.Tensor,
     mean = torch.broadcast_to(p.mean, shape).to(mean_s.dtype)
     a_next = torch.cat([decay[..., 1:, :], torch.ones_like(decay[..., :1, :])], -2)
     q_next = torch.cat([noise[..., 1:, :], torch.zeros_like(noise[..., :1, :])], -2)
-    lead = d.before
+    lead = leading_mask(d, d.before, shape)
     zero = torch.zeros_like(mean_s)
     # s_t = F_t s_{t+1} + B_t, scanned backwards: the leading steps follow the transitions, the
     # others are constants (F = 0) holding the smoothed values from the first observation on.

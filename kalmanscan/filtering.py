@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .diffuse import Diffuse, finite_problem, restore
+from .diffuse import Diffuse, diffuse_witness, finite_problem, restore
 from .checks import decide_y
 from .inputs import GUESSED, Problem, host_parameters, prepare
 from .ops.filter import run_backend
@@ -92,8 +92,8 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
     late = check_finite and host_parameters(params, times, init_mean, init_var)
-    p, _, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
-                                     backend, state, check_finite, late, None if outputs is None else wanted)
+    p, finite, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
+                                          backend, state, check_finite, late, None if outputs is None else wanted)
     queued = out.pop("y_check", None)
     if diffuse is not None:
         out = restore(p, diffuse, out)
@@ -105,7 +105,7 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
     post = make_posterior(p, out, diffuse=diffuse)
     if late:
-        decide_y(p.y, queued, witness, diffuse is not None)
+        decide_y(p.y, queued, diffuse_witness(witness, finite, diffuse))
     return post if state is None else mark(post, state)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import mobius, ou
-from .diffuse import finite_problem
+from .diffuse import finite_problem, set_leading
 from .inputs import prepare
 from .ops.filter import resolve_backend, run_backend
 from .ops.filter.cpu_objective import NumpyLikelihood
@@ -105,7 +105,7 @@ class Likelihood:
         finite, diffuse = finite_problem(p)
         logliks = run_backend(finite, self.backend)["logliks"]
         if diffuse is not None:
-            logliks = torch.where(diffuse.upto, torch.zeros_like(logliks), logliks)
+            logliks = set_leading(logliks, diffuse.upto, 0.0, p.shape)
         logliks = torch.broadcast_to(logliks, p.shape)
         ll = logliks.sum(-2, dtype=torch.float64).to(p.dtype)
         return ll if lacking is None else torch.where(lacking, torch.full_like(ll, math.nan), ll)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .diffuse import restore, smooth_leading
+from .diffuse import diffuse_witness, restore, smooth_leading
 from .checks import decide_y
 from .filtering import make_posterior, run_problem, sum_time
 from .inputs import host_parameters
@@ -74,5 +74,5 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
     if late:
-        decide_y(p.y, queued, out["loglik"], diffuse is not None)
+        decide_y(p.y, queued, diffuse_witness(out["loglik"], finite, diffuse))
     return post if state is None else mark(post, state)

@@ -123,3 +123,63 @@ def test_cli_refuses_sigma_zero_without_init_var_and_takes_a_diffuse_prior(tmp_p
     assert main(args) != 0
     assert "init_var is required where sigma = 0" in capsys.readouterr().err
     assert main(args + ["--init-var", "inf"]) == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_leading_gaps_of_every_length_against_a_vague_prior(backend):
+    """Channels first observed at steps 0, 9 and 70 (past the first blocks of rows searched),
+    one never observed, gaps later on: from each first observation on the diffuse filter and
+    smoother equal those of the series from that step with a prior of variance 1e14 (to its
+    1e-14 relative influence); before it, the diffuse moments; ``missing`` is the user's; the
+    user's ``y`` is untouched; with gradients tracked the same numbers."""
+    rng = np.random.default_rng(5)
+    T, firsts = 100, (0, 9, 70, 100)
+    y = rng.normal(size=(T, 4))
+    for c, f in enumerate(firsts):
+        y[:f, c] = np.nan
+    y[80::7, 1] = np.nan
+    kw = dict(theta=0.3, sigma=0.9, obs_var=0.4)
+    y_t = torch.tensor(y, device=device_of(backend)) if backend != "reference" else y.copy()
+    post = ks.filter(y_t, backend=backend, init_var=math.inf, **kw)
+    assert np.array_equal(to_np(y_t), y, equal_nan=True)
+    f = {k: to_np(getattr(post, k)) for k in ("mean", "var", "pred_var", "logliks")}
+    _, s = run(ks.smooth, y, backend, init_var=math.inf, **kw)
+    for c, first in enumerate(firsts[:3]):
+        vague = ks.filter(y[first:, c:c + 1], backend="reference", init_var=1e14, **kw)
+        _, s_vague = run(ks.smooth, y[first:, c:c + 1], "reference", init_var=1e14, **kw)
+        for k in ("mean", "var", "pred_var", "logliks"):
+            got, want = f[k][first + 1:, c], getattr(vague, k)[1:, 0]
+            np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12, err_msg=f"{k} {c}")
+        for k in ("mean", "var"):
+            np.testing.assert_allclose(s[k][first:, c], s_vague[k][:, 0], rtol=1e-8, atol=1e-12, err_msg=f"{k} {c}")
+        assert np.all(np.isinf(f["var"][:first, c])) and np.all(np.isinf(f["pred_var"][:first + 1, c]))
+        assert np.all(f["logliks"][:first + 1, c] == 0) and np.isfinite(f["var"][first, c])
+        assert np.all(np.isfinite(s["var"][:, c]))
+    assert np.all(np.isinf(f["var"][:, 3])) and np.all(f["logliks"][:, 3] == 0)
+    np.testing.assert_array_equal(to_np(post.params["missing"]), np.isnan(y))
+    assert to_np(post.n_diffuse).tolist() == [1, 1, 1, 0]
+    if backend != "reference":
+        tracked = ks.filter(torch.tensor(y, device=device_of(backend), requires_grad=True), backend=backend,
+                            init_var=math.inf, **kw)
+        for k in f:  # the triton backend's differentiable call sums in another order: to rounding
+            np.testing.assert_allclose(to_np(getattr(tracked, k).detach()), f[k], rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("call, outputs", [("filter", None), ("filter", ("mean", "var")), ("filter", ("var",)),
+                                           ("smooth", None)])
+@pytest.mark.parametrize("where", ["only", "first", "later"])
+def test_an_inf_in_y_is_refused_with_a_diffuse_prior(call, outputs, where):
+    """An ``inf`` at the only observation of a diffuse channel (it reaches no later output), at its
+    first observation, or after it: a ValueError naming ``y``, whichever result the check reads."""
+    y = np.random.default_rng(2).normal(size=(12, 3))
+    y[:4, 1] = np.nan
+    if where == "only":
+        y[5:, 1] = np.nan
+    y[{"only": 4, "first": 4, "later": 9}[where], 1] = -np.inf
+    kw = dict(theta=0.3, sigma=0.9, obs_var=0.4, init_var=math.inf)
+    if outputs is not None:
+        kw["outputs"] = outputs
+    with pytest.raises(ValueError, match="y must be finite or NaN"):
+        getattr(ks, call)(y, **kw)
+    y[np.isinf(y)] = 0.5
+    assert np.isfinite(to_np(getattr(ks, call)(y, **kw).var)[5:]).all()

@@ -1,0 +1,65 @@
+"""The exact diffuse prior (``init_var=inf``) beside the same call with a finite prior, in one
+process, on the CPU. A script, not a test.
+
+    python -m benchmarks.bench_diffuse [--out diffuse.json] [--repeat 7]
+
+For each shape ``(T, C)`` of float64 NumPy data: ``ks.filter`` and ``ks.smooth`` returning every
+field with ``init_var=1.0`` and with ``init_var=inf``, then with ``init_var=inf`` where every third
+channel is missing its first five steps (the leading gaps take per-step identity transitions).
+Median of ``--repeat`` wall times after one warm-up call, ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+
+import kalmanscan as ks
+from benchmarks.records import commit
+
+SHAPES = [(1000, 1000), (100, 10000), (10000, 100)]
+PARAMS = dict(theta=0.3, sigma=1.0, obs_var=0.5)
+
+
+def median_ms(fn, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * float(np.median(times))
+
+
+def row(T, C, repeat):
+    y = np.random.default_rng(0).normal(size=(T, C))
+    gaps = y.copy()
+    gaps[:5, ::3] = np.nan
+    out = dict(T=T, C=C)
+    for name, public in (("filter", ks.filter), ("smooth", ks.smooth)):
+        out[f"{name}_finite_ms"] = median_ms(lambda: public(y, init_var=1.0, **PARAMS), repeat)
+        out[f"{name}_diffuse_ms"] = median_ms(lambda: public(y, init_var=math.inf, **PARAMS), repeat)
+        out[f"{name}_diffuse_gaps_ms"] = median_ms(lambda: public(gaps, init_var=math.inf, **PARAMS), repeat)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    res = dict(commit=commit(), rows=[])
+    for T, C in SHAPES:
+        res["rows"].append(row(T, C, args.repeat))
+        print(json.dumps(res["rows"][-1]), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
