@@ -15,7 +15,8 @@ For ``outputs=("mean", "var")`` (what a stream needs to continue) and for every 
   :func:`kalmanscan.ops.filter.triton.filter_forward`; on the CPU the backend's ``filter``), so
   the cost of the state and of the public call show separately;
 - on CUDA, the device synchronisations of one call (``torch.cuda.set_sync_debug_mode``);
-- on the CPU, what a user would write instead: the step in NumPy (:func:`numpy_step`).
+- on the CPU, what a user would write instead: the step in NumPy (:func:`numpy_step`), and with
+  ``--host-params`` the :class:`~kalmanscan.StreamFilter` fed the same NumPy steps.
 
 The stream is first checked against one call over the same steps (float32 against float32: the
 largest relative difference of ``mean``, ``var`` and the summed log-likelihood). Target (issue 23):
@@ -196,6 +197,11 @@ def run(C: int, calls: int, device: torch.device, backend: str, host_params: boo
     if device.type == "cpu":
         step, np_err = numpy_step(y, kw, first)
         result.update(numpy_step_calls_per_s=rate(step, calls, device), numpy_step_max_rel_error=np_err)
+        if host_params:  # the same stream fed NumPy steps, as the NumPy user of the step above
+            y_np = y.numpy()
+            f = ks.StreamFilter(**kw, init_mean=first.mean.numpy(), init_var=first.var.numpy(), backend=backend)
+            f.update(y_np[0])
+            result["numpy_stream_filter_calls_per_s"] = rate(lambda t: f.update(y_np[t]), calls, device)
     return result
 
 
@@ -226,6 +232,9 @@ def main():
     if "numpy_step_calls_per_s" in result:
         print(f"a NumPy step (mean, variance, log-likelihood; against ks.filter "
               f"{result['numpy_step_max_rel_error']:.1e}): {result['numpy_step_calls_per_s']:.0f} calls/s")
+    if "numpy_stream_filter_calls_per_s" in result:
+        print(f"StreamFilter fed NumPy steps (mean and variance, checked): "
+              f"{result['numpy_stream_filter_calls_per_s']:.0f} calls/s")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

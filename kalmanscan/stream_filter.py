@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .filtering import OUTPUTS, filter as _public_filter
-from .checks import decide_y
+from .checks import check_no_inf, decide_y
 from .inputs import prepare
 from .ops.filter import get_backend, resolve_backend, run_backend
 from .stream import StreamState, predict
@@ -83,6 +83,7 @@ class StreamFilter:
         self._belief = None           # the state: mean and variance, (2, ..., 1, C), compute dtype
         self._stepper = None          # the backend module whose stream_step runs one-step updates
         self._rows = None             # (5, N) decay, noise, obs_var, mean, h: the one-step kernel's
+        self._rows_np = None          # the same as a NumPy array: NumPy streams on the cpu backend
         self._diffuse = False
         self._loglik = None
         self._steps = 0
@@ -124,6 +125,8 @@ class StreamFilter:
         if self._problem is None or self._diffuse:
             return self._public(y, one_step)
         p0 = self._problem
+        if one_step and self._rows_np is not None:
+            return self._numpy_step(y, p0)
         if one_step and self._rows is not None:
             return self._step(y, p0)
         y_t = self._steps_of(y, p0, one_step)
@@ -165,6 +168,8 @@ class StreamFilter:
             rows = (self._decay, self._noise, p0.obs_var, p0.mean, p0.h)
             self._rows = torch.stack([x[..., :1, :].expand(batch).reshape(-1) for x in rows])
             self._stepper = get_backend(backend)
+            if backend == "cpu" and p0.numpy_out:
+                self._rows_np = self._rows.numpy()
         return {k: out[k][..., 0, :] if one_step else out[k] for k in self.outputs}
 
     def _step(self, y: ArrayLike, p0) -> dict[str, Any]:
@@ -184,6 +189,29 @@ class StreamFilter:
         self._loglik = self._loglik + logliks
         self._steps += 1
         return {k: p0.output(rows[k]) for k in self.outputs}
+
+    def _numpy_step(self, y: ArrayLike, p0) -> dict[str, Any]:
+        """A one-step update of a NumPy stream on the cpu backend, in NumPy: the compiled loop on
+        the stored state's memory, no torch operation (:func:`kalmanscan.ops.filter.cpu.stream_step_arrays`)."""
+        backend, rows = self._stepper, self._rows_np
+        batch, C = tuple(p0.y.shape[:-2]), p0.y.shape[-1]
+        if isinstance(y, torch.Tensor):
+            raise ValueError("y must be a NumPy array, as the stream's first update")
+        y_np = np.asarray(y)
+        if y_np.shape != batch + (C,):
+            raise ValueError(f"y must have shape {batch + (C,)} for one step, as the stream's first "
+                             f"update; got {y_np.shape}")
+        shape = tuple(p0.shape[:-2]) + (C,)
+        y_np = np.ascontiguousarray(np.broadcast_to(y_np, shape), dtype=rows.dtype).reshape(-1)
+        out, belief = backend.stream_step_arrays(y_np, self._belief.numpy().reshape(2, -1), rows)
+        logliks = out[backend.POSTERIOR.index("logliks")].reshape(shape)
+        if self.check_finite and not np.isfinite(logliks.sum()):  # by result, as decide_y
+            check_no_inf(torch.from_numpy(y_np))
+        self._belief = torch.from_numpy(belief).view(self._belief.shape)
+        self._loglik = torch.from_numpy(self._loglik.numpy() + logliks)
+        self._steps += 1
+        return {k: out[backend.POSTERIOR.index(k)].reshape(shape).astype(p0.out_dtype, copy=False)
+                for k in self.outputs}
 
     def _steps_of(self, y: ArrayLike, p0, one_step: bool) -> torch.Tensor:
         """``y`` as a ``(..., k, C)`` tensor of the stream's dtype and device; ``ValueError`` naming

@@ -57,6 +57,7 @@ def test_stream_equals_one_call(backend):
     assert f.state.steps == 41
     np.testing.assert_allclose(to_np(f.state.mean), to_np(whole.mean[..., -1, :]), rtol=1e-12)
     assert (f._rows is not None) == (backend in ("triton", "cpu"))  # one-step updates ran the stream step
+    assert (f._rows_np is not None) == (backend == "cpu")  # in NumPy on the cpu backend
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch", "triton", "reference"])
@@ -86,7 +87,12 @@ def test_cpu_step_over_several_blocks(dtype):
         np.testing.assert_allclose(got[k], getattr(whole, k), rtol=tol, atol=tol, err_msg=k)
     g = ks.StreamFilter(**kw, backend="cpu")
     g.update(y[0])
-    assert g.update(y[1])["mean"].dtype == whole.mean.dtype == dtype  # the step's result in y's dtype
+    first, state, loglik = g.update(y[1]), g.state, g.loglik
+    kept = [x.copy() for x in (first["mean"], first["var"], state.mean, state.var, loglik)]
+    assert first["mean"].dtype == whole.mean.dtype == dtype  # the step's result in y's dtype
+    g.update(y[2])
+    for was, now in zip(kept, (first["mean"], first["var"], state.mean, state.var, loglik)):
+        np.testing.assert_array_equal(was, now)  # a later update writes nothing already returned
 
 
 def test_stream_kernel_catches_inf_and_leaves_the_state():

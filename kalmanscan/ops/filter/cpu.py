@@ -54,7 +54,8 @@ from ..cpu_threads import run_loop
 from ...inputs import Problem
 from .torch import adjoint_to, compact
 
-__all__ = ["filter", "smooth", "stream_step", "layout", "FIELDS", "POSTERIOR", "INPUTS", "SMOOTH_INPUTS"]
+__all__ = ["filter", "smooth", "stream_step", "stream_step_arrays", "layout", "FIELDS", "POSTERIOR", "INPUTS",
+           "SMOOTH_INPUTS"]
 
 # The forward's outputs in the loops' order (cpu_loops.O_MEAN .. O_MISS).
 FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
@@ -192,14 +193,22 @@ def stream_step(y: torch.Tensor, belief: torch.Tensor, rows: torch.Tensor,
     ``out`` ``(10, N)``, the rows of :data:`POSTERIOR` (all written, whatever ``fields`` names),
     ``new_belief`` ``(2, N)``. One compiled loop (:mod:`kalmanscan.ops.filter.cpu_stream`);
     nothing given is written."""
+    N = rows.shape[1]
+    y, belief, rows = (x.detach().contiguous().numpy() for x in (y.reshape(N), belief.reshape(2, N), rows))
+    out, new_belief = stream_step_arrays(y, belief, rows)
+    return torch.from_numpy(out), torch.from_numpy(new_belief)
+
+
+def stream_step_arrays(y: np.ndarray, belief: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`stream_step` on NumPy arrays, no torch operation: ``y`` ``(N,)``, ``belief``
+    ``(2, N)``, ``rows`` ``(5, N)``, C-contiguous, of one float dtype; returns new ``out``
+    ``(10, N)`` and ``new_belief`` ``(2, N)`` arrays of that dtype."""
     from . import cpu_stream
 
-    dtype = _np_dtype(rows.dtype)
     N = rows.shape[1]
-    out = torch.empty(len(POSTERIOR), N, dtype=rows.dtype)
-    new_belief = torch.empty(2, N, dtype=rows.dtype)
-    y, belief, rows = (x.detach().contiguous().numpy() for x in (y.reshape(N), belief.reshape(2, N), rows))
-    cpu_stream.stream_step(y, belief, rows, out.numpy(), new_belief.numpy(), _loops()[0].constants(dtype))
+    out = np.empty((len(POSTERIOR), N), rows.dtype)
+    new_belief = np.empty((2, N), rows.dtype)
+    cpu_stream.stream_step(y, belief, rows, out, new_belief, _loops()[0].constants(rows.dtype))
     return out, new_belief
 
 
