@@ -6,7 +6,8 @@
 For each shape ``(T, C)``: a float64 DataArray ``(time, sensor)`` with a daily ``datetime64``
 coordinate and 10% missing, filtered with ``time_unit="1D"`` (exactly regular: the accessor passes
 ``dt``), against the public call on its NumPy values returning every field; the accessor's result
-is checked against that posterior first. Best of ``--repeat`` wall times, ms.
+is checked against that posterior first; and ``ks.xr.to_dataset`` of that posterior (the labelling
+alone, as the command line uses it). Best of ``--repeat`` wall times, ms.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def row(T, C, repeat):
         np.testing.assert_allclose(ds["var"].values, post.var, rtol=1e-12)
         out[f"ks_{name}_ms"] = best_ms(lambda: public(y, **PARAMS), repeat)
         out[f"xr_{name}_ms"] = best_ms(lambda: accessor(time_unit="1D", **PARAMS), repeat)
+        flat, _ = ks.xr.to_numpy(da, time_unit="1D")
+        post = public(flat, **PARAMS)
+        out[f"to_dataset_{name}_ms"] = best_ms(lambda: ks.xr.to_dataset(post, da, time_unit="1D"), repeat)
     return out
 
 

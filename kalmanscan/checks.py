@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .types import ArrayLike
@@ -118,8 +119,10 @@ _Y_MESSAGE = "y must be finite or NaN (missing); it contains inf"
 
 
 def check_no_inf(y: ArrayLike) -> None:
-    """Raise ``ValueError`` if ``y`` holds ``inf`` (NaN is allowed: it marks a missing value)."""
-    if bool(torch.isinf(torch.as_tensor(y)).any()):
+    """Raise ``ValueError`` if ``y`` holds ``inf`` (NaN is allowed: it marks a missing value). A
+    NumPy array is searched in NumPy (it may be read-only, which torch would warn of)."""
+    found = np.isinf(y).any() if isinstance(y, np.ndarray) else torch.isinf(torch.as_tensor(y)).any()
+    if bool(found):
         raise ValueError(_Y_MESSAGE)
 
 

@@ -206,7 +206,7 @@ class StreamFilter:
         out, belief = backend.stream_step_arrays(y_np, self._belief.numpy().reshape(2, -1), rows)
         logliks = out[backend.POSTERIOR.index("logliks")].reshape(shape)
         if self.check_finite and not np.isfinite(logliks.sum()):  # by result, as decide_y
-            check_no_inf(torch.from_numpy(y_np))
+            check_no_inf(y_np)
         self._belief = torch.from_numpy(belief).view(self._belief.shape)
         self._loglik = torch.from_numpy(self._loglik.numpy() + logliks)
         self._steps += 1

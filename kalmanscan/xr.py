@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
-from .xr_layout import in_memory, layout, moments
+from .xr_layout import derive, field_of, in_memory, layout, moments
 from .xr_times import TimeUnit, regular_steps, time_steps, parse_time_unit, times_from_coord
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def _post_fields(post, fields, batch):
     T, n = post.mean.shape
     out = np.full(batch + (T, len(fields)), np.nan, dtype=post.mean.dtype)
     for i, f in enumerate(fields):
-        value = getattr(post.filtered, f[len("filtered_"):]) if f.startswith("filtered_") else getattr(post, f)
+        value = field_of(post, f)
         out[..., i] = np.broadcast_to(value, (T, n)).T.reshape(batch + (T,))
     return out
 
@@ -279,9 +279,15 @@ def to_dataset(post: Posterior, da: xr.DataArray, dim: str = "time", *, time_uni
                          f"from da flattened by to_numpy")
     smoothed = post.filtered is not None
     fields = _SMOOTH_FIELDS if smoothed else _FILTER_FIELDS
-    template = da.transpose(*other, dim)
-    stacked = xr.DataArray(_post_fields(post, fields, batch), dims=(*other, dim, _FIELD), coords=template.coords)
-    return _moments_dataset(stacked, fields, da, dim, "smooth" if smoothed else "filter", unit_label, level, z)
+    shape = post.mean.shape
+    order = (dim, *other)
+    perm = tuple(order.index(d) for d in da.dims)
+    data = {f: np.ascontiguousarray(np.broadcast_to(field_of(post, f), shape)).reshape(shape[:1] + batch)
+            .transpose(perm) for f in fields}
+    data = derive(data, da.dims.index(dim), z)
+    ds = xr.Dataset({k: (tuple(other) if k == "loglik" else da.dims, data[k]) for k in _names(fields)},
+                    coords=da.coords)
+    return _labelled(ds, da, "smooth" if smoothed else "filter", unit_label, level, z)
 
 
 def filter(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = None, level: float = 0.95,

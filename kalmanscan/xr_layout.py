@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
 import xarray as xr
 
-__all__ = ["in_memory", "Layout", "layout", "moments"]
+__all__ = ["in_memory", "Layout", "layout", "moments", "field_of", "derive"]
 
 _STATIC_ONLY = ("init_mean", "init_var")
 
@@ -115,15 +116,26 @@ def moments(op: Callable, lay: Layout, fields: tuple, times: np.ndarray | None, 
         data = {f: np.empty(lay.shape, lay.y.dtype) for f in fields}
     else:
         post = op(lay.y, times=times, **lay.params, **kwargs)
-        data = {f: lay.unflatten(getattr(post.filtered, f[len("filtered_"):]) if f.startswith("filtered_")
-                                 else getattr(post, f)) for f in fields}
+        data = {f: lay.unflatten(field_of(post, f)) for f in fields}
+    return derive(data, lay.axis, z)
+
+
+def field_of(post: Any, name: str) -> np.ndarray:
+    """The posterior's field ``name`` (``filtered_<field>``: of its filtered posterior)."""
+    return getattr(post.filtered, name[len("filtered_"):]) if name.startswith("filtered_") else getattr(post, name)
+
+
+def derive(data: dict, axis: int, z: float) -> dict:
+    """``data`` (the fields, time along ``axis``) with the derived ``precision, lower, upper``
+    (``1 / var``, ``mean -+ z sqrt(var)``) and ``loglik``, the sum of ``logliks`` over time (NaN as
+    0)."""
     var, mean = data["var"], data["mean"]
     band = np.sqrt(var)
     band *= z
     data["precision"] = 1.0 / var
     data["lower"] = mean - band
     data["upper"] = np.add(mean, band, out=band)
-    data["loglik"] = _nansum_time(data["logliks"], lay.axis)
+    data["loglik"] = _nansum_time(data["logliks"], axis)
     return data
 
 

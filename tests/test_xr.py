@@ -259,6 +259,12 @@ def test_to_numpy_and_to_dataset_round_trip():
     xr.testing.assert_identical(ds, expect)
     with pytest.raises(ValueError, match="expected"):
         kxr.to_dataset(post, da.isel(site=[0]), time_unit="1D")
+    for dtype in (np.float64, np.float32):  # the filter's Dataset too, time first and last
+        for case in (_data(dtype=dtype), _data(dtype=dtype).transpose("time", "sensor", "site")):
+            y, times = kxr.to_numpy(case, time_unit="1D")
+            post = ks.filter(y, times=times, theta=0.5, sigma=1.0, obs_var=0.3)
+            xr.testing.assert_identical(kxr.to_dataset(post, case, time_unit="1D"),
+                                        kxr.filter(case, time_unit="1D", theta=0.5, sigma=1.0, obs_var=0.3))
 
 
 def test_regular_times_take_the_static_loops_and_change_nothing():
