@@ -11,28 +11,19 @@ Median of ``--repeat`` wall times after one warm-up call, ms.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import time
 
 import numpy as np
 
 import kalmanscan as ks
-from benchmarks.records import commit
+from benchmarks.shape_rows import run_shapes, wall_times
 
 SHAPES = [(1000, 1000), (100, 10000), (10000, 100)]
 PARAMS = dict(theta=0.3, sigma=1.0, obs_var=0.5)
 
 
 def median_ms(fn, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * float(np.median(times))
+    return 1e3 * float(np.median(wall_times(fn, repeat)))
 
 
 def row(T, C, repeat):
@@ -47,19 +38,5 @@ def row(T, C, repeat):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--repeat", type=int, default=7)
-    args = ap.parse_args()
-    res = dict(commit=commit(), rows=[])
-    for T, C in SHAPES:
-        res["rows"].append(row(T, C, args.repeat))
-        print(json.dumps(res["rows"][-1]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    run_shapes(__doc__.splitlines()[0], SHAPES, row)

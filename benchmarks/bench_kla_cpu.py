@@ -36,6 +36,7 @@ from numba import njit, prange
 
 from benchmarks.bench_model import build, time_steps
 from benchmarks.records import commit
+from benchmarks.shape_rows import wall_times
 from kalmanscan.nn import KLA
 from kalmanscan.ops.kla import kla_scan
 
@@ -86,13 +87,7 @@ def scan_inputs(B, L, M, S, seed=0):
 
 
 def median_s(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(wall_times(fn, repeats))
 
 
 def fwd_bwd(xs, backend):

@@ -12,28 +12,19 @@ alone, as the command line uses it). Best of ``--repeat`` wall times, ms.
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
-
 import numpy as np
 import pandas as pd
 import xarray as xr
 
 import kalmanscan as ks
-from benchmarks.records import commit
+from benchmarks.shape_rows import run_shapes, wall_times
 
 SHAPES = [(1000, 1000), (10000, 100), (100, 10000)]
 PARAMS = dict(theta=0.1, sigma=1.0, obs_var=0.5)
 
 
 def best_ms(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * min(times)
+    return 1e3 * min(wall_times(fn, repeat, warmup=False))
 
 
 def row(T, C, repeat):
@@ -56,19 +47,5 @@ def row(T, C, repeat):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--repeat", type=int, default=7)
-    args = ap.parse_args()
-    res = dict(commit=commit(), rows=[])
-    for T, C in SHAPES:
-        res["rows"].append(row(T, C, args.repeat))
-        print(json.dumps(res["rows"][-1]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    run_shapes(__doc__.splitlines()[0], SHAPES, row)

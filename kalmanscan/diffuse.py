@@ -32,7 +32,7 @@ from . import mobius
 from .inputs import Problem
 from .scan import associative_scan
 
-__all__ = ["Diffuse", "finite_problem", "restore", "set_leading", "leading_mask", "diffuse_witness", "smooth_leading"]
+__all__ = ["Diffuse", "finite_problem", "restore", "set_leading", "diffuse_witness", "smooth_leading"]
 
 
 @dataclass
@@ -171,13 +171,6 @@ def diffuse_witness(witness: torch.Tensor | None, finite: Problem, d: Diffuse | 
     return witness + finite.init_mean.sum().to(witness.dtype)
 
 
-def leading_mask(d: Diffuse, where: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """A window mask of ``d`` (``before`` or ``upto``, ``(..., W, C)``) over all of ``shape``'s steps."""
-    full = torch.zeros(shape, dtype=torch.bool, device=where.device)
-    full[..., :d.window, :] = where
-    return full
-
-
 def smooth_leading(p: Problem, d: Diffuse, filtered: dict, mean_s: torch.Tensor, var_s: torch.Tensor,
                    precision_s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Smoothed ``(mean, var, precision)`` with the steps before each diffuse channel's first
@@ -191,7 +184,8 @@ def smooth_leading(p: Problem, d: Diffuse, filtered: dict, mean_s: torch.Tensor,
     mean = torch.broadcast_to(p.mean, shape).to(mean_s.dtype)
     a_next = torch.cat([decay[..., 1:, :], torch.ones_like(decay[..., :1, :])], -2)
     q_next = torch.cat([noise[..., 1:, :], torch.zeros_like(noise[..., :1, :])], -2)
-    lead = leading_mask(d, d.before, shape)
+    lead = torch.zeros(shape, dtype=torch.bool, device=mean_s.device)  # d.before over all steps
+    lead[..., :d.window, :] = d.before
     zero = torch.zeros_like(mean_s)
     # s_t = F_t s_{t+1} + B_t, scanned backwards: the leading steps follow the transitions, the
     # others are constants (F = 0) holding the smoothed values from the first observation on.

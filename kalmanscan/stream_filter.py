@@ -194,14 +194,10 @@ class StreamFilter:
         """A one-step update of a NumPy stream on the cpu backend, in NumPy: the compiled loop on
         the stored state's memory, no torch operation (:func:`kalmanscan.ops.filter.cpu.stream_step_arrays`)."""
         backend, rows = self._stepper, self._rows_np
-        batch, C = tuple(p0.y.shape[:-2]), p0.y.shape[-1]
-        if isinstance(y, torch.Tensor):
-            raise ValueError("y must be a NumPy array, as the stream's first update")
+        _check_kind(y, p0)
         y_np = np.asarray(y)
-        if y_np.shape != batch + (C,):
-            raise ValueError(f"y must have shape {batch + (C,)} for one step, as the stream's first "
-                             f"update; got {y_np.shape}")
-        shape = tuple(p0.shape[:-2]) + (C,)
+        _check_one_step(y_np.shape, p0)
+        shape = tuple(p0.shape[:-2]) + (p0.y.shape[-1],)
         y_np = np.ascontiguousarray(np.broadcast_to(y_np, shape), dtype=rows.dtype).reshape(-1)
         out, belief = backend.stream_step_arrays(y_np, self._belief.numpy().reshape(2, -1), rows)
         logliks = out[backend.POSTERIOR.index("logliks")].reshape(shape)
@@ -216,15 +212,11 @@ class StreamFilter:
     def _steps_of(self, y: ArrayLike, p0, one_step: bool) -> torch.Tensor:
         """``y`` as a ``(..., k, C)`` tensor of the stream's dtype and device; ``ValueError`` naming
         ``y`` when its shape or array kind does not match the stream's."""
-        if isinstance(y, torch.Tensor) == p0.numpy_out:
-            raise ValueError(f"y must be a {'NumPy array' if p0.numpy_out else 'torch tensor'}, as the "
-                             "stream's first update")
+        _check_kind(y, p0)
         y_t = torch.as_tensor(y).to(device=p0.y.device, dtype=p0.dtype)
         batch, C = tuple(p0.y.shape[:-2]), p0.y.shape[-1]
         if one_step:
-            if tuple(y_t.shape) != batch + (C,):
-                raise ValueError(f"y must have shape {batch + (C,)} for one step, as the stream's first "
-                                 f"update; got {tuple(y_t.shape)}")
+            _check_one_step(tuple(y_t.shape), p0)
             return y_t.unsqueeze(-2)
         if y_t.ndim != len(batch) + 2 or tuple(y_t.shape[:-2]) != batch or y_t.shape[-1] != C:
             raise ValueError(f"y must have shape {batch + ('k', C)}, as the stream's first update; "
@@ -239,3 +231,17 @@ class StreamFilter:
         total = out["logliks"].sum(-2, dtype=torch.float64)
         self._loglik = total if self._loglik is None else self._loglik + total
         self._steps += out["mean"].shape[-2]
+
+
+def _check_kind(y: ArrayLike, p0) -> None:
+    """``ValueError`` naming ``y`` unless it is the array kind of the stream's first update."""
+    if isinstance(y, torch.Tensor) == p0.numpy_out:
+        raise ValueError(f"y must be a {'NumPy array' if p0.numpy_out else 'torch tensor'}, as the "
+                         "stream's first update")
+
+
+def _check_one_step(shape: tuple, p0) -> None:
+    """``ValueError`` naming ``y`` unless ``shape`` is one step ``(..., C)`` of the stream."""
+    want = tuple(p0.y.shape[:-2]) + (p0.y.shape[-1],)
+    if tuple(shape) != want:
+        raise ValueError(f"y must have shape {want} for one step, as the stream's first update; got {tuple(shape)}")
