@@ -16,9 +16,9 @@
    training loop; the GPU's time) and, as ``*_per_call_ms``, each call alone after a
    synchronisation (:func:`timed_per_call`: the host's launch latency added, the GPU idle
    meanwhile). The kernels are launched through :func:`kalmanscan.ops.kla.triton.kla_scan_triton`
-   with the timed :class:`KLAConfig` (the sweep's best with ``--sweep``, else ``DEFAULT_CONFIG``);
-   the ``triton_public_api`` rows time the public ``kla_scan(..., backend="triton")``, which
-   launches with ``DEFAULT_CONFIG``.
+   with the timed :class:`KLAConfig` (the sweep's best with ``--sweep``, else the shape's
+   ``launch_config``); the ``triton_public_api`` rows time the public
+   ``kla_scan(..., backend="triton")``, which launches with ``launch_config``'s choice.
 
     python -m benchmarks.bench_kla --out kla.json --overhead   # the public call's host overhead only
 """
@@ -38,6 +38,7 @@ import triton.language as tl
 from benchmarks.records import commit
 from kalmanscan.ops.kla import kla_scan, kla_scan_unchecked, validate
 from kalmanscan.ops.kla.reference import kla_scan_sequential
+from kalmanscan.ops.kla.library import SPLIT_CONFIG, launch_config
 from kalmanscan.ops.kla.triton import DEFAULT_CONFIG, KLAConfig, kla_scan_triton
 
 SHAPES = [(8, 2048, 1024, 16), (4, 4096, 2048, 16), (1, 16384, 1024, 16)]
@@ -170,7 +171,7 @@ def fp32_rates():
 
 def bench_triton(shape, config, fp32_rate, public=True):
     """Times of the kernels launched with ``config``, or with ``public`` of the public call (which
-    launches with ``DEFAULT_CONFIG``)."""
+    launches with ``launch_config``'s choice)."""
     B, L, M, S = shape
     xs = make_inputs(B, L, M, S)
     updates = B * L * M * S
@@ -318,6 +319,7 @@ def main():
         "default B3 L129 M37 S5": ((3, 129, 37, 5), DEFAULT_CONFIG),
         "unrolled x2 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(unroll=2, bwd_unroll=2)),
         "time split x4 B2 L300 M40 S16": ((2, 300, 40, 16), KLAConfig(pieces=4, bwd_pieces=4)),
+        "states first B2 L300 M40 S16": ((2, 300, 40, 16), SPLIT_CONFIG),
     }.items():
         checks[name] = check(*shape, cfg)
     result["gpu_check"] = {k: dict(max_rel_err=v[0], errors=v[1], passed=v[0] < TOL)
@@ -346,13 +348,15 @@ def main():
         config = KLAConfig(**result["best_config"])
         save(args.out, result)
     else:
-        config = DEFAULT_CONFIG
-    result["timed_config"] = config.__dict__
-    result["public_api_config"] = DEFAULT_CONFIG.__dict__
+        config = None
+    result["timed_config"] = "launch_config" if config is None else config.__dict__
 
     result["table"] = []
     for shape in [SHAPES[int(i)] for i in args.shapes]:
         row = dict(shape=dict(zip("BLMS", shape)))
+        if not args.sweep:
+            config = launch_config(*shape[:3], torch.device("cuda"))
+            row["config"] = config.__dict__
         row["triton"] = bench_triton(shape, config, rate, public=False)
         row["triton_public_api"] = bench_triton(shape, config, rate, public=True)
         row["triton_no_time_split"] = bench_triton(

@@ -71,6 +71,7 @@ def kernels(fc=None, cfg=None):
     from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
     from kalmanscan.kernels.kla.split import kla_piece_map_kernel
     from kalmanscan.ops.filter.config import DEFAULT_CONFIG as FILTER_DEFAULT
+    from kalmanscan.ops.kla.library import SPLIT_CONFIG
     from kalmanscan.ops.kla.triton import DEFAULT_CONFIG as KLA_DEFAULT
     fc = fc or FILTER_DEFAULT
     cfg = cfg or KLA_DEFAULT
@@ -88,9 +89,14 @@ def kernels(fc=None, cfg=None):
     loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
     tile_fwd = dict(tile, CLOSED=fc.tile_closed)
     tile_bwd = dict(tile, HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
-    kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False)
+    kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, STATES_FIRST=cfg.states_first)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
+    split = SPLIT_CONFIG  # as launched where time is split: a training forward saves checkpoints
+    split_fwd = dict(kla, BLOCK_M=split.block_m, STAGES=split.stages, UNROLL=split.unroll or 1, SAVE=True,
+                     STATES_FIRST=split.states_first)
+    split_bwd = dict(kla, BLOCK_M=split.bwd_block_m, STAGES=split.bwd_stages, UNROLL=split.bwd_unroll or 1,
+                     STATES_FIRST=split.states_first)
     carry = dict(CH=fc.carry_chunk)
     return {
         "filter_agg": (filter_agg_kernel, dict(walk, CLOSED=fc.walk_closed, CHUNK=fc.closed_chunk), fc.num_warps),
@@ -106,6 +112,10 @@ def kernels(fc=None, cfg=None):
         "kla_bwd": (kla_bwd_kernel, kla_bwd, cfg.bwd_num_warps),
         "kla_adjoint_map": (kla_adjoint_map_kernel, kla_bwd, cfg.bwd_num_warps),
         "kla_piece_map": (kla_piece_map_kernel, kla_fwd, cfg.num_warps),
+        "kla_fwd_split": (kla_fwd_kernel, split_fwd, split.num_warps),
+        "kla_bwd_split": (kla_bwd_kernel, split_bwd, split.bwd_num_warps),
+        "kla_adjoint_map_split": (kla_adjoint_map_kernel, split_bwd, split.bwd_num_warps),
+        "kla_piece_map_split": (kla_piece_map_kernel, split_fwd, split.num_warps),
         "rts_agg": (rts_agg_kernel, walk, fc.num_warps),
         "rts": (rts_kernel, walk, fc.num_warps),
         "rts_wide": (rts_kernel, dict(walk, WIDE=True), fc.num_warps),

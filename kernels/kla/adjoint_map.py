@@ -21,14 +21,14 @@ recomputed chunk), where composing backwards would need every chunk's states sto
 The two orders compute the same map; they differ only in the rounding of the products.
 
 Grid ``(B, ceil(M / BLOCK_M), n_pieces - 1)`` over stretches ``1 .. n_pieces - 1`` (stretch 0's
-map is never needed); output ``maps[b, piece, 5, m, s] = (G11, G12, G22, h1, h2)``, float32.
+map is never needed); output ``maps[b, piece, 5] = (G11, G12, G22, h1, h2)``, float32 per-filter blocks.
 """
 
 import triton
 import triton.language as tl
 
 from ..fast_math import rcp
-from .common import kla_step_rho, kla_tile, kla_token
+from .common import kla_step_rho, kla_tile, kla_token, outer
 
 
 @triton.jit
@@ -37,9 +37,10 @@ def kla_adjoint_map_kernel(
     gy_ptr, gy_var_ptr, maps_ptr,
     L, M, S, n_chunks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
+    STATES_FIRST: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
-        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
     pid_p = tl.program_id(2) + 1
     MS = M * S
     t_begin = pid_p * piece_len
@@ -47,23 +48,23 @@ def kla_adjoint_map_kernel(
     ck = (pid_b * n_chunks + t_begin // CHUNK) * MS + ms
     lam = tl.load(ckpt_lam_ptr + ck, mask=mask, other=1.0)
     eta = tl.load(ckpt_eta_ptr + ck, mask=mask, other=0.0)
-    one = tl.full((BLOCK_M, BLOCK_S), 1.0, tl.float32)
-    zero = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
+    one = tl.full(mask.shape, 1.0, tl.float32)
+    zero = tl.zeros(mask.shape, tl.float32)
     q11, q12, q22, h1, h2 = one, zero, one, zero, zero
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
         gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
         gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
         lam_p, eta_p = lam, eta
-        lam, eta, rho = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt)
+        lam, eta, rho = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
         rho2 = rho * rho
         j11 = rho - noise * lam_p * rho2
         j12 = -noise * decay * eta_p * rho2
         j22 = rho * decay
         inv = rcp(lam)
-        gyq = gy[:, None] * qt[None, :]
+        gyq = outer(gy, qt, STATES_FIRST)
         s_e = gyq * inv
-        s_l = -(gyq * eta + gyv[:, None] * (qt * qt)[None, :]) * (inv * inv)
+        s_l = -(gyq * eta + outer(gyv, qt * qt, STATES_FIRST)) * (inv * inv)
         q12 = q11 * j12 + q12 * j22
         q11 = q11 * j11
         q22 = q22 * j22

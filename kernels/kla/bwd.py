@@ -16,15 +16,15 @@ scalar adjoints ``gl = dLoss/d lam_t``, ``ge = dLoss/d eta_t`` of every filter:
 
 The adjoint recursions are the exact transposes of the forward's scalar recursions (never of the
 normalised 2x2 products), all divisions are by ``d >= decay^2 > 0`` and ``lam_t > 0``. Sums over s
-are done in registers; sums over m of the ``k``/``q`` gradients become one partial per program,
+and m are done within the program; sums over m of the ``k``/``q`` gradients become one partial per program,
 ``gk_part/gq_part[b, t, pid_m, s]``, summed by the caller (deterministic, no atomics). ``decay`` and
 ``noise`` gradients accumulate over time in registers and are written per batch row and stretch
-(``gdecay_part/gnoise_part[b, piece, m, s]``), summed by the caller. The adjoints left after
+(``gdecay_part/gnoise_part[b, piece]``, per-filter blocks), summed by the caller. The adjoints left after
 ``t = 0`` are the gradients of the initial state. ``STAGES`` and ``UNROLL`` are the time loops'
 software-pipelining depth and unroll factor.
 
 Time split. With ``n_pieces > 1`` the program of stretch ``p`` first carries the final adjoint
-through the affine adjoint maps ``maps[b, piece, 5, m, s]`` of stretches ``n_pieces - 1 .. p + 1``
+through the affine adjoint maps ``maps[b, piece, 5]`` of stretches ``n_pieces - 1 .. p + 1``
 (composed by :mod:`kalmanscan.kernels.kla.adjoint_map`), then back-propagates through its own
 stretch.
 """
@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ..fast_math import rcp
-from .common import kla_step, kla_tile, kla_token
+from .common import kla_step, kla_tile, kla_token, outer, per_m, per_s, sum_m, sum_s
 
 
 @triton.jit
@@ -60,15 +60,15 @@ def kla_bwd_kernel(
     glam0_ptr, geta0_ptr,
     L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, STATES_FIRST: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
-        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
     pid_p = tl.program_id(2)
     SLOT: tl.constexpr = BLOCK_M * BLOCK_S
     MS = M * S
     state = pid_b * MS + ms
-    zero = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
+    zero = tl.zeros(mask.shape, tl.float32)
     gl = tl.load(glam_ptr + state, mask=mask, other=0.0)
     ge = tl.load(geta_ptr + state, mask=mask, other=0.0)
     for qq in range(n_pieces - 1 - pid_p):
@@ -81,8 +81,11 @@ def kla_bwd_kernel(
     gdecay = zero
     gnoise = zero
 
-    slot = ((pid_b * n_mblocks + pid_m) * n_pieces + pid_p) * CHUNK * SLOT + (
-        tl.arange(0, BLOCK_M)[:, None] * BLOCK_S + offs_s[None, :])
+    if STATES_FIRST:  # each filter's place in the program's grid, row by row
+        in_grid = offs_s[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    else:
+        in_grid = tl.arange(0, BLOCK_M)[:, None] * BLOCK_S + offs_s[None, :]
+    slot = ((pid_b * n_mblocks + pid_m) * n_pieces + pid_p) * CHUNK * SLOT + in_grid
     part = (pid_b * L * n_mblocks + pid_m) * S + offs_s
     c_begin = pid_p * (piece_len // CHUNK)
     c_end = tl.minimum(c_begin + piece_len // CHUNK, n_chunks)
@@ -100,7 +103,7 @@ def kla_bwd_kernel(
             tl.store(scratch_eta_ptr + slot + (t - t0) * SLOT, eta)
             lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S,
                                         mask_m, mask_s)
-            lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt)
+            lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
         tl.debug_barrier()  # scratch written by one thread may be read by another
 
         # Walk the chunk backwards; (lam, eta) is the state after step t.
@@ -111,20 +114,25 @@ def kla_bwd_kernel(
                 row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s)
 
             inv = rcp(lam)
-            gyq = gy[:, None] * qt[None, :]
+            gyq = outer(gy, qt, STATES_FIRST)
             s_e = gyq * inv
-            s_l = -(gyq * eta + gyv[:, None] * (qt * qt)[None, :]) * (inv * inv)
+            s_l = -(gyq * eta + outer(gyv, qt * qt, STATES_FIRST)) * (inv * inv)
             rho = rcp(a2 + noise * lam_p)
             ge += s_e
             gl += s_l
-            gq = tl.sum((gy[:, None] * eta + 2.0 * gyv[:, None] * qt[None, :]) * inv, axis=0)
+            if STATES_FIRST:  # 2 gy_var q, the 2 on the grid's first axis (the order the kernels were timed in)
+                gyv_q2 = outer(gyv, 2.0 * qt, STATES_FIRST)
+            else:
+                gyv_q2 = outer(2.0 * gyv, qt, STATES_FIRST)
+            gq = sum_m((eta * per_m(gy, STATES_FIRST) + gyv_q2) * inv, STATES_FIRST)
             g_d = -(ge * decay * eta_p + gl * lam_p) * (rho * rho)
             gdecay += ge * rho * eta_p + 2.0 * decay * g_d
             gnoise += g_d * lam_p
-            kk = kt[None, :]
-            glv = tl.sum(gl * kk * kk + ge * vv[:, None] * kk, axis=1)
-            gv = tl.sum(ge * kk, axis=1) * lv
-            gk = tl.sum(lv[:, None] * (2.0 * kk * gl + vv[:, None] * ge), axis=0)
+            kk = per_s(kt, STATES_FIRST)
+            vm = per_m(vv, STATES_FIRST)
+            glv = sum_s(gl * kk * kk + ge * vm * kk, STATES_FIRST)
+            gv = sum_s(ge * kk, STATES_FIRST) * lv
+            gk = sum_m(per_m(lv, STATES_FIRST) * (2.0 * kk * gl + vm * ge), STATES_FIRST)
             tl.store(glam_v_ptr + row_m + t * M, glv, mask=mask_m)
             tl.store(gv_ptr + row_m + t * M, gv, mask=mask_m)
             tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s)

@@ -1,9 +1,24 @@
 """Building blocks shared by the KLA kernels (``kla_fwd``, ``kla_bwd``, ``kla_split``).
 
-A program owns the ``[BLOCK_M, BLOCK_S]`` grid of filters ``(m, s)`` of one batch row; per-channel
-token inputs are ``[BLOCK_M]`` vectors, per-state ones ``[BLOCK_S]``. Arithmetic is float32;
-reciprocals are the hardware instruction (:func:`kernels.fast_math.rcp`, at most one ulp off).
-Padding lanes (``m >= M`` or ``s >= S``) carry ``decay = 1, noise = 0, k = q = 0`` and stay inert.
+A program owns a grid of filters ``(m, s)``: ``BLOCK_M`` channels of one batch row, ``BLOCK_S``
+states each. Per-channel token inputs are ``[BLOCK_M]`` vectors, per-state ones ``[BLOCK_S]``.
+Arithmetic is float32; reciprocals are the hardware instruction (:func:`kernels.fast_math.rcp`, at
+most one ulp off). Padding lanes (``m >= M`` or ``s >= S``) carry ``decay = 1, noise = 0,
+k = q = 0`` and stay inert.
+
+Two orientations of the grid, the constexpr ``STATES_FIRST`` of every kernel:
+
+- ``False``: ``[BLOCK_M, BLOCK_S]``. Triton spreads a channel's states over lanes, so the sums over
+  ``s`` are shuffles; many warps per channel block, the better shape when batch rows and channel
+  blocks alone fill the GPU.
+- ``True``: ``[BLOCK_S, BLOCK_M]``. A thread holds one channel's states in its registers (sums over
+  ``s`` in-thread, sums over ``m`` across lanes) and the per-filter tensors (``decay``, ``noise``,
+  states, checkpoints, maps) are laid out ``(..., S, M)`` in memory, so that a warp's lanes read
+  consecutive channels. Fewer instructions a token but fewer warps; it wins where time is split
+  into stretches anyway (few sequences, docs/performance.md "States within a thread").
+
+The helpers below (:func:`per_m`, :func:`per_s`, :func:`outer`, :func:`sum_s`, :func:`sum_m`) put
+vectors on the grid and reduce it in either orientation.
 """
 
 import triton
@@ -13,20 +28,62 @@ from ..fast_math import rcp
 
 
 @triton.jit
-def kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt):
+def per_m(x, STATES_FIRST: tl.constexpr):
+    """The ``[BLOCK_M]`` vector ``x`` on the grid's channel axis (size 1 along the states)."""
+    if STATES_FIRST:
+        out = x[None, :]
+    else:
+        out = x[:, None]
+    return out
+
+
+@triton.jit
+def per_s(x, STATES_FIRST: tl.constexpr):
+    """The ``[BLOCK_S]`` vector ``x`` on the grid's state axis (size 1 along the channels)."""
+    if STATES_FIRST:
+        out = x[:, None]
+    else:
+        out = x[None, :]
+    return out
+
+
+@triton.jit
+def outer(xm, xs, STATES_FIRST: tl.constexpr):
+    """``xm[m] xs[s]`` on the grid (the vector along the grid's first axis is the left factor)."""
+    if STATES_FIRST:
+        out = xs[:, None] * xm[None, :]
+    else:
+        out = xm[:, None] * xs[None, :]
+    return out
+
+
+@triton.jit
+def sum_s(x, STATES_FIRST: tl.constexpr):
+    """The grid summed over its states: a ``[BLOCK_M]`` vector."""
+    return tl.sum(x, axis=0 if STATES_FIRST else 1)
+
+
+@triton.jit
+def sum_m(x, STATES_FIRST: tl.constexpr):
+    """The grid summed over its channels: a ``[BLOCK_S]`` vector."""
+    return tl.sum(x, axis=1 if STATES_FIRST else 0)
+
+
+@triton.jit
+def kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST: tl.constexpr):
     """One predict-then-update step of the filter grid (docs/math.md, section 7):
     ``rho = 1/(decay^2 + noise lam)``, ``lam <- rho lam + lam_v k^2``,
     ``eta <- rho decay eta + lam_v v k``; returns the new ``(lam, eta)`` and ``rho``."""
     rho = rcp(a2 + noise * lam)
-    lam_next = rho * lam + lv[:, None] * (kt * kt)[None, :]
-    eta_next = (rho * decay) * eta + lvv[:, None] * kt[None, :]
+    lam_next = rho * lam + outer(lv, kt * kt, STATES_FIRST)
+    eta_next = (rho * decay) * eta + outer(lvv, kt, STATES_FIRST)
     return lam_next, eta_next, rho
 
 
 @triton.jit
-def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt):
+def kla_step(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST: tl.constexpr):
     """:func:`kla_step_rho` without ``rho``."""
-    lam, eta, _ = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt)
+    lam, eta, _ = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
     return lam, eta
 
 
@@ -41,9 +98,11 @@ def kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mas
 
 
 @triton.jit
-def kla_tile(decay_ptr, noise_ptr, L, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+def kla_tile(decay_ptr, noise_ptr, L, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+             STATES_FIRST: tl.constexpr):
     """The program's batch row ``pid_b`` and channel block ``pid_m`` (grid axes 0 and 1), its
-    offsets and masks, ``decay``, ``decay^2`` and ``noise`` of its filters, and the offsets
+    offsets and masks, the offsets ``ms`` of its filters in a per-filter ``(M, S)`` tensor (``(S, M)``
+    with ``STATES_FIRST``), ``decay``, ``decay^2`` and ``noise`` of its filters, and the offsets
     ``row_m``/``row_s`` of token 0 of its row in ``(B, L, M)`` and ``(B, L, S)`` tensors.
 
     Padding lanes get ``decay = 1, noise = 0`` (an identity predict step).
@@ -54,8 +113,12 @@ def kla_tile(decay_ptr, noise_ptr, L, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.c
     offs_s = tl.arange(0, BLOCK_S)
     mask_m = offs_m < M
     mask_s = offs_s < S
-    mask = mask_m[:, None] & mask_s[None, :]
-    ms = offs_m[:, None] * S + offs_s[None, :]
+    if STATES_FIRST:
+        mask = mask_s[:, None] & mask_m[None, :]
+        ms = offs_s[:, None] * M + offs_m[None, :]
+    else:
+        mask = mask_m[:, None] & mask_s[None, :]
+        ms = offs_m[:, None] * S + offs_s[None, :]
     decay = tl.load(decay_ptr + ms, mask=mask, other=1.0)
     noise = tl.load(noise_ptr + ms, mask=mask, other=0.0)
     row_m = pid_b * L * M + offs_m
@@ -64,7 +127,7 @@ def kla_tile(decay_ptr, noise_ptr, L, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.c
 
 
 @triton.jit
-def kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt):
+def kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt, STATES_FIRST: tl.constexpr):
     """Compose one token's step after the stretch map ``(A, B, C, D, x, y, z)`` (see ``kla_split``).
 
     The step is the linear map ``[[1 + noise phi, decay^2 phi, 0], [noise, decay^2, 0],
@@ -72,8 +135,8 @@ def kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt):
     ``phi = lam_v k^2``, ``b = lam_v v k``). The product is divided by its 2x2 trace ``A + D``
     (positive): the maps act projectively, so the scale is free, and the entries stay in range.
     """
-    phi = lv[:, None] * (kt * kt)[None, :]
-    b = lvv[:, None] * kt[None, :]
+    phi = outer(lv, kt * kt, STATES_FIRST)
+    b = outer(lvv, kt, STATES_FIRST)
     p1 = 1.0 + noise * phi
     p2 = a2 * phi
     A1 = p1 * A + p2 * C
@@ -99,7 +162,8 @@ def kla_enter(lam0_ptr, eta0_ptr, maps_ptr, state, ms, mask, pid_b, pid_p, n_pie
               HAS_INIT: tl.constexpr):
     """The state ``(lam, eta)`` at the start of stretch ``pid_p``: the initial state at offsets
     ``state`` (``lam = 1, eta = 0`` without ``HAS_INIT``) carried through the maps of stretches
-    ``0 .. pid_p - 1`` (``maps[b, piece, 7, m, s]`` at offsets ``ms``, see ``kla_split``)."""
+    ``0 .. pid_p - 1`` (``maps[b, piece, 7]``, each a per-filter block read at offsets ``ms``, see
+    ``kla_split``)."""
     if HAS_INIT:
         lam = tl.load(lam0_ptr + state, mask=mask, other=1.0)
         eta = tl.load(eta0_ptr + state, mask=mask, other=0.0)
@@ -120,7 +184,7 @@ def kla_enter(lam0_ptr, eta0_ptr, maps_ptr, state, ms, mask, pid_b, pid_p, n_pie
 def kla_checkpoint(ckpt_lam_ptr, ckpt_eta_ptr, lam, eta, t, pid_b, n_chunks, ms, mask, M, S,
                    CHUNK: tl.constexpr):
     """At a chunk start (``t % CHUNK == 0``) store the state before token ``t`` to
-    ``ckpt_lam/ckpt_eta[b, t // CHUNK, m, s]`` (offsets ``ms`` within a batch's ``(M, S)``)."""
+    ``ckpt_lam/ckpt_eta[b, t // CHUNK]`` (offsets ``ms`` within a batch's per-filter block)."""
     if t % CHUNK == 0:
         ck = (pid_b * n_chunks + t // CHUNK) * M * S + ms
         tl.store(ckpt_lam_ptr + ck, lam, mask=mask)

@@ -1,7 +1,8 @@
 """Fused forward of the KLA scan (docs/math.md, section 7): the state never leaves registers.
 
 One program per ``(batch b, block of BLOCK_M channels of M, stretch of time)`` holds its
-``[BLOCK_M, BLOCK_S]`` grid of filters ``(lam, eta)`` in registers and walks its stretch of time
+grid of filters ``(lam, eta)`` in registers (either orientation, ``STATES_FIRST``:
+``kalmanscan.kernels.kla.common``) and walks its stretch of time
 sequentially. Per token it reads ``v[b, t, m]``, ``lam_v[b, t, m]``, ``k[b, t, :]``, ``q[b, t, :]``,
 applies ``kalmanscan.kernels.kla.common.kla_step`` and writes
 
@@ -11,7 +12,7 @@ Time is one stretch (``n_pieces = 1``) unless few programs would fill the GPU; t
 ``kalmanscan.kernels.kla.split`` has written the composed map of every earlier stretch to ``maps`` and a program
 of stretch ``p`` starts by applying maps ``0 .. p-1`` to the initial state.
 With ``SAVE`` the state at the start of every chunk of ``CHUNK`` tokens is written to
-``ckpt_lam/ckpt_eta[b, chunk, m, s]`` for the backward (memory ``B M S L / CHUNK``; stretches are
+``ckpt_lam/ckpt_eta[b, chunk]`` (a per-filter block) for the backward (memory ``B M S L / CHUNK``; stretches are
 whole chunks). The loop is bound by latency, not arithmetic: ``STAGES`` lets Triton's software
 pipeliner load tokens ahead (measured faster than a hand-written register ring), ``UNROLL`` unrolls
 the time loop.
@@ -26,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..fast_math import rcp
-from .common import kla_checkpoint, kla_enter, kla_step, kla_tile, kla_token
+from .common import kla_checkpoint, kla_enter, kla_step, kla_tile, kla_token, per_s, sum_s
 
 
 @triton.jit
@@ -36,9 +37,10 @@ def kla_fwd_kernel(
     L, M, S, n_chunks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_INIT: tl.constexpr, SAVE: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    STATES_FIRST: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
-        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
     pid_p = tl.program_id(2)
     state = pid_b * M * S + ms
     lam, eta = kla_enter(lam0_ptr, eta0_ptr, maps_ptr, state, ms, mask, pid_b, pid_p, n_pieces, M, S, HAS_INIT)
@@ -49,11 +51,12 @@ def kla_fwd_kernel(
         if SAVE:
             kla_checkpoint(ckpt_lam_ptr, ckpt_eta_ptr, lam, eta, t, pid_b, n_chunks, ms, mask, M, S, CHUNK)
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
-        lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt)
+        lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
         inv = rcp(lam)
-        qi = qt[None, :] * inv
-        y = tl.sum(qi * eta, axis=1)
-        y_var = tl.sum(qi * qt[None, :], axis=1)
+        qs = per_s(qt, STATES_FIRST)
+        qi = qs * inv
+        y = sum_s(qi * eta, STATES_FIRST)
+        y_var = sum_s(qi * qs, STATES_FIRST)
         tl.store(y_ptr + row_m + t * M, y.to(y_ptr.dtype.element_ty), mask=mask_m)
         tl.store(y_var_ptr + row_m + t * M, y_var.to(y_var_ptr.dtype.element_ty), mask=mask_m)
     if pid_p == n_pieces - 1:

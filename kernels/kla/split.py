@@ -17,7 +17,7 @@ positive trace, so the scale never cancels). ``kla_fwd_kernel`` then applies the
 stretches, in order, to the initial state: ``O(n_pieces^2)`` cheap map applications in all.
 
 Grid ``(B, ceil(M / BLOCK_M), n_pieces - 1)`` (the last stretch's map is never needed); output
-``maps[b, piece, 7, m, s]`` float32.
+``maps[b, piece, 7]``, float32 per-filter blocks (``(M, S)``, or ``(S, M)`` with ``STATES_FIRST``).
 """
 
 import triton
@@ -30,19 +30,19 @@ from .common import kla_map_step, kla_tile, kla_token
 def kla_piece_map_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, maps_ptr,
     L, M, S, piece_len, n_pieces,
-    BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, STATES_FIRST: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
-        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S)
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
     pid_p = tl.program_id(2)
-    one = tl.full((BLOCK_M, BLOCK_S), 1.0, tl.float32)
-    zero = tl.zeros((BLOCK_M, BLOCK_S), tl.float32)
+    one = tl.full(mask.shape, 1.0, tl.float32)
+    zero = tl.zeros(mask.shape, tl.float32)
     A, B, C, D, x, y, z = one, zero, zero, one, zero, zero, one
     t_begin = pid_p * piece_len
     t_end = tl.minimum(t_begin + piece_len, L)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
-        A, B, C, D, x, y, z = kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt)
+        A, B, C, D, x, y, z = kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
     at = maps_ptr + (pid_b * n_pieces + pid_p) * 7 * M * S + ms
     tl.store(at, A, mask=mask)
     tl.store(at + M * S, B, mask=mask)

@@ -36,7 +36,8 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
 from ..launch import cdiv, config_from_ints, config_ints, next_power_of_2
 
-__all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "pieces"]
+__all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "SPLIT_CONFIG", "launch_config",
+           "pieces"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,10 @@ class KLAConfig:
     stretches (``4 x SMs`` before: at B=2 L=8192 M=1024 S=16 on an H200 twice the stretches took
     the forward 1.03 -> 0.86 ms, docs/performance.md); 1 walks all of time in one program per
     channel block. ``bwd_pieces=None`` splits the backward where the forward splits, into
-    ``floor(16 x SMs / programs)`` stretches (``BWD_PROGRAMS_PER_SM``)."""
+    ``floor(16 x SMs / programs)`` stretches (``BWD_PROGRAMS_PER_SM``). ``states_first`` turns the
+    programs' grid of filters to ``[BLOCK_S, BLOCK_M]`` (each thread one channel's states, the
+    per-filter tensors laid out ``(S, M)``: :mod:`kalmanscan.kernels.kla.common`); results do not
+    depend on it beyond float32 rounding."""
 
     block_m: int = 16
     chunk: int = 32
@@ -63,6 +67,7 @@ class KLAConfig:
     bwd_unroll: int | None = None
     pieces: int | None = None
     bwd_pieces: int | None = None
+    states_first: bool = False
 
     def as_ints(self) -> list[int]:
         """The fields as the integers the operators take (:func:`kalmanscan.ops.launch.config_ints`)."""
@@ -75,6 +80,12 @@ class KLAConfig:
 
 
 DEFAULT_CONFIG = KLAConfig()
+# Where DEFAULT_CONFIG splits time (few sequences), each thread holds one channel's states: 36%
+# fewer instructions, and the time split brings back the warps this layout loses. H200, B=2 L=8192
+# M=1024 S=16: forward 0.687-0.693 ms against 0.846-0.857, forward+backward 2.58 against 3.00;
+# at B=8 L=2048 (no split) it lost, 2.41 against 2.23 (docs/performance.md, "States within a
+# thread"; these kernels compile to the SASS that was timed there).
+SPLIT_CONFIG = KLAConfig(block_m=32, num_warps=1, bwd_block_m=16, states_first=True)
 # The backward's default time split, where it splits (at most 2 x SMs channel-block programs):
 # about this many one-warp programs per multiprocessor (its registers allow 16 resident; each
 # stretch after the first adds a forward walk composing its adjoint map,
@@ -85,6 +96,13 @@ BWD_PROGRAMS_PER_SM = 16
 Tensor = torch.Tensor
 Six = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 Eight = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+def launch_config(B: int, L: int, M: int, device: torch.device) -> KLAConfig:
+    """The launch shape for ``B`` sequences of ``L`` tokens and ``M`` channels on ``device``:
+    :data:`SPLIT_CONFIG` where :data:`DEFAULT_CONFIG` would split time, else :data:`DEFAULT_CONFIG`."""
+    split = pieces(None, DEFAULT_CONFIG.block_m, DEFAULT_CONFIG.chunk, B, L, M, device)[0] > 1
+    return SPLIT_CONFIG if split else DEFAULT_CONFIG
 
 
 def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: int,
@@ -106,6 +124,22 @@ def _n_chunks(L, chunk):
     return torch.sym_max((L + chunk - 1) // chunk, 1)
 
 
+def _grid(M, S, cfg):
+    """The shape of a per-filter block in the kernels' memory layout."""
+    return (S, M) if cfg.states_first else (M, S)
+
+
+def _to_kernels(x, cfg):
+    """A per-filter ``(..., M, S)`` tensor as the kernels read it: float32, laid out as :func:`_grid`."""
+    x = x.to(torch.float32)
+    return (x.transpose(-1, -2) if cfg.states_first else x).contiguous()
+
+
+def _from_kernels(x, cfg):
+    """The inverse of :func:`_to_kernels` (the dtype stays float32)."""
+    return x.transpose(-1, -2).contiguous() if cfg.states_first else x
+
+
 @torch.library.custom_op("kalmanscan::kla_scan_fwd", mutates_args=())
 def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
                  noise: torch.Tensor, lam0: torch.Tensor | None, eta0: torch.Tensor | None, save: bool,
@@ -113,27 +147,29 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     """The fused forward (:mod:`kalmanscan.kernels.kla.fwd`); see the module docstring."""
     cfg = KLAConfig.from_ints(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
-    decay32, noise32 = (x.to(torch.float32).contiguous() for x in (decay, noise))
+    decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
     B, L, M = v.shape
     S = k.shape[-1]
+    grid = _grid(M, S, cfg)
     has_init = lam0 is not None
-    state0 = [x.to(torch.float32).contiguous() if has_init else decay32 for x in (lam0, eta0)]
+    state0 = [_to_kernels(x, cfg) if has_init else decay32 for x in (lam0, eta0)]
     dev = v.device
     n_chunks = max(cdiv(L, cfg.chunk), 1)
     y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
     y_var = torch.empty_like(y)
-    lam = torch.empty(B, M, S, dtype=torch.float32, device=dev)
+    lam = torch.empty(B, *grid, dtype=torch.float32, device=dev)
     eta = torch.empty_like(lam)
-    ckpt = [torch.empty(B, n_chunks, M, S, dtype=torch.float32, device=dev) if save
+    ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
             else torch.zeros(1, dtype=torch.float32, device=dev) for _ in range(2)]
     n_mblocks, block_s = cdiv(M, cfg.block_m), next_power_of_2(S)
     n_pieces, piece_len = pieces(cfg.pieces, cfg.block_m, cfg.chunk, B, L, M, dev)
     maps = decay32
     if n_pieces > 1:
-        maps = torch.empty(B, n_pieces, 7, M, S, dtype=torch.float32, device=dev)
+        maps = torch.empty(B, n_pieces, 7, *grid, dtype=torch.float32, device=dev)
         kla_piece_map_kernel[(B, n_mblocks, n_pieces - 1)](
             v, lam_v, k, q, decay32, noise32, maps, L, M, S, piece_len, n_pieces,
-            BLOCK_M=cfg.block_m, BLOCK_S=block_s, STAGES=cfg.stages, num_warps=cfg.num_warps,
+            BLOCK_M=cfg.block_m, BLOCK_S=block_s, STAGES=cfg.stages, STATES_FIRST=cfg.states_first,
+            num_warps=cfg.num_warps,
         )
     kla_fwd_kernel[(B, n_mblocks, n_pieces)](
         v, lam_v, k, q, decay32, noise32, state0[0], state0[1], maps,
@@ -141,9 +177,9 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         L, M, S, n_chunks, piece_len, n_pieces,
         CHUNK=cfg.chunk, BLOCK_M=cfg.block_m, BLOCK_S=block_s,
         HAS_INIT=has_init, SAVE=save, STAGES=cfg.stages, UNROLL=cfg.unroll,
-        num_warps=cfg.num_warps,
+        STATES_FIRST=cfg.states_first, num_warps=cfg.num_warps,
     )
-    return y, y_var, lam, eta, ckpt[0], ckpt[1]
+    return y, y_var, _from_kernels(lam, cfg), _from_kernels(eta, cfg), ckpt[0], ckpt[1]
 
 
 @kla_scan_fwd.register_fake
@@ -151,7 +187,7 @@ def _(v, lam_v, k, q, decay, noise, lam0, eta0, save, config):
     B, L, M = v.shape
     S = k.shape[-1]
     f32 = dict(dtype=torch.float32)
-    ckpt_shape = (B, _n_chunks(L, config[1]), M, S) if save else (1,)
+    ckpt_shape = (B, _n_chunks(L, config[1]), *_grid(M, S, KLAConfig.from_ints(config))) if save else (1,)
     return (v.new_empty(B, L, M), v.new_empty(B, L, M), v.new_empty(B, M, S, **f32), v.new_empty(B, M, S, **f32),
             v.new_empty(ckpt_shape, **f32), v.new_empty(ckpt_shape, **f32))
 
@@ -165,12 +201,13 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     eight tensor inputs from those of its first four outputs; see the module docstring."""
     cfg = KLAConfig.from_ints(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
-    decay32, noise32 = (x.to(torch.float32).contiguous() for x in (decay, noise))
+    decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
     B, L, M = v.shape
     S = k.shape[-1]
+    grid = _grid(M, S, cfg)
     dev = v.device
     gy, gy_var = gy.contiguous(), gy_var.contiguous()
-    glam, geta = (x.to(torch.float32).contiguous() for x in (glam, geta))
+    glam, geta = (_to_kernels(x, cfg) for x in (glam, geta))
     n_mblocks, block_s = cdiv(M, cfg.bwd_block_m), next_power_of_2(S)
     chunk = cfg.chunk
     n_chunks = max(cdiv(L, chunk), 1)
@@ -178,22 +215,22 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     f32 = dict(dtype=torch.float32, device=dev)
     scratch = [torch.empty(B * n_mblocks * n_pieces * chunk * cfg.bwd_block_m * block_s, **f32)
                for _ in range(2)]
-    maps = torch.empty(B, n_pieces, 5, M, S, **f32) if n_pieces > 1 else decay32
+    maps = torch.empty(B, n_pieces, 5, *grid, **f32) if n_pieces > 1 else decay32
     gv = torch.empty(B, L, M, **f32)
     glam_v = torch.empty(B, L, M, **f32)
     gk_part = torch.empty(B, L, n_mblocks, S, **f32)
     gq_part = torch.empty(B, L, n_mblocks, S, **f32)
-    gdecay_part = torch.empty(B, n_pieces, M, S, **f32)
-    gnoise_part = torch.empty(B, n_pieces, M, S, **f32)
-    glam0 = torch.empty(B, M, S, **f32)
-    geta0 = torch.empty(B, M, S, **f32)
+    gdecay_part = torch.empty(B, n_pieces, *grid, **f32)
+    gnoise_part = torch.empty(B, n_pieces, *grid, **f32)
+    glam0 = torch.empty(B, *grid, **f32)
+    geta0 = torch.empty(B, *grid, **f32)
 
     if n_pieces > 1:  # the adjoint maps of stretches 1 .. n_pieces - 1
         kla_adjoint_map_kernel[(B, n_mblocks, n_pieces - 1)](
             v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta, gy, gy_var, maps,
             L, M, S, n_chunks, piece_len, n_pieces,
             CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
-            num_warps=cfg.bwd_num_warps,
+            STATES_FIRST=cfg.states_first, num_warps=cfg.bwd_num_warps,
         )
     kla_bwd_kernel[(B, n_mblocks, n_pieces)](
         v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
@@ -201,10 +238,10 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
         L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
         CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
-        UNROLL=cfg.bwd_unroll, num_warps=cfg.bwd_num_warps,
+        UNROLL=cfg.bwd_unroll, STATES_FIRST=cfg.states_first, num_warps=cfg.bwd_num_warps,
     )
-    return (gv, glam_v, gk_part.sum(2), gq_part.sum(2), gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)),
-            glam0, geta0)
+    return (gv, glam_v, gk_part.sum(2), gq_part.sum(2),
+            *(_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))
 
 
 @kla_scan_bwd.register_fake

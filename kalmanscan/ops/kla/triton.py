@@ -24,7 +24,7 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
 from ... import merged
 from ..launch import cdiv, next_power_of_2
-from .library import DEFAULT_CONFIG, KLAConfig, kla_scan_fwd, pieces
+from .library import DEFAULT_CONFIG, KLAConfig, kla_scan_fwd, launch_config, pieces
 from .state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_triton", "summary", "KLAConfig", "DEFAULT_CONFIG"]
@@ -51,10 +51,11 @@ def kla_scan_triton(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: to
 
     Differentiable with respect to every tensor argument, traceable by ``torch.compile`` and
     capturable in a CUDA graph (the operator ``kalmanscan::kla_scan_fwd``, no host synchronisation).
-    ``config`` (a :class:`KLAConfig`) overrides the launch shape; results do not depend on it beyond
-    float32 rounding.
+    ``config`` (a :class:`KLAConfig`) overrides the launch shape (default:
+    :func:`~kalmanscan.ops.kla.library.launch_config`); results do not depend on it beyond float32
+    rounding.
     """
-    config = config or DEFAULT_CONFIG
+    config = config or launch_config(*v.shape, v.device)
     if _largest_buffer(config, *v.shape, next_power_of_2(k.shape[-1]), v.device) >= 2**31:
         raise ValueError(f"v of shape {tuple(v.shape)} is too large for the kernels' int32 offsets")
     tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
@@ -78,7 +79,8 @@ def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
             dtype: torch.dtype, config: KLAConfig | None = None) -> tuple[torch.Tensor, ...]:
     """The product of every token's step (7 tensors ``(B, M, S)``, :mod:`kalmanscan.merged`) from
     the triton backend's piece-map kernel (float32, divided by the trace
-    after every token; forward only), in ``dtype``.
+    after every token; forward only; the ``[BLOCK_M, BLOCK_S]`` grid whatever
+    ``config.states_first``), in ``dtype``.
 
     The tokens are cut into ``P`` pieces so that about :data:`KERNEL_PROGRAMS` programs walk them
     at once (pieces of at least :data:`MIN_PIECE` tokens); the ``P`` piece maps are then composed
@@ -96,6 +98,6 @@ def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
         *(x.contiguous() for x in (v, lam_v, k, q)),
         *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
         L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=next_power_of_2(S),
-        STAGES=config.stages, num_warps=config.num_warps)
+        STAGES=config.stages, STATES_FIRST=False, num_warps=config.num_warps)
     total = merged.total(merged.compose, maps[:, :pieces].unbind(2), 1)
     return tuple(x[:, 0].to(dtype) for x in total)

@@ -11,6 +11,8 @@ instead of crossed with each other.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import KERNEL_DEVICE, device_of, max_rel_error
@@ -19,12 +21,15 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.kla.reference import kla_scan_sequential
+from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
 from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
 
 TOL = 2e-5
 SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)        # M = 5: two channel blocks, one partial
 WIDE = KLAConfig(block_m=8, chunk=8, bwd_block_m=8)         # M = 5: one channel block
 SPLIT = KLAConfig(block_m=4, chunk=4, bwd_block_m=4, pieces=3, bwd_pieces=3)  # time in 3 stretches
+# the same launch shapes with each thread holding one channel's states (the [S, M] grid)
+SMALL_S, WIDE_S, SPLIT_S = (dataclasses.replace(c, states_first=True) for c in (SMALL, WIDE, SPLIT))
 
 
 def run_triton(xs, config=SMALL):
@@ -89,6 +94,9 @@ def test_recurrent_backend_values_and_grads_equal_the_parallel_scan():
     (1, 24, False, SMALL),       # three whole chunks
     (2, 23, True, SPLIT),        # 3 pieces of 8, 8 and 7 tokens (2 chunks each), forward and backward
     (1, 63, True, WIDE),         # 8 chunks, the last partial
+    (1, 24, True, SMALL_S),      # states first: two channel blocks, one partial
+    (2, 23, True, SPLIT_S),      # states first, time in 3 stretches forward and backward
+    (1, 63, False, WIDE_S),      # states first, one channel block with padding lanes
 ])
 def test_triton_matches_sequential_values_and_grads(B, L, with_state, config):
     """Outputs, final state and every gradient (initial state included) against the float64
@@ -108,12 +116,32 @@ def test_triton_matches_sequential_values_and_grads(B, L, with_state, config):
 @pytest.mark.parametrize("config", [
     KLAConfig(),                                                   # 2 chunks; 2 backward channel blocks
     KLAConfig(chunk=4, block_m=8, bwd_block_m=16, bwd_pieces=100),  # 2 forward channel blocks; the
-])                                                                 # backward in 10 pieces of one chunk
+    SPLIT_CONFIG,                                                  # backward in 10 pieces of one chunk
+])
 def test_triton_configs_and_power_of_two_state(config):
     xs = make_inputs(1, 37, 9, 4, seed=7, device=KERNEL_DEVICE)
     ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a), xs)
     with poisoned():
         out, grads = outputs_and_grads(lambda a: run_triton(a, config), [x.float() for x in xs])
+    assert_matches(out, ref_out, "outputs")
+    assert_matches(grads, ref_grads, "grads")
+
+
+def test_launch_config_turns_the_grid_where_time_is_split():
+    """SPLIT_CONFIG exactly where DEFAULT_CONFIG would split time (few channel-block programs; on a
+    CPU the rule counts one multiprocessor), and a default call runs it."""
+    cpu = torch.device("cpu")
+    assert launch_config(1, 64, 8, cpu) == SPLIT_CONFIG        # one program: time in 2 stretches
+    assert launch_config(1, 32, 8, cpu) == DEFAULT_CONFIG      # one chunk: nothing to split
+    assert launch_config(8, 64, 64, cpu) == DEFAULT_CONFIG     # 32 programs fill one multiprocessor
+    if KERNEL_DEVICE == "cuda":
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        want = SPLIT_CONFIG if 128 <= 2 * sms else DEFAULT_CONFIG   # B = 2, 64 blocks of 16 channels
+        assert launch_config(2, 8192, 1024, torch.device("cuda")) == want
+    xs = [x.float() for x in make_inputs(1, 64, 8, 16, seed=8, device=KERNEL_DEVICE)]
+    ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*(x.double() for x in a)), xs)
+    with poisoned():
+        out, grads = outputs_and_grads(lambda a: kla_scan_triton(*a), xs)
     assert_matches(out, ref_out, "outputs")
     assert_matches(grads, ref_grads, "grads")
 

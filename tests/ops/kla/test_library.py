@@ -14,11 +14,12 @@ import torch
 from helpers import KERNEL_DEVICE, max_rel_error
 
 from kalmanscan.nn import KLA
-from kalmanscan.ops.kla.library import KLAConfig, kla_scan_bwd, kla_scan_fwd
+from kalmanscan.ops.kla.library import SPLIT_CONFIG, KLAConfig, kla_scan_bwd, kla_scan_fwd
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 from kalmanscan.ops.kla.triton import kla_scan_triton
 
 TINY = KLAConfig(block_m=2, chunk=4, bwd_block_m=2)          # M = 3: two channel blocks; L = 7: two chunks
+TINY_S = KLAConfig(block_m=2, chunk=4, bwd_block_m=2, states_first=True)  # the same, each thread a channel's states
 B, L, M, S = 2, 7, 3, 3
 
 
@@ -32,10 +33,10 @@ def scan_inputs(seed, dtype=torch.float32):
     return [x.to(KERNEL_DEVICE) for x in xs]
 
 
-def op_args(with_state, save):
+def op_args(with_state, save, config=TINY):
     xs = scan_inputs(4)
     lam0, eta0 = (xs[6], xs[7]) if with_state else (None, None)
-    return (*xs[:6], lam0, eta0, save, TINY.as_ints())
+    return (*xs[:6], lam0, eta0, save, config.as_ints())
 
 
 def outputs_and_grads(fn, xs):
@@ -47,26 +48,29 @@ def outputs_and_grads(fn, xs):
     return [o.detach() for o in outs], list(torch.autograd.grad(loss, xs))
 
 
-@pytest.mark.parametrize("with_state,save", [(False, True), (True, False)])
-def test_opcheck_forward(with_state, save):
-    args = op_args(with_state, save)
+@pytest.mark.parametrize("with_state,save,config", [(False, True, TINY), (True, False, TINY),
+                                                    (True, True, TINY_S)])
+def test_opcheck_forward(with_state, save, config):
+    args = op_args(with_state, save, config)
     if save:
         args = tuple(x.requires_grad_() if isinstance(x, torch.Tensor) else x for x in args)
     torch.library.opcheck(kla_scan_fwd, args)
 
 
-def test_opcheck_backward():
-    args = op_args(True, True)
+@pytest.mark.parametrize("config", [TINY, TINY_S])
+def test_opcheck_backward(config):
+    args = op_args(True, True, config)
     _, _, _, _, ckpt_lam, ckpt_eta = kla_scan_fwd(*args)
     g = torch.Generator().manual_seed(5)
     shapes = ((B, L, M), (B, L, M), (B, M, S), (B, M, S))
     grads = [torch.randn(*shape, generator=g).to(KERNEL_DEVICE) for shape in shapes]
-    torch.library.opcheck(kla_scan_bwd, (*args[:6], ckpt_lam, ckpt_eta, *grads, TINY.as_ints()))
+    torch.library.opcheck(kla_scan_bwd, (*args[:6], ckpt_lam, ckpt_eta, *grads, config.as_ints()))
 
 
 def test_config_round_trip():
-    for config in (TINY, KLAConfig(unroll=2, pieces=3, bwd_pieces=None)):
-        assert KLAConfig.from_ints(config.as_ints()) == config
+    for config in (TINY, TINY_S, SPLIT_CONFIG, KLAConfig(unroll=2, pieces=3, bwd_pieces=None)):
+        back = KLAConfig.from_ints(config.as_ints())
+        assert back == config and type(back.states_first) is bool
 
 
 def test_compiled_fullgraph_equals_eager_and_reference():

@@ -1,0 +1,60 @@
+"""The KLA scan's two grid orientations: ``DEFAULT_CONFIG`` (a channel's states across lanes)
+against ``SPLIT_CONFIG`` (each thread one channel's states), which ``launch_config`` picks where
+time is split, timed alternately in one process with the public call beside them.
+
+    python -m benchmarks.kla_layouts --out kla_layouts.json
+
+Shapes: ``M = 1024, S = 16``, float32, 16384 tokens a call (``B x L``): (1, 16384), (2, 8192),
+(4, 4096), (8, 2048). For each, the kernels with each configuration (``kla_scan_triton``, queued,
+forward and forward+backward: :func:`benchmarks.kla_pieces.row`) in the order default, split,
+split, default, and the public ``kla_scan(backend="triton")`` (input checks, then
+``launch_config``'s choice: :func:`benchmarks.bench_kla.bench_triton`). The forward's share of the
+FP32 rate measured in the same run is printed with each row (``bench_kla.FWD_FP32_OPS`` per state
+update), and each configuration's outputs and gradients are compared with the default's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from benchmarks.bench_kla import FWD_FP32_OPS, bench_triton, fp32_rates, make_inputs
+from benchmarks.kla_pieces import row
+from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
+
+SHAPES = [(1, 16384), (2, 8192), (4, 4096), (8, 2048)]
+M, S = 1024, 16
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rate = fp32_rates()["fp32_instr_per_s"]
+    result = dict(device=torch.cuda.get_device_name(), fp32_instr_per_s=rate, rows=[])
+
+    def add(**r):
+        if "fwd_ms" in r:
+            r["fwd_pct_fp32"] = 100.0 * FWD_FP32_OPS * r["B"] * r["L"] * M * S / (r["fwd_ms"] * 1e-3) / rate
+        result["rows"].append(r)
+        print(r, flush=True)
+
+    for B, L in SHAPES:
+        xs = make_inputs(B, L, M, S)
+        chosen = "split" if launch_config(B, L, M, xs[0].device) == SPLIT_CONFIG else "default"
+        ref = None
+        for name in ("default", "split", "split", "default"):
+            timing, out = row(xs, DEFAULT_CONFIG if name == "default" else SPLIT_CONFIG, ref)
+            ref = ref or out
+            add(B=B, L=L, config=name, chosen=chosen, **timing)
+        public = bench_triton((B, L, M, S), None, rate, public=True)
+        add(B=B, L=L, config="public kla_scan", chosen=chosen, fwd_ms=public["fwd_ms"],
+            fwd_bwd_ms=public["fwd_bwd_ms"])
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
