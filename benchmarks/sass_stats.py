@@ -12,15 +12,19 @@ unrolling), for each thread; each kernel's registers per thread and local memory
 first. ``--save`` writes each kernel's SASS without addresses, so that two checkouts compiled by the
 same Triton compare with ``diff -r``: a change whose SASS is identical at every launch shape listed
 here cannot change the kernels' speed (run it with the GPU machine's Triton, installed with ``pip
-install --target DIR triton==<version>`` and put first on ``PYTHONPATH``). The test suite runs it
-(``benchmarks/tests/test_sass.py``), so a kernel that compiles only under the interpreter fails CI.
+install --target DIR triton==<version>`` and put first on ``PYTHONPATH``). The kernels compiled
+are always this checkout's (:func:`this_checkout`), also where another checkout is installed in
+editable mode. The test suite runs it (``benchmarks/tests/test_sass.py``), so a kernel that
+compiles only under the interpreter fails CI.
 """
 
 import argparse
 import collections
+import importlib.util
 import os
 import re
 import subprocess
+import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -30,6 +34,34 @@ from triton.compiler import ASTSource  # noqa: E402
 
 
 ALIGNED = "aligned"  # a runtime argument specialised as divisible by 16 (a pointer: 16-byte aligned)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def this_checkout():
+    """Make ``kalmanscan`` and ``kalmanscan.kernels`` this checkout's (``ROOT``), and return the
+    kernels' directory.
+
+    The kernels live in ``ROOT/kernels`` (``package-dir`` in pyproject.toml). With another checkout
+    installed in editable mode, its import finder would supply ``kalmanscan.kernels`` even when
+    ``kalmanscan`` itself comes from here, and two checkouts' SASS would silently be one's.
+    """
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import kalmanscan
+    if not os.path.abspath(kalmanscan.__file__).startswith(ROOT + os.sep):
+        raise SystemExit(f"kalmanscan is imported from {kalmanscan.__file__}, not from {ROOT}: "
+                         "run from the checkout's root")
+    kernels = os.path.join(ROOT, "kernels")
+    if "kalmanscan.kernels" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "kalmanscan.kernels", os.path.join(kernels, "__init__.py"), submodule_search_locations=[kernels])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["kalmanscan.kernels"] = module
+        spec.loader.exec_module(module)
+    found = os.path.dirname(os.path.abspath(sys.modules["kalmanscan.kernels"].__file__))
+    if found != kernels:
+        raise SystemExit(f"kalmanscan.kernels was already imported from {found}, not {kernels}")
+    return kernels
 
 
 POINTER_TYPES = {"loglik_sum_ptr": "*fp64"}
@@ -196,6 +228,7 @@ def main():
     ap.add_argument("--list", action="store_true", help="only print the kernels' names")
     ap.add_argument("--save", metavar="DIR", help="write each kernel's SASS, addresses removed, to DIR/<name>.sass")
     args = ap.parse_args()
+    print(f"kernels from {this_checkout()}, Triton {triton.__version__}")
     table = kernels()
     if args.list:
         print("\n".join(table))
