@@ -228,7 +228,7 @@ def main():
     ap.add_argument("--list", action="store_true", help="only print the kernels' names")
     ap.add_argument("--save", metavar="DIR", help="write each kernel's SASS, addresses removed, to DIR/<name>.sass")
     args = ap.parse_args()
-    print(f"kernels from {this_checkout()}, Triton {triton.__version__}")
+    print(f"kernels from {this_checkout()}, Triton {triton.__version__}", file=sys.stderr)
     table = kernels()
     if args.list:
         print("\n".join(table))
