@@ -9,8 +9,8 @@ k = q = 0`` and stay inert.
 Two orientations of the grid, the constexpr ``STATES_FIRST`` of every kernel:
 
 - ``False``: ``[BLOCK_M, BLOCK_S]``. Triton spreads a channel's states over lanes, so the sums over
-  ``s`` are shuffles; many warps per channel block, the better shape when batch rows and channel
-  blocks alone fill the GPU.
+  ``s`` are shuffles, and a warp covers few channels: many warps resident to hide each token's
+  dependent chain, the better shape when the batch rows and channel blocks alone fill the GPU.
 - ``True``: ``[BLOCK_S, BLOCK_M]``. A thread holds one channel's states in its registers (sums over
   ``s`` in-thread, sums over ``m`` across lanes) and the per-filter tensors (``decay``, ``noise``,
   states, checkpoints, maps) are laid out ``(..., S, M)`` in memory, so that a warp's lanes read

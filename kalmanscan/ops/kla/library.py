@@ -16,7 +16,8 @@ operator synchronises.
 
 Shapes: ``v``, ``lam_v``, ``y``, ``y_var`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, S)``; ``decay``,
 ``noise`` ``(M, S)``; ``lam0``, ``eta0``, ``lam``, ``eta`` ``(B, M, S)``; the checkpoints
-``(B, ceil(L / chunk), M, S)`` when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
+``(B, ceil(L / chunk), M, S)`` (``(..., S, M)`` with ``config.states_first``, the kernels' layout)
+when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
 ``y``, ``y_var`` come in ``v``'s dtype, everything else in float32 (the kernels' arithmetic); the
 autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
 as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as -1).

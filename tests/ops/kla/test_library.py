@@ -73,13 +73,14 @@ def test_config_round_trip():
         assert back == config and type(back.states_first) is bool
 
 
-def test_compiled_fullgraph_equals_eager_and_reference():
+@pytest.mark.parametrize("config", [TINY, None])   # None: launch_config's choice, made while tracing
+def test_compiled_fullgraph_equals_eager_and_reference(config):
     """torch.compile(fullgraph=True) traces the op with its fake and autograd registrations: the
     compiled forward and backward equal eager, which equals the float64 recursion."""
     xs = scan_inputs(6, torch.float64)
 
     def scan(xs):
-        return kla_scan_triton(*(x.float() for x in xs), config=TINY)
+        return kla_scan_triton(*(x.float() for x in xs), config=config)
 
     compiled = torch.compile(scan, fullgraph=True, backend="aot_eager")
     out, grads = outputs_and_grads(scan, xs)
