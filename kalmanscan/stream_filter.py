@@ -198,12 +198,14 @@ class StreamFilter:
         y_np = np.asarray(y)
         _check_one_step(y_np.shape, p0)
         shape = tuple(p0.shape[:-2]) + (p0.y.shape[-1],)
-        y_np = np.ascontiguousarray(np.broadcast_to(y_np, shape), dtype=rows.dtype).reshape(-1)
+        if y_np.shape != shape or y_np.dtype != rows.dtype or not y_np.flags.c_contiguous:
+            y_np = np.ascontiguousarray(np.broadcast_to(y_np, shape), dtype=rows.dtype)
+        y_np = y_np.reshape(-1)
         out, belief = backend.stream_step_arrays(y_np, self._belief.numpy().reshape(2, -1), rows)
         logliks = out[backend.POSTERIOR.index("logliks")].reshape(shape)
         if self.check_finite and not np.isfinite(logliks.sum()):  # by result, as decide_y
             check_no_inf(y_np)
-        self._belief = torch.from_numpy(belief).view(self._belief.shape)
+        self._belief = torch.from_numpy(belief.reshape(self._belief.shape))  # a NumPy reshape: no torch op
         self._loglik = torch.from_numpy(self._loglik.numpy() + logliks)
         self._steps += 1
         return {k: out[backend.POSTERIOR.index(k)].reshape(shape).astype(p0.out_dtype, copy=False)

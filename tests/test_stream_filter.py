@@ -75,7 +75,7 @@ def test_batch_from_the_parameters(backend):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_cpu_step_over_several_blocks(dtype):
-    """The cpu step's blocks of 64 series: 150 series (a partial last block), gaps anywhere."""
+    """The cpu step over 150 series (not a multiple of any vector width), gaps anywhere."""
     rng = np.random.default_rng(7)
     y = (rng.normal(size=(12, 150)) + 1.0).astype(dtype)
     y[rng.random(y.shape) < 0.2] = np.nan
@@ -95,6 +95,32 @@ def test_cpu_step_over_several_blocks(dtype):
     g.update(y[2])
     for was, now in zip(kept, (first["mean"], first["var"], state.mean, state.var, loglik)):
         np.testing.assert_array_equal(was, now)  # a later update writes nothing already returned
+
+
+def test_numpy_stream_takes_any_float_y_and_leaves_it_unmodified():
+    """A float32 NumPy stream on the cpu backend fed a float64 step, a strided view and a
+    broadcast row gives the float32 step's result, and writes none of them."""
+    rng = np.random.default_rng(8)
+    y = (rng.normal(size=(6, 2, 7)) + 1.0).astype(np.float32)
+    y[2, 1, 3] = np.nan
+    kw = dict(theta=rng.uniform(0.1, 1.0, 7), sigma=0.5, obs_var=0.7, mean=0.3)
+    want = ks.StreamFilter(**kw, backend="cpu")
+    want.update(y[0])
+    got = ks.StreamFilter(**kw, backend="cpu")
+    got.update(y[0])
+    wide = np.zeros((6, 2, 14), np.float64)
+    wide[..., ::2] = y
+    for t, step in ((1, y[1].astype(np.float64)), (2, wide[2, :, ::2]), (3, np.broadcast_to(y[3, :1], (2, 7)))):
+        if t == 3:
+            y[3, 1] = y[3, 0]
+        kept = np.array(step, copy=True)
+        a, b = want.update(y[t]), got.update(step)
+        np.testing.assert_array_equal(step, kept)
+        for k in a:
+            assert b[k].dtype == np.float32
+            np.testing.assert_array_equal(b[k], a[k])
+    np.testing.assert_array_equal(got.state.mean, want.state.mean)
+    np.testing.assert_array_equal(got.loglik, want.loglik)
 
 
 def test_stream_kernel_catches_inf_and_leaves_the_state():

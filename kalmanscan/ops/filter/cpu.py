@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import functools
 import math
 
 import numpy as np
@@ -191,8 +192,8 @@ def stream_step(y: torch.Tensor, belief: torch.Tensor, rows: torch.Tensor,
     shape), ``belief`` ``(2, ...)`` their filtered mean and variance, ``rows`` ``(5, N)`` their
     ``decay, noise, obs_var, mean, h``, all in the compute dtype. Returns ``(out, new_belief)``:
     ``out`` ``(10, N)``, the rows of :data:`POSTERIOR` (all written, whatever ``fields`` names),
-    ``new_belief`` ``(2, N)``. One compiled loop (:mod:`kalmanscan.ops.filter.cpu_stream`);
-    nothing given is written."""
+    ``new_belief`` ``(2, N)``. Two compiled loops and NumPy's ``log``
+    (:mod:`kalmanscan.ops.filter.cpu_stream`); nothing given is written."""
     N = rows.shape[1]
     y, belief, rows = (x.detach().contiguous().numpy() for x in (y.reshape(N), belief.reshape(2, N), rows))
     out, new_belief = stream_step_arrays(y, belief, rows)
@@ -206,10 +207,19 @@ def stream_step_arrays(y: np.ndarray, belief: np.ndarray, rows: np.ndarray) -> t
     from . import cpu_stream
 
     N = rows.shape[1]
+    inp = np.empty((len(cpu_stream.INPUTS), N), rows.dtype)
+    inp[0], inp[1:3], inp[3:] = y, belief, rows
     out = np.empty((len(POSTERIOR), N), rows.dtype)
-    new_belief = np.empty((2, N), rows.dtype)
-    cpu_stream.stream_step(y, belief, rows, out, new_belief, _loops()[0].constants(rows.dtype))
-    return out, new_belief
+    k = _constants(rows.dtype)
+    cpu_stream.stream_moments(inp, out, k)
+    cpu_stream.stream_logliks(out, np.log(out[7]), k)
+    return out, out[:2].copy()
+
+
+@functools.cache
+def _constants(dtype: np.dtype) -> np.ndarray:
+    """The compiled loops' constants in ``dtype``, made once (:func:`cpu_loops.constants`)."""
+    return _loops()[0].constants(dtype)
 
 
 def _first_order_only():

@@ -6,68 +6,61 @@ on the OU mean) with the stored transition ``(decay, noise)``: ``zp = a (mean_pr
 ``Pp = a^2 P_prev + q``, ``S = h^2 Pp + R``, and for an observed ``y`` the innovation
 ``v = (y - h m) - h zp``, ``z = zp + (Pp h / S) v``, ``P = Pp R / S`` and the log-density
 ``-(log 2 pi + log S + v^2 / S) / 2``; a missing ``y`` keeps ``z = zp, P = Pp`` and scores 0.
-Written without branches (both cases computed, then selected: the same values) and over blocks
-of :data:`LANES` series copied into local arrays, so the compiler vectorises the arithmetic
-(outputs that may alias the inputs otherwise keep it to one series at a time: about 9x slower
-here). One thread: a step of a few thousand series is too little work to wake the others.
+
+Two passes, each a loop over the series that the compiler vectorises: :func:`stream_moments`
+reads one ``(8, N)`` array of inputs and writes one ``(10, N)`` array of outputs (two arrays, so
+that a run-time check of their overlap is all the vectoriser needs; with the inputs as separate
+arrays, or outputs as two, it keeps to one series at a time), without branches (both cases
+computed, then selected: the same values). The logarithm is not vectorised in a compiled loop
+here (no vector math library): NumPy's ``log`` takes ``S`` between the passes, and
+:func:`stream_logliks` completes the log-density.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import njit
 
 from .cpu_loops import HALF, LOG2PI, ONE, ZERO
 
-LANES = 64            # series per block
-N_ROWS = 10           # rows of out: kalmanscan.ops.filter.cpu.FIELDS
+INPUTS = ("y", "mean", "var", "decay", "noise", "obs_var", "level", "h")  # rows of stream_moments' inp
 
 
 @njit(cache=True, error_model="numpy")
-def stream_step(y: np.ndarray, state: np.ndarray, rows: np.ndarray, out: np.ndarray, new_state: np.ndarray,
-                k: np.ndarray) -> None:
-    """The step (module docstring) of ``y`` ``(N,)`` from the filtered ``state`` ``(2, N)`` (mean,
-    variance) with ``rows`` ``(5, N)`` = ``decay, noise, obs_var, mean, h``: every row of ``out``
-    ``(10, N)`` (``mean, var, precision, pred_mean, pred_var, pred_precision, pred_obs_mean,
-    pred_obs_var, logliks, missing``) and the new ``(mean, variance)`` into ``new_state``."""
-    N = y.shape[0]
-    inp = np.empty((8, LANES), y.dtype)
-    res = np.empty((N_ROWS, LANES), y.dtype)
-    for i0 in range(0, N, LANES):
-        n = min(LANES, N - i0)
-        for j in range(LANES):  # a partial last block repeats its first series
-            i = i0 + j if j < n else i0
-            inp[0, j] = y[i]
-            inp[1, j] = state[0, i]
-            inp[2, j] = state[1, i]
-            for r in range(5):
-                inp[3 + r, j] = rows[r, i]
-        for j in range(LANES):
-            yi, a, q, R, m, h = inp[0, j], inp[3, j], inp[4, j], inp[5, j], inp[6, j], inp[7, j]
-            miss = not (yi == yi)
-            zp = a * (inp[1, j] - m)
-            Pp = a * a * inp[2, j] + q
-            S = h * h * Pp + R
-            iS = k[ONE] / S
-            iPp = k[ONE] / Pp
-            Po = Pp * R * iS
-            v = (yi - h * m) - h * zp
-            zf = zp if miss else zp + (Pp * h * iS) * v
-            res[0, j] = zf + m
-            res[1, j] = Pp if miss else Po
-            res[2, j] = iPp if miss else k[ONE] / Po
-            res[3, j] = zp + m
-            res[4, j] = Pp
-            res[5, j] = iPp
-            res[6, j] = h * (zp + m)
-            res[7, j] = S
-            res[8, j] = k[ZERO] if miss else -k[HALF] * ((k[LOG2PI] + math.log(S)) + v * v * iS)
-            res[9, j] = k[ONE] if miss else k[ZERO]
-        for r in range(N_ROWS):
-            for j in range(n):
-                out[r, i0 + j] = res[r, j]
-        for j in range(n):
-            new_state[0, i0 + j] = res[0, j]
-            new_state[1, i0 + j] = res[1, j]
+def stream_moments(inp: np.ndarray, out: np.ndarray, k: np.ndarray) -> None:
+    """The step (module docstring) of ``N`` series from ``inp`` ``(8, N)``, rows :data:`INPUTS`
+    (``y``; the filtered mean and variance before it; ``decay, noise, obs_var``, the OU mean
+    ``level`` and ``h``), into ``out`` ``(10, N)``: ``mean, var, precision, pred_mean, pred_var,
+    pred_precision, pred_obs_mean, pred_obs_var``, then ``v^2 / S`` (:func:`stream_logliks` turns it
+    into the log-density) and ``missing``. ``k``: :func:`kalmanscan.ops.filter.cpu_loops.constants`."""
+    one, zero = k[ONE], k[ZERO]
+    for i in range(inp.shape[1]):
+        yi, a, q, R, m, h = inp[0, i], inp[3, i], inp[4, i], inp[5, i], inp[6, i], inp[7, i]
+        miss = not (yi == yi)
+        zp = a * (inp[1, i] - m)
+        Pp = a * a * inp[2, i] + q
+        S = h * h * Pp + R
+        iS = one / S
+        iPp = one / Pp
+        Po = Pp * R * iS
+        v = (yi - h * m) - h * zp
+        zf = zp if miss else zp + (Pp * h * iS) * v
+        out[0, i] = zf + m
+        out[1, i] = Pp if miss else Po
+        out[2, i] = iPp if miss else one / Po
+        out[3, i] = zp + m
+        out[4, i] = Pp
+        out[5, i] = iPp
+        out[6, i] = h * (zp + m)
+        out[7, i] = S
+        out[8, i] = v * v * iS
+        out[9, i] = one if miss else zero
+
+
+@njit(cache=True, error_model="numpy")
+def stream_logliks(out: np.ndarray, log_s: np.ndarray, k: np.ndarray) -> None:
+    """``out[8] <- -(log 2 pi + log S + v^2 / S) / 2`` where observed and 0 where missing, from
+    :func:`stream_moments`' ``out`` and ``log_s = log(out[7])``."""
+    zero, half, log2pi = k[ZERO], k[HALF], k[LOG2PI]
+    for i in range(out.shape[1]):
+        out[8, i] = zero if out[9, i] != zero else -half * ((log2pi + log_s[i]) + out[8, i])
