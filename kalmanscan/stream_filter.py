@@ -127,7 +127,7 @@ class StreamFilter:
         p0 = self._problem
         if one_step and self._rows_np is not None:
             return self._numpy_step(y, p0)
-        if one_step and self._rows is not None:
+        if one_step and self._rows is not None and not self._tracks_grad(y):
             return self._step(y, p0)
         y_t = self._steps_of(y, p0, one_step)
         init_mean, init_var = predict(self._level, self._decay, self._noise, self._mean - self._level, self._var)
@@ -171,6 +171,12 @@ class StreamFilter:
             if backend == "cpu" and p0.numpy_out:
                 self._rows_np = self._rows.numpy()
         return {k: out[k][..., 0, :] if one_step else out[k] for k in self.outputs}
+
+    def _tracks_grad(self, y: ArrayLike) -> bool:
+        """Whether an update of ``y`` must be differentiable: the stored one-step kernels and loops
+        are not (they would drop the gradient silently), so such updates take the backend's filter."""
+        return torch.is_grad_enabled() and (self._rows.requires_grad or self._belief.requires_grad
+                                            or isinstance(y, torch.Tensor) and y.requires_grad)
 
     def _step(self, y: ArrayLike, p0) -> dict[str, Any]:
         """A one-step update on the triton or cpu backend: one launch of the stream kernel, or one

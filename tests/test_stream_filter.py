@@ -123,6 +123,39 @@ def test_numpy_stream_takes_any_float_y_and_leaves_it_unmodified():
     np.testing.assert_array_equal(got.loglik, want.loglik)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
+def test_gradients_flow_through_every_update(backend):
+    """Parameters, an initial mean and a ``y`` that need gradients: the updates' log-likelihood and
+    last mean have the gradients of one ``ks.filter`` call over the steps (the stored one-step
+    kernels, which are not differentiable, are not used while a gradient is tracked)."""
+    rng = np.random.default_rng(9)
+    y = torch.tensor(rng.normal(size=(6, 3)) + 1.0, device=KERNEL_DEVICE)
+    y[3, 1] = float("nan")
+
+    def leaves():
+        return [torch.tensor(v, device=KERNEL_DEVICE, requires_grad=True)
+                for v in (rng.uniform(0.2, 1.0, 3), 0.7, rng.normal(size=3))]
+
+    def grads(out, xs):
+        return torch.autograd.grad(out["loglik"].sum() + out["mean"].sum(), xs)
+
+    theta, sigma, init_mean = xs = leaves()
+    y_leaf = y.clone().requires_grad_()
+    whole = ks.filter(y_leaf, theta=theta, sigma=sigma, obs_var=0.5, init_mean=init_mean, init_var=2.0, backend=backend)
+    want = grads(dict(loglik=whole.loglik, mean=whole.mean[-1]), xs + [y_leaf])
+    f = ks.StreamFilter(theta=theta, sigma=sigma, obs_var=0.5, init_mean=init_mean, init_var=2.0, backend=backend)
+    steps = [y_leaf[t] for t in range(6)]
+    last = [f.update(step) for step in steps][-1]
+    got = grads(dict(loglik=f.loglik, mean=last["mean"]), xs + [y_leaf])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, equal_nan=True)
+    with torch.no_grad():                      # without gradients the stored step runs again
+        g = ks.StreamFilter(theta=theta, sigma=sigma, obs_var=0.5, backend=backend)
+        g.update(y[0])
+        g.update(y[1])
+        assert (g._rows is not None) == (backend in ("cpu", "triton"))
+
+
 def test_stream_kernel_catches_inf_and_leaves_the_state():
     y, kw = problem(5)
     y = torch.tensor(y, device=KERNEL_DEVICE)
