@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from . import mobius
 from .inputs import Problem
+from .ops import host_memory
 from .scan import associative_scan
+from .stream import predict
 
-__all__ = ["Diffuse", "finite_problem", "restore", "set_leading", "diffuse_witness", "smooth_leading"]
+__all__ = ["Diffuse", "finite_problem", "run_finite", "restore", "set_leading", "diffuse_witness", "smooth_leading"]
 
 
 @dataclass
@@ -41,13 +43,16 @@ class Diffuse:
     ``(..., 1, C)`` (int64: index of the first observation, ``T`` when there is none) and
     ``before``/``upto`` ``(..., W, C)`` (bool: diffuse channels at steps ``t < first`` /
     ``t <= first``) over the leading ``W`` steps, past which both are False (``W`` is one more
-    than the last first observation of a diffuse channel, at most ``T``); ``length`` is ``T``."""
+    than the last first observation of a diffuse channel, at most ``T``); ``length`` is ``T``.
+    ``hold`` ``(..., W, C)`` (bool), where :func:`finite_problem` left them to :func:`run_finite`:
+    the identity transitions into steps ``1..first`` of the channels with a leading gap."""
 
     mask: torch.Tensor
     first: torch.Tensor
     before: torch.Tensor
     upto: torch.Tensor
     length: int
+    hold: torch.Tensor | None = None
 
     @property
     def n_diffuse(self) -> torch.Tensor:
@@ -76,10 +81,14 @@ def _first_seen(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(any_seen, unseen_before, T)
 
 
-def finite_problem(p: Problem) -> tuple[Problem, Diffuse | None]:
+def finite_problem(p: Problem, split: bool = False) -> tuple[Problem, Diffuse | None]:
     """The finite problem equivalent to ``p`` at every step from each channel's first observation
     on (module docstring), and where ``p`` is diffuse; ``(p, None)`` when no ``init_var`` is inf.
-    Only the leading steps up to the last first observation are touched; ``y`` is copied once."""
+    Only the leading steps up to the last first observation are touched; ``y`` is copied once.
+
+    With ``split`` (the caller runs the result through :func:`run_finite`), identity transitions
+    that the window can take alone are left to it as :attr:`Diffuse.hold`: ``theta, sigma`` then
+    stay as in ``p``, and the problem is only complete as ``run_finite`` runs it."""
     if not p.diffuse:
         return p, None
     shape, T = p.shape, p.shape[-2]
@@ -108,12 +117,61 @@ def finite_problem(p: Problem) -> tuple[Problem, Diffuse | None]:
     y_finite = y.clone()
     y_finite[..., :W, :] = torch.where(upto, math.nan, y[..., :W, :])
     kw = dict(y=y_finite, init_mean=init_mean, init_var=init_var)
+    hold = None
     if bool((observed & (first > 0)).any()):  # identity transitions into steps 1..first
-        steps = torch.arange(T, device=y.device).view(T, 1)
-        hold = mask & (steps <= first) & (steps > 0)
-        for k in ("theta", "sigma"):
-            kw[k] = torch.where(hold, torch.zeros_like(y), torch.broadcast_to(getattr(p, k), shape))
-    return dataclasses.replace(p, **kw), Diffuse(mask, first, before, upto, T)
+        if split and W < T and p.times is None and p.theta.shape[-2] == 1 and p.sigma.shape[-2] == 1:
+            hold = mask & (steps <= first) & (steps > 0)
+        else:
+            steps = torch.arange(T, device=y.device).view(T, 1)
+            held = mask & (steps <= first) & (steps > 0)
+            for k in ("theta", "sigma"):
+                kw[k] = torch.where(held, torch.zeros_like(y), torch.broadcast_to(getattr(p, k), shape))
+    return dataclasses.replace(p, **kw), Diffuse(mask, first, before, upto, T, hold)
+
+
+def run_finite(finite: Problem, d: Diffuse | None, run: Callable[[Problem], dict]) -> dict:
+    """The backend's result (``run`` of a problem) on :func:`finite_problem`'s ``finite`` form,
+    made with ``split=True``.
+
+    Identity transitions into the leading steps would make ``theta, sigma`` per step over the
+    whole series, and every step would take the backends' per-step path. Where ``finite_problem``
+    left them here (:attr:`Diffuse.hold`: ``theta, sigma`` static, no ``times``, the window ``W``
+    shorter than the series), the window runs alone with them, and steps ``W..T-1`` run as a second
+    problem with the static parameters, its prior the window's filtered belief at ``W - 1``
+    predicted through the transition into step ``W`` (:func:`kalmanscan.stream.predict`): the same
+    filter, as it is Markov. The fields are joined along time (``loglik`` summed); the window's run
+    also returns ``mean`` and ``var``, which the second needs.
+    """
+    if d is None or d.hold is None:
+        return run(finite)
+    shape, T, W = finite.shape, finite.shape[-2], d.window
+
+    def steps(a: int, b: int, **kw) -> Problem:
+        fields = {k: getattr(finite, k) for k in ("y", "obs_var", "mean", "h", "dt")}
+        fields = {k: x[..., a:b, :] if x.shape[-2] == T else x for k, x in fields.items()}
+        keep = fields["dt"] is finite.dt and "theta" not in kw  # the host's decay and noise still apply
+        return dataclasses.replace(finite, **fields, **kw, shape=shape[:-2] + (b - a, shape[-1]),
+                                   derived=finite.derived if keep else None)
+
+    window = shape[:-2] + (W, shape[-1])
+    held = {k: torch.where(d.hold, 0.0, torch.broadcast_to(getattr(finite, k), window)) for k in ("theta", "sigma")}
+    outputs = None if finite.outputs is None else tuple(dict.fromkeys((*finite.outputs, "mean", "var")))
+    head = run(steps(0, W, outputs=outputs, **held))
+    decay, noise = (x[..., W:W + 1, :] if x.shape[-2] == T else x for x in finite.decay_noise())
+    level = torch.broadcast_to(finite.mean, shape)
+    deviation = head["mean"][..., W - 1:W, :] - level[..., W - 1:W, :]
+    init_mean, init_var = predict(level[..., W:W + 1, :], decay, noise, deviation, head["var"][..., W - 1:W, :])
+    out = {}
+    for k, x in run(steps(W, T, init_mean=init_mean, init_var=init_var, diffuse=False)).items():
+        if k == "loglik":
+            out[k] = head[k] + x
+        else:  # two copies into one tensor (torch.cat took six times as long on a CPU), its memory
+            # first touched cheaply (kalmanscan.ops.host_memory)
+            joined = host_memory.empty(shape, x.dtype, x.device)
+            joined[..., :W, :] = head[k]
+            joined[..., W:, :] = x
+            out[k] = joined
+    return out
 
 
 def set_leading(x: torch.Tensor, where: torch.Tensor, value: torch.Tensor | float, shape: Sequence[int],

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .diffuse import Diffuse, diffuse_witness, finite_problem, restore
+from .diffuse import Diffuse, diffuse_witness, finite_problem, restore, run_finite
 from .checks import decide_y
 from .inputs import GUESSED, Problem, host_parameters, prepare
 from .ops.filter import run_backend
@@ -125,10 +125,10 @@ def run_problem(args: dict, backend: str, state: StreamState | None, check_finit
             p = continue_problem(p, state)
         if outputs is not None:
             p = dataclasses.replace(p, outputs=outputs)
-        finite, diffuse = finite_problem(p)
+        finite, diffuse = finite_problem(p, split=True)
         if late and diffuse is None:  # the triton backend may queue y's check with its kernels
             finite = dataclasses.replace(finite, y_check=True)
-        out = run_backend(finite, backend)
+        out = run_finite(finite, diffuse, lambda q: run_backend(q, backend))
         if confirmed(p, state):
             break
     return p, finite, diffuse, out

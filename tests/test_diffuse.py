@@ -1,6 +1,7 @@
 """Exact diffuse initialisation (``init_var = inf``) and ``sigma = 0``, on every backend, against
 statsmodels' exact diffuse filter and smoother (``use_exact_diffuse=True``) on the Nile data."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -183,3 +184,48 @@ def test_an_inf_in_y_is_refused_with_a_diffuse_prior(call, outputs, where):
         getattr(ks, call)(y, **kw)
     y[np.isinf(y)] = 0.5
     assert np.isfinite(to_np(getattr(ks, call)(y, **kw).var)[5:]).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("outputs", [None, ("var",), ("logliks",)])
+def test_leading_gaps_run_as_window_and_rest_equal_one_run(backend, outputs):
+    """Leading gaps with static ``theta, sigma``: the window (with its identity transitions) and
+    the steps after it run as two problems (``run_finite``), which equal one run of the whole
+    finite problem (identity transitions as per-step parameters) in every field the backend
+    returns, with batch dimensions and a per-step ``dt``; gradients too."""
+    from kalmanscan.diffuse import finite_problem, run_finite
+    from kalmanscan.inputs import prepare
+    from kalmanscan.ops.filter import run_backend
+
+    rng = np.random.default_rng(11)
+    T, C = 23, 4
+    y = rng.normal(size=(2, T, C))
+    y[:, :4, 1] = np.nan
+    y[1, :6, 3] = np.nan
+    y[0, 12, 2] = np.nan
+    dev = device_of(backend)
+    leaves = {k: torch.tensor(v, device=dev, requires_grad=backend != "reference")
+              for k, v in dict(y=y, theta=rng.uniform(0.1, 0.9, C), sigma=rng.uniform(0.3, 1.0, C),
+                               obs_var=0.4, dt=rng.uniform(0.5, 1.5, (T, 1))).items()}
+    init_var = torch.tensor([math.inf, math.inf, 2.0, math.inf], device=dev)
+    p = prepare(**leaves, init_var=init_var, backend=backend, check_y=False)
+    p = p if outputs is None else dataclasses.replace(p, outputs=outputs)
+    whole, d_whole = finite_problem(p)
+    want = run_backend(whole, backend)
+    finite, d = finite_problem(p, split=True)
+    assert d_whole.hold is None and d.hold is not None and finite.theta is p.theta
+    runs = []
+    got = run_finite(finite, d, lambda q: runs.append(q.shape) or run_backend(q, backend))
+    assert runs == [(2, 7, C), (2, T - 7, C)]
+    assert set(want) <= set(got)
+    for k, w in want.items():
+        torch.testing.assert_close(got[k], torch.broadcast_to(w, got[k].shape), rtol=1e-12, atol=1e-12, msg=k)
+    if backend != "reference":
+        xs = list(leaves.values())
+        loss = lambda out: sum((v.double() * (i + 1) / (1 + v.double().abs())).nansum()  # noqa: E731
+                               for i, (k, v) in enumerate(sorted(out.items())) if k in want and k != "missing")
+        g_want = torch.autograd.grad(loss(want), xs, allow_unused=True)
+        g_got = torch.autograd.grad(loss(got), xs, allow_unused=True)
+        assert g_got[1] is not None and g_got[2] is not None  # theta, sigma
+        for name, a, b in zip(leaves, g_got, g_want):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)

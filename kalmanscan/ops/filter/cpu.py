@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ... import ou
+from .. import host_memory
 from ..cpu_threads import run_loop
 from ...inputs import Problem
 from .torch import adjoint_to, compact
@@ -79,7 +80,7 @@ def _loops():
 def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor allocated by NumPy (huge pages for large arrays, see the module
     docstring), shared with torch without a copy."""
-    return torch.from_numpy(np.empty(shape, _NP[dtype]))
+    return host_memory.empty(shape, dtype)
 
 
 def _block(B: int, C: int) -> int:
