@@ -86,7 +86,8 @@ def finite_problem(p: Problem, split: bool = False) -> tuple[Problem, Diffuse | 
     on (module docstring), and where ``p`` is diffuse; ``(p, None)`` when no ``init_var`` is inf.
     Only the leading steps up to the last first observation are touched; ``y`` is copied once.
 
-    With ``split`` (the caller runs the result through :func:`run_finite`), identity transitions
+    With ``split`` (the caller runs the result through :func:`run_finite`; :func:`kalmanscan.filter`
+    asks for it on a CPU), identity transitions
     that the window can take alone are left to it as :attr:`Diffuse.hold`: ``theta, sigma`` then
     stay as in ``p``, and the problem is only complete as ``run_finite`` runs it."""
     if not p.diffuse:
