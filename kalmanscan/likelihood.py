@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import mobius, ou
-from .diffuse import finite_problem, set_leading
+from .diffuse import finite_problem, run_finite, set_leading
 from .inputs import prepare
 from .ops.filter import resolve_backend, run_backend
 from .ops.filter.cpu_objective import NumpyLikelihood
@@ -102,8 +102,8 @@ class Likelihood:
         if graphed and moved:
             lacking = mobius.lacks_noise(*p.decay_noise())
             p = dataclasses.replace(p, no_noise=False)
-        finite, diffuse = finite_problem(p)
-        logliks = run_backend(finite, self.backend)["logliks"]
+        finite, diffuse = finite_problem(p, split=p.y.device.type == "cpu")  # as ks.filter
+        logliks = run_finite(finite, diffuse, lambda q: run_backend(q, self.backend))["logliks"]
         if diffuse is not None:
             logliks = set_leading(logliks, diffuse.upto, 0.0, p.shape)
         logliks = torch.broadcast_to(logliks, p.shape)
