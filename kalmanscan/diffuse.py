@@ -235,24 +235,32 @@ def smooth_leading(p: Problem, d: Diffuse, filtered: dict, mean_s: torch.Tensor,
     """Smoothed ``(mean, var, precision)`` with the steps before each diffuse channel's first
     observation smoothed backwards through ``p``'s transitions (module docstring): ``filtered`` is
     :func:`restore`'s result (its ``decay, noise`` are ``p``'s), the others the smoother's output
-    on the finite problem."""
+    on the finite problem. Only the window's steps and the one after it are scanned (the steps
+    before a first observation lead back from it); the others keep the smoother's values, and
+    its own tensors are written in place where nothing tracks their gradient."""
     if not bool(d.before.any()):
         return mean_s, var_s, precision_s
-    shape = p.shape
-    decay, noise = (torch.broadcast_to(filtered[k], shape).to(mean_s.dtype) for k in ("decay", "noise"))
-    mean = torch.broadcast_to(p.mean, shape).to(mean_s.dtype)
-    a_next = torch.cat([decay[..., 1:, :], torch.ones_like(decay[..., :1, :])], -2)
-    q_next = torch.cat([noise[..., 1:, :], torch.zeros_like(noise[..., :1, :])], -2)
-    lead = torch.zeros(shape, dtype=torch.bool, device=mean_s.device)  # d.before over all steps
-    lead[..., :d.window, :] = d.before
-    zero = torch.zeros_like(mean_s)
+    shape, T = p.shape, p.shape[-2]
+    R = min(d.window + 1, T)
+    rows = shape[:-2] + (R, shape[-1])
+    a_next, q_next = (torch.broadcast_to(filtered[k], shape)[..., 1:R + 1, :].to(mean_s.dtype)
+                      for k in ("decay", "noise"))
+    if R == T:  # no transition after the last step
+        a_next = torch.cat([a_next, torch.ones_like(mean_s[..., :1, :])], -2)
+        q_next = torch.cat([q_next, torch.zeros_like(mean_s[..., :1, :])], -2)
+    lead = d.before if R == d.window else torch.cat([d.before, torch.zeros_like(d.before[..., :1, :])], -2)
+    lead = torch.broadcast_to(lead, rows)
+    mean = torch.broadcast_to(p.mean, shape)[..., :R, :].to(mean_s.dtype)
+    zero = torch.zeros(rows, dtype=mean_s.dtype, device=mean_s.device)
     # s_t = F_t s_{t+1} + B_t, scanned backwards: the leading steps follow the transitions, the
     # others are constants (F = 0) holding the smoothed values from the first observation on.
     gain = torch.where(lead, 1.0 / a_next, zero)
-    _, z = associative_scan(mobius.affine_compose, (gain, torch.where(lead, zero, mean_s - mean)),
+    _, z = associative_scan(mobius.affine_compose, (gain, torch.where(lead, zero, mean_s[..., :R, :] - mean)),
                             dim=-2, reverse=True)
-    _, v = associative_scan(mobius.affine_compose, (gain * gain, torch.where(lead, q_next * gain * gain, var_s)),
+    _, v = associative_scan(mobius.affine_compose,
+                            (gain * gain, torch.where(lead, q_next * gain * gain, var_s[..., :R, :])),
                             dim=-2, reverse=True)
-    unseen = torch.broadcast_to(d.mask & (d.first >= shape[-2]), shape)  # never observed: unknown
+    unseen = torch.broadcast_to(d.mask & (d.first >= T), rows)  # never observed: unknown (then R = T)
     v = torch.where(unseen, torch.full_like(v, math.inf), v)
-    return z + mean, v, 1.0 / v
+    return (set_leading(mean_s, lead, z + mean, shape, own=True), set_leading(var_s, lead, v, shape, own=True),
+            set_leading(precision_s, lead, 1.0 / v, shape, own=True))

@@ -229,3 +229,28 @@ def test_leading_gaps_run_as_window_and_rest_equal_one_run(backend, outputs):
         assert g_got[1] is not None and g_got[2] is not None  # theta, sigma
         for name, a, b in zip(leaves, g_got, g_want):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_smoothed_leading_steps_within_a_short_window(backend):
+    """Every channel observed by step 6 of 40, batch rows: the window and the step after it are
+    smoothed backwards, the rest keeps the smoother's values; each channel from its first
+    observation on equals the smoother of the series from there with a vague prior, and before it
+    follows the transitions back (variance growing by the process noise a step)."""
+    rng = np.random.default_rng(12)
+    T, firsts = 40, (0, 3, 6)
+    y = rng.normal(size=(2, T, 3))
+    for c, f in enumerate(firsts):
+        y[:, :f, c] = np.nan
+    kw = dict(theta=0.3, sigma=0.9, obs_var=0.4)
+    _, s = run(ks.smooth, y, backend, init_var=math.inf, **kw)
+    decay = math.exp(-0.3)
+    noise = 0.81 * (1 - decay ** 2) / 0.6
+    for c, first in enumerate(firsts):
+        _, vague = run(ks.smooth, y[:, first:, c:c + 1], "reference", init_var=1e14, **kw)
+        for k in ("mean", "var"):
+            np.testing.assert_allclose(s[k][:, first:, c], vague[k][..., 0], rtol=1e-8, atol=1e-12, err_msg=f"{k} {c}")
+        for t in range(first - 1, -1, -1):
+            np.testing.assert_allclose(s["mean"][:, t, c], s["mean"][:, t + 1, c] / decay, rtol=1e-12)
+            np.testing.assert_allclose(s["var"][:, t, c], (s["var"][:, t + 1, c] + noise) / decay ** 2, rtol=1e-12)
+        np.testing.assert_allclose(s["precision"][:, :, c], 1.0 / s["var"][:, :, c], rtol=1e-12)
