@@ -120,13 +120,13 @@ def finite_problem(p: Problem, split: bool = False) -> tuple[Problem, Diffuse | 
     kw = dict(y=y_finite, init_mean=init_mean, init_var=init_var)
     hold = None
     if bool((observed & (first > 0)).any()):  # identity transitions into steps 1..first
-        if split and W < T and p.times is None and p.theta.shape[-2] == 1 and p.sigma.shape[-2] == 1:
-            hold = mask & (steps <= first) & (steps > 0)
-        else:
-            steps = torch.arange(T, device=y.device).view(T, 1)
-            held = mask & (steps <= first) & (steps > 0)
+        alone = split and W < T and p.times is None and p.theta.shape[-2] == 1 and p.sigma.shape[-2] == 1
+        steps = steps if alone else torch.arange(T, device=y.device).view(T, 1)  # the window, or every step
+        hold = mask & (steps <= first) & (steps > 0)
+        if not alone:
             for k in ("theta", "sigma"):
-                kw[k] = torch.where(held, torch.zeros_like(y), torch.broadcast_to(getattr(p, k), shape))
+                kw[k] = torch.where(hold, torch.zeros_like(y), torch.broadcast_to(getattr(p, k), shape))
+            hold = None
     return dataclasses.replace(p, **kw), Diffuse(mask, first, before, upto, T, hold)
 
 
@@ -166,8 +166,7 @@ def run_finite(finite: Problem, d: Diffuse | None, run: Callable[[Problem], dict
     for k, x in run(steps(W, T, init_mean=init_mean, init_var=init_var, diffuse=False)).items():
         if k == "loglik":
             out[k] = head[k] + x
-        else:  # two copies into one tensor (torch.cat took six times as long on a CPU), its memory
-            # first touched cheaply (kalmanscan.ops.host_memory)
+        else:  # two copies into memory that is cheap to touch first (kalmanscan.ops.host_memory)
             joined = host_memory.empty(shape, x.dtype, x.device)
             joined[..., :W, :] = head[k]
             joined[..., W:, :] = x

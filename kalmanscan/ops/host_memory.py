@@ -1,10 +1,9 @@
 """Uninitialised tensors whose first touch is cheap on a CPU.
 
 Fresh memory is mapped by the kernel page by page on first write; in 4 KiB pages that can cost
-more than the loop that fills it (about 8 ms for 8 MB on the 2-core machine the project's CPU
-numbers come from, against 0.7 ms to copy into memory already touched). NumPy asks the kernel
-for huge pages for large arrays, so on a CPU the tensors here are NumPy's, shared with torch
-without a copy.
+more than the loop or copy that fills it. NumPy asks the kernel for huge pages for large arrays,
+so on a CPU the tensors here are NumPy's, shared with torch without a copy (the cpu backend's
+outputs, and the fields :func:`kalmanscan.diffuse.run_finite` joins).
 """
 
 from __future__ import annotations

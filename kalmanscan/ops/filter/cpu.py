@@ -77,12 +77,6 @@ def _loops():
     return cpu_loops, cpu_adjoint, cpu_rts
 
 
-def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor allocated by NumPy (huge pages for large arrays, see the module
-    docstring), shared with torch without a copy."""
-    return host_memory.empty(shape, dtype)
-
-
 def _block(B: int, C: int) -> int:
     """Series per task (lanes): the ``B C`` series split into a multiple of the thread count of
     tasks, up to :data:`TASKS_PER_THREAD` per thread while each keeps :data:`MIN_LANES` lanes,
@@ -139,7 +133,6 @@ def layout(xs: Sequence[torch.Tensor], shape: tuple[int, ...],
 
 
 _TORCH = {np.float32: torch.float32, np.float64: torch.float64}
-_NP = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _np_dtype(dtype):
@@ -171,7 +164,7 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
     names = FIELDS + ("zc",)
     wanted = set(fields) | ({"zc"} if save_zc else set())
-    out = {k: _empty(shape, inputs[0].dtype) for k in names if k in wanted}
+    out = {k: host_memory.empty(shape, inputs[0].dtype) for k in names if k in wanted}
     placeholder = np.zeros(1, dtype)
     outs = tuple(_flat(out[k]) if k in out else placeholder for k in names)
     write = np.array([k in out for k in names])
@@ -274,7 +267,7 @@ class _Filter(torch.autograd.Function):
         trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
         step = np.array([trans_step, trans_step] + [bool(tstride[i]) for i in (L.OBS_VAR, L.H, L.MEAN)])
         grads = [torch.empty((B, T if s else 1, C), dtype=tdtype) for s in step]
-        gy = _empty(shape, tdtype)
+        gy = host_memory.empty(shape, tdtype)
         ginit = torch.empty((2, B * C), dtype=tdtype)
         if B:
             run_loop(A.filter_backward, B * C, B * C * T, arrays, boff, tstride, cstride, _flat(zc), _flat(var),
@@ -338,7 +331,7 @@ def _rts_forward(inputs, shape):
     dtype = _np_dtype(inputs[0].dtype)
     B, T, C = _dims(shape)
     arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
-    out = tuple(_empty(shape, inputs[0].dtype) for _ in range(3))
+    out = tuple(host_memory.empty(shape, inputs[0].dtype) for _ in range(3))
     if B:
         run_loop(R.rts_forward, B * C, B * C * T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
                  L.constants(dtype), T, C, _block(B, C))
@@ -377,7 +370,7 @@ class _Smooth(torch.autograd.Function):
         carrays, cboff, ctstride, ccstride = layout(cots, shape, dtype)
         has = np.array([g is not None for g in cots])
         step = np.array([bool(tstride[L.S_DECAY] or tstride[L.S_NOISE])])
-        grads = [_empty(shape, tdtype) for _ in range(4)]
+        grads = [host_memory.empty(shape, tdtype) for _ in range(4)]
         grads += [torch.empty((B, T if step[0] else 1, C), dtype=tdtype) for _ in range(2)]
         if B:
             run_loop(R.rts_backward, B * C, B * C * T, arrays, boff, tstride, cstride, _flat(mean_s),
