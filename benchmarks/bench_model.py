@@ -17,11 +17,16 @@ each fla kernel takes the first of its autotuning configs (seconds; values do no
 config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks.bench_model --out model.json``.
 The switch (:mod:`kalmanscan.nn.baselines.gla`) applies while fla is imported, so the numbers for
 GLA are those of an untuned first config (a lower bound on its speed).
+
+``--mixers kla_y_var`` is the KLA model with every layer's scan also computing the output variance
+``y_var`` and dropping it (as the layer did before it left the variance out when not returned): the
+A/B of that change in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -33,6 +38,7 @@ import torch
 
 from benchmarks.records import commit
 from kalmanscan.nn import SequenceModel
+from kalmanscan.nn import layer as kla_layer
 
 SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
 QUICK_SHAPES = [(2, 32), (1, 64)]
@@ -43,6 +49,21 @@ def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str) -> S
     """The model every mixer shares; fla's kernel for GLA where installed."""
     options = dict(n_heads=4) if mixer in ("gla", "attention") else {}
     return SequenceModel(vocab, d_model, n_layers, mixer=mixer, **options).to(device)
+
+
+@contextlib.contextmanager
+def scan_with_variance():
+    """Inside, every KLA layer's scan computes ``y_var`` whether or not the layer returns it."""
+    original = kla_layer.kla_scan_unchecked
+
+    def with_variance(*args, **kwargs):
+        return original(*args, **{**kwargs, "variance": True})
+
+    kla_layer.kla_scan_unchecked = with_variance
+    try:
+        yield
+    finally:
+        kla_layer.kla_scan_unchecked = original
 
 
 def gla_kernel(model: SequenceModel, device: str) -> str:
@@ -82,7 +103,7 @@ def time_steps(step, device, steps, groups, warmup):
 
 def bench(mixer, batch, T, args, device):
     torch.manual_seed(0)
-    model = build(mixer, args.d_model, args.layers, args.vocab, device)
+    model = build("kla" if mixer == "kla_y_var" else mixer, args.d_model, args.layers, args.vocab, device)
     params = sum(p.numel() for p in model.parameters())
     run = torch.compile(model) if args.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -92,13 +113,14 @@ def bench(mixer, batch, T, args, device):
         row["gla_kernel"] = gla_kernel(model, device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    try:
-        ms, times = time_steps(lambda: training_step(run, optimizer, tokens, device), device,
-                               args.steps, args.groups, args.warmup)
-    except torch.OutOfMemoryError as err:
-        return {**row, "error": f"out of memory: {err}"}
-    row.update(step_ms=ms, group_ms=times, tokens_per_s=batch * T / ms * 1e3,
-               loss=training_step(run, optimizer, tokens, device).item())
+    with scan_with_variance() if mixer == "kla_y_var" else contextlib.nullcontext():
+        try:
+            ms, times = time_steps(lambda: training_step(run, optimizer, tokens, device), device,
+                                   args.steps, args.groups, args.warmup)
+        except torch.OutOfMemoryError as err:
+            return {**row, "error": f"out of memory: {err}"}
+        row.update(step_ms=ms, group_ms=times, tokens_per_s=batch * T / ms * 1e3,
+                   loss=training_step(run, optimizer, tokens, device).item())
     if device == "cuda":
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return row

@@ -7,7 +7,8 @@ time is split, timed alternately in one process with the public call beside them
 Shapes: ``M = 1024, S = 16``, float32, 16384 tokens a call (``B x L``): (1, 16384), (2, 8192),
 (4, 4096), (8, 2048). For each, the kernels with each configuration (``kla_scan_triton``, queued,
 forward and forward+backward: :func:`benchmarks.kla_pieces.row`) in the order default, split,
-split, default, and the public ``kla_scan(backend="triton")`` (input checks, then
+the chosen one without ``y_var`` (``variance=False``, as the layer runs it) twice, split, default,
+and the public ``kla_scan(backend="triton")`` (input checks, then
 ``launch_config``'s choice: :func:`benchmarks.bench_kla.bench_triton`). The forward's share of the
 FP32 rate measured in the same run is printed with each row (``bench_kla.FWD_FP32_OPS`` per state
 update), and each configuration's outputs and gradients are compared with the default's.
@@ -45,8 +46,10 @@ def main():
         xs = make_inputs(B, L, M, S)
         chosen = "split" if launch_config(B, L, M, xs[0].device) == SPLIT_CONFIG else "default"
         ref = None
-        for name in ("default", "split", "split", "default"):
-            timing, out = row(xs, DEFAULT_CONFIG if name == "default" else SPLIT_CONFIG, ref)
+        configs = dict(default=DEFAULT_CONFIG, split=SPLIT_CONFIG,
+                       no_variance=launch_config(B, L, M, xs[0].device, variance=False))
+        for name in ("default", "split", "no_variance", "no_variance", "split", "default"):
+            timing, out = row(xs, configs[name], ref)
             ref = ref or out
             add(B=B, L=L, config=name, chosen=chosen, **timing)
         public = bench_triton((B, L, M, S), None, rate, public=True)

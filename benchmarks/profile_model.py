@@ -7,7 +7,10 @@ operation's self time summed into groups (projections, conv, scan, norms, casts,
 
 On CUDA the table gives each group's self CUDA time (the kernels launched by its operations) and
 self CPU time per step, and the number of device-to-host synchronisations; then the 30 operations
-with the most CUDA time. ``--trace`` writes a Chrome trace of the profiled steps.
+with the most CUDA time. Device time is counted once, on the operations (an operation's self CUDA
+time is that of the kernels it launched; the kernels' own rows are not added again). ``--shapes``
+adds the matrix products (``aten::mm``, ``aten::addmm``, ``aten::bmm``) by input shapes.
+``--trace`` writes a Chrome trace of the profiled steps.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--trace", default=None, help="Chrome trace file of the profiled steps")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run")
+    ap.add_argument("--shapes", action="store_true", help="the matrix products by input shapes")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     if args.quick:
@@ -66,7 +70,7 @@ def main():
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize()
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, record_shapes=args.shapes) as prof:
         for _ in range(args.steps):
             training_step(run, optimizer, tokens, device)
         if device == "cuda":
@@ -77,6 +81,8 @@ def main():
     device_us, cpu_us, calls = defaultdict(float), defaultdict(float), defaultdict(int)
     syncs = 0
     for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            continue
         group = group_of(e.key)
         device_us[group] += getattr(e, "self_device_time_total", 0.0) / args.steps
         cpu_us[group] += e.self_cpu_time_total / args.steps
@@ -92,6 +98,14 @@ def main():
     print(f"host reads of device values (_local_scalar_dense): {syncs / args.steps:.0f} per step")
     sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     print(events.table(sort_by=sort, row_limit=30))
+    if args.shapes:
+        products = [e for e in prof.key_averages(group_by_input_shape=True)
+                    if e.key in ("aten::mm", "aten::addmm", "aten::bmm")]
+        products.sort(key=lambda e: -getattr(e, "self_device_time_total", 0.0))
+        print("matrix products by input shapes, per step:")
+        for e in products[:25]:
+            print(f"{e.key:11s} {getattr(e, 'self_device_time_total', 0.0) / args.steps:9.1f} us "
+                  f"{e.count // args.steps:4d} calls  {e.input_shapes}")
 
 
 if __name__ == "__main__":

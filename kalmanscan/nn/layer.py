@@ -269,11 +269,12 @@ class KLA(nn.Module):
             raise ValueError(f"{name} must have shape {want} with D = {self.d_model}, "
                              f"got {tuple(x.shape)}")
 
-    def read_out(self, y: torch.Tensor, y_var: torch.Tensor, z: torch.Tensor, gate: torch.Tensor,
+    def read_out(self, y: torch.Tensor, y_var: torch.Tensor | None, z: torch.Tensor, gate: torch.Tensor,
                  return_variance: bool) -> tuple[torch.Tensor, ...]:
         """The block's output from the scan's ``y, y_var`` (B, L, M): ``out_proj((y + D_skip z)
         SiLU(gate))``, and with ``return_variance`` the variance through the squared gate and
-        weights. Returns a tuple: ``(out,)`` or ``(out, out_var)``."""
+        weights (``y_var`` is read only then, and may be ``None`` otherwise). Returns a tuple:
+        ``(out,)`` or ``(out, out_var)``."""
         g = F.silu(gate)
         out = self.out_proj((y.to(z.dtype) + self.skip.to(z.dtype) * z) * g)
         if not return_variance:
@@ -296,7 +297,9 @@ class KLA(nn.Module):
 
         The parameters are valid by construction, so the scan runs unchecked
         (:func:`kalmanscan.ops.kla.kla_scan_unchecked`): no device-to-host synchronisation in the
-        forward or the backward, and ``torch.compile`` traces the block whole. On the triton
+        forward or the backward, and ``torch.compile`` traces the block whole. Without
+        ``return_variance`` the scan leaves ``y_var`` out (on the triton backend its arithmetic and
+        memory traffic are saved in the forward and the backward). On the triton
         backend the kernels take ``noise + NOISE_FLOOR`` (:data:`kalmanscan.ops.kla.NOISE_FLOOR`,
         1e-15: below float32's rounding of any noise above 1e-8), which keeps their precision in
         range whatever the noise learns; with :attr:`noise_free` the filters run in mean form on
@@ -317,7 +320,8 @@ class KLA(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             y, y_var, final = kla_scan_unchecked(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
                                                  initial_state=initial, return_state=True,
-                                                 backend=self.backend, noise_free=self.noise_free)
+                                                 backend=self.backend, noise_free=self.noise_free,
+                                                 variance=return_variance)
         out = self.read_out(y, y_var, z, gate, return_variance)
         if state is not None:
             out = out + (KLAState(window, final.var, final.mu),)

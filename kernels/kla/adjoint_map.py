@@ -8,8 +8,9 @@ triangular ``J_t = [[j11, j12], [0, j22]]``,
     j11 = rho - noise lam_{t-1} rho^2,   j12 = -noise decay eta_{t-1} rho^2,   j22 = rho decay,
 
 and the output sources ``s_t = (s_l, s_e)``, ``s_e = gy q / lam_t``,
-``s_l = -(gy q eta_t + gy_var q^2) / lam_t^2``. None of these depends on the adjoints, so a stretch
-``t0 .. t1`` maps the adjoint entering it (from later tokens) to the one leaving it by
+``s_l = -(gy q eta_t + gy_var q^2) / lam_t^2`` (without ``VAR``, no ``gy_var`` term). None of
+these depends on the adjoints, so a stretch ``t0 .. t1`` maps the adjoint entering it (from later
+tokens) to the one leaving it by
 
     a -> G a + h,    G = J_t0 J_t0+1 ... J_t1,    h = sum_t (J_t0 ... J_t) s_t.
 
@@ -37,7 +38,7 @@ def kla_adjoint_map_kernel(
     gy_ptr, gy_var_ptr, maps_ptr,
     L, M, S, n_chunks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
-    STATES_FIRST: tl.constexpr,
+    STATES_FIRST: tl.constexpr, VAR: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
@@ -54,7 +55,8 @@ def kla_adjoint_map_kernel(
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
         gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
-        gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+        if VAR:
+            gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
         lam_p, eta_p = lam, eta
         lam, eta, rho = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
         rho2 = rho * rho
@@ -64,7 +66,10 @@ def kla_adjoint_map_kernel(
         inv = rcp(lam)
         gyq = outer(gy, qt, STATES_FIRST)
         s_e = gyq * inv
-        s_l = -(gyq * eta + outer(gyv, qt * qt, STATES_FIRST)) * (inv * inv)
+        if VAR:
+            s_l = -(gyq * eta + outer(gyv, qt * qt, STATES_FIRST)) * (inv * inv)
+        else:
+            s_l = -(gyq * eta) * (inv * inv)
         q12 = q11 * j12 + q12 * j22
         q11 = q11 * j11
         q22 = q22 * j22

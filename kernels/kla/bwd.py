@@ -14,6 +14,9 @@ scalar adjoints ``gl = dLoss/d lam_t``, ``ge = dLoss/d eta_t`` of every filter:
         k[s] += sum_m lam_v (2 k gl + v ge),  q[s] += sum_m (gy eta_t + 2 gy_var q) / lam_t
         ge <- ge rho decay,   gl <- gl rho + g_d noise
 
+Without ``VAR`` (a forward that did not return ``y_var``) the ``gy_var`` terms are left out and
+``gy_var`` is never read.
+
 The adjoint recursions are the exact transposes of the forward's scalar recursions (never of the
 normalised 2x2 products), all divisions are by ``d >= decay^2 > 0`` and ``lam_t > 0``. Sums over s
 and m are done within the program; sums over m of the ``k``/``q`` gradients become one partial per program,
@@ -38,9 +41,9 @@ from .common import kla_step, kla_tile, kla_token, outer, per_m, per_s, sum_m, s
 
 @triton.jit
 def kla_bwd_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-                  row_m, row_s, slot, t, M, S, mask_m, mask_s):
+                  row_m, row_s, slot, t, M, S, mask_m, mask_s, VAR: tl.constexpr):
     """The state before step ``t`` (``slot`` of ``scratch``), the float32 inputs and output gradients
-    of token ``t``."""
+    of token ``t`` (``gy_var`` read only with ``VAR``, else ``gy`` in its place, unused)."""
     lam_p = tl.load(scratch_lam_ptr + slot)
     eta_p = tl.load(scratch_eta_ptr + slot)
     lv = tl.load(lam_v_ptr + row_m + t * M, mask=mask_m, other=1.0).to(tl.float32)
@@ -48,7 +51,10 @@ def kla_bwd_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_la
     kt = tl.load(k_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
     qt = tl.load(q_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
     gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
-    gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+    if VAR:
+        gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+    else:
+        gyv = gy
     return lam_p, eta_p, lv, vv, kt, qt, gy, gyv
 
 
@@ -60,7 +66,7 @@ def kla_bwd_kernel(
     glam0_ptr, geta0_ptr,
     L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
-    UNROLL: tl.constexpr, STATES_FIRST: tl.constexpr,
+    UNROLL: tl.constexpr, STATES_FIRST: tl.constexpr, VAR: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
@@ -111,20 +117,26 @@ def kla_bwd_kernel(
             t = t1 - 1 - i
             lam_p, eta_p, lv, vv, kt, qt, gy, gyv = kla_bwd_token(
                 v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-                row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s)
+                row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s, VAR)
 
             inv = rcp(lam)
             gyq = outer(gy, qt, STATES_FIRST)
             s_e = gyq * inv
-            s_l = -(gyq * eta + outer(gyv, qt * qt, STATES_FIRST)) * (inv * inv)
+            if VAR:
+                s_l = -(gyq * eta + outer(gyv, qt * qt, STATES_FIRST)) * (inv * inv)
+            else:
+                s_l = -(gyq * eta) * (inv * inv)
             rho = rcp(a2 + noise * lam_p)
             ge += s_e
             gl += s_l
-            if STATES_FIRST:  # 2 gy_var q, the 2 on the grid's first axis (the order the kernels were timed in)
-                gyv_q2 = outer(gyv, 2.0 * qt, STATES_FIRST)
+            if VAR:
+                if STATES_FIRST:  # 2 gy_var q, the 2 on the grid's first axis (the order the kernels were timed in)
+                    gyv_q2 = outer(gyv, 2.0 * qt, STATES_FIRST)
+                else:
+                    gyv_q2 = outer(2.0 * gyv, qt, STATES_FIRST)
+                gq = sum_m((eta * per_m(gy, STATES_FIRST) + gyv_q2) * inv, STATES_FIRST)
             else:
-                gyv_q2 = outer(2.0 * gyv, qt, STATES_FIRST)
-            gq = sum_m((eta * per_m(gy, STATES_FIRST) + gyv_q2) * inv, STATES_FIRST)
+                gq = sum_m((eta * per_m(gy, STATES_FIRST)) * inv, STATES_FIRST)
             g_d = -(ge * decay * eta_p + gl * lam_p) * (rho * rho)
             gdecay += ge * rho * eta_p + 2.0 * decay * g_d
             gnoise += g_d * lam_p

@@ -8,6 +8,8 @@ applies ``kalmanscan.kernels.kla.common.kla_step`` and writes
 
     y = sum_s q eta / lam,   y_var = sum_s q^2 / lam      (reduced over s inside the program)
 
+(``y_var`` only with ``VAR``: without it the kernel neither computes nor writes it).
+
 Time is one stretch (``n_pieces = 1``) unless few programs would fill the GPU; then
 ``kalmanscan.kernels.kla.split`` has written the composed map of every earlier stretch to ``maps`` and a program
 of stretch ``p`` starts by applying maps ``0 .. p-1`` to the initial state.
@@ -37,7 +39,7 @@ def kla_fwd_kernel(
     L, M, S, n_chunks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_INIT: tl.constexpr, SAVE: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
-    STATES_FIRST: tl.constexpr,
+    STATES_FIRST: tl.constexpr, VAR: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
@@ -56,9 +58,11 @@ def kla_fwd_kernel(
         qs = per_s(qt, STATES_FIRST)
         qi = qs * inv
         y = sum_s(qi * eta, STATES_FIRST)
-        y_var = sum_s(qi * qs, STATES_FIRST)
+        if VAR:
+            y_var = sum_s(qi * qs, STATES_FIRST)
         tl.store(y_ptr + row_m + t * M, y.to(y_ptr.dtype.element_ty), mask=mask_m)
-        tl.store(y_var_ptr + row_m + t * M, y_var.to(y_var_ptr.dtype.element_ty), mask=mask_m)
+        if VAR:
+            tl.store(y_var_ptr + row_m + t * M, y_var.to(y_var_ptr.dtype.element_ty), mask=mask_m)
     if pid_p == n_pieces - 1:
         tl.store(lam_out_ptr + state, lam, mask=mask)
         tl.store(eta_out_ptr + state, eta, mask=mask)

@@ -94,7 +94,8 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
 def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor,
                        decay: torch.Tensor, noise: torch.Tensor, *,
                        initial_state: FilterState | None = None, return_state: bool = False,
-                       backend: str = "auto", noise_free: bool = False) -> tuple[torch.Tensor, ...]:
+                       backend: str = "auto", noise_free: bool = False,
+                       variance: bool = True) -> tuple[torch.Tensor, ...]:
     """:func:`kla_scan` for inputs valid by construction (a layer's): no value checks and no
     device-to-host synchronisation, in the forward or the backward; shapes, dtypes and devices
     are still checked on the host (:func:`check_shapes`), and ``torch.compile`` traces it whole.
@@ -108,12 +109,14 @@ def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q:
     their float32 precision and its gradients in range whatever the noise learns; the other
     backends take ``noise`` as it is. An ``initial_state`` must come from a previous call with the
     same ``noise_free`` (its variance is then at least the floor, or it runs in mean form).
+    ``variance=False``: ``y_var`` is ``None`` (the fused kernels then neither compute nor store it,
+    nor read its gradient; the other backends drop it).
     """
     check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
     backend = _resolve(backend, v, noise_free)
     if backend == "triton":
         noise = noise + NOISE_FLOOR
-    return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state)
+    return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state, variance)
 
 
 def _launch_first(v: torch.Tensor) -> bool:
@@ -129,11 +132,18 @@ def _resolve(backend, v, mean_form):
     return "torch" if backend == "triton" and mean_form else backend
 
 
-def _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state):
-    y, y_var, state = _REGISTRY.module(backend).kla_scan(v, lam_v, k, q, decay, noise, initial_state)
+def _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state, variance=True):
+    module = _REGISTRY.module(backend)
+    if variance:
+        y, y_var, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state)
+    elif backend == "triton":
+        y, y_var, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state, variance=False)
+    else:
+        y, _, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state)
+        y_var = None
     if return_state and v.shape[1] == 0:  # the initial state: new tensors, not the caller's (or aliases)
         state = FilterState(*(x.clone() for x in (*state, state.var, state.mu)))
-    y, y_var = y.to(v.dtype), y_var.to(v.dtype)
+    y, y_var = y.to(v.dtype), None if y_var is None else y_var.to(v.dtype)
     return (y, y_var, state) if return_state else (y, y_var)
 
 

@@ -18,13 +18,16 @@ Shapes: ``v``, ``lam_v``, ``y``, ``y_var`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, 
 ``noise`` ``(M, S)``; ``lam0``, ``eta0``, ``lam``, ``eta`` ``(B, M, S)``; the checkpoints
 ``(B, ceil(L / chunk), M, S)`` (``(..., S, M)`` with ``config.states_first``, the kernels' layout)
 when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
-``y``, ``y_var`` come in ``v``'s dtype, everything else in float32 (the kernels' arithmetic); the
+``y``, ``y_var`` come in ``v``'s dtype, everything else in float32 (the kernels' arithmetic); with
+``config.variance`` false the kernels leave ``y_var`` out (a ``(1,)`` zero in its place, whose
+gradient is not read), which saves its arithmetic and its traffic in both directions; the
 autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
 as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as -1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,7 +58,8 @@ class KLAConfig:
     ``floor(16 x SMs / programs)`` stretches (``BWD_PROGRAMS_PER_SM``). ``states_first`` turns the
     programs' grid of filters to ``[BLOCK_S, BLOCK_M]`` (each thread one channel's states, the
     per-filter tensors laid out ``(S, M)``: :mod:`kalmanscan.kernels.kla.common`); results do not
-    depend on it beyond float32 rounding."""
+    depend on it beyond float32 rounding. ``variance=False`` leaves ``y_var`` out (see the module
+    docstring); every other output and gradient is unchanged."""
 
     block_m: int = 16
     chunk: int = 32
@@ -69,6 +73,7 @@ class KLAConfig:
     pieces: int | None = None
     bwd_pieces: int | None = None
     states_first: bool = False
+    variance: bool = True
 
     def as_ints(self) -> list[int]:
         """The fields as the integers the operators take (:func:`kalmanscan.ops.launch.config_ints`)."""
@@ -99,11 +104,16 @@ Six = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 Eight = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
-def launch_config(B: int, L: int, M: int, device: torch.device) -> KLAConfig:
+_WITHOUT_VARIANCE = {c: dataclasses.replace(c, variance=False) for c in (DEFAULT_CONFIG, SPLIT_CONFIG)}
+
+
+def launch_config(B: int, L: int, M: int, device: torch.device, variance: bool = True) -> KLAConfig:
     """The launch shape for ``B`` sequences of ``L`` tokens and ``M`` channels on ``device``:
-    :data:`SPLIT_CONFIG` where :data:`DEFAULT_CONFIG` would split time, else :data:`DEFAULT_CONFIG`."""
+    :data:`SPLIT_CONFIG` where :data:`DEFAULT_CONFIG` would split time, else :data:`DEFAULT_CONFIG`;
+    with ``variance=False`` the same without ``y_var``."""
     split = pieces(None, DEFAULT_CONFIG.block_m, DEFAULT_CONFIG.chunk, B, L, M, device)[0] > 1
-    return SPLIT_CONFIG if split else DEFAULT_CONFIG
+    config = SPLIT_CONFIG if split else DEFAULT_CONFIG
+    return config if variance else _WITHOUT_VARIANCE[config]
 
 
 def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: int,
@@ -157,7 +167,7 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     dev = v.device
     n_chunks = max(cdiv(L, cfg.chunk), 1)
     y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
-    y_var = torch.empty_like(y)
+    y_var = torch.empty_like(y) if cfg.variance else torch.zeros(1, dtype=v.dtype, device=dev)
     lam = torch.empty(B, *grid, dtype=torch.float32, device=dev)
     eta = torch.empty_like(lam)
     ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
@@ -178,7 +188,7 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         L, M, S, n_chunks, piece_len, n_pieces,
         CHUNK=cfg.chunk, BLOCK_M=cfg.block_m, BLOCK_S=block_s,
         HAS_INIT=has_init, SAVE=save, STAGES=cfg.stages, UNROLL=cfg.unroll,
-        STATES_FIRST=cfg.states_first, num_warps=cfg.num_warps,
+        STATES_FIRST=cfg.states_first, VAR=cfg.variance, num_warps=cfg.num_warps,
     )
     return y, y_var, _from_kernels(lam, cfg), _from_kernels(eta, cfg), ckpt[0], ckpt[1]
 
@@ -188,8 +198,10 @@ def _(v, lam_v, k, q, decay, noise, lam0, eta0, save, config):
     B, L, M = v.shape
     S = k.shape[-1]
     f32 = dict(dtype=torch.float32)
-    ckpt_shape = (B, _n_chunks(L, config[1]), *_grid(M, S, KLAConfig.from_ints(config))) if save else (1,)
-    return (v.new_empty(B, L, M), v.new_empty(B, L, M), v.new_empty(B, M, S, **f32), v.new_empty(B, M, S, **f32),
+    cfg = KLAConfig.from_ints(config)
+    ckpt_shape = (B, _n_chunks(L, cfg.chunk), *_grid(M, S, cfg)) if save else (1,)
+    y_var_shape = (B, L, M) if cfg.variance else (1,)
+    return (v.new_empty(B, L, M), v.new_empty(y_var_shape), v.new_empty(B, M, S, **f32), v.new_empty(B, M, S, **f32),
             v.new_empty(ckpt_shape, **f32), v.new_empty(ckpt_shape, **f32))
 
 
@@ -231,7 +243,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
             v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta, gy, gy_var, maps,
             L, M, S, n_chunks, piece_len, n_pieces,
             CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
-            STATES_FIRST=cfg.states_first, num_warps=cfg.bwd_num_warps,
+            STATES_FIRST=cfg.states_first, VAR=cfg.variance, num_warps=cfg.bwd_num_warps,
         )
     kla_bwd_kernel[(B, n_mblocks, n_pieces)](
         v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
@@ -239,7 +251,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
         L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
         CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
-        UNROLL=cfg.bwd_unroll, STATES_FIRST=cfg.states_first, num_warps=cfg.bwd_num_warps,
+        UNROLL=cfg.bwd_unroll, STATES_FIRST=cfg.states_first, VAR=cfg.variance, num_warps=cfg.bwd_num_warps,
     )
     return (gv, glam_v, gk_part.sum(2), gq_part.sum(2),
             *(_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))

@@ -18,6 +18,8 @@ final state ``(lam, eta)`` in float32, gradients in each input's dtype.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kalmanscan.kernels.kla.split import kla_piece_map_kernel
@@ -35,19 +37,22 @@ MIN_PIECE = 64             # shortest piece of tokens worth a program of the pie
 
 def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
              noise: torch.Tensor, initial_state: FilterState | None = None,
-             config: KLAConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
+             config: KLAConfig | None = None, variance: bool = True) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
     """``(y, y_var, state)``: the signature every KLA backend shares (:func:`kla_scan_triton` with
-    ``initial_state`` a pair ``(lam, eta)`` or ``None``, the state a :class:`FilterState`)."""
+    ``initial_state`` a pair ``(lam, eta)`` or ``None``, the state a :class:`FilterState`);
+    ``variance=False``: ``y_var`` is ``None``, not computed."""
     lam0, eta0 = (None, None) if initial_state is None else initial_state
-    y, y_var, lam, eta = kla_scan_triton(v, lam_v, k, q, decay, noise, lam0, eta0, config)
+    y, y_var, lam, eta = kla_scan_triton(v, lam_v, k, q, decay, noise, lam0, eta0, config, variance)
     return y, y_var, FilterState.from_information(lam, eta)
 
 
 def kla_scan_triton(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
                     noise: torch.Tensor,
                     lam0: torch.Tensor | None = None, eta0: torch.Tensor | None = None,
-                    config: KLAConfig | None = None) -> tuple[torch.Tensor, ...]:
-    """Fused KLA scan; returns ``(y, y_var, lam, eta)`` (shapes as :func:`kalmanscan.ops.kla.kla_scan`).
+                    config: KLAConfig | None = None, variance: bool = True) -> tuple[torch.Tensor, ...]:
+    """Fused KLA scan; returns ``(y, y_var, lam, eta)`` (shapes as :func:`kalmanscan.ops.kla.kla_scan`);
+    with ``variance=False`` (or a ``config`` without it) ``y_var`` is ``None``: the kernels neither
+    compute nor store it, nor read its gradient.
 
     Differentiable with respect to every tensor argument, traceable by ``torch.compile`` and
     capturable in a CUDA graph (the operator ``kalmanscan::kla_scan_fwd``, no host synchronisation).
@@ -55,13 +60,17 @@ def kla_scan_triton(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: to
     :func:`~kalmanscan.ops.kla.library.launch_config`); results do not depend on it beyond float32
     rounding.
     """
-    config = config or launch_config(*v.shape, v.device)
+    if config is None:
+        config = launch_config(*v.shape, v.device, variance)
+    elif not variance and config.variance:
+        config = dataclasses.replace(config, variance=False)
     if _largest_buffer(config, *v.shape, next_power_of_2(k.shape[-1]), v.device) >= 2**31:
         raise ValueError(f"v of shape {tuple(v.shape)} is too large for the kernels' int32 offsets")
     tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
-    return kla_scan_fwd(v, lam_v, k, q, decay, noise, lam0, eta0, save, config.as_ints())[:4]
+    y, y_var, lam, eta = kla_scan_fwd(v, lam_v, k, q, decay, noise, lam0, eta0, save, config.as_ints())[:4]
+    return y, y_var if config.variance else None, lam, eta
 
 
 def _largest_buffer(config, B, L, M, S, device):

@@ -1,0 +1,97 @@
+"""The matrix products of one :mod:`benchmarks.bench_model` training step, alone: the forward
+(``x W^T``), the input gradient (``g W``) and the weight gradient (``g^T x``) of every
+``nn.Linear`` in one block of each model (KLA, attention) and the head, at the step's 16384
+tokens in bf16, as autograd calls them; and the SwiGLU at its hidden width and at that width
+rounded up to multiples of 64 and 256.
+
+    python -m benchmarks.bench_gemms --out gemms.json
+
+Each product is timed with CUDA events (median of ``--reps`` calls after warm-up) and reported
+with its rate in TFLOP/s and the kernel cuBLAS ran (torch.profiler). The rows of a bf16 operand
+must start 16 bytes apart for the tensor-core kernels of sm_80 and later: a row of an odd number
+of elements does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+from torch import nn
+
+from benchmarks.bench_model import build
+from kalmanscan.nn.model import SwiGLU
+
+TOKENS, D_MODEL, VOCAB = 16384, 512, 4096
+
+
+def timed(fn, reps):
+    """Median milliseconds of ``fn()`` over ``reps`` calls, each between two CUDA events."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def kernel_of(fn):
+    """The names of the CUDA kernels one call of ``fn`` launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.key for e in prof.key_averages() if e.self_device_time_total > 0})
+
+
+def products(name, linear, reps):
+    """Rows for the three products of ``linear`` at :data:`TOKENS` tokens."""
+    w = linear.weight.detach().to(torch.bfloat16)
+    n_out, n_in = w.shape
+    x = torch.randn(TOKENS, n_in, device=w.device, dtype=torch.bfloat16)
+    g = torch.randn(TOKENS, n_out, device=w.device, dtype=torch.bfloat16)
+    calls = dict(forward=lambda: torch.nn.functional.linear(x, w), input_grad=lambda: torch.mm(g, w),
+                 weight_grad=lambda: torch.mm(g.t(), x))
+    rows = []
+    for product, fn in calls.items():
+        ms = timed(fn, reps)
+        flops = 2.0 * TOKENS * n_in * n_out
+        rows.append(dict(layer=name, product=product, n_in=n_in, n_out=n_out, ms=ms,
+                         tflops=flops / (ms * 1e-3) / 1e12, kernels=kernel_of(fn)))
+        print(f"{name:28s} {product:12s} {n_in:5d} -> {n_out:5d} {ms * 1e3:8.1f} us "
+              f"{rows[-1]['tflops']:6.1f} TFLOP/s  {rows[-1]['kernels'][0][:60]}", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    device = "cuda"
+    rows = []
+    for mixer in ("kla", "attention"):
+        model = build(mixer, D_MODEL, 1, VOCAB, device)
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear) and (mixer == "kla" or ".mixer." in name):
+                rows += products(f"{mixer}:{name}", module, args.reps)
+    base = int(8 * D_MODEL / 3)
+    for multiple in (1, 64, 256):
+        hidden = -(-base // multiple) * multiple
+        mlp = SwiGLU(D_MODEL, device=device)
+        mlp.w_in = nn.Linear(D_MODEL, 2 * hidden, bias=False, device=device)
+        mlp.w_out = nn.Linear(hidden, D_MODEL, bias=False, device=device)
+        for name in ("w_in", "w_out"):
+            rows += products(f"swiglu hidden {hidden}:{name}", getattr(mlp, name), args.reps)
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), tokens=TOKENS, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
