@@ -18,9 +18,10 @@ config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks.bench_model -
 The switch (:mod:`kalmanscan.nn.baselines.gla`) applies while fla is imported, so the numbers for
 GLA are those of an untuned first config (a lower bound on its speed).
 
-``--mixers kla_y_var`` is the KLA model with every layer's scan also computing the output variance
-``y_var`` and dropping it (as the layer did before it left the variance out when not returned): the
-A/B of that change in one process.
+Two variants of the KLA model give the A/B of the scan's latest changes in one process:
+``kla_y_var``, every layer's scan also computing the output variance ``y_var`` and dropping it
+(as before the layer left it out when not returned); ``kla_masked``, the same with the kernels'
+bounds masks kept where the blocks are full (as before they were dropped there).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 from benchmarks.records import commit
 from kalmanscan.nn import SequenceModel
 from kalmanscan.nn import layer as kla_layer
+from kalmanscan.ops.kla import library as kla_library
 
 SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
 QUICK_SHAPES = [(2, 32), (1, 64)]
@@ -52,18 +54,23 @@ def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str) -> S
 
 
 @contextlib.contextmanager
-def scan_with_variance():
-    """Inside, every KLA layer's scan computes ``y_var`` whether or not the layer returns it."""
-    original = kla_layer.kla_scan_unchecked
+def scan_as_before(mixer: str):
+    """Inside, for the variants ``kla_y_var`` and ``kla_masked``, every KLA layer's scan computes
+    ``y_var`` whether or not the layer returns it, and with ``kla_masked`` the kernels keep their
+    bounds masks; other mixers run as they are."""
+    original, filled = kla_layer.kla_scan_unchecked, kla_library.filled
 
     def with_variance(*args, **kwargs):
         return original(*args, **{**kwargs, "variance": True})
 
-    kla_layer.kla_scan_unchecked = with_variance
+    if mixer in ("kla_y_var", "kla_masked"):
+        kla_layer.kla_scan_unchecked = with_variance
+    if mixer == "kla_masked":
+        kla_library.filled = lambda M, S, block_m: False
     try:
         yield
     finally:
-        kla_layer.kla_scan_unchecked = original
+        kla_layer.kla_scan_unchecked, kla_library.filled = original, filled
 
 
 def gla_kernel(model: SequenceModel, device: str) -> str:
@@ -103,7 +110,7 @@ def time_steps(step, device, steps, groups, warmup):
 
 def bench(mixer, batch, T, args, device):
     torch.manual_seed(0)
-    model = build("kla" if mixer == "kla_y_var" else mixer, args.d_model, args.layers, args.vocab, device)
+    model = build("kla" if mixer.startswith("kla") else mixer, args.d_model, args.layers, args.vocab, device)
     params = sum(p.numel() for p in model.parameters())
     run = torch.compile(model) if args.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -113,7 +120,7 @@ def bench(mixer, batch, T, args, device):
         row["gla_kernel"] = gla_kernel(model, device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    with scan_with_variance() if mixer == "kla_y_var" else contextlib.nullcontext():
+    with scan_as_before(mixer):
         try:
             ms, times = time_steps(lambda: training_step(run, optimizer, tokens, device), device,
                                    args.steps, args.groups, args.warmup)

@@ -7,8 +7,10 @@ time is split, timed alternately in one process with the public call beside them
 Shapes: ``M = 1024, S = 16``, float32, 16384 tokens a call (``B x L``): (1, 16384), (2, 8192),
 (4, 4096), (8, 2048). For each, the kernels with each configuration (``kla_scan_triton``, queued,
 forward and forward+backward: :func:`benchmarks.kla_pieces.row`) in the order default, split,
-the chosen one without ``y_var`` (``variance=False``, as the layer runs it) twice, split, default,
-and the public ``kla_scan(backend="triton")`` (input checks, then
+the chosen one without ``y_var`` (``variance=False``, as the layer runs it), the same with the
+kernels' bounds masks kept (``masked``: :func:`~kalmanscan.ops.kla.library.filled` answering
+no, as before the kernels dropped them where the blocks are full) twice, without ``y_var`` again,
+split, default, and the public ``kla_scan(backend="triton")`` (input checks, then
 ``launch_config``'s choice: :func:`benchmarks.bench_kla.bench_triton`). The forward's share of the
 FP32 rate measured in the same run is printed with each row (``bench_kla.FWD_FP32_OPS`` per state
 update), and each configuration's outputs and gradients are compared with the default's.
@@ -17,21 +19,35 @@ update), and each configuration's outputs and gradients are compared with the de
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import torch
 
 from benchmarks.bench_kla import FWD_FP32_OPS, bench_triton, fp32_rates, make_inputs
 from benchmarks.kla_pieces import row
+from kalmanscan.ops.kla import library
 from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
 
 SHAPES = [(1, 16384), (2, 8192), (4, 4096), (8, 2048)]
 M, S = 1024, 16
 
 
+@contextlib.contextmanager
+def masked():
+    """Inside, the kernels keep their bounds masks whatever the shapes."""
+    original = library.filled
+    library.filled = lambda M, S, block_m: False
+    try:
+        yield
+    finally:
+        library.filled = original
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="e.g. 2x8192,8x2048")
     args = ap.parse_args()
     rate = fp32_rates()["fp32_instr_per_s"]
     result = dict(device=torch.cuda.get_device_name(), fp32_instr_per_s=rate, rows=[])
@@ -42,14 +58,17 @@ def main():
         result["rows"].append(r)
         print(r, flush=True)
 
-    for B, L in SHAPES:
+    for B, L in (tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")):
         xs = make_inputs(B, L, M, S)
         chosen = "split" if launch_config(B, L, M, xs[0].device) == SPLIT_CONFIG else "default"
         ref = None
         configs = dict(default=DEFAULT_CONFIG, split=SPLIT_CONFIG,
                        no_variance=launch_config(B, L, M, xs[0].device, variance=False))
-        for name in ("default", "split", "no_variance", "no_variance", "split", "default"):
-            timing, out = row(xs, configs[name], ref)
+        configs["masked"] = configs["no_variance"]
+        order = ("default", "split", "no_variance", "masked", "masked", "no_variance", "split", "default")
+        for name in order:
+            with masked() if name == "masked" else contextlib.nullcontext():
+                timing, out = row(xs, configs[name], ref)
             ref = ref or out
             add(B=B, L=L, config=name, chosen=chosen, **timing)
         public = bench_triton((B, L, M, S), None, rate, public=True)

@@ -121,7 +121,8 @@ def kernels(fc=None, cfg=None):
     loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
     tile_fwd = dict(tile, CLOSED=fc.tile_closed)
     tile_bwd = dict(tile, HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
-    kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, STATES_FIRST=cfg.states_first, VAR=True)
+    kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, STATES_FIRST=cfg.states_first, VAR=True,
+               EVEN=False)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     split = SPLIT_CONFIG  # as launched where time is split: a training forward saves checkpoints
@@ -154,6 +155,15 @@ def kernels(fc=None, cfg=None):
         "kla_fwd_split_novar": (kla_fwd_kernel, dict(split_fwd, VAR=False), split.num_warps),
         "kla_bwd_split_novar": (kla_bwd_kernel, dict(split_bwd, VAR=False), split.bwd_num_warps),
         "kla_adjoint_map_split_novar": (kla_adjoint_map_kernel, dict(split_bwd, VAR=False), split.bwd_num_warps),
+        "kla_fwd_even": (kla_fwd_kernel, dict(kla_fwd, SAVE=True, VAR=False, EVEN=True), cfg.num_warps),
+        "kla_bwd_even": (kla_bwd_kernel, dict(kla_bwd, VAR=False, EVEN=True), cfg.bwd_num_warps),
+        "kla_adjoint_map_even": (kla_adjoint_map_kernel, dict(kla_bwd, VAR=False, EVEN=True), cfg.bwd_num_warps),
+        "kla_piece_map_even": (kla_piece_map_kernel, dict(kla_fwd, EVEN=True), cfg.num_warps),
+        "kla_fwd_split_even": (kla_fwd_kernel, dict(split_fwd, VAR=False, EVEN=True), split.num_warps),
+        "kla_bwd_split_even": (kla_bwd_kernel, dict(split_bwd, VAR=False, EVEN=True), split.bwd_num_warps),
+        "kla_adjoint_map_split_even": (kla_adjoint_map_kernel, dict(split_bwd, VAR=False, EVEN=True),
+                                       split.bwd_num_warps),
+        "kla_piece_map_split_even": (kla_piece_map_kernel, dict(split_fwd, EVEN=True), split.num_warps),
         "rts_agg": (rts_agg_kernel, walk, fc.num_warps),
         "rts": (rts_kernel, walk, fc.num_warps),
         "rts_wide": (rts_kernel, dict(walk, WIDE=True), fc.num_warps),

@@ -66,10 +66,10 @@ def kla_bwd_kernel(
     glam0_ptr, geta0_ptr,
     L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
-    UNROLL: tl.constexpr, STATES_FIRST: tl.constexpr, VAR: tl.constexpr,
+    UNROLL: tl.constexpr, STATES_FIRST: tl.constexpr, VAR: tl.constexpr, EVEN: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
-        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)
     pid_p = tl.program_id(2)
     SLOT: tl.constexpr = BLOCK_M * BLOCK_S
     MS = M * S

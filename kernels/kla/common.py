@@ -99,20 +99,26 @@ def kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mas
 
 @triton.jit
 def kla_tile(decay_ptr, noise_ptr, L, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-             STATES_FIRST: tl.constexpr):
+             STATES_FIRST: tl.constexpr, EVEN: tl.constexpr):
     """The program's batch row ``pid_b`` and channel block ``pid_m`` (grid axes 0 and 1), its
     offsets and masks, the offsets ``ms`` of its filters in a per-filter ``(M, S)`` tensor (``(S, M)``
     with ``STATES_FIRST``), ``decay``, ``decay^2`` and ``noise`` of its filters, and the offsets
     ``row_m``/``row_s`` of token 0 of its row in ``(B, L, M)`` and ``(B, L, S)`` tensors.
 
-    Padding lanes get ``decay = 1, noise = 0`` (an identity predict step).
+    Padding lanes get ``decay = 1, noise = 0`` (an identity predict step). With ``EVEN`` (the
+    launcher's promise that ``BLOCK_M`` divides ``M`` and ``BLOCK_S == S``) there are none: the
+    masks are constant true, and the compiler drops them and their selects from every access.
     """
     pid_b = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_s = tl.arange(0, BLOCK_S)
-    mask_m = offs_m < M
-    mask_s = offs_s < S
+    if EVEN:
+        mask_m = tl.full([BLOCK_M], 1, tl.int1)
+        mask_s = tl.full([BLOCK_S], 1, tl.int1)
+    else:
+        mask_m = offs_m < M
+        mask_s = offs_s < S
     if STATES_FIRST:
         mask = mask_s[:, None] & mask_m[None, :]
         ms = offs_s[:, None] * M + offs_m[None, :]

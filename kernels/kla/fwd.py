@@ -39,10 +39,10 @@ def kla_fwd_kernel(
     L, M, S, n_chunks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_INIT: tl.constexpr, SAVE: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
-    STATES_FIRST: tl.constexpr, VAR: tl.constexpr,
+    STATES_FIRST: tl.constexpr, VAR: tl.constexpr, EVEN: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
-        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)
     pid_p = tl.program_id(2)
     state = pid_b * M * S + ms
     lam, eta = kla_enter(lam0_ptr, eta0_ptr, maps_ptr, state, ms, mask, pid_b, pid_p, n_pieces, M, S, HAS_INIT)

@@ -30,10 +30,10 @@ from .common import kla_map_step, kla_tile, kla_token
 def kla_piece_map_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, maps_ptr,
     L, M, S, piece_len, n_pieces,
-    BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, STATES_FIRST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, STATES_FIRST: tl.constexpr, EVEN: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
-        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST)
+        decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)
     pid_p = tl.program_id(2)
     one = tl.full(mask.shape, 1.0, tl.float32)
     zero = tl.zeros(mask.shape, tl.float32)

@@ -41,7 +41,7 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 from ..launch import cdiv, config_from_ints, config_ints, next_power_of_2
 
 __all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "SPLIT_CONFIG", "launch_config",
-           "pieces"]
+           "pieces", "filled"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,12 @@ def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: i
     return max(cdiv(L, piece_len), 1), piece_len
 
 
+def filled(M: int, S: int, block_m: int) -> bool:
+    """Whether programs of ``block_m`` channels and ``next_power_of_2(S)`` states tile the ``(M, S)``
+    filters exactly (no padding lanes): the kernels then run without bounds masks (``EVEN``)."""
+    return M % block_m == 0 and S == next_power_of_2(S)
+
+
 def _n_chunks(L, chunk):
     return torch.sym_max((L + chunk - 1) // chunk, 1)
 
@@ -173,6 +179,7 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
             else torch.zeros(1, dtype=torch.float32, device=dev) for _ in range(2)]
     n_mblocks, block_s = cdiv(M, cfg.block_m), next_power_of_2(S)
+    even = filled(M, S, cfg.block_m)
     n_pieces, piece_len = pieces(cfg.pieces, cfg.block_m, cfg.chunk, B, L, M, dev)
     maps = decay32
     if n_pieces > 1:
@@ -180,7 +187,7 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         kla_piece_map_kernel[(B, n_mblocks, n_pieces - 1)](
             v, lam_v, k, q, decay32, noise32, maps, L, M, S, piece_len, n_pieces,
             BLOCK_M=cfg.block_m, BLOCK_S=block_s, STAGES=cfg.stages, STATES_FIRST=cfg.states_first,
-            num_warps=cfg.num_warps,
+            EVEN=even, num_warps=cfg.num_warps,
         )
     kla_fwd_kernel[(B, n_mblocks, n_pieces)](
         v, lam_v, k, q, decay32, noise32, state0[0], state0[1], maps,
@@ -188,7 +195,7 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         L, M, S, n_chunks, piece_len, n_pieces,
         CHUNK=cfg.chunk, BLOCK_M=cfg.block_m, BLOCK_S=block_s,
         HAS_INIT=has_init, SAVE=save, STAGES=cfg.stages, UNROLL=cfg.unroll,
-        STATES_FIRST=cfg.states_first, VAR=cfg.variance, num_warps=cfg.num_warps,
+        STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, num_warps=cfg.num_warps,
     )
     return y, y_var, _from_kernels(lam, cfg), _from_kernels(eta, cfg), ckpt[0], ckpt[1]
 
@@ -222,6 +229,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     gy, gy_var = gy.contiguous(), gy_var.contiguous()
     glam, geta = (_to_kernels(x, cfg) for x in (glam, geta))
     n_mblocks, block_s = cdiv(M, cfg.bwd_block_m), next_power_of_2(S)
+    even = filled(M, S, cfg.bwd_block_m)
     chunk = cfg.chunk
     n_chunks = max(cdiv(L, chunk), 1)
     n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev, backward=True)
@@ -243,7 +251,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
             v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta, gy, gy_var, maps,
             L, M, S, n_chunks, piece_len, n_pieces,
             CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
-            STATES_FIRST=cfg.states_first, VAR=cfg.variance, num_warps=cfg.bwd_num_warps,
+            STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, num_warps=cfg.bwd_num_warps,
         )
     kla_bwd_kernel[(B, n_mblocks, n_pieces)](
         v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
@@ -251,7 +259,8 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
         L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
         CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
-        UNROLL=cfg.bwd_unroll, STATES_FIRST=cfg.states_first, VAR=cfg.variance, num_warps=cfg.bwd_num_warps,
+        UNROLL=cfg.bwd_unroll, STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even,
+        num_warps=cfg.bwd_num_warps,
     )
     return (gv, glam_v, gk_part.sum(2), gq_part.sum(2),
             *(_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))

@@ -26,7 +26,7 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
 from ... import merged
 from ..launch import cdiv, next_power_of_2
-from .library import DEFAULT_CONFIG, KLAConfig, kla_scan_fwd, launch_config, pieces
+from .library import DEFAULT_CONFIG, KLAConfig, filled, kla_scan_fwd, launch_config, pieces
 from .state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_triton", "summary", "KLAConfig", "DEFAULT_CONFIG"]
@@ -107,6 +107,6 @@ def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
         *(x.contiguous() for x in (v, lam_v, k, q)),
         *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
         L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=next_power_of_2(S),
-        STAGES=config.stages, STATES_FIRST=False, num_warps=config.num_warps)
+        STAGES=config.stages, STATES_FIRST=False, EVEN=filled(M, S, config.block_m), num_warps=config.num_warps)
     total = merged.total(merged.compose, maps[:, :pieces].unbind(2), 1)
     return tuple(x[:, 0].to(dtype) for x in total)

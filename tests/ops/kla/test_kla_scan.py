@@ -21,7 +21,7 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
+from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, filled, launch_config
 from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
 
 TOL = 2e-5
@@ -111,6 +111,20 @@ def test_triton_matches_sequential_values_and_grads(B, L, with_state, config):
     t_out, t_grads = outputs_and_grads(run_torch, xs32)
     assert_matches(out, t_out, "triton vs torch outputs")
     assert_matches(grads, t_grads, "triton vs torch grads")
+
+
+@pytest.mark.parametrize("config", [SMALL, SPLIT, SPLIT_S, dataclasses.replace(SPLIT_S, variance=False)])
+def test_triton_full_blocks_run_without_masks(config):
+    """M = 8 channels in blocks of 4 and S = 4 states: no padding lanes, so the kernels take their
+    unmasked form (``EVEN``), forward, backward and both map passes, against the float64 recursion."""
+    assert filled(8, 4, config.block_m) and filled(8, 4, config.bwd_block_m)
+    xs = make_inputs(2, 23, 8, 4, seed=17, with_state=True, device=KERNEL_DEVICE)
+    pick = (lambda out: out) if config.variance else (lambda out: (out[0], *out[2:]))  # noqa: E731
+    ref_out, ref_grads = outputs_and_grads(lambda a: pick(kla_scan_sequential(*a)), xs)
+    with poisoned():
+        out, grads = outputs_and_grads(lambda a: pick(run_triton(a, config)), [x.float() for x in xs])
+    assert_matches(out, ref_out, "outputs")
+    assert_matches(grads, ref_grads, "grads")
 
 
 @pytest.mark.parametrize("config", [
