@@ -47,10 +47,11 @@ QUICK_SHAPES = [(2, 32), (1, 64)]
 MIXERS = ("kla", "gla", "attention")
 
 
-def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str) -> SequenceModel:
+def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str, mlp_multiple_of: int = 1) -> SequenceModel:
     """The model every mixer shares; fla's kernel for GLA where installed."""
     options = dict(n_heads=4) if mixer in ("gla", "attention") else {}
-    return SequenceModel(vocab, d_model, n_layers, mixer=mixer, **options).to(device)
+    return SequenceModel(vocab, d_model, n_layers, mixer=mixer, mlp_multiple_of=mlp_multiple_of,
+                         **options).to(device)
 
 
 @contextlib.contextmanager
@@ -110,12 +111,14 @@ def time_steps(step, device, steps, groups, warmup):
 
 def bench(mixer, batch, T, args, device):
     torch.manual_seed(0)
-    model = build("kla" if mixer.startswith("kla") else mixer, args.d_model, args.layers, args.vocab, device)
+    model = build("kla" if mixer.startswith("kla") else mixer, args.d_model, args.layers, args.vocab, device,
+                  args.mlp_multiple_of)
     params = sum(p.numel() for p in model.parameters())
     run = torch.compile(model) if args.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     tokens = torch.randint(0, args.vocab, (batch, T + 1), device=device)
-    row = dict(mixer=mixer, batch=batch, T=T, params=params, compiled=args.compile)
+    row = dict(mixer=mixer, batch=batch, T=T, params=params, compiled=args.compile,
+               mlp_multiple_of=args.mlp_multiple_of)
     if mixer == "gla":
         row["gla_kernel"] = gla_kernel(model, device)
     if device == "cuda":
@@ -145,9 +148,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile every model")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny model, a few steps")
+    ap.add_argument("--mlp-multiple-of", type=int, default=1, help="SwiGLU hidden width rounded up to a multiple")
+    ap.add_argument("--shapes", default=None, help="batch x T pairs, e.g. 2x8192 (default: 8x2048,2x8192)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
-    shapes = SHAPES
+    shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.quick:
         args.d_model, args.layers, args.vocab, args.steps, args.groups, args.warmup = 32, 2, 64, 1, 2, 1
         shapes = QUICK_SHAPES

@@ -9,6 +9,7 @@ from kalmanscan.nn import KLA, MIXERS, SequenceModel, register_mixer
 from kalmanscan.nn.baselines.attention import CausalAttention
 from kalmanscan.nn.baselines.gla import GatedLinearAttention
 from kalmanscan.nn.baselines.ssm import SelectiveSSM
+from kalmanscan.nn.model import SwiGLU
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 NAMES = ["kla", "attention", "gla", "mamba", "gdn", "mlstm", "gru"]
@@ -144,12 +145,21 @@ def test_tiny_model_overfits_a_toy_sequence():
     (dict(mixer="gla", d_conv=-1), "d_conv"),
     (dict(mixer="mamba", expand=1.3), "expand"),
     (dict(mlp_ratio=0.0), "mlp_ratio"),
+    (dict(mlp_multiple_of=0), "multiple_of"),
 ])
 def test_bad_arguments_raise(kwargs, match):
     args = dict(vocab_size=10, d_model=8, n_layers=2)
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         SequenceModel(**args)
+
+
+def test_swiglu_hidden_width_rounds_up_to_its_multiple():
+    assert SwiGLU(512).w_out.in_features == 1365                  # int(8 * 512 / 3)
+    assert SwiGLU(512, multiple_of=64).w_in.out_features == 2 * 1408
+    model = SequenceModel(10, 128, 1, mixer="attention", n_heads=2, mlp_multiple_of=64)
+    assert model.blocks[0].mlp.w_out.in_features == 384            # 341 rounded up
+    assert model(torch.zeros(2, 5, dtype=torch.long)).shape == (2, 5, 10)
 
 
 def test_bad_tokens_raise():
