@@ -103,3 +103,17 @@ def test_layer_leaves_the_variance_out_unless_asked():
     torch.testing.assert_close(y, y_full, rtol=0, atol=0)
     for a, b in zip(grads, grads_full):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_compiled_without_variance_equals_eager():
+    """torch.compile(fullgraph=True) traces the op without y_var (its (1,) placeholder and the
+    gradient autograd gives it): forward and gradients equal eager's."""
+    xs = [x.float().requires_grad_() for x in make_inputs(2, 11, 5, 3, seed=1, device=KERNEL_DEVICE)]
+
+    def loss(*a):
+        y, y_var, lam, eta = kla_scan_triton(*a, variance=False)
+        return y.square().sum() + lam.sum() + eta.sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    for a, b in zip(torch.autograd.grad(loss(*xs), xs), torch.autograd.grad(compiled(*xs), xs)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
