@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from benchmarks.records import commit
+from benchmarks.shape_rows import shape_list
 
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import torch as torch_backend
@@ -317,8 +318,7 @@ def main():
     res["copy_GBps"] = copy_bandwidth()
     print("copy GB/s", res["copy_GBps"], flush=True)
     if args.sweep or args.sweep_only:
-        shapes = ([tuple(int(v) for v in x.split("x")) for x in args.sweep_shapes.split(",")]
-                  if args.sweep_shapes else None)
+        shapes = shape_list(args.sweep_shapes) if args.sweep_shapes else None
         variants = (LANES if args.sweep_lanes else SPLITS if args.sweep_split
                     else json.loads(args.sweep_variants) if args.sweep_variants else None)
         res["sweep"] = sweep(shapes, variants)

@@ -6,7 +6,7 @@ rounded up to multiples of 64 and 256.
 
     python -m benchmarks.bench_gemms --out gemms.json
 
-Each product is timed with CUDA events (median of ``--reps`` calls after warm-up) and reported
+Each product is timed queued (:func:`benchmarks.bench_kla.timed`, ``--reps`` calls a group) and reported
 with its rate in TFLOP/s and the kernel cuBLAS ran (torch.profiler). The rows of a bf16 operand
 must start 16 bytes apart for the tensor-core kernels of sm_80 and later: a row of an odd number
 of elements does not.
@@ -16,30 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 from torch import nn
 
+from benchmarks.bench_kla import timed
 from benchmarks.bench_model import build
 from kalmanscan.nn.model import SwiGLU
 
 TOKENS, D_MODEL, VOCAB = 16384, 512, 4096
-
-
-def timed(fn, reps):
-    """Median milliseconds of ``fn()`` over ``reps`` calls, each between two CUDA events."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def kernel_of(fn):
@@ -60,7 +45,7 @@ def products(name, linear, reps):
                  weight_grad=lambda: torch.mm(g.t(), x))
     rows = []
     for product, fn in calls.items():
-        ms = timed(fn, reps)
+        ms = timed(fn, reps=reps)
         flops = 2.0 * TOKENS * n_in * n_out
         rows.append(dict(layer=name, product=product, n_in=n_in, n_out=n_out, ms=ms,
                          tflops=flops / (ms * 1e-3) / 1e12, kernels=kernel_of(fn)))
@@ -81,14 +66,10 @@ def main():
         for name, module in model.named_modules():
             if isinstance(module, nn.Linear) and (mixer == "kla" or ".mixer." in name):
                 rows += products(f"{mixer}:{name}", module, args.reps)
-    base = int(8 * D_MODEL / 3)
     for multiple in (1, 64, 256):
-        hidden = -(-base // multiple) * multiple
-        mlp = SwiGLU(D_MODEL, device=device)
-        mlp.w_in = nn.Linear(D_MODEL, 2 * hidden, bias=False, device=device)
-        mlp.w_out = nn.Linear(hidden, D_MODEL, bias=False, device=device)
+        mlp = SwiGLU(D_MODEL, multiple_of=multiple, device=device)
         for name in ("w_in", "w_out"):
-            rows += products(f"swiglu hidden {hidden}:{name}", getattr(mlp, name), args.reps)
+            rows += products(f"swiglu hidden {mlp.w_out.in_features}:{name}", getattr(mlp, name), args.reps)
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), tokens=TOKENS, rows=rows), f, indent=1)
 

@@ -37,10 +37,11 @@ import time
 
 import torch
 
+from benchmarks.kla_pieces import masked
 from benchmarks.records import commit
+from benchmarks.shape_rows import shape_list
 from kalmanscan.nn import SequenceModel
 from kalmanscan.nn import layer as kla_layer
-from kalmanscan.ops.kla import library as kla_library
 
 SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
 QUICK_SHAPES = [(2, 32), (1, 64)]
@@ -59,19 +60,18 @@ def scan_as_before(mixer: str):
     """Inside, for the variants ``kla_y_var`` and ``kla_masked``, every KLA layer's scan computes
     ``y_var`` whether or not the layer returns it, and with ``kla_masked`` the kernels keep their
     bounds masks; other mixers run as they are."""
-    original, filled = kla_layer.kla_scan_unchecked, kla_library.filled
+    original = kla_layer.kla_scan_unchecked
 
     def with_variance(*args, **kwargs):
         return original(*args, **{**kwargs, "variance": True})
 
     if mixer in ("kla_y_var", "kla_masked"):
         kla_layer.kla_scan_unchecked = with_variance
-    if mixer == "kla_masked":
-        kla_library.filled = lambda M, S, block_m: False
     try:
-        yield
+        with masked() if mixer == "kla_masked" else contextlib.nullcontext():
+            yield
     finally:
-        kla_layer.kla_scan_unchecked, kla_library.filled = original, filled
+        kla_layer.kla_scan_unchecked = original
 
 
 def gla_kernel(model: SequenceModel, device: str) -> str:
@@ -152,7 +152,7 @@ def main():
     ap.add_argument("--shapes", default=None, help="batch x T pairs, e.g. 2x8192 (default: 8x2048,2x8192)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
-    shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = SHAPES if args.shapes is None else shape_list(args.shapes)
     if args.quick:
         args.d_model, args.layers, args.vocab, args.steps, args.groups, args.warmup = 32, 2, 64, 1, 2, 1
         shapes = QUICK_SHAPES

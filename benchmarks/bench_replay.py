@@ -29,6 +29,7 @@ import kalmanscan as ks
 from benchmarks.bench_api import alone_ms
 from benchmarks.bench_filter import initial_state, median_ms
 from benchmarks.records import commit
+from benchmarks.shape_rows import shape_list
 from kalmanscan import checks
 from kalmanscan.inputs import prepare
 from kalmanscan.ops.filter import replay
@@ -65,7 +66,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=None, help="TxC,... (default: SHAPES)")
     args = ap.parse_args()
-    shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = SHAPES if args.shapes is None else shape_list(args.shapes)
     calls = cases(shapes)
     by_result = checks.BY_RESULT
     variants = ({"replay": lambda: setattr(replay, "REPLAY", True), "eager": lambda: setattr(replay, "REPLAY", False)}

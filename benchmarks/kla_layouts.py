@@ -8,8 +8,8 @@ Shapes: ``M = 1024, S = 16``, float32, 16384 tokens a call (``B x L``): (1, 1638
 (4, 4096), (8, 2048). For each, the kernels with each configuration (``kla_scan_triton``, queued,
 forward and forward+backward: :func:`benchmarks.kla_pieces.row`) in the order default, split,
 the chosen one without ``y_var`` (``variance=False``, as the layer runs it), the same with the
-kernels' bounds masks kept (``masked``: :func:`~kalmanscan.ops.kla.library.filled` answering
-no, as before the kernels dropped them where the blocks are full) twice, without ``y_var`` again,
+kernels' bounds masks kept (:func:`benchmarks.kla_pieces.masked`, as before the kernels dropped
+them where the blocks are full) twice, without ``y_var`` again,
 split, default, and the public ``kla_scan(backend="triton")`` (input checks, then
 ``launch_config``'s choice: :func:`benchmarks.bench_kla.bench_triton`). The forward's share of the
 FP32 rate measured in the same run is printed with each row (``bench_kla.FWD_FP32_OPS`` per state
@@ -25,23 +25,12 @@ import json
 import torch
 
 from benchmarks.bench_kla import FWD_FP32_OPS, bench_triton, fp32_rates, make_inputs
-from benchmarks.kla_pieces import row
-from kalmanscan.ops.kla import library
+from benchmarks.kla_pieces import masked, row
+from benchmarks.shape_rows import shape_list
 from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
 
 SHAPES = [(1, 16384), (2, 8192), (4, 4096), (8, 2048)]
 M, S = 1024, 16
-
-
-@contextlib.contextmanager
-def masked():
-    """Inside, the kernels keep their bounds masks whatever the shapes."""
-    original = library.filled
-    library.filled = lambda M, S, block_m: False
-    try:
-        yield
-    finally:
-        library.filled = original
 
 
 def main():
@@ -58,7 +47,7 @@ def main():
         result["rows"].append(r)
         print(r, flush=True)
 
-    for B, L in (tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")):
+    for B, L in shape_list(args.shapes):
         xs = make_inputs(B, L, M, S)
         chosen = "split" if launch_config(B, L, M, xs[0].device) == SPLIT_CONFIG else "default"
         ref = None

@@ -10,16 +10,30 @@ default's (float32 rounding only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import torch
 
 from benchmarks.bench_kla import make_inputs, rel, timed
+from kalmanscan.ops.kla import library
 from kalmanscan.ops.kla.library import KLAConfig
 from kalmanscan.ops.kla.triton import kla_scan_triton
 
 CONFIGS = [(None, None, 8), (None, 1, 8), (None, 2, 8), (None, 4, 8), (None, 8, 8), (None, 16, 8), (None, 32, 8),
            (None, 8, 16), (None, 16, 16)]   # (pieces, bwd_pieces, bwd_block_m)
+
+
+@contextlib.contextmanager
+def masked():
+    """Inside, the kernels keep their bounds masks whatever the shapes
+    (:func:`~kalmanscan.ops.kla.library.filled` answers no)."""
+    original = library.filled
+    library.filled = lambda M, S, block_m: False
+    try:
+        yield
+    finally:
+        library.filled = original
 
 
 def row(xs, config, ref):

@@ -11,7 +11,12 @@ from collections.abc import Callable, Sequence
 
 from benchmarks.records import commit
 
-__all__ = ["wall_times", "run_shapes"]
+__all__ = ["wall_times", "run_shapes", "shape_list"]
+
+
+def shape_list(text: str) -> list[tuple[int, ...]]:
+    """``"2x8192,8x2048"`` -> ``[(2, 8192), (8, 2048)]``: a command line's list of shapes."""
+    return [tuple(int(x) for x in shape.split("x")) for shape in text.split(",")]
 
 
 def wall_times(fn: Callable[[], object], repeat: int, warmup: bool = True) -> list[float]:
