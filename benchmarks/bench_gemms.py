@@ -28,11 +28,13 @@ TOKENS, D_MODEL, VOCAB = 16384, 512, 4096
 
 
 def kernel_of(fn):
-    """The names of the CUDA kernels one call of ``fn`` launches."""
+    """The names of the CUDA kernels one call of ``fn`` launches, the longest first."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sorted({e.key for e in prof.key_averages() if e.self_device_time_total > 0})
+    events = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
+                    key=lambda e: -e.self_device_time_total)
+    return [e.key for e in events]
 
 
 def products(name, linear, reps):
@@ -62,7 +64,7 @@ def main():
     device = "cuda"
     rows = []
     for mixer in ("kla", "attention"):
-        model = build(mixer, D_MODEL, 1, VOCAB, device)
+        model = build(mixer, D_MODEL, 1, VOCAB, device, mlp_multiple_of=1)
         for name, module in model.named_modules():
             if isinstance(module, nn.Linear) and (mixer == "kla" or ".mixer." in name):
                 rows += products(f"{mixer}:{name}", module, args.reps)

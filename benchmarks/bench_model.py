@@ -6,8 +6,11 @@ attention (SDPA) mixers, in one process: tokens per second of a whole training s
 
 A step is forward, cross-entropy, backward and an AdamW step under bf16 autocast, synchronised;
 :func:`time_steps` reports the median over groups of steps. Every mixer gets the same model
-around it (d_model 512, 4 layers, SwiGLU, vocabulary 4096) and the same tokens per step at each
-length (B=8 at T=2048, B=2 at T=8192); parameter counts are reported beside the speed. KLA runs
+around it (d_model 512, 4 layers, SwiGLU of hidden width 1408, vocabulary 4096; ``--mlp-multiple-of 1``
+for the unrounded width 1365 that runs before 2026-12-05 used) and the same tokens per step at each
+length (B=8 at T=2048, B=2 at T=8192); parameter counts are reported beside the speed. Each model is
+compiled afresh (``torch._dynamo.reset()``), so none inherits recompilations or dynamic shapes from
+the models timed before it. KLA runs
 its default backend (the fused kernels on CUDA, no host synchronisation in the layer), GLA is
 fla's ``chunk_gla`` when fla is installed (an optional extra; without it the torch fallback, marked
 ``"gla_kernel": "torch"``), attention is ``scaled_dot_product_attention``.
@@ -18,10 +21,12 @@ config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks.bench_model -
 The switch (:mod:`kalmanscan.nn.baselines.gla`) applies while fla is imported, so the numbers for
 GLA are those of an untuned first config (a lower bound on its speed).
 
-Two variants of the KLA model give the A/B of the scan's latest changes in one process:
-``kla_y_var``, every layer's scan also computing the output variance ``y_var`` and dropping it
-(as before the layer left it out when not returned); ``kla_masked``, the same with the kernels'
-bounds masks kept where the blocks are full (as before they were dropped there).
+Three variants of the KLA model give the A/B of the scan's latest changes in one process, each
+adding one earlier state: ``kla_v32``, every layer hands the scan a float32 copy of ``v`` and gets
+``y`` in float32 (as before it handed ``v`` in bf16 under autocast); ``kla_y_var``, the scan also
+computes the output variance ``y_var`` and drops it (as before the layer left it out when not
+returned); ``kla_masked``, the kernels also keep their bounds masks where the blocks are full (as
+before they were dropped there).
 """
 
 from __future__ import annotations
@@ -46,10 +51,11 @@ from kalmanscan.nn import layer as kla_layer
 SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
 QUICK_SHAPES = [(2, 32), (1, 64)]
 MIXERS = ("kla", "gla", "attention")
+VARIANTS = ("kla_v32", "kla_y_var", "kla_masked")     # the KLA model as before its scan's latest changes
 
 
-def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str, mlp_multiple_of: int = 1) -> SequenceModel:
-    """The model every mixer shares; fla's kernel for GLA where installed."""
+def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str, mlp_multiple_of: int = 64) -> SequenceModel:
+    """The model every mixer shares (``SequenceModel``'s defaults); fla's kernel for GLA where installed."""
     options = dict(n_heads=4) if mixer in ("gla", "attention") else {}
     return SequenceModel(vocab, d_model, n_layers, mixer=mixer, mlp_multiple_of=mlp_multiple_of,
                          **options).to(device)
@@ -57,16 +63,18 @@ def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str, mlp_
 
 @contextlib.contextmanager
 def scan_as_before(mixer: str):
-    """Inside, for the variants ``kla_y_var`` and ``kla_masked``, every KLA layer's scan computes
-    ``y_var`` whether or not the layer returns it, and with ``kla_masked`` the kernels keep their
-    bounds masks; other mixers run as they are."""
+    """Inside, every KLA layer's scan runs as in an earlier version for the variants: ``kla_v32``
+    takes ``v`` as a float32 copy (and gives ``y`` in float32); ``kla_y_var`` also computes
+    ``y_var`` whether or not the layer returns it; ``kla_masked`` also keeps the kernels' bounds
+    masks. Other mixers run as they are."""
     original = kla_layer.kla_scan_unchecked
 
-    def with_variance(*args, **kwargs):
-        return original(*args, **{**kwargs, "variance": True})
+    def earlier(v, *args, **kwargs):
+        variance = kwargs.pop("variance") or mixer != "kla_v32"
+        return original(v.float(), *args, **kwargs, variance=variance)
 
-    if mixer in ("kla_y_var", "kla_masked"):
-        kla_layer.kla_scan_unchecked = with_variance
+    if mixer in VARIANTS:
+        kla_layer.kla_scan_unchecked = earlier
     try:
         with masked() if mixer == "kla_masked" else contextlib.nullcontext():
             yield
@@ -114,6 +122,7 @@ def bench(mixer, batch, T, args, device):
     model = build("kla" if mixer.startswith("kla") else mixer, args.d_model, args.layers, args.vocab, device,
                   args.mlp_multiple_of)
     params = sum(p.numel() for p in model.parameters())
+    torch._dynamo.reset()   # each model compiled afresh: no recompilation, no shapes marked dynamic by earlier ones
     run = torch.compile(model) if args.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     tokens = torch.randint(0, args.vocab, (batch, T + 1), device=device)
@@ -148,7 +157,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile every model")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny model, a few steps")
-    ap.add_argument("--mlp-multiple-of", type=int, default=1, help="SwiGLU hidden width rounded up to a multiple")
+    ap.add_argument("--mlp-multiple-of", type=int, default=64,
+                    help="SwiGLU hidden width rounded up to a multiple (64, SequenceModel's default; 1 unrounded)")
     ap.add_argument("--shapes", default=None, help="batch x T pairs, e.g. 2x8192 (default: 8x2048,2x8192)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"

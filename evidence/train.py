@@ -98,6 +98,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-init", choices=WEIGHT_INITS, default=None,
                    help="model-level initialisation: normal (N(0, 0.02^2) for every Linear and embedding "
                         "weight; the default) or torch (each module's own)")
+    # default None (read as 1, the unrounded width every recorded run used): old checkpoints still resume
+    p.add_argument("--mlp-multiple-of", type=int, default=None,
+                   help="SwiGLU hidden width rounded up to a multiple (default 1 here, unrounded, as every "
+                        "recorded run; SequenceModel's own default is 64)")
     p.add_argument("--noise-zero", action="store_true", help="KLA with process noise fixed at 0")
     p.add_argument("--steps", type=int, default=None,
                    help="training steps (default 2000; with --time-limit, no step limit)")
@@ -207,7 +211,8 @@ def build_model(task, args) -> torch.nn.Module:
     expand = int(args.expand) if float(args.expand).is_integer() else args.expand
     weight_init = getattr(args, "weight_init", None) or WEIGHT_INIT_DEFAULT
     model = SequenceModel(task.vocab_size, args.d_model, args.layers, mixer=mixer, d_state=args.d_state,
-                          expand=expand, weight_init=weight_init, **mixer_options(args.mixer_opt))
+                          expand=expand, weight_init=weight_init,
+                          mlp_multiple_of=getattr(args, "mlp_multiple_of", None) or 1, **mixer_options(args.mixer_opt))
     if args.noise_zero and zero_kla_noise(model) == 0:
         raise ValueError("--noise-zero needs at least one kla layer")
     if task.head == "autoencoder":

@@ -35,12 +35,14 @@ class SwiGLU(nn.Module):
 
     In bf16 a hidden width that is not a multiple of 8 leaves the rows of the hidden activations
     and of the weights' gradients off the 16-byte boundaries cuBLAS's tensor-core kernels are
-    built for (``int(8 d / 3)`` is odd at d = 128 and 512); ``multiple_of=64`` keeps them aligned
-    for a few percent more parameters, as LLaMA's rounding does. ``benchmarks/bench_gemms.py`` times
-    the block's products at both widths.
+    built for (``int(8 d / 3)`` is odd at d = 128 and 512), and cuBLAS falls back to older, slower
+    kernels. ``multiple_of=64`` (the default) keeps them aligned for a few percent more parameters,
+    as LLaMA's rounding does; ``multiple_of=1`` gives the unrounded width. H200, d = 512, 16,384
+    tokens (``benchmarks/bench_gemms.py``): the six products of the block took 1.17 ms at width
+    1365 and 0.32 ms at 1408 (docs/performance.md).
     """
 
-    def __init__(self, d_model: int, mlp_ratio: float = 4.0, multiple_of: int = 1, device=None, dtype=None):
+    def __init__(self, d_model: int, mlp_ratio: float = 4.0, multiple_of: int = 64, device=None, dtype=None):
         super().__init__()
         if not isinstance(multiple_of, int) or multiple_of < 1:
             raise ValueError(f"multiple_of must be a positive integer, got {multiple_of!r}")
@@ -59,7 +61,7 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """``x + mixer(RMSNorm x)``, then ``x + SwiGLU(RMSNorm x)``."""
 
-    def __init__(self, mixer: nn.Module, d_model: int, mlp_ratio: float, mlp_multiple_of: int = 1, device=None,
+    def __init__(self, mixer: nn.Module, d_model: int, mlp_ratio: float, mlp_multiple_of: int = 64, device=None,
                  dtype=None):
         super().__init__()
         self.mixer_norm = RMSNorm(d_model, device=device, dtype=dtype)
@@ -98,8 +100,8 @@ class SequenceModel(nn.Module):
             e.g. ``["attention"] * (n - 1) + ["kla"]``).
         d_state, expand: passed to the mixers that take them (``kla``, ``mamba``).
         mlp_ratio: SwiGLU width ratio.
-        mlp_multiple_of: the SwiGLU hidden width is rounded up to a multiple of this (default 1,
-            unrounded; 64 keeps bf16 rows aligned for cuBLAS, see :class:`SwiGLU`).
+        mlp_multiple_of: the SwiGLU hidden width is rounded up to a multiple of this (default 64,
+            which keeps bf16 rows aligned for cuBLAS; 1 for the unrounded width, see :class:`SwiGLU`).
         weight_init: ``"normal"`` (the default) or ``"torch"`` (each module's own initialisation,
             which trains faster at widths far below 128). With ``"normal"`` every ``nn.Linear`` and
             ``nn.Embedding`` weight of the model (every mixer alike, the MLPs, the head) is drawn
@@ -114,7 +116,7 @@ class SequenceModel(nn.Module):
 
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, mixer="kla", d_state: int = 16,
                  expand: float = 2, mlp_ratio: float = 4.0, weight_init: str = WEIGHT_INIT_DEFAULT,
-                 mlp_multiple_of: int = 1, **mixer_kwargs):
+                 mlp_multiple_of: int = 64, **mixer_kwargs):
         super().__init__()
         if weight_init not in WEIGHT_INITS:
             raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")

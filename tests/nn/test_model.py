@@ -155,10 +155,12 @@ def test_bad_arguments_raise(kwargs, match):
 
 
 def test_swiglu_hidden_width_rounds_up_to_its_multiple():
-    assert SwiGLU(512).w_out.in_features == 1365                  # int(8 * 512 / 3)
-    assert SwiGLU(512, multiple_of=64).w_in.out_features == 2 * 1408
-    model = SequenceModel(10, 128, 1, mixer="attention", n_heads=2, mlp_multiple_of=64)
+    assert SwiGLU(512, multiple_of=1).w_out.in_features == 1365   # int(8 * 512 / 3)
+    assert SwiGLU(512).w_in.out_features == 2 * 1408               # the default multiple, 64
+    model = SequenceModel(10, 128, 1, mixer="attention", n_heads=2)
     assert model.blocks[0].mlp.w_out.in_features == 384            # 341 rounded up
+    model = SequenceModel(10, 128, 1, mixer="attention", n_heads=2, mlp_multiple_of=1)
+    assert model.blocks[0].mlp.w_out.in_features == 341
     assert model(torch.zeros(2, 5, dtype=torch.long)).shape == (2, 5, 10)
 
 

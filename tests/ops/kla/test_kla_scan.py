@@ -183,7 +183,7 @@ def test_triton_without_grad_and_half_inputs():
     xb = [x.to(torch.bfloat16) for x in xs[:4]] + [x.float() for x in xs[4:]]
     ref_b = kla_scan_sequential(*xb)
     for backend in ("torch", "recurrent", "cpu", "triton"):
-        yb, y_varb = kla_scan(*xb, backend=backend)
+        yb, y_varb = kla_scan(*(x.to(device_of(backend)) for x in xb), backend=backend)
         assert yb.dtype == torch.bfloat16 and y_varb.dtype == torch.bfloat16
         assert max_rel_error(yb, ref_b[0]) < 1e-2
         assert max_rel_error(y_varb, ref_b[1]) < 1e-2
