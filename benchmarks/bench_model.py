@@ -21,12 +21,10 @@ config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks.bench_model -
 The switch (:mod:`kalmanscan.nn.baselines.gla`) applies while fla is imported, so the numbers for
 GLA are those of an untuned first config (a lower bound on its speed).
 
-Three variants of the KLA model give the A/B of the scan's latest changes in one process, each
-adding one earlier state: ``kla_v32``, every layer hands the scan a float32 copy of ``v`` and gets
-``y`` in float32 (as before it handed ``v`` in bf16 under autocast); ``kla_y_var``, the scan also
-computes the output variance ``y_var`` and drops it (as before the layer left it out when not
-returned); ``kla_masked``, the kernels also keep their bounds masks where the blocks are full (as
-before they were dropped there).
+Two variants of the KLA model give A/Bs of the scan in one process: ``kla_y_var``, every layer's
+scan also computing the output variance ``y_var`` and dropping it (as before the layer left it out
+when not returned); ``kla_even``, the kernels without their bounds masks where the blocks are full
+(``KLAConfig.even``, off by default).
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ import time
 
 import torch
 
-from benchmarks.kla_pieces import masked
+from benchmarks.kla_pieces import unmasked
 from benchmarks.records import commit
 from benchmarks.shape_rows import shape_list
 from kalmanscan.nn import SequenceModel
@@ -51,7 +49,6 @@ from kalmanscan.nn import layer as kla_layer
 SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
 QUICK_SHAPES = [(2, 32), (1, 64)]
 MIXERS = ("kla", "gla", "attention")
-VARIANTS = ("kla_v32", "kla_y_var", "kla_masked")     # the KLA model as before its scan's latest changes
 
 
 def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str, mlp_multiple_of: int = 64) -> SequenceModel:
@@ -62,21 +59,19 @@ def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str, mlp_
 
 
 @contextlib.contextmanager
-def scan_as_before(mixer: str):
-    """Inside, every KLA layer's scan runs as in an earlier version for the variants: ``kla_v32``
-    takes ``v`` as a float32 copy (and gives ``y`` in float32); ``kla_y_var`` also computes
-    ``y_var`` whether or not the layer returns it; ``kla_masked`` also keeps the kernels' bounds
-    masks. Other mixers run as they are."""
+def scan_variant(mixer: str):
+    """Inside, every KLA layer's scan runs as the variant says: ``kla_y_var`` also computes ``y_var``
+    whether or not the layer returns it (as before the layer left it out); ``kla_even`` drops the
+    kernels' bounds masks where the blocks are full (``KLAConfig.even``). Other mixers run as they are."""
     original = kla_layer.kla_scan_unchecked
 
-    def earlier(v, *args, **kwargs):
-        variance = kwargs.pop("variance") or mixer != "kla_v32"
-        return original(v.float(), *args, **kwargs, variance=variance)
+    def with_variance(*args, **kwargs):
+        return original(*args, **{**kwargs, "variance": True})
 
-    if mixer in VARIANTS:
-        kla_layer.kla_scan_unchecked = earlier
+    if mixer == "kla_y_var":
+        kla_layer.kla_scan_unchecked = with_variance
     try:
-        with masked() if mixer == "kla_masked" else contextlib.nullcontext():
+        with unmasked() if mixer == "kla_even" else contextlib.nullcontext():
             yield
     finally:
         kla_layer.kla_scan_unchecked = original
@@ -132,7 +127,7 @@ def bench(mixer, batch, T, args, device):
         row["gla_kernel"] = gla_kernel(model, device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    with scan_as_before(mixer):
+    with scan_variant(mixer):
         try:
             ms, times = time_steps(lambda: training_step(run, optimizer, tokens, device), device,
                                    args.steps, args.groups, args.warmup)

@@ -7,9 +7,8 @@ time is split, timed alternately in one process with the public call beside them
 Shapes: ``M = 1024, S = 16``, float32, 16384 tokens a call (``B x L``): (1, 16384), (2, 8192),
 (4, 4096), (8, 2048). For each, the kernels with each configuration (``kla_scan_triton``, queued,
 forward and forward+backward: :func:`benchmarks.kla_pieces.row`) in the order default, split,
-the chosen one without ``y_var`` (``variance=False``, as the layer runs it), the same with the
-kernels' bounds masks kept (:func:`benchmarks.kla_pieces.masked`, as before the kernels dropped
-them where the blocks are full) twice, without ``y_var`` again,
+the chosen one without ``y_var`` (``variance=False``, as the layer runs it), the same without the
+kernels' bounds masks (``KLAConfig.even``) twice, without ``y_var`` again,
 split, default, and the public ``kla_scan(backend="triton")`` (input checks, then
 ``launch_config``'s choice: :func:`benchmarks.bench_kla.bench_triton`). The forward's share of the
 FP32 rate measured in the same run is printed with each row (``bench_kla.FWD_FP32_OPS`` per state
@@ -19,13 +18,13 @@ update), and each configuration's outputs and gradients are compared with the de
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import json
 
 import torch
 
 from benchmarks.bench_kla import FWD_FP32_OPS, bench_triton, fp32_rates, make_inputs
-from benchmarks.kla_pieces import masked, row
+from benchmarks.kla_pieces import row
 from benchmarks.shape_rows import shape_list
 from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
 
@@ -53,11 +52,10 @@ def main():
         ref = None
         configs = dict(default=DEFAULT_CONFIG, split=SPLIT_CONFIG,
                        no_variance=launch_config(B, L, M, xs[0].device, variance=False))
-        configs["masked"] = configs["no_variance"]
-        order = ("default", "split", "no_variance", "masked", "masked", "no_variance", "split", "default")
+        configs["even"] = dataclasses.replace(configs["no_variance"], even=True)
+        order = ("default", "split", "no_variance", "even", "even", "no_variance", "split", "default")
         for name in order:
-            with masked() if name == "masked" else contextlib.nullcontext():
-                timing, out = row(xs, configs[name], ref)
+            timing, out = row(xs, configs[name], ref)
             ref = ref or out
             add(B=B, L=L, config=name, chosen=chosen, **timing)
         public = bench_triton((B, L, M, S), None, rate, public=True)

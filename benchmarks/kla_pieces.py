@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 
 import torch
 
 from benchmarks.bench_kla import make_inputs, rel, timed
-from kalmanscan.ops.kla import library
+from kalmanscan.ops.kla import triton as kla_triton
 from kalmanscan.ops.kla.library import KLAConfig
 from kalmanscan.ops.kla.triton import kla_scan_triton
 
@@ -25,15 +26,15 @@ CONFIGS = [(None, None, 8), (None, 1, 8), (None, 2, 8), (None, 4, 8), (None, 8, 
 
 
 @contextlib.contextmanager
-def masked():
-    """Inside, the kernels keep their bounds masks whatever the shapes
-    (:func:`~kalmanscan.ops.kla.library.filled` answers no)."""
-    original = library.filled
-    library.filled = lambda M, S, block_m: False
+def unmasked():
+    """Inside, the scan's launch configurations drop the kernels' bounds masks where the blocks
+    are full (``KLAConfig.even``, off by default)."""
+    original = kla_triton.launch_config
+    kla_triton.launch_config = lambda *args, **kwargs: dataclasses.replace(original(*args, **kwargs), even=True)
     try:
         yield
     finally:
-        library.filled = original
+        kla_triton.launch_config = original
 
 
 def row(xs, config, ref):

@@ -149,7 +149,8 @@ def kernels(fc=None, cfg=None):
         "kla_bwd_split": (kla_bwd_kernel, split_bwd, split.bwd_num_warps),
         "kla_adjoint_map_split": (kla_adjoint_map_kernel, split_bwd, split.bwd_num_warps),
         "kla_piece_map_split": (kla_piece_map_kernel, split_fwd, split.num_warps),
-        # as the layer launches them at M = 1024, S = 16: no y_var, full blocks without bounds masks
+        # at M = 1024, S = 16 without y_var (as the layer launches them) and without the bounds
+        # masks of full blocks (KLAConfig.even, off by default)
         "kla_fwd_even": (kla_fwd_kernel, dict(kla_fwd, SAVE=True, VAR=False, EVEN=True), cfg.num_warps),
         "kla_bwd_even": (kla_bwd_kernel, dict(kla_bwd, VAR=False, EVEN=True), cfg.bwd_num_warps),
         "kla_adjoint_map_even": (kla_adjoint_map_kernel, dict(kla_bwd, VAR=False, EVEN=True), cfg.bwd_num_warps),

@@ -231,28 +231,23 @@ class KLA(nn.Module):
         var = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
         return KLAState(conv, var, torch.zeros_like(var))
 
-    def observe(self, x: torch.Tensor, window: torch.Tensor | None = None,
-                cast_v: bool = True) -> tuple[Any, ...]:
+    def observe(self, x: torch.Tensor, window: torch.Tensor | None = None) -> tuple[Any, ...]:
         """What the filters see of ``x`` (B, L, D): ``(z, gate, window, (v, lam_v, k, q))``.
 
         ``z`` (B, L, M) is the conv + SiLU output, ``gate`` (B, L, M) the output gate before its
         SiLU, ``window`` the new pre-conv window (``window=None``: zeros, a sequence's start), and
         ``v, lam_v`` (B, L, M), ``k, q`` (B, L, S) the scan's inputs (:func:`kla_scan`) in the scan
-        dtype (``v`` in the projections' dtype with ``cast_v=False``, see :meth:`sensors`): filter
-        ``(m, s)`` observes ``v[m]`` through the gain ``k[s]`` with precision ``lam_v[m]``.
+        dtype: filter ``(m, s)`` observes ``v[m]`` through the gain ``k[s]`` with precision ``lam_v[m]``.
         """
         z, gate = self.in_proj(x).chunk(2, -1)
         if window is None:
             window = z.new_zeros(z.shape[0], self.d_conv - 1, self.d_inner)
         z, window = causal_conv(z, window, self.conv)
         z = F.silu(z)
-        return z, gate, window, self.sensors(z, cast_v)
+        return z, gate, window, self.sensors(z)
 
-    def sensors(self, z: torch.Tensor, cast_v: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype, but
-        ``v`` as the projections made it (bf16 under autocast) with ``cast_v=False``: the fused
-        kernels read it in any float dtype and compute in float32, so the cast is traffic alone."""
+    def sensors(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype."""
         M, S, r = self.d_inner, self.d_state, self.var_rank
         if self.variant == "plain":
             v, log_var, k, q = self.sensor_proj(z).split([M, M, S, S], -1)
@@ -265,7 +260,7 @@ class KLA(nn.Module):
             log_var = log_var + self.obs_var_bias.to(dtype)
         lam_v = 1.0 / (F.softplus(log_var) + _OBS_VAR_FLOOR)
         k, q = l2_normalize(k.to(dtype)), l2_normalize(q.to(dtype))
-        return v.to(dtype) if cast_v else v, lam_v, k, q
+        return v.to(dtype), lam_v, k, q
 
     def check_input(self, x: Any, ndim: int, name: str) -> None:
         """``ValueError`` naming ``name`` unless ``x`` is ``(B, L, D)`` (``ndim`` 3) or ``(B, D)``."""
@@ -304,10 +299,7 @@ class KLA(nn.Module):
         (:func:`kalmanscan.ops.kla.kla_scan_unchecked`): no device-to-host synchronisation in the
         forward or the backward, and ``torch.compile`` traces the block whole. Without
         ``return_variance`` the scan leaves ``y_var`` out (on the triton backend its arithmetic and
-        memory traffic are saved in the forward and the backward), and the fused kernels take ``v``
-        and give ``y`` in the projections' dtype (bf16 under autocast; they compute in float32, and
-        on the GPU their rounding of ``y`` is torch's, so the output is that of a float32 ``y``
-        rounded after). On the triton
+        memory traffic are saved in the forward and the backward). On the triton
         backend the kernels take ``noise + NOISE_FLOOR`` (:data:`kalmanscan.ops.kla.NOISE_FLOOR`,
         1e-15: below float32's rounding of any noise above 1e-8), which keeps their precision in
         range whatever the noise learns; with :attr:`noise_free` the filters run in mean form on
@@ -322,13 +314,11 @@ class KLA(nn.Module):
         if runner is not None and id(self) in runner[0]:
             return runner[1](self, x, state, return_variance)
         self.check_input(x, 3, "x")
-        fused = (self.backend == "triton" or (self.backend == "auto" and x.is_cuda)) and not self.noise_free
-        z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv,
-                                                         cast_v=not fused or return_variance)
+        z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv)
         decay, noise = self.discretized()
         initial = None if state is None else FilterState.from_moments(state.var, state.mu)
         with torch.autocast(x.device.type, enabled=False):
-            y, y_var, final = kla_scan_unchecked(v, lam_v, k, q, decay.to(lam_v.dtype), noise.to(lam_v.dtype),
+            y, y_var, final = kla_scan_unchecked(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
                                                  initial_state=initial, return_state=True,
                                                  backend=self.backend, noise_free=self.noise_free,
                                                  variance=return_variance)

@@ -59,7 +59,10 @@ class KLAConfig:
     programs' grid of filters to ``[BLOCK_S, BLOCK_M]`` (each thread one channel's states, the
     per-filter tensors laid out ``(S, M)``: :mod:`kalmanscan.kernels.kla.common`); results do not
     depend on it beyond float32 rounding. ``variance=False`` leaves ``y_var`` out (see the module
-    docstring); every other output and gradient is unchanged."""
+    docstring); every other output and gradient is unchanged. ``even=True`` drops the kernels'
+    bounds masks where the blocks tile the filters exactly (:func:`filled`); off by default: alone
+    the kernels ran 2-4% faster forward and backward without them, but a compiled training step at
+    B=2, L=8192 ran 1.3 ms (6%) slower (H100 and H200, docs/performance.md), which is not understood."""
 
     block_m: int = 16
     chunk: int = 32
@@ -74,6 +77,7 @@ class KLAConfig:
     bwd_pieces: int | None = None
     states_first: bool = False
     variance: bool = True
+    even: bool = False
 
     def as_ints(self) -> list[int]:
         """The fields as the integers the operators take (:func:`kalmanscan.ops.launch.config_ints`)."""
@@ -133,7 +137,8 @@ def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: i
 
 def filled(M: int, S: int, block_m: int) -> bool:
     """Whether programs of ``block_m`` channels and ``next_power_of_2(S)`` states tile the ``(M, S)``
-    filters exactly (no padding lanes): the kernels then run without bounds masks (``EVEN``)."""
+    filters exactly (no padding lanes): the kernels can then run without bounds masks (``EVEN``,
+    with ``KLAConfig.even``)."""
     return M % block_m == 0 and S == next_power_of_2(S)
 
 
@@ -179,7 +184,7 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
             else torch.zeros(1, dtype=torch.float32, device=dev) for _ in range(2)]
     n_mblocks, block_s = cdiv(M, cfg.block_m), next_power_of_2(S)
-    even = filled(M, S, cfg.block_m)
+    even = cfg.even and filled(M, S, cfg.block_m)
     n_pieces, piece_len = pieces(cfg.pieces, cfg.block_m, cfg.chunk, B, L, M, dev)
     maps = decay32
     if n_pieces > 1:
@@ -229,7 +234,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     gy, gy_var = gy.contiguous(), gy_var.contiguous()
     glam, geta = (_to_kernels(x, cfg) for x in (glam, geta))
     n_mblocks, block_s = cdiv(M, cfg.bwd_block_m), next_power_of_2(S)
-    even = filled(M, S, cfg.bwd_block_m)
+    even = cfg.even and filled(M, S, cfg.bwd_block_m)
     chunk = cfg.chunk
     n_chunks = max(cdiv(L, chunk), 1)
     n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev, backward=True)

@@ -107,6 +107,7 @@ def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
         *(x.contiguous() for x in (v, lam_v, k, q)),
         *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
         L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=next_power_of_2(S),
-        STAGES=config.stages, STATES_FIRST=False, EVEN=filled(M, S, config.block_m), num_warps=config.num_warps)
+        STAGES=config.stages, STATES_FIRST=False, EVEN=config.even and filled(M, S, config.block_m),
+        num_warps=config.num_warps)
     total = merged.total(merged.compose, maps[:, :pieces].unbind(2), 1)
     return tuple(x[:, 0].to(dtype) for x in total)

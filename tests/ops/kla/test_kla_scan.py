@@ -113,11 +113,14 @@ def test_triton_matches_sequential_values_and_grads(B, L, with_state, config):
     assert_matches(grads, t_grads, "triton vs torch grads")
 
 
-@pytest.mark.parametrize("config", [SMALL, SPLIT, SPLIT_S, dataclasses.replace(SPLIT_S, variance=False)])
+@pytest.mark.parametrize("config", [dataclasses.replace(c, even=True) for c in (
+    SMALL, SPLIT, SPLIT_S, dataclasses.replace(SPLIT_S, variance=False))])
 def test_triton_full_blocks_run_without_masks(config):
-    """M = 8 channels in blocks of 4 and S = 4 states: no padding lanes, so the kernels take their
-    unmasked form (``EVEN``), forward, backward and both map passes, against the float64 recursion."""
+    """M = 8 channels in blocks of 4 and S = 4 states: no padding lanes, so with ``even`` the
+    kernels take their unmasked form (``EVEN``), forward, backward and both map passes, against the
+    float64 recursion. The launch's own configurations keep the masks."""
     assert filled(8, 4, config.block_m) and filled(8, 4, config.bwd_block_m)
+    assert not DEFAULT_CONFIG.even and not SPLIT_CONFIG.even
     xs = make_inputs(2, 23, 8, 4, seed=17, with_state=True, device=KERNEL_DEVICE)
     pick = (lambda out: out) if config.variance else (lambda out: (out[0], *out[2:]))  # noqa: E731
     ref_out, ref_grads = outputs_and_grads(lambda a: pick(kla_scan_sequential(*a)), xs)
