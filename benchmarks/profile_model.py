@@ -3,6 +3,7 @@ torch.profiler over a few steps (the model and step of :mod:`benchmarks.bench_mo
 operation's self time summed into groups (projections, conv, scan, norms, casts, syncs, ...).
 
     python -m benchmarks.profile_model [--batch 8] [--T 2048] [--steps 5] [--compile] [--trace t.json]
+        [--variant kla_even]     # the KLA model as bench_model's variant of that name
     python -m benchmarks.profile_model --quick     # CPU smoke run
 
 On CUDA the table gives each group's self CUDA time (the kernels launched by its operations) and
@@ -20,7 +21,7 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.bench_model import build, training_step
+from benchmarks.bench_model import build, scan_variant, training_step
 
 GROUPS = [  # (group, substrings of an operation's name); the first match wins
     ("scan", ("kla_scan", "kla_fwd", "kla_bwd", "kla_piece")),
@@ -55,6 +56,8 @@ def main():
     ap.add_argument("--trace", default=None, help="Chrome trace file of the profiled steps")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run")
     ap.add_argument("--shapes", action="store_true", help="the matrix products by input shapes")
+    ap.add_argument("--variant", default="kla", choices=("kla", "kla_y_var", "kla_even"),
+                    help="the KLA model as benchmarks.bench_model's variant of that name")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     if args.quick:
@@ -64,17 +67,19 @@ def main():
     run = torch.compile(model) if args.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     tokens = torch.randint(0, args.vocab, (args.batch, args.T + 1), device=device)
-    for _ in range(3):
-        training_step(run, optimizer, tokens, device)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-        torch.cuda.synchronize()
-    with torch.profiler.profile(activities=activities, record_shapes=args.shapes) as prof:
-        for _ in range(args.steps):
+    with scan_variant(args.variant):
+        for _ in range(3):
             training_step(run, optimizer, tokens, device)
         if device == "cuda":
             torch.cuda.synchronize()
+        with torch.profiler.profile(activities=activities, record_shapes=args.shapes) as prof:
+            for _ in range(args.steps):
+                training_step(run, optimizer, tokens, device)
+            if device == "cuda":
+                torch.cuda.synchronize()
     if args.trace:
         prof.export_chrome_trace(args.trace)
     events = prof.key_averages()
@@ -89,7 +94,7 @@ def main():
         calls[group] += e.count // args.steps
         syncs += e.count if e.key == "aten::_local_scalar_dense" else 0
     total = sum(device_us.values()) or 1.0
-    print(f"KLA model: d_model {args.d_model}, {args.layers} layers, B={args.batch}, T={args.T}, "
+    print(f"KLA model ({args.variant}): d_model {args.d_model}, {args.layers} layers, B={args.batch}, T={args.T}, "
           f"compiled={args.compile}, {device}; per step:")
     print(f"{'group':14s} {'device ms':>10s} {'share':>7s} {'cpu ms':>9s} {'op calls':>9s}")
     for group in sorted(device_us, key=lambda g: (-device_us[g], -cpu_us[g])):
