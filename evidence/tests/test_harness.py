@@ -31,6 +31,15 @@ def test_autoencoder_and_noise_zero_models():
                                                   "--layers", "1", "--d-model", "16", "--noise-zero"]))
 
 
+def test_mlp_width_stays_unrounded_unless_asked():
+    """Every recorded run used the unrounded SwiGLU width; SequenceModel's own default rounds to 64."""
+    task = mad_task("compression", num_train=64, num_test=64)
+    base = ["--task", "compression", "--mixer", "attention", "--layers", "1", "--d-model", "128"]
+    widths = [train.build_model(task, train.parse_args(base + extra)).encoder.blocks[0].mlp.w_out.in_features
+              for extra in ([], ["--mlp-multiple-of", "64"])]
+    assert widths == [341, 384]
+
+
 def test_protocol_commands():
     runs = protocols.a5_min_depth(lengths=(16, 32), depths=(1, 2), mixers=("kla", "gla"), steps=10)
     assert len(runs) == 2 * 2 * 2 + 2 + 2          # plus Z60 per mixer and the GRU per length
