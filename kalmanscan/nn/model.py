@@ -38,7 +38,7 @@ class SwiGLU(nn.Module):
     built for (``int(8 d / 3)`` is odd at d = 128 and 512), and cuBLAS falls back to older, slower
     kernels. ``multiple_of=64`` (the default) keeps them aligned for a few percent more parameters,
     as LLaMA's rounding does; ``multiple_of=1`` gives the unrounded width. H200, d = 512, 16,384
-    tokens (``benchmarks/bench_gemms.py``): the six products of the block took 1.17 ms at width
+    tokens (``benchmarks/bench_gemms.py``): the six products of the block took 1.18 ms at width
     1365 and 0.32 ms at 1408 (docs/performance.md).
     """
 
