@@ -149,12 +149,14 @@ def kernels(fc=None, cfg=None):
         "kla_bwd_split": (kla_bwd_kernel, split_bwd, split.bwd_num_warps),
         "kla_adjoint_map_split": (kla_adjoint_map_kernel, split_bwd, split.bwd_num_warps),
         "kla_piece_map_split": (kla_piece_map_kernel, split_fwd, split.num_warps),
-        # at M = 1024, S = 16 without y_var (as the layer launches them) and without the bounds
-        # masks of full blocks (KLAConfig.even, off by default)
-        "kla_fwd_even": (kla_fwd_kernel, dict(kla_fwd, SAVE=True, VAR=False, EVEN=True), cfg.num_warps),
-        "kla_bwd_even": (kla_bwd_kernel, dict(kla_bwd, VAR=False, EVEN=True), cfg.bwd_num_warps),
-        "kla_adjoint_map_even": (kla_adjoint_map_kernel, dict(kla_bwd, VAR=False, EVEN=True), cfg.bwd_num_warps),
-        "kla_piece_map_even": (kla_piece_map_kernel, dict(kla_fwd, EVEN=True), cfg.num_warps),
+        # as the layer launches them: without y_var, with bounds masks (KLAConfig.even off)
+        "kla_fwd_novar": (kla_fwd_kernel, dict(kla_fwd, SAVE=True, VAR=False), cfg.num_warps),
+        "kla_bwd_novar": (kla_bwd_kernel, dict(kla_bwd, VAR=False), cfg.bwd_num_warps),
+        "kla_adjoint_map_novar": (kla_adjoint_map_kernel, dict(kla_bwd, VAR=False), cfg.bwd_num_warps),
+        "kla_fwd_split_novar": (kla_fwd_kernel, dict(split_fwd, VAR=False), split.num_warps),
+        "kla_bwd_split_novar": (kla_bwd_kernel, dict(split_bwd, VAR=False), split.bwd_num_warps),
+        "kla_adjoint_map_split_novar": (kla_adjoint_map_kernel, dict(split_bwd, VAR=False), split.bwd_num_warps),
+        # KLAConfig(even=True) at M = 1024, S = 16: the same without the bounds masks of full blocks
         "kla_fwd_split_even": (kla_fwd_kernel, dict(split_fwd, VAR=False, EVEN=True), split.num_warps),
         "kla_bwd_split_even": (kla_bwd_kernel, dict(split_bwd, VAR=False, EVEN=True), split.bwd_num_warps),
         "kla_adjoint_map_split_even": (kla_adjoint_map_kernel, dict(split_bwd, VAR=False, EVEN=True),
