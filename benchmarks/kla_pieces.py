@@ -1,10 +1,16 @@
-"""The KLA scan's time split for few sequences: forward and forward+backward times of
-``kla_scan_triton`` under several ``KLAConfig(pieces=, bwd_pieces=, bwd_block_m=)`` at the
-model's two shapes (B=8, L=2048 and B=2, L=8192; M=1024, S=16, float32), queued
-(:func:`benchmarks.bench_kla.timed`), each configuration's outputs and gradients against the
-default's (float32 rounding only).
+"""The KLA scan's launch settings: forward and forward+backward times of ``kla_scan_triton``
+under several configurations at the model's two shapes (B=8, L=2048 and B=2, L=8192; M=1024, S=16,
+float32), queued (:func:`benchmarks.bench_kla.timed`), each configuration's outputs and gradients
+against the first's (float32 rounding only).
 
     python -m benchmarks.kla_pieces --out kla_pieces.json
+    python -m benchmarks.kla_pieces --out stages.json --configs "-;stages=1;stages=1,bwd_stages=1" --repeat 2
+
+Without ``--configs``: the time split, ``KLAConfig(pieces=, bwd_pieces=, bwd_block_m=)`` over
+``DEFAULT_CONFIG``. With it: each ``;``-separated entry is a list of ``field=value`` overrides of
+the configuration the layer launches at that shape (``launch_config(..., variance=False)``; ``-``
+for none), and ``--repeat`` runs the list that many times, alternately forward and reversed, so
+that drift of the machine shows.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ import json
 import torch
 
 from benchmarks.bench_kla import make_inputs, rel, timed
+from benchmarks.shape_rows import shape_list
 from kalmanscan.ops.kla import triton as kla_triton
-from kalmanscan.ops.kla.library import KLAConfig
+from kalmanscan.ops.kla.library import KLAConfig, launch_config
 from kalmanscan.ops.kla.triton import kla_scan_triton
 
 CONFIGS = [(None, None, 8), (None, 1, 8), (None, 2, 8), (None, 4, 8), (None, 8, 8), (None, 16, 8), (None, 32, 8),
@@ -64,19 +71,47 @@ def row(xs, config, ref):
     return dict(fwd_ms=timed(forward), fwd_bwd_ms=timed(forward_backward), rel_vs_default=err), out
 
 
+def overrides(text):
+    """``"stages=1,bwd_pieces=12,even=true"`` -> ``{"stages": 1, "bwd_pieces": 12, "even": True}``
+    (``"-"``: none; ``none``, ``true`` and ``false`` are Python's, other values integers)."""
+    words = {"none": None, "true": True, "false": False}
+    out = {}
+    for item in ([] if text.strip() == "-" else text.split(",")):
+        name, value = (x.strip() for x in item.split("="))
+        out[name] = words[value.lower()] if value.lower() in words else int(value)
+    return out
+
+
+def launched(B, L, M, changes):
+    """The layer's launch configuration at ``(B, L, M)`` with ``changes`` applied."""
+    return dataclasses.replace(launch_config(B, L, M, torch.device("cuda"), variance=False), **changes)
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--configs", help="';'-separated field=value overrides of the layer's launch")
+    ap.add_argument("--shapes", default="8x2048,2x8192", help="e.g. 2x8192,8x2048")
+    ap.add_argument("--repeat", type=int, default=1, help="passes over --configs, alternately reversed")
     args = ap.parse_args()
     rows = []
-    for B, L in ((8, 2048), (2, 8192)):
+    for B, L in shape_list(args.shapes):
         xs = make_inputs(B, L, 1024, 16)
         ref = None
-        for pieces, bwd_pieces, block in CONFIGS:
-            r, out = row(xs, KLAConfig(pieces=pieces, bwd_pieces=bwd_pieces, bwd_block_m=block), ref)
-            ref = ref or out
-            rows.append(dict(B=B, L=L, pieces=pieces, bwd_pieces=bwd_pieces, bwd_block_m=block, **r))
-            print(rows[-1], flush=True)
+        if args.configs is None:
+            for pieces, bwd_pieces, block in CONFIGS:
+                r, out = row(xs, KLAConfig(pieces=pieces, bwd_pieces=bwd_pieces, bwd_block_m=block), ref)
+                ref = ref or out
+                rows.append(dict(B=B, L=L, pieces=pieces, bwd_pieces=bwd_pieces, bwd_block_m=block, **r))
+                print(rows[-1], flush=True)
+            continue
+        entries = [e for e in args.configs.split(";") if e.strip()]
+        for rep in range(args.repeat):
+            for entry in entries if rep % 2 == 0 else entries[::-1]:
+                r, out = row(xs, launched(B, L, 1024, overrides(entry)), ref)
+                ref = ref or out
+                rows.append(dict(B=B, L=L, changes=entry, rep=rep, **r))
+                print(rows[-1], flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
 

@@ -121,14 +121,21 @@ def kernels(fc=None, cfg=None):
     loglik = dict(bwd, HAS_G_MU=False, HAS_G_LAM=False)
     tile_fwd = dict(tile, CLOSED=fc.tile_closed)
     tile_bwd = dict(tile, HAS_G_MU=True, HAS_G_LAM=True, HAS_G_PM=True, HAS_G_PV=True)
-    kla = dict(CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False, STATES_FIRST=cfg.states_first, VAR=True,
-               EVEN=False)
+    # KLA as launched at M = 1024, S = 16: Triton specialises the 16-byte aligned pointers, the
+    # integers divisible by 16 and those equal to 1. DEFAULT_CONFIG at B = 8, L = 2048 walks time in one
+    # stretch (n_pieces = 1); SPLIT_CONFIG at B = 2, L = 8192 on 132 multiprocessors splits the
+    # forward into 16 stretches and the backward into 8 (not a multiple of 16: not specialised).
+    launched = {"*_ptr": ALIGNED, "L": ALIGNED, "M": ALIGNED, "S": ALIGNED, "n_chunks": ALIGNED,
+                "n_mblocks": ALIGNED, "piece_len": ALIGNED}
+    kla = dict(launched, n_pieces=1, CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False,
+               STATES_FIRST=cfg.states_first, VAR=True, EVEN=False)
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     split = SPLIT_CONFIG  # as launched where time is split: a training forward saves checkpoints
     split_fwd = dict(kla, BLOCK_M=split.block_m, STAGES=split.stages, UNROLL=split.unroll or 1, SAVE=True,
-                     STATES_FIRST=split.states_first)
-    split_bwd = dict(kla, BLOCK_M=split.bwd_block_m, STAGES=split.bwd_stages, UNROLL=split.bwd_unroll or 1,
+                     STATES_FIRST=split.states_first, n_pieces=ALIGNED)
+    split_bwd = {k: v for k, v in kla.items() if k != "n_pieces"}
+    split_bwd.update(BLOCK_M=split.bwd_block_m, STAGES=split.bwd_stages, UNROLL=split.bwd_unroll or 1,
                      STATES_FIRST=split.states_first)
     carry = dict(CH=fc.carry_chunk)
     return {

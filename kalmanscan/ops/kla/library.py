@@ -55,7 +55,7 @@ class KLAConfig:
     stretches (``4 x SMs`` before: at B=2 L=8192 M=1024 S=16 on an H200 twice the stretches took
     the forward 1.03 -> 0.86 ms, docs/performance.md); 1 walks all of time in one program per
     channel block. ``bwd_pieces=None`` splits the backward where the forward splits, into
-    ``floor(16 x SMs / programs)`` stretches (``BWD_PROGRAMS_PER_SM``). ``states_first`` turns the
+    ``floor(bwd_per_sm x SMs / programs)`` stretches. ``states_first`` turns the
     programs' grid of filters to ``[BLOCK_S, BLOCK_M]`` (each thread one channel's states, the
     per-filter tensors laid out ``(S, M)``: :mod:`kalmanscan.kernels.kla.common`); results do not
     depend on it beyond float32 rounding. ``variance=False`` leaves ``y_var`` out (see the module
@@ -75,6 +75,11 @@ class KLAConfig:
     bwd_unroll: int | None = None
     pieces: int | None = None
     bwd_pieces: int | None = None
+    # One-warp backward programs per multiprocessor that bwd_pieces=None aims for. Each stretch after
+    # the first adds a forward walk composing its adjoint map (kalmanscan.kernels.kla.adjoint_map).
+    # H200, M=1024 S=16, this layout: B=2 L=8192 fwd+bwd 3.17 ms at 8 stretches against 3.28 at 4
+    # and 5.07 unsplit; B=8 L=2048 2.41 unsplit, 2.71 at 2 stretches.
+    bwd_per_sm: int = 16
     states_first: bool = False
     variance: bool = True
     even: bool = False
@@ -95,13 +100,11 @@ DEFAULT_CONFIG = KLAConfig()
 # M=1024 S=16: forward 0.687-0.693 ms against 0.846-0.857, forward+backward 2.58 against 3.00;
 # at B=8 L=2048 (no split) it lost, 2.41 against 2.23 (docs/performance.md, "States within a
 # thread"; these kernels compile to the SASS that was timed there).
-SPLIT_CONFIG = KLAConfig(block_m=32, num_warps=1, bwd_block_m=16, states_first=True)
-# The backward's default time split, where it splits (at most 2 x SMs channel-block programs):
-# about this many one-warp programs per multiprocessor (its registers allow 16 resident; each
-# stretch after the first adds a forward walk composing its adjoint map,
-# :mod:`kalmanscan.kernels.kla.adjoint_map`). H200, M=1024 S=16: B=2 L=8192 fwd+bwd 3.17 ms at
-# 8 stretches against 3.28 at 4 and 5.07 unsplit; B=8 L=2048 2.41 unsplit, 2.71 at 2 stretches.
-BWD_PROGRAMS_PER_SM = 16
+# Its backward holds 168 registers a thread (sm_90), so 12 one-warp programs fit on a
+# multiprocessor: at 16 a multiprocessor the stretches ran in 1.3 waves. At 8 (one wave) the
+# forward+backward took 2.61-2.63 ms against 3.04-3.06 at B=1 L=16384, B=2 L=8192 and B=4 L=4096
+# (H200, M=1024 S=16, without y_var; docs/performance.md "The backward's stretches in whole waves").
+SPLIT_CONFIG = KLAConfig(block_m=32, num_warps=1, bwd_block_m=16, bwd_per_sm=8, states_first=True)
 
 Tensor = torch.Tensor
 Six = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
@@ -121,14 +124,14 @@ def launch_config(B: int, L: int, M: int, device: torch.device, variance: bool =
 
 
 def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: int,
-           device: torch.device, backward: bool = False) -> tuple[int, int]:
+           device: torch.device, per_sm: int = 8) -> tuple[int, int]:
     """``(n_pieces, piece_len)``: stretches of time, each a whole number of chunks (``KLAConfig``;
-    ``backward`` for ``bwd_pieces``)."""
+    ``per_sm``: the programs per multiprocessor that ``requested=None`` aims for, 8 in the forward,
+    ``bwd_per_sm`` in the backward)."""
     n = requested
     if n is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         programs = B * cdiv(M, block_m)
-        per_sm = BWD_PROGRAMS_PER_SM if backward else 8
         n = per_sm * sms // programs if programs <= 2 * sms else 1
     n = max(1, min(n, cdiv(L, chunk)))
     piece_len = max(cdiv(cdiv(L, n), chunk), 1) * chunk
@@ -237,7 +240,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     even = cfg.even and filled(M, S, cfg.bwd_block_m)
     chunk = cfg.chunk
     n_chunks = max(cdiv(L, chunk), 1)
-    n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev, backward=True)
+    n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev, cfg.bwd_per_sm)
     f32 = dict(dtype=torch.float32, device=dev)
     scratch = [torch.empty(B * n_mblocks * n_pieces * chunk * cfg.bwd_block_m * block_s, **f32)
                for _ in range(2)]

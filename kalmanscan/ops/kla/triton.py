@@ -77,7 +77,7 @@ def _largest_buffer(config, B, L, M, S, device):
     """Elements in the largest tensor a kernel indexes (the kernels use int32 offsets)."""
     n_mblocks = cdiv(M, config.bwd_block_m)
     fwd_pieces = pieces(config.pieces, config.block_m, config.chunk, B, L, M, device)[0]
-    bwd_pieces = pieces(config.bwd_pieces, config.bwd_block_m, config.chunk, B, L, M, device, backward=True)[0]
+    bwd_pieces = pieces(config.bwd_pieces, config.bwd_block_m, config.chunk, B, L, M, device, config.bwd_per_sm)[0]
     return max(B * L * M, B * L * n_mblocks * S, B * (cdiv(L, config.chunk) + 1) * M * S,
                B * max(7 * fwd_pieces, 5 * bwd_pieces) * M * S,
                B * n_mblocks * bwd_pieces * config.chunk * config.bwd_block_m * S)

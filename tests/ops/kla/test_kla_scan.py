@@ -21,7 +21,7 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, filled, launch_config
+from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, filled, launch_config, pieces
 from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
 
 TOL = 2e-5
@@ -161,6 +161,19 @@ def test_launch_config_turns_the_grid_where_time_is_split():
         out, grads = outputs_and_grads(lambda a: kla_scan_triton(*a), xs)
     assert_matches(out, ref_out, "outputs")
     assert_matches(grads, ref_grads, "grads")
+
+
+def test_default_split_aims_at_programs_per_multiprocessor():
+    """``pieces(None, ...)`` cuts time into ``per_sm x SMs / programs`` whole chunks where there
+    are at most ``2 x SMs`` programs (on a CPU one multiprocessor), and the split layout's backward
+    aims at one wave of its programs (8 a multiprocessor, where 12 fit)."""
+    cpu = torch.device("cpu")
+    assert pieces(None, 16, 32, 1, 1024, 16, cpu) == (8, 128)             # 8 a multiprocessor
+    assert pieces(None, 16, 32, 1, 1024, 16, cpu, per_sm=16) == (16, 64)
+    assert pieces(None, 16, 32, 1, 100, 16, cpu, per_sm=16) == (4, 32)    # at most one a chunk
+    assert pieces(None, 16, 32, 1, 1024, 48, cpu) == (1, 1024)            # 3 programs: no split
+    assert pieces(5, 16, 32, 1, 1024, 48, cpu) == (5, 224)                # asked for: whole chunks
+    assert (DEFAULT_CONFIG.bwd_per_sm, SPLIT_CONFIG.bwd_per_sm) == (16, 8)
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch", "recurrent", "cpu", "triton"])
