@@ -21,10 +21,12 @@ config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks.bench_model -
 The switch (:mod:`kalmanscan.nn.baselines.gla`) applies while fla is imported, so the numbers for
 GLA are those of an untuned first config (a lower bound on its speed).
 
-Two variants of the KLA model give A/Bs of the scan in one process: ``kla_y_var``, every layer's
+Variants of the KLA model give A/Bs of the scan in one process: ``kla_y_var``, every layer's
 scan also computing the output variance ``y_var`` and dropping it (as before the layer left it out
 when not returned); ``kla_even``, the kernels without their bounds masks where the blocks are full
-(``KLAConfig.even``, off by default).
+(``KLAConfig.even``, off by default); ``kla@field=value+field=value``, the scan launched with those
+``KLAConfig`` fields changed (``kla@bwd_per_sm=16+unroll=2``; values as
+:func:`benchmarks.kla_pieces.overrides` reads them).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import time
 
 import torch
 
-from benchmarks.kla_pieces import unmasked
+from benchmarks.kla_pieces import launched_with, overrides
 from benchmarks.records import commit
 from benchmarks.shape_rows import shape_list
 from kalmanscan.nn import SequenceModel
@@ -62,7 +64,8 @@ def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str, mlp_
 def scan_variant(mixer: str):
     """Inside, every KLA layer's scan runs as the variant says: ``kla_y_var`` also computes ``y_var``
     whether or not the layer returns it (as before the layer left it out); ``kla_even`` drops the
-    kernels' bounds masks where the blocks are full (``KLAConfig.even``). Other mixers run as they are."""
+    kernels' bounds masks where the blocks are full (``KLAConfig.even``); ``kla@a=1+b=2`` launches
+    with those fields changed. Other mixers run as they are."""
     original = kla_layer.kla_scan_unchecked
 
     def with_variance(*args, **kwargs):
@@ -71,7 +74,9 @@ def scan_variant(mixer: str):
     if mixer == "kla_y_var":
         kla_layer.kla_scan_unchecked = with_variance
     try:
-        with unmasked() if mixer == "kla_even" else contextlib.nullcontext():
+        fields = mixer.partition("@")[2].replace("+", ",") or "-"
+        changes = dict(even=True) if mixer == "kla_even" else overrides(fields)
+        with launched_with(**changes):
             yield
     finally:
         kla_layer.kla_scan_unchecked = original

@@ -33,11 +33,12 @@ CONFIGS = [(None, None, 8), (None, 1, 8), (None, 2, 8), (None, 4, 8), (None, 8, 
 
 
 @contextlib.contextmanager
-def unmasked():
-    """Inside, the scan's launch configurations drop the kernels' bounds masks where the blocks
-    are full (``KLAConfig.even``, off by default)."""
+def launched_with(**changes):
+    """Inside, the scan's launch configurations (``launch_config``, which the layer and the public
+    call use) have ``changes`` applied, e.g. ``even=True`` (drop the kernels' bounds masks where the
+    blocks are full) or ``bwd_per_sm=16``."""
     original = kla_triton.launch_config
-    kla_triton.launch_config = lambda *args, **kwargs: dataclasses.replace(original(*args, **kwargs), even=True)
+    kla_triton.launch_config = lambda *args, **kwargs: dataclasses.replace(original(*args, **kwargs), **changes)
     try:
         yield
     finally:

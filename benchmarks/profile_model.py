@@ -3,7 +3,7 @@ torch.profiler over a few steps (the model and step of :mod:`benchmarks.bench_mo
 operation's self time summed into groups (projections, conv, scan, norms, casts, syncs, ...).
 
     python -m benchmarks.profile_model [--batch 8] [--T 2048] [--steps 5] [--compile] [--trace t.json]
-        [--variant kla_even]     # the KLA model as bench_model's variant of that name
+        [--variant kla_even]     # the KLA model as bench_model's variant of that name (or kla@bwd_per_sm=16)
     python -m benchmarks.profile_model --quick     # CPU smoke run
 
 On CUDA the table gives each group's self CUDA time (the kernels launched by its operations) and
@@ -56,9 +56,12 @@ def main():
     ap.add_argument("--trace", default=None, help="Chrome trace file of the profiled steps")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run")
     ap.add_argument("--shapes", action="store_true", help="the matrix products by input shapes")
-    ap.add_argument("--variant", default="kla", choices=("kla", "kla_y_var", "kla_even"),
-                    help="the KLA model as benchmarks.bench_model's variant of that name")
+    ap.add_argument("--variant", default="kla",
+                    help="the KLA model as benchmarks.bench_model's variant of that name: kla, kla_y_var, "
+                         "kla_even or kla@field=value+field=value")
     args = ap.parse_args()
+    if args.variant not in ("kla", "kla_y_var", "kla_even") and not args.variant.startswith("kla@"):
+        ap.error(f"--variant: {args.variant!r} is not a KLA variant of benchmarks.bench_model")
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     if args.quick:
         args.batch, args.T, args.d_model, args.layers, args.vocab, args.steps = 2, 32, 32, 2, 64, 1

@@ -5,10 +5,12 @@ Walking backwards, token ``t`` maps the adjoints ``a = (gl, ge)`` of the state a
 the state before it by ``a <- J_t (a + s_t)`` (:mod:`kalmanscan.kernels.kla.bwd`), with the upper
 triangular ``J_t = [[j11, j12], [0, j22]]``,
 
-    j11 = rho - noise lam_{t-1} rho^2,   j12 = -noise decay eta_{t-1} rho^2,   j22 = rho decay,
+    j11 = rho - noise lam_{t-1} rho^2 = decay^2 rho^2,   j12 = -noise decay eta_{t-1} rho^2,   j22 = rho decay,
 
-and the output sources ``s_t = (s_l, s_e)``, ``s_e = gy q / lam_t``,
-``s_l = -(gy q eta_t + gy_var q^2) / lam_t^2`` (without ``VAR``, no ``gy_var`` term). None of
+(``rho (decay^2 + noise lam_{t-1}) = 1``; the second form has no cancellation) and the output
+sources ``s_t = (s_l, s_e)``, ``s_e = gy q / lam_t``, ``s_l = -(gy q eta_t + gy_var q^2) / lam_t^2
+= -s_e mu_t - gy_var (q / lam_t)^2`` with ``mu_t = eta_t / lam_t`` (without ``VAR``, no ``gy_var``
+term). None of
 these depends on the adjoints, so a stretch ``t0 .. t1`` maps the adjoint entering it (from later
 tokens) to the one leaving it by
 
@@ -29,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..fast_math import rcp
-from .common import kla_step_rho, kla_tile, kla_token, outer
+from .common import kla_step_rho, kla_tile, kla_token, outer, per_m, per_s
 
 
 @triton.jit
@@ -57,23 +59,22 @@ def kla_adjoint_map_kernel(
         gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
         if VAR:
             gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
-        lam_p, eta_p = lam, eta
+        eta_p = eta
         lam, eta, rho = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
         rho2 = rho * rho
-        j11 = rho - noise * lam_p * rho2
+        j11 = a2 * rho2
         j12 = -noise * decay * eta_p * rho2
         j22 = rho * decay
         inv = rcp(lam)
-        gyq = outer(gy, qt, STATES_FIRST)
-        s_e = gyq * inv
-        if VAR:
-            s_l = -(gyq * eta + outer(gyv, qt * qt, STATES_FIRST)) * (inv * inv)
-        else:
-            s_l = -(gyq * eta) * (inv * inv)
+        s_e = outer(gy, qt, STATES_FIRST) * inv
         q12 = q11 * j12 + q12 * j22
         q11 = q11 * j11
         q22 = q22 * j22
-        h1 += q11 * s_l + q12 * s_e
+        # q11 s_l + q12 s_e with s_l = -s_e mu (mu = eta / lam) and, with VAR, - gy_var (q / lam)^2
+        h1 += s_e * (q12 - q11 * (eta * inv))
+        if VAR:
+            q_inv = per_s(qt, STATES_FIRST) * inv
+            h1 -= q11 * per_m(gyv, STATES_FIRST) * (q_inv * q_inv)
         h2 += q22 * s_e
     at = maps_ptr + ((pid_b * n_pieces + pid_p) * 5) * MS + ms
     tl.store(at, q11, mask=mask)

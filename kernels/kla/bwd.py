@@ -15,7 +15,9 @@ scalar adjoints ``gl = dLoss/d lam_t``, ``ge = dLoss/d eta_t`` of every filter:
         ge <- ge rho decay,   gl <- gl rho + g_d noise
 
 Without ``VAR`` (a forward that did not return ``y_var``) the ``gy_var`` terms are left out and
-``gy_var`` is never read.
+``gy_var`` is never read. Computed as written with fewer products: ``s_e = gy q / lam_t`` and
+``mu_t = eta_t / lam_t`` give ``gl -= s_e mu_t + gy_var (q / lam_t)^2`` and the ``q`` term
+``gy mu_t + 2 gy_var q / lam_t``; ``sum_s ge k`` serves both ``v`` and ``lam_v``.
 
 The adjoint recursions are the exact transposes of the forward's scalar recursions (never of the
 normalised 2x2 products), all divisions are by ``d >= decay^2 > 0`` and ``lam_t > 0``. Sums over s
@@ -120,31 +122,26 @@ def kla_bwd_kernel(
                 row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s, VAR)
 
             inv = rcp(lam)
-            gyq = outer(gy, qt, STATES_FIRST)
-            s_e = gyq * inv
-            if VAR:
-                s_l = -(gyq * eta + outer(gyv, qt * qt, STATES_FIRST)) * (inv * inv)
-            else:
-                s_l = -(gyq * eta) * (inv * inv)
+            mu = eta * inv
+            s_e = outer(gy, qt, STATES_FIRST) * inv
             rho = rcp(a2 + noise * lam_p)
             ge += s_e
-            gl += s_l
             if VAR:
-                if STATES_FIRST:  # 2 gy_var q, the 2 on the grid's first axis (the order the kernels were timed in)
-                    gyv_q2 = outer(gyv, 2.0 * qt, STATES_FIRST)
-                else:
-                    gyv_q2 = outer(2.0 * gyv, qt, STATES_FIRST)
-                gq = sum_m((eta * per_m(gy, STATES_FIRST) + gyv_q2) * inv, STATES_FIRST)
+                q_inv = per_s(qt, STATES_FIRST) * inv
+                gl -= s_e * mu + per_m(gyv, STATES_FIRST) * (q_inv * q_inv)
+                gq = sum_m(per_m(gy, STATES_FIRST) * mu + per_m(2.0 * gyv, STATES_FIRST) * q_inv, STATES_FIRST)
             else:
-                gq = sum_m((eta * per_m(gy, STATES_FIRST)) * inv, STATES_FIRST)
-            g_d = -(ge * decay * eta_p + gl * lam_p) * (rho * rho)
-            gdecay += ge * rho * eta_p + 2.0 * decay * g_d
+                gl -= s_e * mu
+                gq = sum_m(per_m(gy, STATES_FIRST) * mu, STATES_FIRST)
+            ge_eta = ge * eta_p
+            g_d = -(ge_eta * decay + gl * lam_p) * (rho * rho)
+            gdecay += ge_eta * rho + 2.0 * decay * g_d
             gnoise += g_d * lam_p
             kk = per_s(kt, STATES_FIRST)
-            vm = per_m(vv, STATES_FIRST)
-            glv = sum_s(gl * kk * kk + ge * vm * kk, STATES_FIRST)
-            gv = sum_s(ge * kk, STATES_FIRST) * lv
-            gk = sum_m(per_m(lv, STATES_FIRST) * (2.0 * kk * gl + vm * ge), STATES_FIRST)
+            ek = sum_s(ge * kk, STATES_FIRST)
+            glv = sum_s(gl * (kk * kk), STATES_FIRST) + vv * ek
+            gv = ek * lv
+            gk = sum_m(per_m(lv, STATES_FIRST) * (2.0 * kk * gl) + per_m(lv * vv, STATES_FIRST) * ge, STATES_FIRST)
             tl.store(glam_v_ptr + row_m + t * M, glv, mask=mask_m)
             tl.store(gv_ptr + row_m + t * M, gv, mask=mask_m)
             tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s)

@@ -103,7 +103,8 @@ DEFAULT_CONFIG = KLAConfig()
 # Its backward holds 168 registers a thread (sm_90), so 12 one-warp programs fit on a
 # multiprocessor: at 16 a multiprocessor the stretches ran in 1.3 waves. At 8 (one wave) the
 # forward+backward took 2.61-2.63 ms against 3.04-3.06 at B=1 L=16384, B=2 L=8192 and B=4 L=4096
-# (H200, M=1024 S=16, without y_var; docs/performance.md "The backward's stretches in whole waves").
+# (H200, M=1024 S=16, without y_var), and the compiled model's step at B=2 T=8192 1.4-1.9 ms less
+# (H100; docs/performance.md "The backward's stretches in whole waves").
 SPLIT_CONFIG = KLAConfig(block_m=32, num_warps=1, bwd_block_m=16, bwd_per_sm=8, states_first=True)
 
 Tensor = torch.Tensor
