@@ -113,6 +113,33 @@ def test_triton_matches_sequential_values_and_grads(B, L, with_state, config):
     assert_matches(grads, t_grads, "triton vs torch grads")
 
 
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+@pytest.mark.parametrize("config", [SPLIT, dataclasses.replace(SPLIT_S, variance=False)])
+def test_fast_decay_and_precise_values(backend, config):
+    """A regime the other tests do not reach: ``decay^2`` tiny against ``noise lam`` (decay
+    0.01-0.05, value precisions 10 to 1e4, as the layer's floor allows), where the precision's
+    step is nearly flat and ``rho - noise lam rho^2 = decay^2 rho^2`` a difference of near-equal
+    terms: outputs and gradients against the float64 recursion."""
+    g = torch.Generator().manual_seed(29)
+    B, L, M, S = 2, 37, 5, 4
+    unit = lambda *s: torch.nn.functional.normalize(torch.randn(*s, generator=g, dtype=torch.float64), dim=-1)  # noqa: E731
+    xs = [torch.randn(B, L, M, generator=g, dtype=torch.float64),
+          10.0 ** (1.0 + 3.0 * torch.rand(B, L, M, generator=g, dtype=torch.float64)), unit(B, L, S), unit(B, L, S),
+          0.01 + 0.04 * torch.rand(M, S, generator=g, dtype=torch.float64),
+          0.5 + 1.5 * torch.rand(M, S, generator=g, dtype=torch.float64)]
+    xs = [x.to(device_of(backend)) for x in xs]
+    variance = backend == "cpu" or config.variance
+    ref_out, ref_grads = outputs_and_grads(lambda a: kla_scan_sequential(*a)[:1 + variance], xs)
+    if backend == "triton":
+        run = lambda a: kla_scan_triton(*a, config=config)[:1 + variance]  # noqa: E731
+    else:
+        run = lambda a: kla_scan(*a, backend="cpu")[:2]  # noqa: E731
+    with poisoned():
+        out, grads = outputs_and_grads(run, [x.float() for x in xs])
+    assert_matches(out, ref_out, "outputs")
+    assert_matches(grads, ref_grads, "grads")
+
+
 @pytest.mark.parametrize("config", [dataclasses.replace(c, even=True) for c in (
     SMALL, SPLIT, SPLIT_S, dataclasses.replace(SPLIT_S, variance=False))])
 def test_triton_full_blocks_run_without_masks(config):
