@@ -4,13 +4,14 @@ float32), queued (:func:`benchmarks.bench_kla.timed`), each configuration's outp
 against the first's (float32 rounding only).
 
     python -m benchmarks.kla_pieces --out kla_pieces.json
-    python -m benchmarks.kla_pieces --out stages.json --configs "-;stages=1;stages=1,bwd_stages=1" --repeat 2
+    python -m benchmarks.kla_pieces --out stages.json --configs="-;stages=1;stages=1,bwd_stages=1" --repeat 2
 
 Without ``--configs``: the time split, ``KLAConfig(pieces=, bwd_pieces=, bwd_block_m=)`` over
 ``DEFAULT_CONFIG``. With it: each ``;``-separated entry is a list of ``field=value`` overrides of
 the configuration the layer launches at that shape (``launch_config(..., variance=False)``; ``-``
-for none), and ``--repeat`` runs the list that many times, alternately forward and reversed, so
-that drift of the machine shows.
+for none; written ``--configs="-;..."``, since a value starting with ``-`` must follow ``=``), and
+``--repeat`` runs the list that many times, alternately forward and reversed, so that drift of the
+machine shows.
 """
 
 from __future__ import annotations
