@@ -1,7 +1,8 @@
 """The KLA scan's launch settings: forward and forward+backward times of ``kla_scan_triton``
 under several configurations at the model's two shapes (B=8, L=2048 and B=2, L=8192; M=1024, S=16,
 float32), queued (:func:`benchmarks.bench_kla.timed`), each configuration's outputs and gradients
-against the first's (float32 rounding only).
+against the first's (float32 rounding only), and the forward's share of the FP32 rate measured at
+the start of the run (``bench_kla.FWD_FP32_OPS`` per state update, as ``kla_layouts``).
 
     python -m benchmarks.kla_pieces --out kla_pieces.json
     python -m benchmarks.kla_pieces --out stages.json --configs="-;stages=1;stages=1,bwd_stages=1" --repeat 2
@@ -23,7 +24,7 @@ import json
 
 import torch
 
-from benchmarks.bench_kla import make_inputs, rel, timed
+from benchmarks.bench_kla import FWD_FP32_OPS, fp32_rates, make_inputs, rel, timed
 from benchmarks.shape_rows import shape_list
 from kalmanscan.ops.kla import triton as kla_triton
 from kalmanscan.ops.kla.library import KLAConfig, launch_config
@@ -96,7 +97,15 @@ def main():
     ap.add_argument("--shapes", default="8x2048,2x8192", help="e.g. 2x8192,8x2048")
     ap.add_argument("--repeat", type=int, default=1, help="passes over --configs, alternately reversed")
     args = ap.parse_args()
+    rate = fp32_rates()["fp32_instr_per_s"]
     rows = []
+
+    def add(**r):
+        r.update(fp32_instr_per_s=rate,
+                 fwd_pct_fp32=100.0 * FWD_FP32_OPS * r["B"] * r["L"] * 1024 * 16 / (r["fwd_ms"] * 1e-3) / rate)
+        rows.append(r)
+        print(r, flush=True)
+
     for B, L in shape_list(args.shapes):
         xs = make_inputs(B, L, 1024, 16)
         ref = None
@@ -104,16 +113,14 @@ def main():
             for pieces, bwd_pieces, block in CONFIGS:
                 r, out = row(xs, KLAConfig(pieces=pieces, bwd_pieces=bwd_pieces, bwd_block_m=block), ref)
                 ref = ref or out
-                rows.append(dict(B=B, L=L, pieces=pieces, bwd_pieces=bwd_pieces, bwd_block_m=block, **r))
-                print(rows[-1], flush=True)
+                add(B=B, L=L, pieces=pieces, bwd_pieces=bwd_pieces, bwd_block_m=block, **r)
             continue
         entries = [e for e in args.configs.split(";") if e.strip()]
         for rep in range(args.repeat):
             for entry in entries if rep % 2 == 0 else entries[::-1]:
                 r, out = row(xs, launched(B, L, 1024, overrides(entry)), ref)
                 ref = ref or out
-                rows.append(dict(B=B, L=L, changes=entry, rep=rep, **r))
-                print(rows[-1], flush=True)
+                add(B=B, L=L, changes=entry, rep=rep, **r)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
 
