@@ -143,12 +143,10 @@ def kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt, STATES_FIRS
     """
     phi = outer(lv, kt * kt, STATES_FIRST)
     b = outer(lvv, kt, STATES_FIRST)
-    p1 = 1.0 + noise * phi
-    p2 = a2 * phi
-    A1 = p1 * A + p2 * C
-    B1 = p1 * B + p2 * D
     C1 = noise * A + a2 * C
     D1 = noise * B + a2 * D
+    A1 = A + phi * C1          # (1 + noise phi) A + decay^2 phi C: every term non-negative
+    B1 = B + phi * D1
     x1 = decay * x + b * C1
     y1 = decay * y + b * D1
     r = rcp(A1 + D1)
