@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -47,6 +48,7 @@ from benchmarks.records import commit
 from benchmarks.shape_rows import shape_list
 from kalmanscan.nn import SequenceModel
 from kalmanscan.nn import layer as kla_layer
+from kalmanscan.ops.kla.library import KLAConfig
 
 SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
 QUICK_SHAPES = [(2, 32), (1, 64)]
@@ -58,6 +60,25 @@ def build(mixer: str, d_model: int, n_layers: int, vocab: int, device: str, mlp_
     options = dict(n_heads=4) if mixer in ("gla", "attention") else {}
     return SequenceModel(vocab, d_model, n_layers, mixer=mixer, mlp_multiple_of=mlp_multiple_of,
                          **options).to(device)
+
+
+def variant_changes(mixer: str) -> dict:
+    """The ``KLAConfig`` fields a mixer or KLA variant changes in the scan's launch (``{}`` for the
+    plain mixers and ``kla_y_var``); ``ValueError`` naming it if it is neither a mixer nor a variant,
+    so that a misspelt variant is not timed as the default."""
+    if mixer in (*MIXERS, "kla_y_var"):
+        return {}
+    if mixer == "kla_even":
+        return dict(even=True)
+    known = {f.name for f in dataclasses.fields(KLAConfig)}
+    try:
+        changes = overrides(mixer.partition("@")[2].replace("+", ",")) if mixer.startswith("kla@") else {}
+    except ValueError:
+        changes = {}
+    if not changes or not set(changes) <= known:
+        raise ValueError(f"mixer {mixer!r} is none of {MIXERS}, kla_y_var, kla_even or kla@field=value+... "
+                         f"with fields of KLAConfig")
+    return changes
 
 
 @contextlib.contextmanager
@@ -74,9 +95,7 @@ def scan_variant(mixer: str):
     if mixer == "kla_y_var":
         kla_layer.kla_scan_unchecked = with_variance
     try:
-        fields = mixer.partition("@")[2].replace("+", ",") or "-"
-        changes = dict(even=True) if mixer == "kla_even" else overrides(fields)
-        with launched_with(**changes):
+        with launched_with(**variant_changes(mixer)):
             yield
     finally:
         kla_layer.kla_scan_unchecked = original
@@ -170,6 +189,8 @@ def main():
                   torch=torch.__version__, fla=importlib.util.find_spec("fla") is not None,
                   fla_first_config=os.environ.get("KALMANSCAN_FLA_FIRST_CONFIG") == "1",
                   d_model=args.d_model, layers=args.layers, vocab=args.vocab, rows=[])
+    for mixer in args.mixers.split(","):
+        variant_changes(mixer)      # a misspelt variant fails here, not after the models before it
     for batch, T in shapes:
         for mixer in args.mixers.split(","):
             row = bench(mixer, batch, T, args, device)

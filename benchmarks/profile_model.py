@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.bench_model import build, scan_variant, training_step
+from benchmarks.bench_model import build, scan_variant, training_step, variant_changes
 
 GROUPS = [  # (group, substrings of an operation's name); the first match wins
     ("scan", ("kla_scan", "kla_fwd", "kla_bwd", "kla_piece")),
@@ -60,7 +60,11 @@ def main():
                     help="the KLA model as benchmarks.bench_model's variant of that name: kla, kla_y_var, "
                          "kla_even or kla@field=value+field=value")
     args = ap.parse_args()
-    if args.variant not in ("kla", "kla_y_var", "kla_even") and not args.variant.startswith("kla@"):
+    try:
+        variant_changes(args.variant)
+    except ValueError as err:
+        ap.error(f"--variant: {err}")
+    if not args.variant.startswith("kla"):
         ap.error(f"--variant: {args.variant!r} is not a KLA variant of benchmarks.bench_model")
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     if args.quick:

@@ -1,9 +1,10 @@
 """The launch overrides the KLA benchmarks take (``kla_pieces --configs``, ``bench_model``'s
 ``kla@...`` variants): parsed as written, applied to the scan's launch inside the context only."""
 
+import pytest
 import torch
 
-from benchmarks.bench_model import scan_variant
+from benchmarks.bench_model import scan_variant, variant_changes
 from benchmarks.kla_pieces import launched_with, overrides
 from kalmanscan.ops.kla import triton as kla_triton
 from kalmanscan.ops.kla.library import SPLIT_CONFIG
@@ -34,3 +35,11 @@ def test_model_variants_name_their_changes():
         assert kla_triton.launch_config(1, 64, 8, cpu).even
     with scan_variant("kla"):
         assert kla_triton.launch_config(1, 64, 8, cpu) == SPLIT_CONFIG
+
+
+def test_misspelt_variants_are_refused():
+    assert variant_changes("attention") == {} and variant_changes("kla_y_var") == {}
+    assert variant_changes("kla@bwd_per_sm=8") == dict(bwd_per_sm=8)
+    for name in ("kla_evne", "kla@", "kla@no_such_field=1", "kla2"):
+        with pytest.raises(ValueError, match="mixer"):
+            variant_changes(name)
