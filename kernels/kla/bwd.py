@@ -3,7 +3,8 @@
 Same programs as the forward (``(batch b, block of BLOCK_M channels)``, state grid in registers).
 For each chunk, last first: reload the chunk's starting state from ``ckpt_lam/ckpt_eta``, recompute
 the chunk forward writing the state before every step to the program's private ``scratch``
-(``CHUNK x BLOCK_M x BLOCK_S`` per program, L2-resident), then walk the chunk backwards with the
+(``CHUNK x BLOCK_M x BLOCK_S`` per program, sized so that the resident programs' scratch stays in
+L2: ``KLAConfig.chunk``), then walk the chunk backwards with the
 scalar adjoints ``gl = dLoss/d lam_t``, ``ge = dLoss/d eta_t`` of every filter:
 
     from the outputs:  ge += gy q / lam_t,   gl -= (gy q eta_t + gy_var q^2) / lam_t^2

@@ -65,7 +65,12 @@ class KLAConfig:
     B=2, L=8192 ran 1.3 ms (6%) slower (H100 and H200, docs/performance.md), which is not understood."""
 
     block_m: int = 16
-    chunk: int = 32
+    # The backward recomputes each chunk into per-program scratch (CHUNK x bwd_block_m x S x 8 bytes)
+    # and reads it back in reverse. At 32 tokens the resident programs' scratch (64 MB at B=2 L=8192
+    # M=1024 S=16, SPLIT_CONFIG) exceeds the 50 MB L2; at 16 (32 MB) the compiled model's step took
+    # 19.15-19.23 ms against 20.47-20.71 at B=2 T=8192, and 17.73 against 18.94 at B=8 T=2048
+    # (H100, docs/performance.md "The backward's chunk and the L2"); at 8, 20.3-22.0 at T=8192.
+    chunk: int = 16
     num_warps: int = 2
     bwd_block_m: int = 8
     bwd_num_warps: int = 1

@@ -175,8 +175,8 @@ def test_launch_config_turns_the_grid_where_time_is_split():
     """SPLIT_CONFIG exactly where DEFAULT_CONFIG would split time (few channel-block programs; on a
     CPU the rule counts one multiprocessor), and a default call runs it."""
     cpu = torch.device("cpu")
-    assert launch_config(1, 64, 8, cpu) == SPLIT_CONFIG        # one program: time in 2 stretches
-    assert launch_config(1, 32, 8, cpu) == DEFAULT_CONFIG      # one chunk: nothing to split
+    assert launch_config(1, 64, 8, cpu) == SPLIT_CONFIG        # one program: time in 4 stretches
+    assert launch_config(1, DEFAULT_CONFIG.chunk, 8, cpu) == DEFAULT_CONFIG   # one chunk: nothing to split
     assert launch_config(8, 64, 64, cpu) == DEFAULT_CONFIG     # 32 programs fill one multiprocessor
     if KERNEL_DEVICE == "cuda":
         sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -201,6 +201,18 @@ def test_default_split_aims_at_programs_per_multiprocessor():
     assert pieces(None, 16, 32, 1, 1024, 48, cpu) == (1, 1024)            # 3 programs: no split
     assert pieces(5, 16, 32, 1, 1024, 48, cpu) == (5, 224)                # asked for: whole chunks
     assert (DEFAULT_CONFIG.bwd_per_sm, SPLIT_CONFIG.bwd_per_sm) == (16, 8)
+
+
+def test_backward_scratch_of_the_model_shapes_fits_l2():
+    """The backward's recompute scratch (``CHUNK x bwd_block_m x S`` floats of ``lam`` and ``eta`` a
+    program) of all its programs at the model's shapes on a 132-multiprocessor H100 stays within
+    40 MB, inside the 50 MB L2 (at 32-token chunks the split layout's was 64 MB, and the step slower)."""
+    M, S, sms = 1024, 16, 132
+    for config, B in ((SPLIT_CONFIG, 2), (DEFAULT_CONFIG, 8)):
+        programs = B * M // config.bwd_block_m
+        n_pieces = config.bwd_per_sm * sms // programs if programs <= 2 * sms else 1
+        scratch = programs * n_pieces * config.chunk * config.bwd_block_m * S * 2 * 4
+        assert scratch <= 40 * 2**20, (config, scratch / 2**20)
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch", "recurrent", "cpu", "triton"])
