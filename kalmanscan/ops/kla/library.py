@@ -62,7 +62,9 @@ class KLAConfig:
     docstring); every other output and gradient is unchanged. ``even=True`` drops the kernels'
     bounds masks where the blocks tile the filters exactly (:func:`filled`); off by default: alone
     the kernels ran 2-4% faster forward and backward without them, but a compiled training step at
-    B=2, L=8192 ran 1.3 ms (6%) slower (H100 and H200, docs/performance.md), which is not understood."""
+    B=2, L=8192 ran 1.3 ms (6%) slower (H100 and H200, 32-token chunks, docs/performance.md), which
+    is not understood; at 16-token chunks the step took the same time with and without them
+    (19.10 against 19.15 ms, H100, one A/B)."""
 
     block_m: int = 16
     # The backward recomputes each chunk into per-program scratch (CHUNK x bwd_block_m x S x 8 bytes)
