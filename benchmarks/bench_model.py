@@ -5,7 +5,8 @@ attention (SDPA) mixers, in one process: tokens per second of a whole training s
     python -m benchmarks.bench_model --quick          # CPU smoke run: tiny shapes, a few steps
 
 A step is forward, cross-entropy, backward and an AdamW step under bf16 autocast, synchronised;
-:func:`time_steps` reports the median over groups of steps. Every mixer gets the same model
+:func:`time_steps` reports the median over groups of steps, printed with the groups' range (a
+machine whose groups spread widely cannot decide an A/B of a few percent). Every mixer gets the same model
 around it (d_model 512, 4 layers, SwiGLU of hidden width 1408, vocabulary 4096; ``--mlp-multiple-of 1``
 for the unrounded width 1365 that runs before 2026-12-05 used) and the same tokens per step at each
 length (B=8 at T=2048, B=2 at T=8192); parameter counts are reported beside the speed. Each model is
@@ -195,7 +196,8 @@ def main():
         for mixer in args.mixers.split(","):
             row = bench(mixer, batch, T, args, device)
             result["rows"].append(row)
-            speed = f"{row['tokens_per_s'] / 1e3:8.1f}k tokens/s, {row['step_ms']:8.2f} ms/step" \
+            speed = (f"{row['tokens_per_s'] / 1e3:8.1f}k tokens/s, {row['step_ms']:8.2f} ms/step "
+                     f"(groups {min(row['group_ms']):.2f}-{max(row['group_ms']):.2f})") \
                 if "tokens_per_s" in row else row["error"]
             print(f"T={T:5d} B={batch} {mixer:10s} {row['params'] / 1e6:6.2f}M params  {speed}", flush=True)
     if args.out:
