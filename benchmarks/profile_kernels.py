@@ -8,7 +8,8 @@ Each workload runs twice untraced (compilation, autotuning), then once between
 ``cudaProfilerStart`` and ``cudaProfilerStop``, so ``--profile-from-start off`` reports exactly the
 kernels of one call. Workloads: ``filter`` (the fused forward writing mean and precision at
 (C, T) = (4096, 32768) and (1, 2^22)), ``filter_bwd`` (the backward at (4096, 32768)), ``kla``
-(``kla_scan`` forward and forward+backward at B=8, L=2048, M=1024, S=16); the filter's launch
+(``kla_scan`` forward and forward+backward at B=8, L=2048, M=1024, S=16), ``kla_layer`` (the
+layer's scan at the model's T = 8192: B=2, split in time, no ``y_var``); the filter's launch
 configuration is ``DEFAULT_CONFIG`` (:mod:`kalmanscan.ops.filter.config`), or ``--filter-config
 key=value ...`` fields changed from it.
 
@@ -71,7 +72,22 @@ def kla():
     _traced(fwd_bwd)
 
 
-WORKLOADS = dict(filter=filter_forward, filter_bwd=filter_backward, kla=lambda config: kla())  # config: the filter's
+def kla_layer():
+    """What a layer of the model runs at T = 8192: the scan at B=2, L=8192, M=1024, S=16 without
+    ``y_var``, forward and backward (the time split's map passes, the forward and the backward)."""
+    from kalmanscan.ops.kla import kla_scan_unchecked
+    xs = [x.clone().requires_grad_() for x in make_inputs(2, 8192, 1024, 16)]
+    gy = torch.randn(2, 8192, 1024, device="cuda")
+
+    def fwd_bwd():
+        y, _ = kla_scan_unchecked(*xs, backend="triton", variance=False)
+        torch.autograd.backward(y, gy)
+
+    _traced(fwd_bwd)
+
+
+WORKLOADS = dict(filter=filter_forward, filter_bwd=filter_backward, kla=lambda config: kla(),
+                 kla_layer=lambda config: kla_layer())  # config: the filter's
 
 
 STALL = "smsp__average_warps_issue_stalled_"
