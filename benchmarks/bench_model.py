@@ -6,8 +6,8 @@ attention (SDPA) mixers, in one process: tokens per second of a whole training s
 
 A step is forward, cross-entropy, backward and an AdamW step under bf16 autocast, synchronised;
 :func:`time_steps` reports the median over groups of steps, printed with the groups' range (a
-machine whose groups spread widely cannot decide an A/B of a few percent). Every mixer gets the same model
-around it (d_model 512, 4 layers, SwiGLU of hidden width 1408, vocabulary 4096; ``--mlp-multiple-of 1``
+machine whose groups spread widely cannot decide an A/B of a few percent). Every mixer gets the
+same model around it (d_model 512, 4 layers, SwiGLU of hidden width 1408, vocabulary 4096; ``--mlp-multiple-of 1``
 for the unrounded width 1365 that runs before 2026-12-05 used) and the same tokens per step at each
 length (B=8 at T=2048, B=2 at T=8192); parameter counts are reported beside the speed. Each model is
 compiled afresh (``torch._dynamo.reset()``), so none inherits recompilations or dynamic shapes from

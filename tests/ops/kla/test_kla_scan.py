@@ -12,6 +12,7 @@ instead of crossed with each other.
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -203,15 +204,21 @@ def test_default_split_aims_at_programs_per_multiprocessor():
     assert (DEFAULT_CONFIG.bwd_per_sm, SPLIT_CONFIG.bwd_per_sm) == (16, 8)
 
 
-def test_backward_scratch_of_the_model_shapes_fits_l2():
+def test_backward_scratch_of_the_model_shapes_fits_l2(monkeypatch):
     """The backward's recompute scratch (``CHUNK x bwd_block_m x S`` floats of ``lam`` and ``eta`` a
-    program) of all its programs at the model's shapes on a 132-multiprocessor H100 stays within
-    40 MB, inside the 50 MB L2 (at 32-token chunks the split layout's was 64 MB, and the step slower)."""
-    M, S, sms = 1024, 16, 132
-    for config, B in ((SPLIT_CONFIG, 2), (DEFAULT_CONFIG, 8)):
-        programs = B * M // config.bwd_block_m
-        n_pieces = config.bwd_per_sm * sms // programs if programs <= 2 * sms else 1
-        scratch = programs * n_pieces * config.chunk * config.bwd_block_m * S * 2 * 4
+    program) of all its programs at the model's shapes, split as on a 132-multiprocessor H100, stays
+    within 40 MB, inside the 50 MB L2 (at 32-token chunks the split layout's was 64 MB, and the step
+    slower)."""
+    h100 = types.SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: h100)
+    cuda = torch.device("cuda")
+    M, S = 1024, 16
+    for B, L, want in ((2, 8192, SPLIT_CONFIG), (8, 2048, DEFAULT_CONFIG)):
+        config = launch_config(B, L, M, cuda)
+        assert config == want
+        n_pieces = pieces(config.bwd_pieces, config.bwd_block_m, config.chunk, B, L, M, cuda, config.bwd_per_sm)[0]
+        programs = B * M // config.bwd_block_m * n_pieces
+        scratch = programs * config.chunk * config.bwd_block_m * S * 2 * 4
         assert scratch <= 40 * 2**20, (config, scratch / 2**20)
 
 
