@@ -124,7 +124,8 @@ def check(B, L, M, S, config, seed=0, grads=True, device="cuda"):
 
     def run(fn, inputs):
         inputs = [x.detach().clone().requires_grad_() for x in inputs]
-        outs = [fn(inputs)[i] for i in keep]
+        result = fn(inputs)
+        outs = [result[i] for i in keep]
         w = [torch.randn(o.shape, device=device, dtype=torch.float64, generator=g) for o in outs]
         sum((o.double() * ww).sum() for o, ww in zip(outs, w)).backward()
         return [o.detach() for o in outs], [x.grad for x in inputs]

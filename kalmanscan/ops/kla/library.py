@@ -41,7 +41,7 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 from ..launch import cdiv, config_from_ints, config_ints, next_power_of_2
 
 __all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "SPLIT_CONFIG", "launch_config",
-           "pieces", "filled"]
+           "pieces", "filled", "scratch_elements"]
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,13 @@ def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: i
     n = max(1, min(n, cdiv(L, chunk)))
     piece_len = max(cdiv(cdiv(L, n), chunk), 1) * chunk
     return max(cdiv(L, piece_len), 1), piece_len
+
+
+def scratch_elements(cfg: KLAConfig, B: int, M: int, block_s: int, n_pieces: int) -> int:
+    """Elements of each of the backward's two recompute scratches (``lam`` and ``eta`` before every
+    step of a chunk, ``CHUNK x bwd_block_m x block_s`` a program) over all its programs: ``B``
+    sequences of ``M`` channels in blocks of ``cfg.bwd_block_m``, ``n_pieces`` stretches of time."""
+    return B * cdiv(M, cfg.bwd_block_m) * n_pieces * cfg.chunk * cfg.bwd_block_m * block_s
 
 
 def filled(M: int, S: int, block_m: int) -> bool:
@@ -250,8 +257,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     n_chunks = max(cdiv(L, chunk), 1)
     n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev, cfg.bwd_per_sm)
     f32 = dict(dtype=torch.float32, device=dev)
-    scratch = [torch.empty(B * n_mblocks * n_pieces * chunk * cfg.bwd_block_m * block_s, **f32)
-               for _ in range(2)]
+    scratch = [torch.empty(scratch_elements(cfg, B, M, block_s, n_pieces), **f32) for _ in range(2)]
     maps = torch.empty(B, n_pieces, 5, *grid, **f32) if n_pieces > 1 else decay32
     gv = torch.empty(B, L, M, **f32)
     glam_v = torch.empty(B, L, M, **f32)

@@ -26,7 +26,7 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
 from ... import merged
 from ..launch import cdiv, next_power_of_2
-from .library import DEFAULT_CONFIG, KLAConfig, filled, kla_scan_fwd, launch_config, pieces
+from .library import DEFAULT_CONFIG, KLAConfig, filled, kla_scan_fwd, launch_config, pieces, scratch_elements
 from .state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_triton", "summary", "KLAConfig", "DEFAULT_CONFIG"]
@@ -80,7 +80,7 @@ def _largest_buffer(config, B, L, M, S, device):
     bwd_pieces = pieces(config.bwd_pieces, config.bwd_block_m, config.chunk, B, L, M, device, config.bwd_per_sm)[0]
     return max(B * L * M, B * L * n_mblocks * S, B * (cdiv(L, config.chunk) + 1) * M * S,
                B * max(7 * fwd_pieces, 5 * bwd_pieces) * M * S,
-               B * n_mblocks * bwd_pieces * config.chunk * config.bwd_block_m * S)
+               scratch_elements(config, B, M, S, bwd_pieces))
 
 
 def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,

@@ -22,7 +22,8 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, filled, launch_config, pieces
+from kalmanscan.ops.kla.library import (DEFAULT_CONFIG, SPLIT_CONFIG, filled, launch_config, pieces,
+                                        scratch_elements)
 from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
 
 TOL = 2e-5
@@ -217,8 +218,7 @@ def test_backward_scratch_of_the_model_shapes_fits_l2(monkeypatch):
         config = launch_config(B, L, M, cuda)
         assert config == want
         n_pieces = pieces(config.bwd_pieces, config.bwd_block_m, config.chunk, B, L, M, cuda, config.bwd_per_sm)[0]
-        programs = B * M // config.bwd_block_m * n_pieces
-        scratch = programs * config.chunk * config.bwd_block_m * S * 2 * 4
+        scratch = 2 * 4 * scratch_elements(config, B, M, S, n_pieces)       # lam and eta, float32
         assert scratch <= 40 * 2**20, (config, scratch / 2**20)
 
 
