@@ -11,7 +11,8 @@ kernels of one call. Workloads: ``filter`` (the fused forward writing mean and p
 (``kla_scan`` forward and forward+backward at B=8, L=2048, M=1024, S=16), ``kla_layer`` (the
 layer's scan at the model's T = 8192: B=2, split in time, no ``y_var``); the filter's launch
 configuration is ``DEFAULT_CONFIG`` (:mod:`kalmanscan.ops.filter.config`), or ``--filter-config
-key=value ...`` fields changed from it.
+key=value ...`` fields changed from it; the scan's is its launch rule's, or with ``--kla-config
+key=value,...`` fields changed from it.
 
 With ``--page raw --csv > FILE`` added to the ``ncu`` line (and ``--section
 MemoryWorkloadAnalysis --section SchedulerStats`` for the L2 hit rate and issue activity),
@@ -29,6 +30,7 @@ import torch
 
 from benchmarks.bench_filter import static_problem
 from benchmarks.bench_kla import make_inputs
+from benchmarks.kla_pieces import launched_with, overrides
 from kalmanscan.ops.filter.config import DEFAULT_CONFIG, FilterConfig
 
 
@@ -131,6 +133,8 @@ def main():
     ap.add_argument("--summary", metavar="CSV", help="summarise an ncu raw CSV")
     ap.add_argument("--filter-config", nargs="*", default=[], metavar="KEY=VALUE",
                     help="FilterConfig fields changed from DEFAULT_CONFIG (values as Python literals)")
+    ap.add_argument("--kla-config", default="-", metavar="KEY=VALUE,...",
+                    help="KLAConfig fields changed in the scan's launch, e.g. l2_hints=true")
     a = ap.parse_args()
     unknown = sorted(set(a.workloads) - set(WORKLOADS))
     if unknown:
@@ -138,8 +142,9 @@ def main():
     if a.summary:
         print(summary(a.summary))
     config = filter_config(a.filter_config)
-    for name in a.workloads:
-        WORKLOADS[name](config)
+    with launched_with(**overrides(a.kla_config)):
+        for name in a.workloads:
+            WORKLOADS[name](config)
 
 
 def filter_config(options) -> FilterConfig:

@@ -4,6 +4,7 @@ operation's self time summed into groups (projections, conv, scan, norms, casts,
 
     python -m benchmarks.profile_model [--batch 8] [--T 2048] [--steps 5] [--compile] [--trace t.json]
         [--variant kla_even]     # the KLA model as bench_model's variant of that name (or kla@bwd_per_sm=16)
+        [--variant attention]    # the same model with another of bench_model's mixers, for comparison
     python -m benchmarks.profile_model --quick     # CPU smoke run
 
 On CUDA the table gives each group's self CUDA time (the kernels launched by its operations) and
@@ -58,19 +59,18 @@ def main():
     ap.add_argument("--shapes", action="store_true", help="the matrix products by input shapes")
     ap.add_argument("--variant", default="kla",
                     help="the KLA model as benchmarks.bench_model's variant of that name: kla, kla_y_var, "
-                         "kla_even or kla@field=value+field=value")
+                         "kla_even or kla@field=value+field=value; or gla, attention")
     args = ap.parse_args()
     try:
         variant_changes(args.variant)
     except ValueError as err:
         ap.error(f"--variant: {err}")
-    if not args.variant.startswith("kla"):
-        ap.error(f"--variant: {args.variant!r} is not a KLA variant of benchmarks.bench_model")
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     if args.quick:
         args.batch, args.T, args.d_model, args.layers, args.vocab, args.steps = 2, 32, 32, 2, 64, 1
     torch.manual_seed(0)
-    model = build("kla", args.d_model, args.layers, args.vocab, device)
+    mixer = "kla" if args.variant.startswith("kla") else args.variant
+    model = build(mixer, args.d_model, args.layers, args.vocab, device)
     run = torch.compile(model) if args.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     tokens = torch.randint(0, args.vocab, (args.batch, args.T + 1), device=device)
@@ -101,7 +101,7 @@ def main():
         calls[group] += e.count // args.steps
         syncs += e.count if e.key == "aten::_local_scalar_dense" else 0
     total = sum(device_us.values()) or 1.0
-    print(f"KLA model ({args.variant}): d_model {args.d_model}, {args.layers} layers, B={args.batch}, T={args.T}, "
+    print(f"model ({args.variant}): d_model {args.d_model}, {args.layers} layers, B={args.batch}, T={args.T}, "
           f"compiled={args.compile}, {device}; per step:")
     print(f"{'group':14s} {'device ms':>10s} {'share':>7s} {'cpu ms':>9s} {'op calls':>9s}")
     for group in sorted(device_us, key=lambda g: (-device_us[g], -cpu_us[g])):

@@ -103,7 +103,7 @@ def kernels(fc=None, cfg=None):
     from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
     from kalmanscan.kernels.kla.split import kla_piece_map_kernel
     from kalmanscan.ops.filter.config import DEFAULT_CONFIG as FILTER_DEFAULT
-    from kalmanscan.ops.kla.library import SPLIT_CONFIG
+    from kalmanscan.ops.kla.library import SPLIT_CONFIG, l2_policies
     from kalmanscan.ops.kla.triton import DEFAULT_CONFIG as KLA_DEFAULT
     fc = fc or FILTER_DEFAULT
     cfg = cfg or KLA_DEFAULT
@@ -128,7 +128,7 @@ def kernels(fc=None, cfg=None):
     launched = {"*_ptr": ALIGNED, "L": ALIGNED, "M": ALIGNED, "S": ALIGNED, "n_chunks": ALIGNED,
                 "n_mblocks": ALIGNED, "piece_len": ALIGNED}
     kla = dict(launched, n_pieces=1, CHUNK=cfg.chunk, BLOCK_S=16, HAS_INIT=False, SAVE=False,
-               STATES_FIRST=cfg.states_first, VAR=True, EVEN=False)
+               STATES_FIRST=cfg.states_first, VAR=True, EVEN=False, **l2_policies(cfg))
     kla_fwd = dict(kla, BLOCK_M=cfg.block_m, STAGES=cfg.stages, UNROLL=cfg.unroll or 1)
     kla_bwd = dict(kla, BLOCK_M=cfg.bwd_block_m, STAGES=cfg.bwd_stages, UNROLL=cfg.bwd_unroll or 1)
     split = SPLIT_CONFIG  # as launched where time is split: a training forward saves checkpoints
@@ -169,6 +169,9 @@ def kernels(fc=None, cfg=None):
         "kla_adjoint_map_split_even": (kla_adjoint_map_kernel, dict(split_bwd, VAR=False, EVEN=True),
                                        split.bwd_num_warps),
         "kla_piece_map_split_even": (kla_piece_map_kernel, dict(split_fwd, EVEN=True), split.num_warps),
+        # KLAConfig(l2_hints=False): the backward with the caches' default eviction
+        "kla_bwd_split_no_hints": (kla_bwd_kernel, dict(split_bwd, VAR=False, KEEP="", STREAM=""),
+                                   split.bwd_num_warps),
         "rts_agg": (rts_agg_kernel, walk, fc.num_warps),
         "rts": (rts_kernel, walk, fc.num_warps),
         "rts_wide": (rts_kernel, dict(walk, WIDE=True), fc.num_warps),

@@ -16,7 +16,9 @@ scalar adjoints ``gl = dLoss/d lam_t``, ``ge = dLoss/d eta_t`` of every filter:
         ge <- ge rho decay,   gl <- gl rho + g_d noise
 
 Without ``VAR`` (a forward that did not return ``y_var``) the ``gy_var`` terms are left out and
-``gy_var`` is never read. Computed as written with fewer products: ``s_e = gy q / lam_t`` and
+``gy_var`` is never read. With ``KEEP = "evict_last"`` and ``STREAM = "evict_first"``
+(``KLAConfig.l2_hints``) the scratch is kept in L2 before data read or written once; ``""`` for
+both leaves the caches' defaults. Computed as written with fewer products: ``s_e = gy q / lam_t`` and
 ``mu_t = eta_t / lam_t`` give ``gl -= s_e mu_t + gy_var (q / lam_t)^2`` and the ``q`` term
 ``gy mu_t + 2 gy_var q / lam_t``; ``sum_s ge k`` serves both ``v`` and ``lam_v``.
 
@@ -44,18 +46,22 @@ from .common import kla_step, kla_tile, kla_token, outer, per_m, per_s, sum_m, s
 
 @triton.jit
 def kla_bwd_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-                  row_m, row_s, slot, t, M, S, mask_m, mask_s, VAR: tl.constexpr):
+                  row_m, row_s, slot, t, M, S, mask_m, mask_s, VAR: tl.constexpr, KEEP: tl.constexpr,
+                  STREAM: tl.constexpr):
     """The state before step ``t`` (``slot`` of ``scratch``), the float32 inputs and output gradients
-    of token ``t`` (``gy_var`` read only with ``VAR``, else ``gy`` in its place, unused)."""
-    lam_p = tl.load(scratch_lam_ptr + slot)
-    eta_p = tl.load(scratch_eta_ptr + slot)
-    lv = tl.load(lam_v_ptr + row_m + t * M, mask=mask_m, other=1.0).to(tl.float32)
-    vv = tl.load(v_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+    of token ``t`` (``gy_var`` read only with ``VAR``, else ``gy`` in its place, unused). ``KEEP``
+    and ``STREAM`` are the eviction policies of the scratch and of the per-channel inputs read for
+    the last time."""
+    lam_p = tl.load(scratch_lam_ptr + slot, eviction_policy=KEEP)
+    eta_p = tl.load(scratch_eta_ptr + slot, eviction_policy=KEEP)
+    lv = tl.load(lam_v_ptr + row_m + t * M, mask=mask_m, other=1.0, eviction_policy=STREAM).to(tl.float32)
+    vv = tl.load(v_ptr + row_m + t * M, mask=mask_m, other=0.0, eviction_policy=STREAM).to(tl.float32)
     kt = tl.load(k_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
     qt = tl.load(q_ptr + row_s + t * S, mask=mask_s, other=0.0).to(tl.float32)
-    gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+    gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0, eviction_policy=STREAM).to(tl.float32)
     if VAR:
-        gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+        gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0,
+                      eviction_policy=STREAM).to(tl.float32)
     else:
         gyv = gy
     return lam_p, eta_p, lv, vv, kt, qt, gy, gyv
@@ -70,6 +76,7 @@ def kla_bwd_kernel(
     L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
     UNROLL: tl.constexpr, STATES_FIRST: tl.constexpr, VAR: tl.constexpr, EVEN: tl.constexpr,
+    KEEP: tl.constexpr, STREAM: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)
@@ -101,15 +108,15 @@ def kla_bwd_kernel(
     for cc in range(c_end - c_begin):
         c = c_end - 1 - cc
         ck = (pid_b * n_chunks + c) * MS + ms
-        lam = tl.load(ckpt_lam_ptr + ck, mask=mask, other=1.0)
-        eta = tl.load(ckpt_eta_ptr + ck, mask=mask, other=0.0)
+        lam = tl.load(ckpt_lam_ptr + ck, mask=mask, other=1.0, eviction_policy=STREAM)
+        eta = tl.load(ckpt_eta_ptr + ck, mask=mask, other=0.0, eviction_policy=STREAM)
         t0 = c * CHUNK
         t1 = tl.minimum(t0 + CHUNK, L)
 
         # Recompute the chunk, keeping the state before every step.
         for t in tl.range(t0, t1, num_stages=STAGES, loop_unroll_factor=UNROLL):
-            tl.store(scratch_lam_ptr + slot + (t - t0) * SLOT, lam)
-            tl.store(scratch_eta_ptr + slot + (t - t0) * SLOT, eta)
+            tl.store(scratch_lam_ptr + slot + (t - t0) * SLOT, lam, eviction_policy=KEEP)
+            tl.store(scratch_eta_ptr + slot + (t - t0) * SLOT, eta, eviction_policy=KEEP)
             lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S,
                                         mask_m, mask_s)
             lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
@@ -120,7 +127,7 @@ def kla_bwd_kernel(
             t = t1 - 1 - i
             lam_p, eta_p, lv, vv, kt, qt, gy, gyv = kla_bwd_token(
                 v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
-                row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s, VAR)
+                row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s, VAR, KEEP, STREAM)
 
             inv = rcp(lam)
             mu = eta * inv
@@ -143,10 +150,10 @@ def kla_bwd_kernel(
             glv = sum_s(gl * (kk * kk), STATES_FIRST) + vv * ek
             gv = ek * lv
             gk = sum_m(per_m(lv, STATES_FIRST) * (2.0 * kk * gl) + per_m(lv * vv, STATES_FIRST) * ge, STATES_FIRST)
-            tl.store(glam_v_ptr + row_m + t * M, glv, mask=mask_m)
-            tl.store(gv_ptr + row_m + t * M, gv, mask=mask_m)
-            tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s)
-            tl.store(gq_part_ptr + part + t * n_mblocks * S, gq, mask=mask_s)
+            tl.store(glam_v_ptr + row_m + t * M, glv, mask=mask_m, eviction_policy=STREAM)
+            tl.store(gv_ptr + row_m + t * M, gv, mask=mask_m, eviction_policy=STREAM)
+            tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s, eviction_policy=STREAM)
+            tl.store(gq_part_ptr + part + t * n_mblocks * S, gq, mask=mask_s, eviction_policy=STREAM)
             ge = ge * (rho * decay)
             gl = gl * rho + g_d * noise
             lam = lam_p

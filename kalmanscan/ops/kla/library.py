@@ -41,7 +41,7 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 from ..launch import cdiv, config_from_ints, config_ints, next_power_of_2
 
 __all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "SPLIT_CONFIG", "launch_config",
-           "pieces", "filled", "scratch_elements"]
+           "pieces", "filled", "scratch_elements", "l2_policies"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ class KLAConfig:
     the kernels ran 2-4% faster forward and backward without them, but a compiled training step at
     B=2, L=8192 ran 1.3 ms (6%) slower (H100 and H200, 32-token chunks, docs/performance.md), which
     is not understood; at 16-token chunks the step took the same time with and without them
-    (19.10 against 19.15 ms, H100, one A/B)."""
+    (19.10 against 19.15 ms, H100, one A/B). ``l2_hints`` gives the backward's loads and stores
+    eviction priorities in L2 (:func:`l2_policies`); results do not depend on it."""
 
     block_m: int = 16
     # The backward recomputes each chunk into per-program scratch (CHUNK x bwd_block_m x S x 8 bytes)
@@ -90,6 +91,11 @@ class KLAConfig:
     states_first: bool = False
     variance: bool = True
     even: bool = False
+    # The backward's recompute scratch marked evict-last in L2, the data it reads or writes once
+    # evict-first: at B=2 L=8192 (H100) its DRAM traffic 2.8 -> 2.1 GB a call, the kernel 1.30 ->
+    # 1.24 ms, the compiled model's step 19.2-19.7 -> 18.8-18.9 ms; at B=8 L=2048 no change
+    # (docs/performance.md "The backward's scratch in L2").
+    l2_hints: bool = True
 
     def as_ints(self) -> list[int]:
         """The fields as the integers the operators take (:func:`kalmanscan.ops.launch.config_ints`)."""
@@ -129,6 +135,13 @@ def launch_config(B: int, L: int, M: int, device: torch.device, variance: bool =
     split = pieces(None, DEFAULT_CONFIG.block_m, DEFAULT_CONFIG.chunk, B, L, M, device)[0] > 1
     config = SPLIT_CONFIG if split else DEFAULT_CONFIG
     return config if variance else _WITHOUT_VARIANCE[config]
+
+
+def l2_policies(cfg: KLAConfig) -> dict[str, str]:
+    """The backward's eviction policies (:mod:`kalmanscan.kernels.kla.bwd`): ``KEEP`` for its
+    scratch, ``STREAM`` for the data it reads or writes once; the caches' defaults without
+    ``cfg.l2_hints``."""
+    return dict(KEEP="evict_last", STREAM="evict_first") if cfg.l2_hints else dict(KEEP="", STREAM="")
 
 
 def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: int,
@@ -282,7 +295,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
         CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
         UNROLL=cfg.bwd_unroll, STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even,
-        num_warps=cfg.bwd_num_warps,
+        **l2_policies(cfg), num_warps=cfg.bwd_num_warps,
     )
     return (gv, glam_v, gk_part.sum(2), gq_part.sum(2),
             *(_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))

@@ -22,8 +22,8 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.library import (DEFAULT_CONFIG, SPLIT_CONFIG, filled, launch_config, pieces,
-                                        scratch_elements)
+from kalmanscan.ops.kla.library import (DEFAULT_CONFIG, SPLIT_CONFIG, filled, l2_policies, launch_config,
+                                        pieces, scratch_elements)
 from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
 
 TOL = 2e-5
@@ -163,6 +163,7 @@ def test_triton_full_blocks_run_without_masks(config):
     KLAConfig(),                                                   # 2 chunks; 2 backward channel blocks
     KLAConfig(chunk=4, block_m=8, bwd_block_m=16, bwd_pieces=100),  # 2 forward channel blocks; the
     SPLIT_CONFIG,                                                  # backward in 10 pieces of one chunk
+    dataclasses.replace(SPLIT_CONFIG, l2_hints=False),             # the caches' default eviction
 ])
 def test_triton_configs_and_power_of_two_state(config):
     xs = make_inputs(1, 37, 9, 4, seed=7, device=KERNEL_DEVICE)
@@ -190,6 +191,15 @@ def test_launch_config_turns_the_grid_where_time_is_split():
         out, grads = outputs_and_grads(lambda a: kla_scan_triton(*a), xs)
     assert_matches(out, ref_out, "outputs")
     assert_matches(grads, ref_grads, "grads")
+
+
+def test_backward_keeps_its_scratch_in_l2():
+    """Both launch layouts give the backward's scratch the evict-last priority and the data it uses
+    once evict-first; ``l2_hints=False`` leaves the caches' defaults (both run against float64 in
+    ``test_triton_configs_and_power_of_two_state``)."""
+    assert DEFAULT_CONFIG.l2_hints and SPLIT_CONFIG.l2_hints
+    assert l2_policies(SPLIT_CONFIG) == {"KEEP": "evict_last", "STREAM": "evict_first"}
+    assert l2_policies(dataclasses.replace(SPLIT_CONFIG, l2_hints=False)) == {"KEEP": "", "STREAM": ""}
 
 
 def test_default_split_aims_at_programs_per_multiprocessor():
