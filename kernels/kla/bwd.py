@@ -17,8 +17,10 @@ scalar adjoints ``gl = dLoss/d lam_t``, ``ge = dLoss/d eta_t`` of every filter:
 
 Without ``VAR`` (a forward that did not return ``y_var``) the ``gy_var`` terms are left out and
 ``gy_var`` is never read. With ``KEEP = "evict_last"`` and ``STREAM = "evict_first"``
-(``KLAConfig.l2_hints``) the scratch is kept in L2 before data read or written once; ``""`` for
-both leaves the caches' defaults. Computed as written with fewer products: ``s_e = gy q / lam_t`` and
+(``KLAConfig.l2_hints``) L2 keeps the scratch in preference to the data read or written once (the
+checkpoints, the last reads of the inputs, the gradients written); ``""`` for both leaves the
+caches' defaults. Loads that the software pipeline turns into asynchronous copies keep the
+default whatever the policy. Computed as written with fewer products: ``s_e = gy q / lam_t`` and
 ``mu_t = eta_t / lam_t`` give ``gl -= s_e mu_t + gy_var (q / lam_t)^2`` and the ``q`` term
 ``gy mu_t + 2 gy_var q / lam_t``; ``sum_s ge k`` serves both ``v`` and ``lam_v``.
 
