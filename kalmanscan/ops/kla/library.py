@@ -193,6 +193,21 @@ def _from_kernels(x, cfg):
     return x.transpose(-1, -2).contiguous() if cfg.states_first else x
 
 
+def _grad_from_kernels(x, cfg):
+    """A per-filter gradient in the kernels' layout as an ``(..., M, S)`` view, without a copy: with
+    ``cfg.states_first`` strided as ``(..., S, M)``. Autograd hands a leaf's ``.grad`` over in the
+    leaf's own layout, and a consumer compiled by Inductor reads the view in place."""
+    return x.transpose(-1, -2) if cfg.states_first else x
+
+
+def _fake_grad(v, shape, cfg):
+    """The fake of a per-filter gradient of ``shape`` ``(..., M, S)``, strided as
+    :func:`_grad_from_kernels` leaves it."""
+    if not cfg.states_first:
+        return v.new_empty(shape, dtype=torch.float32)
+    return v.new_empty((*shape[:-2], shape[-1], shape[-2]), dtype=torch.float32).transpose(-1, -2)
+
+
 @torch.library.custom_op("kalmanscan::kla_scan_fwd", mutates_args=())
 def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
                  noise: torch.Tensor, lam0: torch.Tensor | None, eta0: torch.Tensor | None, save: bool,
@@ -298,17 +313,18 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         **l2_policies(cfg), num_warps=cfg.bwd_num_warps,
     )
     return (gv, glam_v, gk_part.sum(2), gq_part.sum(2),
-            *(_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))
+            *(_grad_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))
 
 
 @kla_scan_bwd.register_fake
 def _(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, config):
     B, L, M = v.shape
     S = k.shape[-1]
+    cfg = KLAConfig.from_ints(config)
     f32 = dict(dtype=torch.float32)
     return (v.new_empty(B, L, M, **f32), v.new_empty(B, L, M, **f32), v.new_empty(B, L, S, **f32),
-            v.new_empty(B, L, S, **f32), v.new_empty(M, S, **f32), v.new_empty(M, S, **f32),
-            v.new_empty(B, M, S, **f32), v.new_empty(B, M, S, **f32))
+            v.new_empty(B, L, S, **f32), _fake_grad(v, (M, S), cfg), _fake_grad(v, (M, S), cfg),
+            _fake_grad(v, (B, M, S), cfg), _fake_grad(v, (B, M, S), cfg))
 
 
 def _setup_context(ctx, inputs, output):
