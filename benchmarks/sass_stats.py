@@ -20,6 +20,7 @@ compiles only under the interpreter fails CI.
 
 import argparse
 import collections
+import dataclasses
 import importlib.util
 import os
 import re
@@ -170,8 +171,8 @@ def kernels(fc=None, cfg=None):
                                        split.bwd_num_warps),
         "kla_piece_map_split_even": (kla_piece_map_kernel, dict(split_fwd, EVEN=True), split.num_warps),
         # KLAConfig(l2_hints=False): the backward with the caches' default eviction
-        "kla_bwd_split_no_hints": (kla_bwd_kernel, dict(split_bwd, VAR=False, KEEP="", STREAM=""),
-                                   split.bwd_num_warps),
+        "kla_bwd_split_no_hints": (kla_bwd_kernel, dict(split_bwd, VAR=False, **l2_policies(dataclasses.replace(
+            split, l2_hints=False))), split.bwd_num_warps),
         "rts_agg": (rts_agg_kernel, walk, fc.num_warps),
         "rts": (rts_kernel, walk, fc.num_warps),
         "rts_wide": (rts_kernel, dict(walk, WIDE=True), fc.num_warps),

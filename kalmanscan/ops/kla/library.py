@@ -201,11 +201,10 @@ def _grad_from_kernels(x, cfg):
 
 
 def _fake_grad(v, shape, cfg):
-    """The fake of a per-filter gradient of ``shape`` ``(..., M, S)``, strided as
-    :func:`_grad_from_kernels` leaves it."""
-    if not cfg.states_first:
-        return v.new_empty(shape, dtype=torch.float32)
-    return v.new_empty((*shape[:-2], shape[-1], shape[-2]), dtype=torch.float32).transpose(-1, -2)
+    """The fake of a per-filter gradient of ``shape`` ``(..., M, S)``: a buffer in the kernels'
+    layout (:func:`_grid`) as :func:`_grad_from_kernels` returns it."""
+    *lead, M, S = shape
+    return _grad_from_kernels(v.new_empty((*lead, *_grid(M, S, cfg)), dtype=torch.float32), cfg)
 
 
 @torch.library.custom_op("kalmanscan::kla_scan_fwd", mutates_args=())
