@@ -5,6 +5,7 @@ operation's self time summed into groups (projections, conv, scan, norms, casts,
     python -m benchmarks.profile_model [--batch 8] [--T 2048] [--steps 5] [--compile] [--trace t.json]
         [--variant kla_even]     # the KLA model as bench_model's variant of that name (or kla@bwd_per_sm=16)
         [--variant attention]    # the same model with another of bench_model's mixers, for comparison
+        [--kernels]              # also every kernel by name, with its device time per step
     python -m benchmarks.profile_model --quick     # CPU smoke run
 
 On CUDA the table gives each group's self CUDA time (the kernels launched by its operations) and
@@ -45,6 +46,16 @@ def group_of(name: str) -> str:
     return next((group for group, keys in GROUPS if any(k in name for k in keys)), "other")
 
 
+def print_kernels(events, steps: int) -> None:
+    """Every kernel (device-side event) by its full name, with its device time and launches per step,
+    the longest first."""
+    kernels = [e for e in events if e.device_type != torch.autograd.DeviceType.CPU]
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    print("kernels, per step:")
+    for e in kernels:
+        print(f"{e.self_device_time_total / steps:9.1f} us {e.count / steps:5.1f} launches  {e.key}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
@@ -57,6 +68,7 @@ def main():
     ap.add_argument("--trace", default=None, help="Chrome trace file of the profiled steps")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run")
     ap.add_argument("--shapes", action="store_true", help="the matrix products by input shapes")
+    ap.add_argument("--kernels", action="store_true", help="every kernel by full name, device time per step")
     ap.add_argument("--variant", default="kla",
                     help="the KLA model as benchmarks.bench_model's variant of that name: kla, kla_y_var, "
                          "kla_even or kla@field=value+field=value; or gla, attention")
@@ -110,6 +122,8 @@ def main():
     print(f"host reads of device values (_local_scalar_dense): {syncs / args.steps:.0f} per step")
     sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     print(events.table(sort_by=sort, row_limit=30))
+    if args.kernels:
+        print_kernels(events, args.steps)
     if args.shapes:
         products = [e for e in prof.key_averages(group_by_input_shape=True)
                     if e.key in ("aten::mm", "aten::addmm", "aten::bmm")]

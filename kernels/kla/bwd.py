@@ -152,8 +152,9 @@ def kla_bwd_kernel(
             glv = sum_s(gl * (kk * kk), STATES_FIRST) + vv * ek
             gv = ek * lv
             gk = sum_m(per_m(lv, STATES_FIRST) * (2.0 * kk * gl) + per_m(lv * vv, STATES_FIRST) * ge, STATES_FIRST)
-            tl.store(glam_v_ptr + row_m + t * M, glv, mask=mask_m, eviction_policy=STREAM)
-            tl.store(gv_ptr + row_m + t * M, gv, mask=mask_m, eviction_policy=STREAM)
+            tl.store(glam_v_ptr + row_m + t * M, glv.to(glam_v_ptr.dtype.element_ty), mask=mask_m,
+                     eviction_policy=STREAM)
+            tl.store(gv_ptr + row_m + t * M, gv.to(gv_ptr.dtype.element_ty), mask=mask_m, eviction_policy=STREAM)
             tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s, eviction_policy=STREAM)
             tl.store(gq_part_ptr + part + t * n_mblocks * S, gq, mask=mask_s, eviction_policy=STREAM)
             ge = ge * (rho * decay)

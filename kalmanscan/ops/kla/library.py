@@ -18,7 +18,9 @@ Shapes: ``v``, ``lam_v``, ``y``, ``y_var`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, 
 ``noise`` ``(M, S)``; ``lam0``, ``eta0``, ``lam``, ``eta`` ``(B, M, S)``; the checkpoints
 ``(B, ceil(L / chunk), M, S)`` (``(..., S, M)`` with ``config.states_first``, the kernels' layout)
 when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
-``y``, ``y_var`` come in ``v``'s dtype, everything else in float32 (the kernels' arithmetic); with
+``y``, ``y_var`` come in ``v``'s dtype and the gradients ``gv``, ``glam_v`` in ``v``'s and ``lam_v``'s,
+everything else in float32 (the kernels' arithmetic); a half-precision ``v`` halves the traffic of
+``v``, ``y`` and their gradients, and rounds each only once, as a cast after the scan would; with
 ``config.variance`` false the kernels leave ``y_var`` out (a ``(1,)`` zero in its place, whose
 gradient is not read), which saves its arithmetic and its traffic in both directions; the
 autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
@@ -267,8 +269,10 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
                  noise: torch.Tensor, ckpt_lam: torch.Tensor, ckpt_eta: torch.Tensor, gy: torch.Tensor,
                  gy_var: torch.Tensor, glam: torch.Tensor, geta: torch.Tensor,
                  config: list[int]) -> Eight:
-    """The fused backward (:mod:`kalmanscan.kernels.kla.bwd`): float32 gradients of the forward's
-    eight tensor inputs from those of its first four outputs; see the module docstring."""
+    """The fused backward (:mod:`kalmanscan.kernels.kla.bwd`): the gradients of the forward's eight
+    tensor inputs from those of its first four outputs, ``gv`` and ``glam_v`` in ``v``'s and
+    ``lam_v``'s dtypes (rounded once from float32 in the kernel), the others in float32; see the
+    module docstring."""
     cfg = KLAConfig.from_ints(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
     decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
@@ -286,8 +290,8 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     f32 = dict(dtype=torch.float32, device=dev)
     scratch = [torch.empty(scratch_elements(cfg, B, M, block_s, n_pieces), **f32) for _ in range(2)]
     maps = torch.empty(B, n_pieces, 5, *grid, **f32) if n_pieces > 1 else decay32
-    gv = torch.empty(B, L, M, **f32)
-    glam_v = torch.empty(B, L, M, **f32)
+    gv = torch.empty(B, L, M, dtype=v.dtype, device=dev)
+    glam_v = torch.empty(B, L, M, dtype=lam_v.dtype, device=dev)
     gk_part = torch.empty(B, L, n_mblocks, S, **f32)
     gq_part = torch.empty(B, L, n_mblocks, S, **f32)
     gdecay_part = torch.empty(B, n_pieces, *grid, **f32)
@@ -321,7 +325,7 @@ def _(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, 
     S = k.shape[-1]
     cfg = KLAConfig.from_ints(config)
     f32 = dict(dtype=torch.float32)
-    return (v.new_empty(B, L, M, **f32), v.new_empty(B, L, M, **f32), v.new_empty(B, L, S, **f32),
+    return (v.new_empty(B, L, M), lam_v.new_empty(B, L, M), v.new_empty(B, L, S, **f32),
             v.new_empty(B, L, S, **f32), _fake_grad(v, (M, S), cfg), _fake_grad(v, (M, S), cfg),
             _fake_grad(v, (B, M, S), cfg), _fake_grad(v, (B, M, S), cfg))
 

@@ -82,6 +82,49 @@ def test_per_filter_gradients_reach_leaves_in_their_layout():
         assert max_rel_error(turned, plain) < 1e-5
 
 
+@pytest.mark.parametrize("config", [TINY, TINY_S])
+def test_half_precision_v_rounds_once(config):
+    """A bf16 ``v`` (the layer's under autocast) gives ``y`` and ``gv`` in bf16: the float32 scan's
+    rounded once, and every other output and gradient bit for bit unchanged. On CUDA the kernels
+    round to nearest even, as torch's cast does: equal bit for bit. Triton's interpreter converts
+    float32 to bf16 by truncating: there within one bf16 unit in the last place."""
+    xs = scan_inputs(7)
+    xs[0] = xs[0].to(torch.bfloat16).float()
+    g = torch.Generator().manual_seed(3)
+    gy = torch.randn(B, L, M, generator=g).to(torch.bfloat16).to(KERNEL_DEVICE)
+    runs = []
+    for v_dtype in (torch.float32, torch.bfloat16):
+        leaves = [x.clone().requires_grad_() for x in xs]
+        y, y_var, lam, eta = kla_scan_triton(leaves[0].to(v_dtype), *leaves[1:], config=config)
+        assert y.dtype == v_dtype
+        torch.autograd.backward((y, lam), (gy.to(v_dtype), torch.ones_like(lam)))
+        runs.append((y, lam, eta, *(x.grad for x in leaves)))
+    full, half = runs
+    assert half[3].dtype == torch.float32            # the leaf is float32; the op's gv was bf16
+    for i, (a, b) in enumerate(zip(full, half)):
+        if i in (0, 3):
+            rounded = b.float() if i == 0 else b
+            ulp = torch.exp2(torch.floor(torch.log2(a.abs())) - 7)
+            assert ((rounded - a).abs() <= ulp).all(), f"output {i}: more than one bf16 ulp from float32"
+            if KERNEL_DEVICE.type == "cuda":
+                torch.testing.assert_close(rounded, a.to(torch.bfloat16).float(), rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"output {i}")
+
+
+def test_opcheck_backward_half_precision_v():
+    args = list(op_args(True, True))
+    args[0] = args[0].to(torch.bfloat16)
+    _, _, _, _, ckpt_lam, ckpt_eta = kla_scan_fwd(*args)
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(*shape, generator=g).to(KERNEL_DEVICE) for shape in ((B, L, M), (B, L, M))]
+    grads = [grads[0].to(torch.bfloat16), grads[1].to(torch.bfloat16), torch.ones(B, M, S, device=KERNEL_DEVICE),
+             torch.zeros(B, M, S, device=KERNEL_DEVICE)]
+    gv, glam_v = kla_scan_bwd(*args[:6], ckpt_lam, ckpt_eta, *grads, TINY.as_ints())[:2]
+    assert gv.dtype == torch.bfloat16 and glam_v.dtype == torch.float32
+    torch.library.opcheck(kla_scan_bwd, (*args[:6], ckpt_lam, ckpt_eta, *grads, TINY.as_ints()))
+
+
 def test_config_round_trip():
     for config in (TINY, TINY_S, SPLIT_CONFIG, KLAConfig(unroll=2, pieces=3, bwd_pieces=None)):
         back = KLAConfig.from_ints(config.as_ints())
