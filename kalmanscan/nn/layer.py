@@ -327,7 +327,7 @@ class KLA(nn.Module):
         decay, noise = self.discretized()
         initial = None if state is None else FilterState.from_moments(state.var, state.mu)
         with torch.autocast(x.device.type, enabled=False):
-            y, y_var, final = kla_scan_unchecked(v, lam_v, k, q, decay.to(v.dtype), noise.to(v.dtype),
+            y, y_var, final = kla_scan_unchecked(v, lam_v, k, q, decay.to(lam_v.dtype), noise.to(lam_v.dtype),
                                                  initial_state=initial, return_state=True,
                                                  backend=self.backend, noise_free=self.noise_free,
                                                  variance=return_variance)
