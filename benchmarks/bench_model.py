@@ -24,8 +24,7 @@ GLA are those of an untuned first config (a lower bound on its speed).
 
 Variants of the KLA model give A/Bs of the scan in one process: ``kla_y_var``, every layer's
 scan also computing the output variance ``y_var`` and dropping it (as before the layer left it out
-when not returned); ``kla_v32``, the scan handed ``v`` in float32 (as before the layer kept it in
-bf16 when ``y_var`` is not returned); ``kla_even``, the kernels without their bounds masks where the blocks are full
+when not returned); ``kla_even``, the kernels without their bounds masks where the blocks are full
 (``KLAConfig.even``, off by default); ``kla@field=value+field=value``, the scan launched with those
 ``KLAConfig`` fields changed (``kla@bwd_per_sm=16+unroll=2``; values as
 :func:`benchmarks.kla_pieces.overrides` reads them).
@@ -68,7 +67,7 @@ def variant_changes(mixer: str) -> dict:
     """The ``KLAConfig`` fields a mixer or KLA variant changes in the scan's launch (``{}`` for the
     plain mixers and ``kla_y_var``); ``ValueError`` naming it if it is neither a mixer nor a variant,
     so that a misspelt variant is not timed as the default."""
-    if mixer in (*MIXERS, "kla_y_var", "kla_v32"):
+    if mixer in (*MIXERS, "kla_y_var"):
         return {}
     if mixer == "kla_even":
         return dict(even=True)
@@ -78,7 +77,7 @@ def variant_changes(mixer: str) -> dict:
     except ValueError:
         changes = {}
     if not changes or not set(changes) <= known:
-        raise ValueError(f"mixer {mixer!r} is none of {MIXERS}, kla_y_var, kla_v32, kla_even or kla@field=value+... "
+        raise ValueError(f"mixer {mixer!r} is none of {MIXERS}, kla_y_var, kla_even or kla@field=value+... "
                          f"with fields of KLAConfig")
     return changes
 
@@ -86,8 +85,7 @@ def variant_changes(mixer: str) -> dict:
 @contextlib.contextmanager
 def scan_variant(mixer: str):
     """Inside, every KLA layer's scan runs as the variant says: ``kla_y_var`` also computes ``y_var``
-    whether or not the layer returns it (as before the layer left it out); ``kla_v32`` hands the
-    scan ``v`` in float32 (as before the layer kept it in the projections' dtype); ``kla_even`` drops the
+    whether or not the layer returns it (as before the layer left it out); ``kla_even`` drops the
     kernels' bounds masks where the blocks are full (``KLAConfig.even``); ``kla@a=1+b=2`` launches
     with those fields changed. Other mixers run as they are."""
     original = kla_layer.kla_scan_unchecked
@@ -95,13 +93,8 @@ def scan_variant(mixer: str):
     def with_variance(*args, **kwargs):
         return original(*args, **{**kwargs, "variance": True})
 
-    def with_float32_v(v, *args, **kwargs):
-        return original(v.float(), *args, **kwargs)
-
     if mixer == "kla_y_var":
         kla_layer.kla_scan_unchecked = with_variance
-    if mixer == "kla_v32":
-        kla_layer.kla_scan_unchecked = with_float32_v
     try:
         with launched_with(**variant_changes(mixer)):
             yield

@@ -231,30 +231,29 @@ class KLA(nn.Module):
         var = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
         return KLAState(conv, var, torch.zeros_like(var))
 
-    def observe(self, x: torch.Tensor, window: torch.Tensor | None = None,
-                keep_v: bool = False) -> tuple[Any, ...]:
+    def observe(self, x: torch.Tensor, window: torch.Tensor | None = None) -> tuple[Any, ...]:
         """What the filters see of ``x`` (B, L, D): ``(z, gate, window, (v, lam_v, k, q))``.
 
         ``z`` (B, L, M) is the conv + SiLU output, ``gate`` (B, L, M) the output gate before its
         SiLU, ``window`` the new pre-conv window (``window=None``: zeros, a sequence's start), and
         ``v, lam_v`` (B, L, M), ``k, q`` (B, L, S) the scan's inputs (:func:`kla_scan`) in the scan
         dtype: filter ``(m, s)`` observes ``v[m]`` through the gain ``k[s]`` with precision ``lam_v[m]``.
-        ``keep_v``: ``v`` in ``z``'s dtype instead (:meth:`sensors`).
         """
         z, gate = self.in_proj(x).chunk(2, -1)
         if window is None:
             window = z.new_zeros(z.shape[0], self.d_conv - 1, self.d_inner)
         z, window = causal_conv(z, window, self.conv)
         z = F.silu(z)
-        return z, gate, window, self.sensors(z, keep_v)
+        return z, gate, window, self.sensors(z)
 
-    def sensors(self, z: torch.Tensor, keep_v: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                        torch.Tensor]:
-        """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype, or
-        with ``keep_v`` ``v`` in ``z``'s (bf16 under autocast). Every backend reads a half-precision
-        ``v`` exactly and returns ``y`` in its dtype, rounded once from the scan dtype as
-        :meth:`read_out` would round it; the fused kernels then move half the bytes of ``v``, ``y``
-        and their gradients, and no float32 copy of ``v`` is made."""
+    def sensors(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """z (..., M) -> v, lam_v (..., M); k, q (..., S) L2-normalised; all in the scan dtype.
+
+        ``v`` is cast to float32 under autocast although the fused kernels read any float dtype: a
+        bf16 ``v`` is one 2-byte load a lane, below the 4 bytes of an asynchronous copy, so Triton's
+        software pipeliner leaves it a synchronous load in the forward's and piece map's loops
+        (sm_90), and handing the kernels bf16 made the compiled model's step slower
+        (docs/performance.md, "Why v in bf16 was slower")."""
         M, S, r = self.d_inner, self.d_state, self.var_rank
         if self.variant == "plain":
             v, log_var, k, q = self.sensor_proj(z).split([M, M, S, S], -1)
@@ -267,7 +266,7 @@ class KLA(nn.Module):
             log_var = log_var + self.obs_var_bias.to(dtype)
         lam_v = 1.0 / (F.softplus(log_var) + _OBS_VAR_FLOOR)
         k, q = l2_normalize(k.to(dtype)), l2_normalize(q.to(dtype))
-        return v if keep_v else v.to(dtype), lam_v, k, q
+        return v.to(dtype), lam_v, k, q
 
     def check_input(self, x: Any, ndim: int, name: str) -> None:
         """``ValueError`` naming ``name`` unless ``x`` is ``(B, L, D)`` (``ndim`` 3) or ``(B, D)``."""
@@ -306,8 +305,7 @@ class KLA(nn.Module):
         (:func:`kalmanscan.ops.kla.kla_scan_unchecked`): no device-to-host synchronisation in the
         forward or the backward, and ``torch.compile`` traces the block whole. Without
         ``return_variance`` the scan leaves ``y_var`` out (on the triton backend its arithmetic and
-        memory traffic are saved in the forward and the backward) and reads ``v`` in the
-        projections' dtype (:meth:`sensors`: the same result, half the bytes under bf16). On the triton
+        memory traffic are saved in the forward and the backward). On the triton
         backend the kernels take ``noise + NOISE_FLOOR`` (:data:`kalmanscan.ops.kla.NOISE_FLOOR`,
         1e-15: below float32's rounding of any noise above 1e-8), which keeps their precision in
         range whatever the noise learns; with :attr:`noise_free` the filters run in mean form on
@@ -322,8 +320,7 @@ class KLA(nn.Module):
         if runner is not None and id(self) in runner[0]:
             return runner[1](self, x, state, return_variance)
         self.check_input(x, 3, "x")
-        z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv,
-                                                         keep_v=not return_variance)
+        z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv)
         decay, noise = self.discretized()
         initial = None if state is None else FilterState.from_moments(state.var, state.mu)
         with torch.autocast(x.device.type, enabled=False):
