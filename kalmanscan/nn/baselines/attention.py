@@ -10,7 +10,7 @@ from torch import nn
 
 from ..common import (heads, positive_int)
 
-__all__ = ["CausalAttention", "AttentionState", "rotary"]
+__all__ = ["CausalAttention", "AttentionState", "rotary", "rotary_table"]
 
 
 class AttentionState(NamedTuple):
@@ -20,13 +20,34 @@ class AttentionState(NamedTuple):
     v: torch.Tensor
 
 
-def rotary(x: torch.Tensor, offset: int, base: float) -> torch.Tensor:
-    """Rotary position embedding of x (B, H, L, d) at positions ``offset .. offset + L - 1``."""
-    d = x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=torch.float32)
+@torch.library.custom_op("kalmanscan::rotary_table", mutates_args=())
+def rotary_table(offset: int, length: int, dim: int, base: float, device: torch.device,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of the rotary angles, each ``(length, dim // 2)`` in ``dtype``: position
+    ``offset + i`` times ``base^(-2j / dim)``, computed in float32.
+
+    An operator, so that ``torch.compile`` computes the table once a call: traced as plain
+    operations, Inductor fuses ``cos`` and ``sin`` into the kernels that rotate ``q`` and ``k``
+    and evaluates them for every batch row and head, at angles up to the sequence length in
+    radians, where the range reduction is slow (docs/performance.md, "A handicap of the attention
+    baseline")."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+    pos = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
     angle = pos[:, None] * inv_freq
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+@rotary_table.register_fake
+def _(offset, length, dim, base, device, dtype):
+    shape = (length, dim // 2)
+    return torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype)
+
+
+def rotary(x: torch.Tensor, offset: int, base: float) -> torch.Tensor:
+    """Rotary position embedding of x (B, H, L, d) at positions ``offset .. offset + L - 1``
+    (the angles from :func:`rotary_table`)."""
+    d = x.shape[-1]
+    cos, sin = rotary_table(offset, x.shape[-2], d, base, x.device, x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
