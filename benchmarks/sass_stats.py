@@ -3,19 +3,25 @@
     python -m benchmarks.sass_stats                 # every kernel below, for sm_90 (H100/H200)
     python -m benchmarks.sass_stats kla_fwd --dump  # one kernel, its SASS printed
     python -m benchmarks.sass_stats --save before/  # every kernel's SASS to before/<name>.sass
+    python -m benchmarks.sass_stats kla_fwd_split_novar --pointer v_ptr=bf16   # v in bf16
 
 Uses Triton's bundled ``ptxas`` and ``nvdisasm``, so it runs on a CPU-only machine: a kernel that
 does not compile for the GPU fails here, and the instruction mix of each loop body (the code between
 a loop label and its backward branch) shows what a change to a kernel costs before any GPU time.
 Static counts, not timings: a loop's count is per iteration of its body as compiled (after
 unrolling), for each thread; each kernel's registers per thread and local memory (spills) come
-first. ``--save`` writes each kernel's SASS without addresses, so that two checkouts compiled by the
-same Triton compare with ``diff -r``: a change whose SASS is identical at every launch shape listed
-here cannot change the kernels' speed (run it with the GPU machine's Triton, installed with ``pip
-install --target DIR triton==<version>`` and put first on ``PYTHONPATH``). The kernels compiled
-are always this checkout's (:func:`this_checkout`), also where another checkout is installed in
-editable mode. The test suite runs it (``benchmarks/tests/test_sass.py``), so a kernel that
-compiles only under the interpreter fails CI.
+first, and each loop's asynchronous copies (``LDGSTS``, the loads Triton's software pipeliner issues
+ahead) beside its plain loads (``LDG``, which the loop waits on), since a load the pipeliner could
+not make asynchronous (a 16-bit value a lane is below the 4 bytes a copy moves) costs its latency
+every iteration. ``--pointer NAME=TYPE`` compiles with those pointer arguments of another element
+type (``v_ptr=bf16``), to see what a dtype costs before any GPU time. ``--save`` writes each
+kernel's SASS without addresses, so that two checkouts compiled by the same Triton compare with
+``diff -r``: a change whose SASS is identical at every launch shape listed here cannot change the
+kernels' speed (run it with the GPU machine's Triton, installed with ``pip install --target DIR
+triton==<version>`` and put first on ``PYTHONPATH``). The kernels compiled are always this
+checkout's (:func:`this_checkout`), also where another checkout is installed in editable mode. The
+test suite runs it (``benchmarks/tests/test_sass.py``), so a kernel that compiles only under the
+interpreter fails CI.
 """
 
 import argparse
@@ -67,6 +73,17 @@ def this_checkout():
 
 POINTER_TYPES = {"loglik_sum_ptr": "*fp64"}
 """Pointer arguments whose element type is not float32 in a float32 launch."""
+
+
+def _pointer_types(specs):
+    """``{"v_ptr": "*bf16", ...}`` from ``["v_ptr=bf16", ...]`` (``--pointer``)."""
+    types = {}
+    for spec in specs:
+        name, sep, ty = spec.partition("=")
+        if not sep or not name.endswith("_ptr") or not ty:
+            raise SystemExit(f"--pointer takes NAME_ptr=TYPE (e.g. v_ptr=bf16), got {spec!r}")
+        types[name] = "*" + ty
+    return types
 
 
 def _signature(fn, const):
@@ -252,7 +269,10 @@ def main():
     ap.add_argument("--dump", action="store_true", help="print the SASS")
     ap.add_argument("--list", action="store_true", help="only print the kernels' names")
     ap.add_argument("--save", metavar="DIR", help="write each kernel's SASS, addresses removed, to DIR/<name>.sass")
+    ap.add_argument("--pointer", action="append", default=[], metavar="NAME=TYPE",
+                    help="type a pointer argument's elements otherwise, e.g. v_ptr=bf16 (repeatable)")
     args = ap.parse_args()
+    POINTER_TYPES.update(_pointer_types(args.pointer))
     print(f"kernels from {this_checkout()}, Triton {triton.__version__}", file=sys.stderr)
     table = kernels()
     if args.list:
@@ -270,7 +290,8 @@ def main():
         print(f"{name:16s} registers {res['REG']}, local (spills) {res['LOCAL']} B, shared {res['SHARED']} B")
         for label, ops in loops(text):
             top = ", ".join(f"{k} {v}" for k, v in ops.most_common(10))
-            print(f"{name:16s} loop {label:8s} {sum(ops.values()):5d} instructions: {top}")
+            print(f"{name:16s} loop {label:8s} {sum(ops.values()):5d} instructions: {top}; "
+                  f"async copies {ops['LDGSTS']}, plain loads {ops['LDG']}")
 
 
 if __name__ == "__main__":
