@@ -19,8 +19,9 @@ Shapes: ``v``, ``lam_v``, ``y``, ``y_var`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, 
 ``(B, ceil(L / chunk), M, S)`` (``(..., S, M)`` with ``config.states_first``, the kernels' layout)
 when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
 ``y``, ``y_var`` come in ``v``'s dtype and the gradients ``gv``, ``glam_v`` in ``v``'s and ``lam_v``'s,
-everything else in float32 (the kernels' arithmetic); a half-precision ``v`` halves the traffic of
-``v``, ``y`` and their gradients, and rounds each only once, as a cast after the scan would; with
+everything else in float32 (the kernels' arithmetic): a half-precision ``v`` gets ``y`` and ``gv``
+rounded once, as a cast after the scan would round them (though a 2-byte load a lane is not
+pipelined: docs/performance.md, "Why v in bf16 was slower"); with
 ``config.variance`` false the kernels leave ``y_var`` out (a ``(1,)`` zero in its place, whose
 gradient is not read), which saves its arithmetic and its traffic in both directions; the
 autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
