@@ -17,8 +17,8 @@ def test_rotary_table_is_a_checked_operator():
 
 
 def test_rotary_rotates_each_pair_by_its_angle():
-    """Pair ``(x[j], x[j + d/2])`` at position ``p`` turns by ``p base^(-2j/d)``: norms are kept and
-    the angle between two rotated copies depends only on their positions' difference."""
+    """Pair ``(x[j], x[j + d/2])`` at position ``p`` turns by ``p base^(-2j/d)``, and every
+    token's norm is kept."""
     x = torch.randn(2, 3, 11, 8, dtype=torch.float64)
     out = rotary(x, 5, 100.0)
     d, p, j = 8, 5 + 7, 2

@@ -57,14 +57,22 @@ def test_opcheck_forward(with_state, save, config):
     torch.library.opcheck(kla_scan_fwd, args)
 
 
-@pytest.mark.parametrize("config", [TINY, TINY_S])
-def test_opcheck_backward(config):
-    args = op_args(True, True, config)
+@pytest.mark.parametrize("config,v_dtype", [(TINY, torch.float32), (TINY_S, torch.float32),
+                                            (TINY, torch.bfloat16)])
+def test_opcheck_backward(config, v_dtype):
+    """The backward's registrations; with a bf16 ``v`` (and ``gy``, ``gy_var`` in ``y``'s dtype) its
+    ``gv`` comes in bf16, ``glam_v`` in ``lam_v``'s float32."""
+    args = list(op_args(True, True, config))
+    args[0] = args[0].to(v_dtype)
     _, _, _, _, ckpt_lam, ckpt_eta = kla_scan_fwd(*args)
     g = torch.Generator().manual_seed(5)
     shapes = ((B, L, M), (B, L, M), (B, M, S), (B, M, S))
     grads = [torch.randn(*shape, generator=g).to(KERNEL_DEVICE) for shape in shapes]
-    torch.library.opcheck(kla_scan_bwd, (*args[:6], ckpt_lam, ckpt_eta, *grads, config.as_ints()))
+    grads[:2] = [x.to(v_dtype) for x in grads[:2]]
+    bwd_args = (*args[:6], ckpt_lam, ckpt_eta, *grads, config.as_ints())
+    gv, glam_v = kla_scan_bwd(*bwd_args)[:2]
+    assert gv.dtype == v_dtype and glam_v.dtype == torch.float32
+    torch.library.opcheck(kla_scan_bwd, bwd_args)
 
 
 def test_per_filter_gradients_reach_leaves_in_their_layout():
@@ -110,19 +118,6 @@ def test_half_precision_v_rounds_once(config):
                 torch.testing.assert_close(rounded, a.to(torch.bfloat16).float(), rtol=0, atol=0)
         else:
             torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"output {i}")
-
-
-def test_opcheck_backward_half_precision_v():
-    args = list(op_args(True, True))
-    args[0] = args[0].to(torch.bfloat16)
-    _, _, _, _, ckpt_lam, ckpt_eta = kla_scan_fwd(*args)
-    g = torch.Generator().manual_seed(5)
-    grads = [torch.randn(*shape, generator=g).to(KERNEL_DEVICE) for shape in ((B, L, M), (B, L, M))]
-    grads = [grads[0].to(torch.bfloat16), grads[1].to(torch.bfloat16), torch.ones(B, M, S, device=KERNEL_DEVICE),
-             torch.zeros(B, M, S, device=KERNEL_DEVICE)]
-    gv, glam_v = kla_scan_bwd(*args[:6], ckpt_lam, ckpt_eta, *grads, TINY.as_ints())[:2]
-    assert gv.dtype == torch.bfloat16 and glam_v.dtype == torch.float32
-    torch.library.opcheck(kla_scan_bwd, (*args[:6], ckpt_lam, ckpt_eta, *grads, TINY.as_ints()))
 
 
 def test_config_round_trip():
