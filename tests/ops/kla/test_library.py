@@ -93,9 +93,13 @@ def test_per_filter_gradients_reach_leaves_in_their_layout():
 @pytest.mark.parametrize("config", [TINY, TINY_S])
 def test_half_precision_v_rounds_once(config):
     """A bf16 ``v`` (the layer's under autocast) gives ``y`` and ``gv`` in bf16: the float32 scan's
-    rounded once, and every other output and gradient bit for bit unchanged. On CUDA the kernels
-    round to nearest even, as torch's cast does: equal bit for bit. Triton's interpreter converts
-    float32 to bf16 by truncating: there within one bf16 unit in the last place."""
+    rounded once. On CUDA the kernels round to nearest even, as torch's cast does: equal bit for bit.
+    Triton's interpreter converts float32 to bf16 by truncating: there within one bf16 unit in the
+    last place. The states do not depend on how ``v`` is stored: bit for bit unchanged. The other
+    gradients are float32 sums whose kernel is compiled anew for the bf16 pointer, and the compiler
+    may order or contract its float32 arithmetic otherwise (on an H100 at these masked tiny blocks:
+    up to 1.2e-6 relative; bit for bit at a full launch): the tolerance of two compilations, as in
+    ``test_per_filter_gradients_reach_leaves_in_their_layout``."""
     xs = scan_inputs(7)
     xs[0] = xs[0].to(torch.bfloat16).float()
     g = torch.Generator().manual_seed(3)
@@ -116,8 +120,10 @@ def test_half_precision_v_rounds_once(config):
             assert ((rounded - a).abs() <= ulp).all(), f"output {i}: more than one bf16 ulp from float32"
             if KERNEL_DEVICE.type == "cuda":
                 torch.testing.assert_close(rounded, a.to(torch.bfloat16).float(), rtol=0, atol=0)
-        else:
+        elif i in (1, 2):
             torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"output {i}")
+        else:
+            assert max_rel_error(b, a) < 1e-5, f"gradient {i}"
 
 
 def test_config_round_trip():
