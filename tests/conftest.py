@@ -54,20 +54,6 @@ def _patch_language_once_per_launch() -> None:
 _patch_language_once_per_launch()
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` run first (in collection order otherwise), so that no long test ends
-    the suite on one worker while the other idles. Tests marked ``gpu`` need a CUDA device and
-    compiled kernels (``TRITON_INTERPRET=0``: this file sets 1 when it is unset): skipped without
-    them."""
-    items.sort(key=lambda item: "slow" not in item.keywords)
-    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device and TRITON_INTERPRET=0 (the suite sets 1 when unset)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
-
-
 @pytest.fixture
 def poisoned(monkeypatch):
     """Every buffer the wrappers allocate starts as NaN: an element left unwritten shows."""

@@ -1,17 +1,12 @@
 """``bench_model --cuda-graph``: the captured step is the training step, replayed."""
 
-import os
-
 import pytest
 import torch
 
 from benchmarks.bench_model import build, graphed, training_step
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                         reason="needs a CUDA device and TRITON_INTERPRET=0")
 
-
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("mixer", ["kla", "attention"])
 def test_graphed_step_trains_as_the_eager_step(mixer):
     """Replays of the captured step (zero_grad, forward, loss, backward, capturable fused AdamW)
