@@ -33,10 +33,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import kalmanscan as ks
 from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
 from benchmarks.records import commit
-from kalmanscan.filtering import sum_time
-from kalmanscan.inputs import prepare
+from kalmanscan.inference.filtering import sum_time
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import triton as triton_backend
-from kalmanscan.ops.kla.triton import kla_scan_triton
+from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 SHAPES = [(4096, 32768), (64, 1 << 22), (4096, 2048), (1, 1 << 22), (64, 1 << 20), (64, 2048), (131072, 1024),
           (1, 1 << 24)]

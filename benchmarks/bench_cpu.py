@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
-from kalmanscan.inputs import prepare
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import cpu
 
 # (series N, steps T, what is compared)

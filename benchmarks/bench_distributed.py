@@ -42,7 +42,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.records import commit  # noqa: E402
 import kalmanscan as ks  # noqa: E402
-from kalmanscan.inputs import prepare  # noqa: E402
+from kalmanscan.problem.prepare import prepare  # noqa: E402
 from kalmanscan.ops.filter import get_backend, resolve_backend  # noqa: E402
 from kalmanscan.ops.kla import torch as kla_torch  # noqa: E402
 

@@ -19,7 +19,7 @@ present cotangents and the saved mean and precision, writes grad y); the device-
 bandwidth measured in the same run, the torch backend, a time-stepped torch loop at a small T (per
 element) and, from a separate process, the same algebra as two ``jax.lax.associative_scan`` passes.
 ``--sweep`` also times launch variants (:data:`SWEEP`: fields of
-:class:`~kalmanscan.ops.filter.config.FilterConfig` changed from ``DEFAULT_CONFIG``, each passed to
+:class:`~kalmanscan.ops.filter.triton.config.FilterConfig` changed from ``DEFAULT_CONFIG``, each passed to
 the launch wrappers of :mod:`kalmanscan.ops.filter.triton`); with ``--sweep-lanes``, the walks'
 time split (:data:`LANES`) at each of ``--sweep-shapes``, with ``--sweep-split`` the split and the
 lanes per program together (:data:`SPLITS`):
@@ -45,10 +45,10 @@ import torch
 from benchmarks.records import commit
 from benchmarks.shape_rows import shape_list
 
-from kalmanscan.inputs import prepare
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import torch as torch_backend
 from kalmanscan.ops.filter import triton as triton_backend
-from kalmanscan.ops.filter.config import DEFAULT_CONFIG, FilterConfig
+from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 
 SHAPES = [(4096, 32768), (64, 1 << 20), (1, 1 << 22), (1, 1 << 24)]
 FWD_BYTES = 12
@@ -77,7 +77,7 @@ def copy_bandwidth():
 
 def static_problem(T, C, dtype=torch.float32, seed=0, device="cuda"):
     """``(views, init, p)``: a static-parameter problem ``p`` (a validated
-    :class:`~kalmanscan.inputs.Problem` of one ``(T, C)`` series, stationary initial belief), its
+    :class:`~kalmanscan.problem.prepare.Problem` of one ``(T, C)`` series, stationary initial belief), its
     ``(1, T, C)`` views in kernel order and initial state ``(1, 2, C)``: precision and
     information mean."""
     g = torch.Generator(device=device).manual_seed(seed)

@@ -21,7 +21,7 @@ import torch
 from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
 
 import kalmanscan as ks
-from kalmanscan.inputs import prepare
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import run_backend
 from kalmanscan.ops.filter import torch as torch_backend
 from kalmanscan.ops.filter import triton as triton_backend

@@ -27,7 +27,7 @@ import torch
 
 import kalmanscan as ks
 from kalmanscan.datasets import simulate
-from kalmanscan.likelihood import Likelihood
+from kalmanscan.estimation.likelihood import Likelihood
 
 
 def sync(device):

@@ -38,8 +38,8 @@ import triton.language as tl
 from benchmarks.records import commit
 from kalmanscan.ops.kla import kla_scan, kla_scan_unchecked, validate
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.library import SPLIT_CONFIG, launch_config
-from kalmanscan.ops.kla.triton import DEFAULT_CONFIG, KLAConfig, kla_scan_triton
+from kalmanscan.ops.kla.triton.library import SPLIT_CONFIG, launch_config
+from kalmanscan.ops.kla.triton.backend import DEFAULT_CONFIG, KLAConfig, kla_scan_triton
 
 SHAPES = [(8, 2048, 1024, 16), (4, 4096, 2048, 16), (1, 16384, 1024, 16)]
 # Per state update in the forward: lam_v*k^2, decay^2 + noise*lam (fma), rho*lam + phi (fma),

@@ -56,7 +56,7 @@ from benchmarks.records import commit
 from benchmarks.shape_rows import shape_list
 from kalmanscan.nn import SequenceModel
 from kalmanscan.nn import layer as kla_layer
-from kalmanscan.ops.kla.library import KLAConfig
+from kalmanscan.ops.kla.triton.library import KLAConfig
 
 SHAPES = [(8, 2048), (2, 8192)]          # (batch, T): 16384 tokens per step
 QUICK_SHAPES = [(2, 32), (1, 64)]

@@ -1,8 +1,8 @@
 """Small ``ks.filter`` calls replayed from CUDA graphs against the same calls launched eagerly, in
-one process on the GPU (:mod:`kalmanscan.ops.filter.replay`).
+one process on the GPU (:mod:`kalmanscan.ops.filter.triton.replay`).
 
 For each case (a shape, checked or not, every field or the mean and variance) and each variant
-(``kalmanscan.ops.filter.replay.REPLAY`` on or off), interleaved over ``--rounds`` rounds, the
+(``kalmanscan.ops.filter.triton.replay.REPLAY`` on or off), interleaved over ``--rounds`` rounds, the
 two timings of :mod:`benchmarks.bench_api`: the host wall time of one synchronised call (*alone*,
 ``alone_ms``) and the time per call back to back (*queued*, ``median_ms``); the median over the
 rounds, microseconds. The kernels' eager wrapper is timed the same way in both
@@ -10,7 +10,7 @@ columns: it never replays, so its two columns show the host's noise between them
 replay's size (all fields at C = 512, T = 2048) runs eagerly in both columns too.
 
 ``--compare check`` sets the variants to ``y``'s inf check instead: by result (the default
-threshold ``kalmanscan.checks.BY_RESULT``) against a reduction queued ahead of the kernels for
+threshold ``kalmanscan.problem.checks.BY_RESULT``) against a reduction queued ahead of the kernels for
 every ``y`` (threshold 0), replay on in both; only the checked cases differ.
 
     python -m benchmarks.bench_replay [--rounds 5] [--compare replay|check] [--out replay.json]
@@ -30,9 +30,9 @@ from benchmarks.bench_api import alone_ms
 from benchmarks.bench_filter import initial_state, median_ms
 from benchmarks.records import commit
 from benchmarks.shape_rows import shape_list
-from kalmanscan import checks
-from kalmanscan.inputs import prepare
-from kalmanscan.ops.filter import replay
+from kalmanscan.problem import checks
+from kalmanscan.problem.prepare import prepare
+from kalmanscan.ops.filter.triton import replay
 from kalmanscan.ops.filter import triton as filter_triton
 
 SHAPES = [(2048, 64), (256, 64), (2048, 512)]   # (T, C)

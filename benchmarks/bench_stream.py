@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
-from kalmanscan.inputs import prepare
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import get_backend, resolve_backend
 
 FIELDS = {"mean_var": ("mean", "var"), "all": None}

@@ -14,7 +14,7 @@ import torch
 
 import kalmanscan as ks
 from benchmarks.bench_api import alone_ms
-from kalmanscan import checks
+from kalmanscan.problem import checks
 
 KW = dict(theta=0.2, sigma=0.5, obs_var=0.3)
 

@@ -22,7 +22,7 @@ import kalmanscan as ks
 from benchmarks.bench_api import alone_ms, call_counts, median_ms
 from benchmarks.bench_filter import graph_ms, initial_state
 from benchmarks.records import commit
-from kalmanscan.inputs import prepare
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import triton as triton_backend
 
 

@@ -20,7 +20,7 @@ import torch
 
 from kalmanscan.ops.filter import register_backend
 from kalmanscan.ops.filter import triton as triton_backend
-from kalmanscan.ops.filter.config import DEFAULT_CONFIG, FilterConfig
+from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 
 from .bench_filter import layout
 

@@ -21,12 +21,12 @@ import time
 import torch
 
 import kalmanscan as ks
-from kalmanscan.filtering import make_posterior
-from kalmanscan.inputs import prepare
+from kalmanscan.inference.filtering import make_posterior
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import triton as filter_triton
 from kalmanscan.ops.kla import dispatch as kla_dispatch
-from kalmanscan.ops.kla import library as kla_library
-from kalmanscan.ops.kla.triton import kla_scan_triton
+from kalmanscan.ops.kla.triton import library as kla_library
+from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 FILTER_KERNELS = ("filter_agg_kernel", "filter_carry_kernel", "filter_fwd_kernel")
 KLA_KERNELS = ("kla_fwd_kernel", "kla_piece_map_kernel")

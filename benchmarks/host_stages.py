@@ -18,10 +18,10 @@ import torch
 import kalmanscan as ks
 from benchmarks.bench_filter import initial_state
 from benchmarks.bench_kla import make_inputs
-from kalmanscan import filtering
-from kalmanscan.inputs import prepare
+from kalmanscan.inference import filtering
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import triton as filter_triton
-from kalmanscan.ops.kla.triton import kla_scan_triton
+from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 STAGES = ("prepare", "finite_problem", "run_backend", "make_posterior", "decide_y")
 

@@ -26,7 +26,7 @@ import torch
 from benchmarks.bench_kla import FWD_FP32_OPS, bench_triton, fp32_rates, make_inputs
 from benchmarks.kla_pieces import row
 from benchmarks.shape_rows import shape_list
-from kalmanscan.ops.kla.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
+from kalmanscan.ops.kla.triton.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
 
 SHAPES = [(1, 16384), (2, 8192), (4, 4096), (8, 2048)]
 M, S = 1024, 16

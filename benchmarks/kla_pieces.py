@@ -27,8 +27,8 @@ import torch
 from benchmarks.bench_kla import FWD_FP32_OPS, fp32_rates, make_inputs, rel, timed
 from benchmarks.shape_rows import shape_list
 from kalmanscan.ops.kla import triton as kla_triton
-from kalmanscan.ops.kla.library import KLAConfig, launch_config
-from kalmanscan.ops.kla.triton import kla_scan_triton
+from kalmanscan.ops.kla.triton.library import KLAConfig, launch_config
+from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 CONFIGS = [(None, None, 8), (None, 1, 8), (None, 2, 8), (None, 4, 8), (None, 8, 8), (None, 16, 8), (None, 32, 8),
            (None, 8, 16), (None, 16, 16)]   # (pieces, bwd_pieces, bwd_block_m)

@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import kalmanscan as ks
 
-filtering = importlib.import_module("kalmanscan.filtering")
+filtering = importlib.import_module("kalmanscan.inference.filtering")
 
 
 def main():

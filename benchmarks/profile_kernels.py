@@ -10,7 +10,7 @@ kernels of one call. Workloads: ``filter`` (the fused forward writing mean and p
 (C, T) = (4096, 32768) and (1, 2^22)), ``filter_bwd`` (the backward at (4096, 32768)), ``kla``
 (``kla_scan`` forward and forward+backward at B=8, L=2048, M=1024, S=16), ``kla_layer`` (the
 layer's scan at the model's T = 8192: B=2, split in time, no ``y_var``); the filter's launch
-configuration is ``DEFAULT_CONFIG`` (:mod:`kalmanscan.ops.filter.config`), or ``--filter-config
+configuration is ``DEFAULT_CONFIG`` (:mod:`kalmanscan.ops.filter.triton.config`), or ``--filter-config
 key=value ...`` fields changed from it; the scan's is its launch rule's, or with ``--kla-config
 key=value,...`` fields changed from it.
 
@@ -31,7 +31,7 @@ import torch
 from benchmarks.bench_filter import static_problem
 from benchmarks.bench_kla import make_inputs
 from benchmarks.kla_pieces import launched_with, overrides
-from kalmanscan.ops.filter.config import DEFAULT_CONFIG, FilterConfig
+from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 
 
 def _traced(fn):

@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.bench_recurrence import problem
 from kalmanscan.ops.filter import triton as triton_backend
-from kalmanscan.ops.filter.config import DEFAULT_CONFIG
+from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG
 
 
 def main():

@@ -108,7 +108,7 @@ def _signature(fn, const):
 def kernels(fc=None, cfg=None):
     """``name -> (jit function, constexprs, num_warps)``: every kernel at its production launch shape,
     and the hot ones again with the other values of their feature switches (``*_variants``). Launch
-    shapes from the filter's :class:`~kalmanscan.ops.filter.config.FilterConfig` ``fc`` and KLA's
+    shapes from the filter's :class:`~kalmanscan.ops.filter.triton.config.FilterConfig` ``fc`` and KLA's
     :class:`~kalmanscan.ops.kla.triton.KLAConfig` ``cfg`` (default: their ``DEFAULT_CONFIG``)."""
     from kalmanscan.kernels.filter.bwd import filter_bwd_agg_kernel, filter_bwd_carry_kernel, filter_bwd_kernel
     from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_carry_kernel, filter_fwd_kernel,
@@ -120,9 +120,9 @@ def kernels(fc=None, cfg=None):
     from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
     from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
     from kalmanscan.kernels.kla.split import kla_piece_map_kernel
-    from kalmanscan.ops.filter.config import DEFAULT_CONFIG as FILTER_DEFAULT
-    from kalmanscan.ops.kla.library import SPLIT_CONFIG, l2_policies
-    from kalmanscan.ops.kla.triton import DEFAULT_CONFIG as KLA_DEFAULT
+    from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG as FILTER_DEFAULT
+    from kalmanscan.ops.kla.triton.library import SPLIT_CONFIG, l2_policies
+    from kalmanscan.ops.kla.triton.backend import DEFAULT_CONFIG as KLA_DEFAULT
     fc = fc or FILTER_DEFAULT
     cfg = cfg or KLA_DEFAULT
     common = dict(TRANS_STEP=False, OBS_STEP=False, WIDE=False, WRITE_MU=True, WRITE_LAM=True,

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from scipy.stats import rankdata
 
-from kalmanscan.diagnostics import report
+from kalmanscan.diagnostics.calibration import report
 from kalmanscan.nn import KLA, layer_filters
 
 from .tasks import IGNORE

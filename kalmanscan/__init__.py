@@ -15,33 +15,34 @@ from __future__ import annotations
 import importlib
 import sys
 
-from . import mobius, ou
-from .filtering import filter
-from .fit import fit
-from .forecast import forecast
-from .ops.filter import register_backend
-from .posterior import Posterior
-from .smooth import smooth
-from .stream import StreamState
-from .stream_filter import StreamFilter
+from kalmanscan.model import mobius, ou
+from kalmanscan.inference.filtering import filter
+from kalmanscan.estimation.fitting import fit
+from kalmanscan.inference.forecasting import forecast
+from kalmanscan.ops.filter import register_backend
+from kalmanscan.inference.posterior import Posterior
+from kalmanscan.inference.smoothing import smooth
+from kalmanscan.inference.stream import StreamState
+from kalmanscan.inference.stream_filter import StreamFilter
 
 __version__ = "0.1.0"
 
-# Functions named like their modules are imported eagerly: importing a submodule binds it on the
-# package, so a lazily bound ``ks.fit`` would become the module after ``import kalmanscan.fit``.
-_LAZY = ("diagnostics", "plot", "nn", "datasets", "distributed", "xr", "ops")
+# Sub-packages imported on first use, by the name they have on ``ks``.
+_LAZY = {"diagnostics": "kalmanscan.diagnostics", "plot": "kalmanscan.diagnostics.plot", "nn": "kalmanscan.nn",
+         "datasets": "kalmanscan.datasets", "distributed": "kalmanscan.distributed", "xr": "kalmanscan.xr",
+         "ops": "kalmanscan.ops"}
 
 __all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "StreamState", "StreamFilter", "register_backend",
            "ou", "mobius", *_LAZY]
 
 
 if "xarray" in sys.modules:
-    from . import xr  # noqa: F401  (registers the ``.kalman`` accessor)
+    from kalmanscan import xr  # noqa: F401  (registers the ``.kalman`` accessor)
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        module = importlib.import_module(f".{name}", __name__)
+        module = importlib.import_module(_LAZY[name])
         globals()[name] = module
         return module
     raise AttributeError(f"module 'kalmanscan' has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 ``ArrayLike`` is anything a user may pass where an array is expected: a NumPy array, a torch
 tensor, a Python number or sequence, or an xarray object. It is ``Any`` on purpose: the inputs
-are converted at run time (:func:`kalmanscan.inputs.prepare`), not checked statically.
+are converted at run time (:func:`kalmanscan.problem.prepare.prepare`), not checked statically.
 """
 
 from __future__ import annotations

@@ -124,8 +124,8 @@ class Launches:
 
 
 def config(**options):
-    """The default :class:`~kalmanscan.ops.filter.config.FilterConfig` with ``options`` replaced."""
-    from kalmanscan.ops.filter.config import DEFAULT_CONFIG
+    """The default :class:`~kalmanscan.ops.filter.triton.config.FilterConfig` with ``options`` replaced."""
+    from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG
 
     return dataclasses.replace(DEFAULT_CONFIG, **options)
 
@@ -134,7 +134,7 @@ def prepared(y, kw, dtype=torch.float64, grad=False):
     """``(p, y_t, t)``: the validated problem of the NumPy problem ``(y, kw)`` as tensors of
     ``dtype`` on :data:`KERNEL_DEVICE` (``y_t`` and the :data:`NAMES` in ``t`` require gradients
     with ``grad``)."""
-    from kalmanscan.inputs import prepare
+    from kalmanscan.problem.prepare import prepare
 
     t = problem_tensors(kw, dtype, grad=grad, device=KERNEL_DEVICE)
     y_t = torch.tensor(y, dtype=dtype, requires_grad=grad, device=KERNEL_DEVICE)
@@ -144,7 +144,7 @@ def prepared(y, kw, dtype=torch.float64, grad=False):
 def triton_filter(p, cfg):
     """:func:`kalmanscan.filter` of the validated problem ``p`` on the triton backend launched with
     the config ``cfg``: a :class:`~kalmanscan.Posterior`."""
-    from kalmanscan.filtering import make_posterior
+    from kalmanscan.inference.filtering import make_posterior
     from kalmanscan.ops.filter import triton
 
     return make_posterior(p, triton.filter(p, cfg))
@@ -152,7 +152,7 @@ def triton_filter(p, cfg):
 
 def triton_smooth(p, cfg):
     """:func:`kalmanscan.smooth` of ``p`` on the triton backend launched with ``cfg``."""
-    from kalmanscan.filtering import make_posterior
+    from kalmanscan.inference.filtering import make_posterior
     from kalmanscan.ops.filter import triton
 
     out = triton.filter(p, cfg)
@@ -165,8 +165,8 @@ def triton_smooth(p, cfg):
 def forward_views(y, kw):
     """``(views, init)`` that :func:`kalmanscan.ops.filter.triton.filter_forward` takes for the
     NumPy problem ``(y, kw)`` (float64)."""
-    from kalmanscan.inputs import prepare
-    from kalmanscan.ops.filter.triton import kernel_views
+    from kalmanscan.problem.prepare import prepare
+    from kalmanscan.ops.filter.triton.backend import kernel_views
 
     p = prepare(torch.tensor(y), **problem_tensors(kw))
     views = kernel_views(p)

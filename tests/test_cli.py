@@ -13,7 +13,7 @@ import xarray as xr
 
 import kalmanscan as ks
 from kalmanscan.cli import main
-from kalmanscan.io import write_dataset
+from kalmanscan.cli.io import write_dataset
 
 CHANNELS = ["temperature", "pressure", "level"]
 

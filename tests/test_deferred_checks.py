@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import kalmanscan as ks
-from kalmanscan.inputs import GUESSED, prepare
+from kalmanscan.problem.prepare import GUESSED, prepare
 
-filtering = importlib.import_module("kalmanscan.filtering")  # run_problem: both entry points' backend call
+filtering = importlib.import_module("kalmanscan.inference.filtering")  # run_problem: both entry points' backend call
 
 T, C = 23, 3
 

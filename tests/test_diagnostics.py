@@ -7,7 +7,7 @@ from scipy import integrate, stats
 
 import kalmanscan as ks
 from kalmanscan import diagnostics as D
-from kalmanscan import state_errors
+from kalmanscan.diagnostics import state_errors
 from kalmanscan.datasets import simulate
 
 PARAMS = dict(theta=np.array([0.2, 0.5]), sigma=np.array([0.5, 1.0]), obs_var=np.array([1.0, 0.5]))

@@ -193,8 +193,8 @@ def test_leading_gaps_run_as_window_and_rest_equal_one_run(backend, outputs):
     the steps after it run as two problems (``run_finite``), which equal one run of the whole
     finite problem (identity transitions as per-step parameters) in every field the backend
     returns, with batch dimensions and a per-step ``dt``; gradients too."""
-    from kalmanscan.diffuse import finite_problem, run_finite
-    from kalmanscan.inputs import prepare
+    from kalmanscan.inference.diffuse import finite_problem, run_finite
+    from kalmanscan.problem.prepare import prepare
     from kalmanscan.ops.filter import run_backend
 
     rng = np.random.default_rng(11)

@@ -1,4 +1,4 @@
-"""The lean objective of ks.fit (kalmanscan.likelihood): equal to ks.filter's log-likelihood, its
+"""The lean objective of ks.fit (kalmanscan.estimation.likelihood): equal to ks.filter's log-likelihood, its
 gradient equal across backends (cpu, torch, triton under the interpreter), the central-difference
 Hessian equal to the torch backend's double-backward Hessian, and fits equal across backends."""
 
@@ -11,7 +11,7 @@ from helpers import KERNEL_DEVICE
 
 import kalmanscan as ks
 from kalmanscan.datasets import load_nile, simulate
-from kalmanscan.likelihood import Likelihood, gradient_and_hessian, valid
+from kalmanscan.estimation.likelihood import Likelihood, gradient_and_hessian, valid
 
 
 def _problem(seed=3, T=60, C=2, batch=()):
@@ -181,7 +181,7 @@ def test_numpy_objective_equals_torch_path(case):
 def test_spd_inverse_equals_torch_cholesky_inverse():
     """The NumPy Cholesky of the CPU covariance against torch's, flagging the blocks that are not
     positive definite (or not finite) as ``cholesky_ex`` does."""
-    from kalmanscan.likelihood import spd_inverse
+    from kalmanscan.estimation.likelihood import spd_inverse
 
     g = torch.Generator().manual_seed(0)
     for P in (1, 2, 3, 6):
@@ -200,9 +200,9 @@ def test_spd_inverse_equals_torch_cholesky_inverse():
 
 def test_discretize_vjp_equals_autograd():
     """The adjoint of the OU discretisation (NumPy and torch) against autograd through
-    kalmanscan.ou.discretize, for theta, sigma and dt, across the Taylor threshold of phi (both
+    kalmanscan.model.ou.discretize, for theta, sigma and dt, across the Taylor threshold of phi (both
     branches in one array, and each alone)."""
-    from kalmanscan import ou
+    from kalmanscan.model import ou
 
     rng = np.random.default_rng(5)
     for theta in (np.array([0.0, 1e-7, 4.9e-5, 5.1e-5, 0.3, 2.0, 700.0]), np.zeros(3), np.array([0.5, 1.5, 3.0])):
@@ -238,9 +238,9 @@ def test_graphed_fit_equals_the_eager_fit(monkeypatch):
     filter without process noise is answered eagerly."""
     import importlib
 
-    from kalmanscan.graphed import GraphedEvaluation
+    from kalmanscan.estimation.graphed import GraphedEvaluation
 
-    fit_module = importlib.import_module("kalmanscan.fit")  # (ks.fit is the function)
+    fit_module = importlib.import_module("kalmanscan.estimation.fitting")
 
     rng = np.random.default_rng(3)
     _, y = simulate(T=300, seed=2, theta=rng.uniform(0.1, 0.5, 16), sigma=1.0, obs_var=0.5)

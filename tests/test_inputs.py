@@ -58,7 +58,7 @@ def test_random_walk_with_init_var_is_fine():
 def test_remembered_host_parameters_follow_their_values():
     """The checked host rows are remembered by value: an array changed in place between calls,
     a bad value after a good call, and a result changed in place all act as on a first call."""
-    from kalmanscan.inputs import prepare
+    from kalmanscan.problem.prepare import prepare
 
     theta = np.array([0.5, 0.2])
     first = ks.filter(Y, theta=theta, sigma=1.0, obs_var=1.0, backend="torch")

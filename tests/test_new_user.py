@@ -183,7 +183,7 @@ def test_csv_output_round_trips_epoch_seconds_and_values_exactly(tmp_path, capsy
     for name in ("mean", "var", "logliks", "pred_obs_var"):
         np.testing.assert_array_equal(back[f"a_{name}"], getattr(ref, name)[:, 0])
     # the kalmanscan reader reads the output back to the same bits
-    from kalmanscan.io import read_series
+    from kalmanscan.cli.io import read_series
 
     again = read_series(str(tmp_path / "out.csv"), columns=["a_mean"])
     np.testing.assert_array_equal(again["time"].values, times)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.linalg import expm
 
-from kalmanscan import ou
+from kalmanscan.model import ou
 
 
 def van_loan(theta, sigma, dt):

@@ -9,7 +9,7 @@ import torch
 from helpers import device_of
 
 import kalmanscan as ks
-from kalmanscan.filtering import OUTPUTS
+from kalmanscan.inference.filtering import OUTPUTS
 
 BACKENDS = [b for b in ks.ops.filter.backend_names() if b != "auto"]
 KW = dict(theta=0.3, sigma=0.7, obs_var=0.5)

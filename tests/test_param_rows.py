@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import kalmanscan as ks
-from kalmanscan.checks import Checks, Flag
-from kalmanscan.inputs import prepare
-from kalmanscan.param_rows import prepare_static, static_on_device
+from kalmanscan.problem.checks import Checks, Flag
+from kalmanscan.problem.prepare import prepare
+from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device
 from helpers import synchronisations
 
-param_rows = importlib.import_module("kalmanscan.param_rows")
+param_rows = importlib.import_module("kalmanscan.ops.filter.triton.param_rows")
 
 T, C = 31, 5
 ROWS = ("theta", "sigma", "obs_var", "mean", "h", "dt", "init_mean", "init_var")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kalmanscan import mobius
-from kalmanscan.scan import associative_scan
+from kalmanscan.model import mobius
+from kalmanscan.model.scan import associative_scan
 
 
 def matmul_combine(earlier, later):

@@ -1,4 +1,4 @@
-"""The NEES check's law of the standardised state errors (``kalmanscan.state_errors``) against an
+"""The NEES check's law of the standardised state errors (``kalmanscan.diagnostics.state_errors``) against an
 independent oracle: the errors' exact covariance from conditioning the joint Gaussian of
 ``(x, y)`` on the observed values, in float64 (no filter recursion involved)."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kalmanscan as ks
-from kalmanscan import state_errors as E
+from kalmanscan.diagnostics import state_errors as E
 
 
 def _joint(T, theta, sigma, obs_var, dt, init_var):

@@ -3,7 +3,7 @@
 from benchmarks import host_cost
 
 from kalmanscan.ops.filter import triton as filter_triton
-from kalmanscan.ops.kla import library as kla_library
+from kalmanscan.ops.kla.triton import library as kla_library
 
 
 def test_host_cost_runs_and_restores_the_kernels(monkeypatch):

@@ -7,7 +7,7 @@ import torch
 from benchmarks.bench_model import scan_variant, variant_changes
 from benchmarks.kla_pieces import launched_with, overrides
 from kalmanscan.ops.kla import triton as kla_triton
-from kalmanscan.ops.kla.library import SPLIT_CONFIG
+from kalmanscan.ops.kla.triton.library import SPLIT_CONFIG
 
 
 def test_overrides_parse_ints_booleans_and_none():

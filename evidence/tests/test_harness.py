@@ -10,7 +10,7 @@ import torch
 from evidence import calibration, plots, protocols, train
 from evidence.tasks import make_task, validation_set
 from evidence.tasks.mad import mad_task
-from kalmanscan.diagnostics import report
+from kalmanscan.diagnostics.calibration import report
 from kalmanscan.nn import KLA, layer_filters
 
 

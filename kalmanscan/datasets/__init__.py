@@ -14,8 +14,8 @@ from importlib import resources
 
 import numpy as np
 
-from .. import ou
-from ..types import ArrayLike
+from kalmanscan.model import ou
+from kalmanscan.types import ArrayLike
 
 
 __all__ = ["load_nile", "sensors", "simulate", "Dataset"]

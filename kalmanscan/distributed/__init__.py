@@ -15,7 +15,7 @@ Every function here is collective, and so is its backward. See docs/distributed.
 
 from __future__ import annotations
 
-from .kla import kla_scan, reduce_gradients, sequence_parallel
-from .series import filter, smooth
+from kalmanscan.distributed.kla import kla_scan, reduce_gradients, sequence_parallel
+from kalmanscan.distributed.series import filter, smooth
 
 __all__ = ["filter", "smooth", "kla_scan", "sequence_parallel", "reduce_gradients"]

@@ -2,7 +2,7 @@
 
 :func:`kla_scan` is :func:`kalmanscan.nn.kla_scan` for a sequence whose tokens are split along
 ``L`` across the ranks of a group: each rank summarises its ``M x S`` filters over its tokens in
-the merged homogeneous form (:mod:`kalmanscan.merged`; every token, the first
+the merged homogeneous form (:mod:`kalmanscan.model.merged`; every token, the first
 included, applies predict then update, so rank 0's summary follows the initial state ``lam = 1,
 eta = 0``), one ``all_gather`` exchanges the ``(B, M, S)`` summaries, and each rank runs
 ``kla_scan`` on its tokens from its incoming state (``initial_state``).
@@ -25,14 +25,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import merged
-from . import summaries
-from .comm import agree, all_gather, fingerprint, rank_world, tie
+from kalmanscan.model import merged
+from kalmanscan.distributed import summaries
+from kalmanscan.distributed.comm import agree, all_gather, fingerprint, rank_world, tie
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..ops.kla import FilterState
+    from kalmanscan.ops.kla import FilterState
 
 
 __all__ = ["kla_scan", "sequence_parallel", "reduce_gradients"]
@@ -68,7 +68,7 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     exclusive suffix over ranks, and a second local backward with the final-state cotangent
     ``g_{r+1}``.
     """
-    from ..ops.kla import validate
+    from kalmanscan.ops.kla import validate
 
     rank, world = rank_world(group)
 
@@ -104,7 +104,7 @@ class _Setup:
 
 def _local(setup, v, lam_v, k, q, decay, noise, state):
     """The local ``kla_scan`` from ``state``, returning ``(y, y_var, (lam, eta))``."""
-    from ..ops.kla import kla_scan as local_scan
+    from kalmanscan.ops.kla import kla_scan as local_scan
 
     return local_scan(v, lam_v, k, q, decay, noise, initial_state=state, return_state=True,
                       backend=setup.backend)
@@ -114,7 +114,7 @@ def _exchange(setup, v, lam_v, k, q, decay, noise, lam0, eta0):
     """Summaries and their exchange, without gradient: ``(own, carry)``, this rank's summary (7
     tensors ``(B, M, S)``; ``None`` on the last rank, which computes none) and its incoming state
     (``None`` on rank 0)."""
-    from ..ops.kla import compute_dtype
+    from kalmanscan.ops.kla import compute_dtype
 
     rank, world = setup.rank, setup.world
     dtype = compute_dtype(v, lam_v, k, q, decay, noise)
@@ -210,7 +210,7 @@ def _jacobian(own, carry, dtype):
 def _halo(layer, z, grad: bool, group):
     """The pre-conv window entering this rank (the previous rank's last ``d_conv - 1`` inputs, in
     the layout of the layer's recurrent state; zeros on rank 0), and the gathered tensor."""
-    from ..nn.common import causal_conv
+    from kalmanscan.nn.common import causal_conv
 
     rank, _ = rank_world(group)
     width = layer.d_conv - 1
@@ -224,7 +224,7 @@ def _halo(layer, z, grad: bool, group):
 
 def _forward(layer, x, state=None, return_variance=False, *, group=None):
     """:meth:`kalmanscan.nn.KLA.forward` for this rank's tokens of a sequence split across ranks."""
-    from ..nn.common import causal_conv
+    from kalmanscan.nn.common import causal_conv
 
     def check():
         if state is not None:
@@ -273,8 +273,8 @@ def sequence_parallel(model: nn.Module, group: dist.ProcessGroup | None = None) 
     numbers) and :func:`kla_scan`'s exchange.
     The modules are restored on exit; backward may run after the block.
     """
-    from ..nn.layer import KLA, forward_with
-    from ..nn.mixers import MIXERS
+    from kalmanscan.nn.layer import KLA, forward_with
+    from kalmanscan.nn.mixers import MIXERS
 
     rank_world(group)
     others = [type(m).__name__ for m in model.modules()

@@ -4,7 +4,7 @@ Rank ``r`` of ``group`` holds the contiguous stretch ``r`` of the series (rank o
 order). The filter:
 
 1. each rank summarises its stretch by the product of its steps in the merged homogeneous form
-   (:mod:`kalmanscan.merged`: 7 numbers per channel, carry-independent; rank 0's
+   (:mod:`kalmanscan.model.merged`: 7 numbers per channel, carry-independent; rank 0's
    first step has no transition and its summary includes the initial belief);
 2. one ``all_gather`` of the summaries;
 3. each rank composes the summaries of the ranks before it (an exclusive prefix) into its incoming
@@ -14,7 +14,7 @@ order). The filter:
    observation before it is seen, so it becomes the stretch's ``init_mean``/``init_var`` and any
    backend (``torch``, or ``triton`` on CUDA) runs the stretch unchanged.
 
-The smoother runs the RTS recursion (:mod:`kalmanscan.smooth`) backwards. Rank ``r >= 1`` knows
+The smoother runs the RTS recursion (:mod:`kalmanscan.inference.smoothing`) backwards. Rank ``r >= 1`` knows
 the filtered belief at rank ``r - 1``'s last step (its carry), so it can form the RTS link from
 its first step back to that step; it summarises the affine maps of its stretch plus that link
 (mean: ``(F, B)``, variance: ``(F, B)``: 4 numbers per channel; the last rank's map is constant,
@@ -34,18 +34,18 @@ import torch
 import torch.distributed as dist
 
 
-from ..filtering import make_posterior
-from ..inputs import prepare
-from ..ops.filter import resolve_backend, run_backend
-from ..ops.filter.torch import gain_terms
-from ..ops.filter.torch import smooth as rts_torch
-from .. import merged
-from . import summaries
-from .comm import agree, all_gather, fingerprint, rank_world, tie
-from ..types import ArrayLike
+from kalmanscan.inference.filtering import make_posterior
+from kalmanscan.problem.prepare import prepare
+from kalmanscan.ops.filter import resolve_backend, run_backend
+from kalmanscan.ops.filter.torch import gain_terms
+from kalmanscan.ops.filter.torch import smooth as rts_torch
+from kalmanscan.model import merged
+from kalmanscan.distributed import summaries
+from kalmanscan.distributed.comm import agree, all_gather, fingerprint, rank_world, tie
+from kalmanscan.types import ArrayLike
 
 if TYPE_CHECKING:
-    from ..posterior import Posterior
+    from kalmanscan.inference.posterior import Posterior
 
 
 
@@ -152,7 +152,7 @@ def _filter(y, kw, group, backend):
             raise ValueError("init_var: ks.distributed does not take a diffuse prior (init_var = inf); "
                              "give a finite init_var, or filter the series in one process with ks.filter")
         if _uses_kernels(p, backend):
-            from ..ops.filter.triton import check_device
+            from kalmanscan.ops.filter.triton.backend import check_device
 
             check_device(p.y)  # checked before any exchange
         return p
@@ -220,7 +220,7 @@ def _summary(p, rank, fused: bool):
     (:func:`kalmanscan.ops.filter.triton.summary` when ``fused``, forward only: used when no rank
     needs gradients; else :func:`kalmanscan.ops.filter.torch.summary`), then on rank 0 composed
     after the initial belief, on the others after the transition into their first step."""
-    from ..ops.filter import get_backend
+    from kalmanscan.ops.filter import get_backend
 
     shape = p.shape
     local = get_backend("triton" if fused else "torch").summary(p)

@@ -1,7 +1,7 @@
 """The exchange of stretch summaries over ranks: incoming states from the gathered summaries.
 
-Each rank summarises its stretch in the merged form (:mod:`kalmanscan.merged`); rank 0's summary
-includes the initial belief ``K(lam0, eta0)`` (:func:`kalmanscan.merged.initial`). Rank 0 sends
+Each rank summarises its stretch in the merged form (:mod:`kalmanscan.model.merged`); rank 0's summary
+includes the initial belief ``K(lam0, eta0)`` (:func:`kalmanscan.model.merged.initial`). Rank 0 sends
 ``P_0 K``; the exclusive prefix ``P_{r-1} ... P_0 K`` then holds rank ``r``'s incoming state in its
 middle column: ``lam = B / D``, ``eta = F / D``.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 
-from ..merged import compose
+from kalmanscan.model.merged import compose
 
 __all__ = ["incoming", "incoming_moments"]
 

@@ -9,7 +9,7 @@ x_t + N(0, 1 / lam_v_t[m])``, prior ``N(0, 1)`` before the first token's transit
 :func:`kalmanscan.filter` on channel ``c = m * S + s`` with ``y = v[m]``, ``h = k[s]``, ``obs_var =
 1 / lam_v[m]`` per token, and the OU pair ``(theta dt, sigma_eff)`` over a unit step whose exact
 discretisation is the layer's ``(decay, noise)``: ``decay = exp(-theta dt)`` and ``sigma_eff^2 =
-noise / phi(2 theta dt)`` (:func:`kalmanscan.ou.phi`), which holds for the OU and the zero-order-
+noise / phi(2 theta dt)`` (:func:`kalmanscan.model.ou.phi`), which holds for the OU and the zero-order-
 hold layers alike. The first observation's belief is the prior moved one step: ``N(0, decay^2 +
 noise)``.
 
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import ou
-from ..filtering import filter as kalman_filter
-from ..posterior import Posterior
+from kalmanscan.model import ou
+from kalmanscan.inference.filtering import filter as kalman_filter
+from kalmanscan.inference.posterior import Posterior
 
 if TYPE_CHECKING:
-    from .layer import KLA
+    from kalmanscan.nn.layer import KLA
 
 
 __all__ = ["layer_filters"]
@@ -63,7 +63,7 @@ def layer_filters(layer: KLA, x: torch.Tensor, backend: str = "torch") -> tuple[
     Raises:
         ValueError: naming ``layer`` or ``x`` when they are not a KLA layer and its input.
     """
-    from .layer import KLA
+    from kalmanscan.nn.layer import KLA
 
     if not isinstance(layer, KLA):
         raise ValueError(f"layer must be a kalmanscan.nn.KLA, got {type(layer).__name__}")

@@ -3,7 +3,7 @@
     x (B, L, D) -> in_proj -> z, gate (B, L, M)            M = expand * D
     z -> causal depthwise conv1d (width d_conv) -> SiLU
     z -> v, log obs-variance (B, L, M);  k, q (B, L, S), L2-normalised per token
-    OU parameters theta, sigma, dt (M, S) -> decay, noise      (kalmanscan.ou.discretize)
+    OU parameters theta, sigma, dt (M, S) -> decay, noise      (kalmanscan.model.ou.discretize)
     (v, lam_v, k, q, decay, noise) -> kla_scan -> y, y_var (B, L, M)
     (y + D_skip * z) * SiLU(gate) -> out_proj -> (B, L, D)
 
@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import ou
-from ..ops.kla import FilterState, backend_names, information, kla_scan_unchecked
-from ..ops.kla.recurrent import kla_step
-from .common import causal_conv, init_log_dt, init_log_rates, inner_width, l2_normalize, positive_ints, scan_dtype
-from .init import DEFAULT_INIT, init_scheme, initial_log_sigma, obs_var_bias
+from kalmanscan.model import ou
+from kalmanscan.ops.kla import FilterState, backend_names, information, kla_scan_unchecked
+from kalmanscan.ops.kla.recurrent import kla_step
+from kalmanscan.nn.common import (causal_conv, init_log_dt, init_log_rates, inner_width, l2_normalize, positive_ints,
+                                  scan_dtype)
+from kalmanscan.nn.init import DEFAULT_INIT, init_scheme, initial_log_sigma, obs_var_bias
 
 __all__ = ["KLA", "KLAState", "forward_with"]
 

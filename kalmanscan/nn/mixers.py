@@ -22,13 +22,13 @@ from collections.abc import Callable
 from torch import nn
 
 
-from .baselines.attention import CausalAttention
-from .baselines.gdn import GatedDeltaNet
-from .baselines.gla import GatedLinearAttention, GLAState, gla_chunked
-from .baselines.gru import GRUMixer
-from .baselines.mlstm import MLSTM
-from .baselines.ssm import SelectiveSSM
-from .layer import KLA
+from kalmanscan.nn.baselines.attention import CausalAttention
+from kalmanscan.nn.baselines.gdn import GatedDeltaNet
+from kalmanscan.nn.baselines.gla import GatedLinearAttention, GLAState, gla_chunked
+from kalmanscan.nn.baselines.gru import GRUMixer
+from kalmanscan.nn.baselines.mlstm import MLSTM
+from kalmanscan.nn.baselines.ssm import SelectiveSSM
+from kalmanscan.nn.layer import KLA
 
 __all__ = ["MIXERS", "register_mixer", "CausalAttention", "GatedLinearAttention", "GLAState",
            "SelectiveSSM", "gla_chunked"]

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import RMSNorm
-from .init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
-from .mixers import MIXERS
+from kalmanscan.nn.common import RMSNorm
+from kalmanscan.nn.init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
+from kalmanscan.nn.mixers import MIXERS
 
 __all__ = ["SequenceModel", "SwiGLU"]
 

@@ -3,7 +3,7 @@
 Fresh memory is mapped by the kernel page by page on first write; in 4 KiB pages that can cost
 more than the loop or copy that fills it. NumPy asks the kernel for huge pages for large arrays,
 so on a CPU the tensors here are NumPy's, shared with torch without a copy (the cpu backend's
-outputs, and the fields :func:`kalmanscan.diffuse.run_finite` joins).
+outputs, and the fields :func:`kalmanscan.inference.diffuse.run_finite` joins).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ walk that writes the gradients (:func:`filter_bwd_kernel`).
 import triton
 import triton.language as tl
 
-from .steps import index, lane_setup, load_y, pick, step_inputs
+from kalmanscan.kernels.filter.steps import index, lane_setup, load_y, pick, step_inputs
 
 
 @triton.jit

@@ -31,9 +31,9 @@ underflow to 0: the initial ``eta0``'s share is then below the float range, as i
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
-from .steps import emit_step, lane_setup, pick, ring_start, step_inputs, walk_y
-from .walks_closed import closed_prefix
+from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.filter.steps import emit_step, lane_setup, pick, ring_start, step_inputs, walk_y
+from kalmanscan.kernels.filter.walks_closed import closed_prefix
 
 
 @triton.jit

@@ -1,23 +1,23 @@
-"""Static parameters checked and derived in one launch: what :func:`kalmanscan.inputs.prepare` does
+"""Static parameters checked and derived in one launch: what :func:`kalmanscan.problem.prepare.prepare` does
 with torch operations (about seventy launches), done by one program for parameters given as device
-tensors (:mod:`kalmanscan.param_rows`).
+tensors (:mod:`kalmanscan.ops.filter.triton.param_rows`).
 
 The program reads the ``(8, C)`` block of rows ``theta, sigma, obs_var, mean, h, dt, init_mean,
 init_var`` (the last two only where given), computes in float64 and writes, in the block's dtype,
 the rows ``init_var`` (as used: ``sigma^2 / (2 theta)`` where not given),
 ``decay, noise`` (:func:`kalmanscan.kernels.filter.steps.ou_transition`, as
-:func:`kalmanscan.ou.discretize`) and ``lam0 = 1 / init_var``, ``eta0 = lam0 (init_mean - mean)``,
+:func:`kalmanscan.model.ou.discretize`) and ``lam0 = 1 / init_var``, ``eta0 = lam0 (init_mean - mean)``,
 and :data:`NFLAGS` flags (1 = holds), in this order: each of the six parameters finite and
 within its bound (``theta, sigma >= 0``; ``obs_var, dt > 0``), ``init_mean`` finite, ``init_var >
 0`` (NaN fails), ``theta != 0`` and ``sigma != 0 or theta = 0`` wherever ``init_var`` is not given
 (the stationary law exists and is not a point), a diffuse prior somewhere (``init_var = inf``),
-and a decaying channel whose noise is below ``bound`` (:func:`kalmanscan.mobius.lacks_noise`).
+and a decaying channel whose noise is below ``bound`` (:func:`kalmanscan.model.mobius.lacks_noise`).
 """
 
 import triton
 import triton.language as tl
 
-from .steps import ou_transition
+from kalmanscan.kernels.filter.steps import ou_transition
 
 NFLAGS = tl.constexpr(12)
 

@@ -6,7 +6,7 @@ prediction, step ``t`` of the smoother is the pair of affine maps
 
     x_t = J_t x_{t+1} + (mu_t - J_t pmu_{t+1}),     v_t = J_t^2 v_{t+1} + var_t q_{t+1} / pv_{t+1}
 
-with ``J_t = a_{t+1} var_t / pv_{t+1}`` (:mod:`kalmanscan.smooth`); the last step is the constant
+with ``J_t = a_{t+1} var_t / pv_{t+1}`` (:mod:`kalmanscan.inference.smoothing`); the last step is the constant
 ``(mu_{T-1}, var_{T-1})`` and steps past ``T`` are the identity. As the maps act on the pair
 ``(x, v)`` with a diagonal matrix ``diag(J, J^2)``, they are the five-number affine maps of
 :mod:`kalmanscan.kernels.filter.bwd` with a zero corner, and time splits the same way:
@@ -25,8 +25,8 @@ pointers' dtype.
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
-from .steps import index, lane_coords, load_param
+from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.filter.steps import index, lane_coords, load_param
 
 
 @triton.jit

@@ -16,7 +16,7 @@ Arithmetic is in the dtype of the pointers (float32 in production, float64 in th
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
+from kalmanscan.kernels.fast_math import rcp
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 A stream of ``N`` independent series (``N = B C``) keeps its filtered belief ``(mean, var)``
 per series; one new observation ``y`` per series arrives. :func:`stream_step_kernel` predicts
 the belief through the stored static transition ``(decay, noise)`` and applies the step exactly
-as the fused forward applies a chunk's first step to the belief :func:`kalmanscan.stream.predict`
+as the fused forward applies a chunk's first step to the belief :func:`kalmanscan.inference.stream.predict`
 gives (``lam0 = 1 / pred_var``, ``eta0 = lam0 (decay (mean - level))``, then
 :func:`~kalmanscan.kernels.filter.steps.emit_step` with no transition), so an update equals a
 one-step ``ks.filter(..., state=)`` to rounding. One launch with few arguments: the point is the
@@ -18,8 +18,8 @@ obs_var, mean, h``; ``out (10, N)``: the fields of the ``POSTERIOR`` bit mask in
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
-from .steps import emit_step, observation
+from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.filter.steps import emit_step, observation
 
 
 @triton.jit

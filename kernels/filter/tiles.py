@@ -34,10 +34,11 @@ the aggregate pass records which stretches did in ``fast``).
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
-from .fwd import compose7, step_after, last7, leaf7
-from .steps import emit_step, index, info_step, load_y, pick, static_inputs, step_inputs
-from .tiles_closed import closed_agg7, closed_constants, closed_power, closed_sums, closed_tile_states, tile_sum
+from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.filter.fwd import compose7, step_after, last7, leaf7
+from kalmanscan.kernels.filter.steps import emit_step, index, info_step, load_y, pick, static_inputs, step_inputs
+from kalmanscan.kernels.filter.tiles_closed import (closed_agg7, closed_constants, closed_power, closed_sums,
+                                                    closed_tile_states, tile_sum)
 
 
 @triton.jit

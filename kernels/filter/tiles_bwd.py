@@ -37,9 +37,9 @@ products of non-negative factors ``g11, g22`` cannot cancel; ``g12, v`` are sums
 import triton
 import triton.language as tl
 
-from .bwd import adjoint_step, compose5, emit_gradients
-from .steps import index, pick
-from .tiles import join_columns, row_columns, stretch_setup, tile_inputs
+from kalmanscan.kernels.filter.bwd import adjoint_step, compose5, emit_gradients
+from kalmanscan.kernels.filter.steps import index, pick
+from kalmanscan.kernels.filter.tiles import join_columns, row_columns, stretch_setup, tile_inputs
 
 
 @triton.jit

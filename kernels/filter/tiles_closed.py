@@ -26,8 +26,8 @@ Constants (:func:`closed_constants`) are computed once per program in float64 fr
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
-from .steps import ou_phi
+from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.filter.steps import ou_phi
 
 
 @triton.jit

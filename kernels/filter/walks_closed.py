@@ -23,8 +23,8 @@ by step, so a stretch with a gap costs its steps once plus one chunk.
 import triton
 import triton.language as tl
 
-from .steps import load_y
-from .tiles_closed import closed_agg7, closed_constants64, one_minus_exp, rounded_constants
+from kalmanscan.kernels.filter.steps import load_y
+from kalmanscan.kernels.filter.tiles_closed import closed_agg7, closed_constants64, one_minus_exp, rounded_constants
 
 
 @triton.jit

@@ -30,8 +30,8 @@ map is never needed); output ``maps[b, piece, 5] = (G11, G12, G22, h1, h2)``, fl
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
-from .common import kla_step_rho, kla_tile, kla_token, outer, per_m, per_s
+from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.kla.common import kla_step_rho, kla_tile, kla_token, outer, per_m, per_s
 
 
 @triton.jit

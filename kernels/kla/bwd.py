@@ -42,8 +42,8 @@ stretch.
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
-from .common import kla_step, kla_tile, kla_token, outer, per_m, per_s, sum_m, sum_s
+from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.kla.common import kla_step, kla_tile, kla_token, outer, per_m, per_s, sum_m, sum_s
 
 
 @triton.jit

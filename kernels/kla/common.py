@@ -24,7 +24,7 @@ vectors on the grid and reduce it in either orientation.
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
+from kalmanscan.kernels.fast_math import rcp
 
 
 @triton.jit

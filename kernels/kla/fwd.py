@@ -28,8 +28,8 @@ stays bounded; with ``noise = 0`` and ``decay < 1`` the exact ``lam`` grows like
 import triton
 import triton.language as tl
 
-from ..fast_math import rcp
-from .common import kla_checkpoint, kla_enter, kla_step, kla_tile, kla_token, per_s, sum_s
+from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.kla.common import kla_checkpoint, kla_enter, kla_step, kla_tile, kla_token, per_s, sum_s
 
 
 @triton.jit

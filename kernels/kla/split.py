@@ -23,7 +23,7 @@ Grid ``(B, ceil(M / BLOCK_M), n_pieces - 1)`` (the last stretch's map is never n
 import triton
 import triton.language as tl
 
-from .common import kla_map_step, kla_tile, kla_token
+from kalmanscan.kernels.kla.common import kla_map_step, kla_tile, kla_token
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""The stretch summaries ks.distributed exchanges (kalmanscan.merged): in chunks and in pieces, and
+"""The stretch summaries ks.distributed exchanges (kalmanscan.model.merged): in chunks and in pieces, and
 the incoming states composed from them (kalmanscan.distributed.summaries).
 
 A summary is projective (its 7 numbers are defined up to a common positive scale), so summaries are
@@ -13,9 +13,9 @@ import pytest
 import torch
 from helpers import max_rel_error, problem_tensors, random_problem
 
-from kalmanscan import merged
+from kalmanscan.model import merged
 from kalmanscan.distributed import summaries
-from kalmanscan.inputs import prepare
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import torch as filter_torch
 from kalmanscan.ops.kla import torch as kla_torch
 from kalmanscan.ops.kla import triton as kla_triton

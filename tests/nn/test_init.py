@@ -9,7 +9,7 @@ import torch
 from torch.func import functional_call
 
 from helpers import device_of, random_kla
-from kalmanscan import ou
+from kalmanscan.model import ou
 from kalmanscan.nn import KLA, MIXERS, SequenceModel, initial_statistics
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 

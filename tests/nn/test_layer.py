@@ -8,7 +8,7 @@ import torch
 from torch.func import functional_call
 
 from helpers import random_kla
-from kalmanscan import ou
+from kalmanscan.model import ou
 from kalmanscan import nn as ks_nn
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 

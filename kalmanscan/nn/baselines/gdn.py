@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import (RMSNorm, causal_conv, empty_sequence, init_log_dt, inner_width, l2_normalize, positive_int,
+from kalmanscan.nn.common import (RMSNorm, causal_conv, empty_sequence, init_log_dt, inner_width, l2_normalize, positive_int,
                     positive_ints, scan_dtype)
 
 __all__ = ["GatedDeltaNet", "GDNState", "gated_delta_rule_chunked", "gated_delta_rule_sequential"]

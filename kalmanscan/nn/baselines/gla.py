@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import RMSNorm, causal_conv, empty_sequence, heads, positive_ints, scan_dtype
+from kalmanscan.nn.common import RMSNorm, causal_conv, empty_sequence, heads, positive_ints, scan_dtype
 
 __all__ = ["GatedLinearAttention", "GLAState", "gla_chunked"]
 

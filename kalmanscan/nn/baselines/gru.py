@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..common import empty_sequence, inner_width
+from kalmanscan.nn.common import empty_sequence, inner_width
 
 __all__ = ["GRUMixer", "GRUState"]
 

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import RMSNorm, causal_conv, empty_sequence, inner_width, positive_int, positive_ints, scan_dtype
+from kalmanscan.nn.common import (RMSNorm, causal_conv, empty_sequence, inner_width, positive_int, positive_ints,
+                                  scan_dtype)
 
 __all__ = ["MLSTM", "MLSTMState", "mlstm_sequential", "mlstm_chunkwise"]
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ... import mobius
-from ...scan import associative_scan
-from ..common import (causal_conv, empty_sequence, init_log_dt, init_log_rates, inner_width,
+from kalmanscan.model import mobius
+from kalmanscan.model.scan import associative_scan
+from kalmanscan.nn.common import (causal_conv, empty_sequence, init_log_dt, init_log_rates, inner_width,
                       positive_int, positive_ints, scan_dtype)
 
 __all__ = ["SelectiveSSM", "SSMState"]
@@ -31,8 +31,8 @@ class SelectiveSSM(nn.Module):
     ``dt = softplus(W_dt (W_x z)_r + b)`` (M), input and output maps ``B, C`` (S);
     ``h <- exp(-dt theta) h + dt B z``, ``y = C . h + D_skip z``; ``y SiLU(gate)``; out_proj.
     ``theta = exp(log_theta)`` has the S4D-real init ``1..S``; ``dt`` starts log-uniform in
-    ``[dt_min, dt_max]``. The scan is :func:`kalmanscan.scan.associative_scan` over
-    the affine maps of :mod:`kalmanscan.mobius` and materialises (B, L, M, S).
+    ``[dt_min, dt_max]``. The scan is :func:`kalmanscan.model.scan.associative_scan` over
+    the affine maps of :mod:`kalmanscan.model.mobius` and materialises (B, L, M, S).
     """
 
     def __init__(self, d_model: int, d_state: int = 16, expand: float = 2, d_conv: int = 4,

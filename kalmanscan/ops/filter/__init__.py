@@ -4,10 +4,10 @@ Every backend is a module with the same functions and signatures:
 
     filter(p: Problem) -> dict         # the filter's fields, tensors broadcastable to p.shape
     smooth(f: dict, mean_param) -> (mean, var, precision)    # RTS from the filter's tensors
-    summary(p: Problem) -> 7 tensors   # merged-form product of p's steps (kalmanscan.merged);
+    summary(p: Problem) -> 7 tensors   # merged-form product of p's steps (kalmanscan.model.merged);
                                        # optional: kalmanscan.distributed needs it
 
-``p`` is a validated :class:`kalmanscan.inputs.Problem`; the dict holds ``mean, var, precision,
+``p`` is a validated :class:`kalmanscan.problem.prepare.Problem`; the dict holds ``mean, var, precision,
 pred_mean, pred_var, pred_precision, pred_obs_mean, pred_obs_var, logliks, decay, noise,
 missing`` (NumPy arrays are accepted and converted), and optionally ``loglik``, the sum of
 ``logliks`` over time ``(..., C)``, where the backend sums it as it goes (the triton walks).
@@ -20,6 +20,6 @@ on CUDA and the compiled loop on the CPU. :func:`register_backend` adds a name t
 
 from __future__ import annotations
 
-from .dispatch import backend_names, get_backend, register_backend, resolve_backend, run_backend
+from kalmanscan.ops.filter.dispatch import backend_names, get_backend, register_backend, resolve_backend, run_backend
 
 __all__ = ["register_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]

@@ -9,8 +9,8 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from ...inputs import Problem
-from ..registry import Registry
+from kalmanscan.problem.prepare import Problem
+from kalmanscan.ops.registry import Registry
 
 __all__ = ["register_backend", "unregister_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]
 
@@ -70,7 +70,7 @@ def _compacted(p: Problem) -> Problem:
     per-step ``theta``) cut to size 1 along its broadcast dimensions
     (:func:`kalmanscan.ops.filter.torch.compact`): the backends' backward passes then sum its
     adjoint once, and autograd takes it to the view's base."""
-    from .torch import compact
+    from kalmanscan.ops.filter.torch import compact
 
     cut = {k: compact(x) for k in _PARAMETERS
            if isinstance(x := getattr(p, k, None), torch.Tensor) and x.requires_grad}

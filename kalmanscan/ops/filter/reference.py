@@ -20,8 +20,8 @@ from scipy import stats
 
 import torch
 
-from ... import ou
-from ...inputs import Problem
+from kalmanscan.model import ou
+from kalmanscan.problem.prepare import Problem
 
 __all__ = ["filter", "smooth"]
 

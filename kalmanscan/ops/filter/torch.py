@@ -1,8 +1,8 @@
 """The ``"torch"`` backend of :func:`kalmanscan.filter` and :func:`kalmanscan.smooth`: the
 time-parallel information-form filter and RTS smoother in torch tensor ops.
 
-Two associative scans along time (:func:`kalmanscan.scan.associative_scan`): the Möbius scan of the precision
-(:mod:`kalmanscan.mobius`), read out as the variance, then the affine scan of the mean whose gates
+Two associative scans along time (:func:`kalmanscan.model.scan.associative_scan`): the Möbius scan of the precision
+(:mod:`kalmanscan.model.mobius`), read out as the variance, then the affine scan of the mean whose gates
 need the previous variance (mean form, so no process noise, ``sigma = 0``, stays in range). Runs on
 any device, float32 or float64, and is differentiable by autograd
 with respect to ``y`` and every parameter (the power-of-two rescaling in the Möbius products is
@@ -15,9 +15,9 @@ import math
 
 import torch
 
-from ... import merged, mobius, ou
-from ...inputs import Problem
-from ...scan import associative_scan
+from kalmanscan.model import merged, mobius, ou
+from kalmanscan.problem.prepare import Problem
+from kalmanscan.model.scan import associative_scan
 
 __all__ = ["compact", "filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity", "adjoint_to"]
 
@@ -79,7 +79,7 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
     ``mu_c`` and ``pred_mu_c`` are centred (``x - mean``); ``lam`` is the filtered precision.
     Shared by the torch and triton backends so both report identical derived quantities. Only the
     fields of ``p.outputs`` (all when ``None``) are formed, with ``decay`` and ``noise``: a
-    log-likelihood alone (:mod:`kalmanscan.likelihood`) costs no full-size operation for the rest.
+    log-likelihood alone (:mod:`kalmanscan.estimation.likelihood`) costs no full-size operation for the rest.
     """
     every = p.outputs is None
     wanted = set() if every else set(p.outputs)
@@ -115,7 +115,7 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
 def gain_terms(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``(mu, J, bm, bv)`` of the RTS recursion from the filter's tensors ``f``: the centred
     filtered mean, the gains ``J_t = a_{t+1} var_t / pred_var_{t+1}`` and the offsets of the mean
-    and variance recursions (``(..., T - 1, C)``; see :mod:`kalmanscan.smooth`)."""
+    and variance recursions (``(..., T - 1, C)``; see :mod:`kalmanscan.inference.smoothing`)."""
     mu = f["mean"] - mean_param
     pred_mu = f["pred_mean"] - mean_param
     a_next, q_next, pv_next = (x[..., 1:, :] for x in (f["decay"], f["noise"], f["pred_var"]))
@@ -140,7 +140,7 @@ def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.
 
 def summary(p: Problem, *, chunk_elements: int = merged.CHUNK_ELEMENTS) -> tuple[torch.Tensor, ...]:
     """The merged-form product of every step of ``p`` with no transition at step 0
-    (:mod:`kalmanscan.merged`: 7 tensors ``(..., 1, C)``), in chunks of ``chunk_elements``
+    (:mod:`kalmanscan.model.merged`: 7 tensors ``(..., 1, C)``), in chunks of ``chunk_elements``
     step-channels (bounded memory), differentiable (each chunk recomputed in the backward).
     :mod:`kalmanscan.distributed` exchanges it."""
     shape = p.shape

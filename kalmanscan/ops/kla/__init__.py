@@ -6,7 +6,7 @@ oracle), :mod:`~kalmanscan.ops.kla.torch` (time-parallel scans), :mod:`~kalmansc
 (token by token in torch operations), :mod:`~kalmanscan.ops.kla.cpu` (compiled loops, the default
 on a CPU) and :mod:`~kalmanscan.ops.kla.triton` (fused kernels); the dispatch and registry
 are in :mod:`~kalmanscan.ops.kla.dispatch`, the fused kernels' ``torch.library`` operators in
-:mod:`~kalmanscan.ops.kla.library`.
+:mod:`~kalmanscan.ops.kla.triton.library`.
 
     y, y_var = kla_scan(v, lam_v, k, q, decay, noise)            # checked: one device-to-host sync
     y, y_var = kla_scan_unchecked(v, lam_v, k, q, decay, noise)  # valid by construction: no sync
@@ -20,8 +20,8 @@ the state ``(lam, eta)`` ``(B, M, S)``; ``y``, ``y_var`` ``(B, L, M)``. Per toke
     y[m] = sum_s q[s] eta / lam,    y_var[m] = sum_s q[s]^2 / lam
 
 This is the filter of docs/math.md with ``a = decay``, ``q = noise``, ``phi = lam_v k^2`` and
-``b = lam_v v k``, so the ``"torch"`` backend reuses :mod:`kalmanscan.mobius` and
-:func:`kalmanscan.scan.associative_scan`: a Möbius scan for ``lam``, then an affine scan for ``eta``.
+``b = lam_v v k``, so the ``"torch"`` backend reuses :mod:`kalmanscan.model.mobius` and
+:func:`kalmanscan.model.scan.associative_scan`: a Möbius scan for ``lam``, then an affine scan for ``eta``.
 It materialises ``(B, L, M, S)`` tensors (memory ``O(B L M S)``) and is the differentiable oracle of
 the fused ``"triton"`` backend (:mod:`kalmanscan.ops.kla.triton`), which keeps the state in registers.
 The ``"recurrent"`` backend runs :func:`kla_step` token by token (``L`` steps of ``O(B M S)``
@@ -47,9 +47,9 @@ state is in the compute dtype (keep it in float32 or better when decoding).
 
 from __future__ import annotations
 
-from .dispatch import (NOISE_FLOOR, backend_names, check_shapes, kla_scan, kla_scan_unchecked, register_backend,
+from kalmanscan.ops.kla.dispatch import (NOISE_FLOOR, backend_names, check_shapes, kla_scan, kla_scan_unchecked, register_backend,
                        validate)
-from .state import FilterState, compute_dtype, information
+from kalmanscan.ops.kla.state import FilterState, compute_dtype, information
 
 __all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "backend_names", "validate", "check_shapes",
            "FilterState", "information", "compute_dtype", "NOISE_FLOOR"]

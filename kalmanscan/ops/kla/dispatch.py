@@ -13,10 +13,10 @@ from types import ModuleType
 
 import torch
 
-from ... import mobius
-from ...checks import Ahead
-from ..registry import Registry
-from .state import FilterState
+from kalmanscan.model import mobius
+from kalmanscan.problem.checks import Ahead
+from kalmanscan.ops.registry import Registry
+from kalmanscan.ops.kla.state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "unregister_backend", "backend_names", "validate",
            "queue_checks", "decide_checks", "check_shapes", "NOISE_FLOOR"]
@@ -66,7 +66,7 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     (token by token in torch operations, :mod:`kalmanscan.ops.kla.recurrent`), ``"reference"`` or
     ``"auto"``: triton for CUDA tensors, cpu for CPU tensors, torch on other devices.
     Filters with ``decay < 1`` and no process noise (``noise``
-    below :data:`kalmanscan.mobius.NO_NOISE`), and initial states whose variance is below it, run
+    below :data:`kalmanscan.model.mobius.NO_NOISE`), and initial states whose variance is below it, run
     on the torch backend when ``backend`` is triton: their precision is past the range of the fused
     kernels, which carry it, while the torch backend scans the variance and the mean. Raises
     ``ValueError`` naming the offending argument.
@@ -103,7 +103,7 @@ def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q:
     The caller guarantees ``lam_v > 0``, ``decay`` in ``(0, 1]``, ``noise >= 0``, all finite, and
     states what :func:`kla_scan` would read from the values: ``noise_free`` is true when some
     filter with ``decay < 1`` may have no process noise (``noise`` below
-    :data:`kalmanscan.mobius.NO_NOISE`, e.g. a layer with ``sigma`` fixed at 0). Such filters run
+    :data:`kalmanscan.model.mobius.NO_NOISE`, e.g. a layer with ``sigma`` fixed at 0). Such filters run
     in mean form (the torch backend when ``backend`` resolves to triton), exact at every length.
     Otherwise the fused kernels take ``noise + NOISE_FLOOR`` (:data:`NOISE_FLOOR`), which keeps
     their float32 precision and its gradients in range whatever the noise learns; the other
@@ -185,7 +185,7 @@ def decide_checks(pending: tuple[list, torch.Tensor] | None, dtype: torch.dtype)
     first argument out of its range, and return whether the filters need the mean form.
 
     That is whether the smallest process noise among filters with ``decay < 1`` (or the smallest
-    initial variance) is below :func:`kalmanscan.mobius.noise_bound`: the smallest noise of all is
+    initial variance) is below :func:`kalmanscan.model.mobius.noise_bound`: the smallest noise of all is
     a lower bound on it, so the decaying filters' own minimum is read (a second reduction and
     read) only when the smallest noise is below the bound."""
     if pending is None:

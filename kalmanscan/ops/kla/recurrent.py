@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ... import mobius
-from .state import FilterState, prepare
+from kalmanscan.model import mobius
+from kalmanscan.ops.kla.state import FilterState, prepare
 
 __all__ = ["kla_scan", "kla_step"]
 
@@ -50,7 +50,7 @@ def kla_step(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     ``y_var`` ``(B, M)``. With ``phi = lam_v k^2`` and ``pred_var = decay^2 var + noise``:
 
         var <- pred_var / (1 + phi pred_var),   mu <- g mu + lam_v v k var
-        g = decay / (1 + phi pred_var)          (kalmanscan.mobius.mean_gate, in [0, decay])
+        g = decay / (1 + phi pred_var)          (kalmanscan.model.mobius.mean_gate, in [0, decay])
         y = sum_s q mu,   y_var = sum_s q^2 var
 
     the same filter as the precision recursion of :func:`kalmanscan.ops.kla.reference.kla_scan_sequential`

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .state import FilterState
+from kalmanscan.ops.kla.state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_sequential"]
 

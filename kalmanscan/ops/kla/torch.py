@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ... import merged, mobius
-from ...scan import associative_scan
-from .state import FilterState, prepare
+from kalmanscan.model import merged, mobius
+from kalmanscan.model.scan import associative_scan
+from kalmanscan.ops.kla.state import FilterState, prepare
 
 __all__ = ["kla_scan", "summary"]
 
@@ -22,8 +22,8 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
 
     ``initial_state`` is a pair ``(lam, eta)``, a :class:`FilterState` or ``None`` (``lam = 1,
     eta = 0``); ``state`` is a :class:`FilterState`. Differentiable by autograd. The precision
-    scan is read out as the variance (:func:`kalmanscan.mobius.propagate_var`, from the initial
-    variance) and the mean is scanned in mean form (:mod:`kalmanscan.mobius`), so ``noise = 0``
+    scan is read out as the variance (:func:`kalmanscan.model.mobius.propagate_var`, from the initial
+    variance) and the mean is scanned in mean form (:mod:`kalmanscan.model.mobius`), so ``noise = 0``
     (whose exact precision grows like ``decay^(-2t)``) gives finite outputs and a final ``var``,
     ``mu`` that continue exactly; only the state's pair ``(lam, eta)`` may then be inf.
     """
@@ -55,7 +55,7 @@ def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
             noise: torch.Tensor,
             dtype: torch.dtype, *, chunk_elements: int = merged.CHUNK_ELEMENTS) -> tuple[torch.Tensor, ...]:
     """The product of every token's step, 7 tensors ``(B, M, S)``, in the compute ``dtype``
-    (:func:`kalmanscan.merged.chunked_total` in chunks of ``chunk_elements`` token-filters:
+    (:func:`kalmanscan.model.merged.chunked_total` in chunks of ``chunk_elements`` token-filters:
     memory bounded, recomputed in the backward)."""
     def steps(_, v, lam_v, k, q, decay, noise):
         kk = k.to(dtype).unsqueeze(-2)

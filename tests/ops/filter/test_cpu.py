@@ -14,7 +14,7 @@ import torch
 from helpers import POSITIVE, max_rel_error, random_problem, rel_error, to_np
 
 import kalmanscan as ks
-from kalmanscan.inputs import prepare
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops import cpu_threads
 from kalmanscan.ops.filter import cpu
 from kalmanscan.ops.filter import reference as reference_backend
@@ -230,7 +230,7 @@ def test_double_backward_raises():
 
 
 def _rts_loop(f):
-    """The RTS smoother as a sequential float64 NumPy loop (centred, as kalmanscan.smooth)."""
+    """The RTS smoother as a sequential float64 NumPy loop (centred, as ks.smooth)."""
     g = {k: np.asarray(to_np(v), dtype=np.float64) for k, v in f.items()}
     shape = g["mean"].shape
     a, q = (np.broadcast_to(g[k], shape) for k in ("decay", "noise"))
@@ -358,7 +358,7 @@ def test_outputs_subset_and_errors():
 
 def test_import_compiles_nothing():
     code = ("import sys, kalmanscan, kalmanscan.ops.filter.cpu; "
-            "print('numba' in sys.modules, 'kalmanscan.ops.filter.cpu_loops' in sys.modules)")
+            "print('numba' in sys.modules, 'kalmanscan.ops.filter.cpu.loops' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.split() == ["False", "False"]
 

@@ -6,8 +6,8 @@ import torch
 from helpers import KERNEL_DEVICE
 
 import kalmanscan as ks
-from kalmanscan.ops.filter import library
-from kalmanscan.ops.filter.config import DEFAULT_CONFIG
+from kalmanscan.ops.filter.triton import library
+from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG
 
 
 def _args(static: bool, requires_grad: bool):
@@ -45,7 +45,7 @@ def test_opcheck_backward(static):
 
 @pytest.mark.parametrize("static", [True, False])
 def test_opcheck_posterior(static):
-    from kalmanscan.ops.filter.triton import posterior_mask
+    from kalmanscan.ops.filter.triton.backend import posterior_mask
 
     y, theta, sigma, dt, obs_var, mean, h, init, shape, config = _args(static, requires_grad=False)
     args = (y, theta, sigma, dt, obs_var, mean, h, init, shape, config, posterior_mask(("mean", "var", "logliks")))

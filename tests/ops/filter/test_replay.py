@@ -8,9 +8,9 @@ import torch
 
 import kalmanscan as ks
 from helpers import synchronisations
-from kalmanscan.ops.filter import replay
-from kalmanscan.ops.filter.replay import Blocks
-from kalmanscan.ops.filter.triton import POSTERIOR, replayed
+from kalmanscan.ops.filter.triton import replay
+from kalmanscan.ops.filter.triton.replay import Blocks
+from kalmanscan.ops.filter.triton.backend import POSTERIOR, replayed
 
 
 def test_blocks_copy_whole_blocks_and_rebuild_every_view():

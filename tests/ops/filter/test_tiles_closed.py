@@ -21,7 +21,7 @@ from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, array_tensors, config, max_re
                      triton_filter)
 
 import kalmanscan as ks
-from kalmanscan.inputs import prepare
+from kalmanscan.problem.prepare import prepare
 
 tiles = importlib.import_module("kalmanscan.kernels.filter.tiles")
 

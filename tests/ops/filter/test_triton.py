@@ -3,7 +3,7 @@ reference.
 
 The kernels compute in the problem's dtype, so float64 inputs are checked to float64 rounding and
 by gradcheck; float32 inputs against the float64 reference within a measured bound. The launch is
-set by explicit :class:`~kalmanscan.ops.filter.config.FilterConfig` s: small stretches, carry
+set by explicit :class:`~kalmanscan.ops.filter.triton.config.FilterConfig` s: small stretches, carry
 chunks and tiles make small problems cross many boundaries (aggregate, carry and apply kernels).
 The interpreter's cost grows with the steps a lane walks in sequence, not with the lanes, so every
 problem here walks at most ~64 steps per lane; breadth comes from channels and stretches, and the
@@ -20,8 +20,8 @@ from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, NAMES, POSITIVE, config, max_
                      problem_tensors, random_problem, rel_error, triton_filter)
 
 import kalmanscan as ks
-from kalmanscan.filtering import make_posterior, sum_time
-from kalmanscan.inputs import prepare
+from kalmanscan.inference.filtering import make_posterior, sum_time
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import torch as torch_backend
 from kalmanscan.ops.filter import triton
 

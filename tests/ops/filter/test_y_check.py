@@ -12,8 +12,8 @@ import torch
 
 import kalmanscan as ks
 from helpers import KERNEL_DEVICE, synchronisations
-from kalmanscan import checks
-from kalmanscan.inputs import prepare
+from kalmanscan.problem import checks
+from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import triton
 
 KW = dict(theta=np.array([0.1, 0.7, 2.0]), sigma=0.8, obs_var=np.array([0.5, 2.0, 1e-3]),

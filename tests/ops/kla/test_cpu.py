@@ -15,7 +15,7 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 
 from kalmanscan.ops import cpu_threads
 from kalmanscan.ops.kla import cpu, kla_scan
-from kalmanscan.ops.kla.cpu_loops import BLOCK
+from kalmanscan.ops.kla.cpu.loops import BLOCK
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 
 CHUNK = cpu.CHUNK

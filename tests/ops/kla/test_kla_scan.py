@@ -22,9 +22,9 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.library import (DEFAULT_CONFIG, SPLIT_CONFIG, filled, l2_policies, launch_config,
+from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, SPLIT_CONFIG, filled, l2_policies, launch_config,
                                         pieces, scratch_elements)
-from kalmanscan.ops.kla.triton import KLAConfig, kla_scan_triton
+from kalmanscan.ops.kla.triton.backend import KLAConfig, kla_scan_triton
 
 TOL = 2e-5
 SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)        # M = 5: two channel blocks, one partial
@@ -449,7 +449,7 @@ def test_kernels_launched_before_the_checks_are_read(monkeypatch):
 def test_mean_form_exactly_when_a_decaying_filter_lacks_noise(dtype):
     """``validate`` asks for the mean form when a filter with ``decay < 1`` has noise below the
     bound, or an initial variance is below it; not for a noise-free filter with ``decay = 1``."""
-    from kalmanscan import mobius
+    from kalmanscan.model import mobius
     from kalmanscan.ops.kla import dispatch
     from kalmanscan.ops.kla.state import FilterState
 

@@ -14,9 +14,9 @@ import torch
 from helpers import KERNEL_DEVICE, max_rel_error
 
 from kalmanscan.nn import KLA
-from kalmanscan.ops.kla.library import SPLIT_CONFIG, KLAConfig, kla_scan_bwd, kla_scan_fwd
+from kalmanscan.ops.kla.triton.library import SPLIT_CONFIG, KLAConfig, kla_scan_bwd, kla_scan_fwd
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.triton import kla_scan_triton
+from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 TINY = KLAConfig(block_m=2, chunk=4, bwd_block_m=2)          # M = 3: two channel blocks; L = 7: two chunks
 TINY_S = KLAConfig(block_m=2, chunk=4, bwd_block_m=2, states_first=True)  # the same, each thread a channel's states

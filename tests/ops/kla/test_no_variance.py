@@ -17,10 +17,10 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 
 from kalmanscan.nn import KLA
 from kalmanscan.ops.kla import kla_scan_unchecked
-from kalmanscan.ops.kla.library import (DEFAULT_CONFIG, SPLIT_CONFIG, KLAConfig, kla_scan_bwd, kla_scan_fwd,
+from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, SPLIT_CONFIG, KLAConfig, kla_scan_bwd, kla_scan_fwd,
                                         launch_config)
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.triton import kla_scan_triton
+from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 TOL = 2e-5   # test_kla_scan's float32 tolerance
 SMALL = KLAConfig(block_m=4, chunk=8, bwd_block_m=4)                           # M = 5: a partial block

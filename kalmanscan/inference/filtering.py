@@ -1,0 +1,254 @@
+"""``ks.filter``: the public entry point of the diagonal information-form Kalman filter."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+
+import numpy as np
+import torch
+
+from kalmanscan.inference.diffuse import Diffuse, diffuse_witness, finite_problem, restore, run_finite
+from kalmanscan.problem.checks import decide_y
+from kalmanscan.problem.prepare import GUESSED, Problem, host_parameters, prepare
+from kalmanscan.ops.filter import run_backend
+from kalmanscan.inference.posterior import Params, Posterior
+from kalmanscan.inference.stream import StreamState, as_prior, continue_problem, mark, naming_state
+from kalmanscan.types import ArrayLike
+
+
+__all__ = ["filter", "make_posterior", "sum_time", "run_problem", "confirmed", "OUTPUTS"]
+
+def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+           h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
+           init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
+           outputs: Sequence[str] | None = None, state: StreamState | Posterior | None = None,
+           check_finite: bool = True) -> Posterior:
+    """Filter ``y`` of shape ``(..., T, C)`` with an OU prior per channel; returns a :class:`Posterior`.
+
+    Model per channel ``c`` (independent channels): ``x_t - mean = decay_t (x_{t-1} - mean) +
+    N(0, noise_t)`` with ``(decay, noise)`` the exact OU discretisation of ``(theta, sigma)`` over
+    the step ``dt_t`` (:func:`kalmanscan.model.ou.discretize`), and ``y_t = h x_t + N(0, obs_var)``.
+    ``N(init_mean, init_var)`` is the belief at the first observation time, before ``y_0``.
+
+    Args:
+        y: observations ``(..., T, C)``; NaN marks a missing value (predict, no update, zero
+            log-likelihood). NumPy in gives NumPy out; a torch tensor gives tensors on its device,
+            differentiable with respect to ``y`` and every parameter.
+        theta: mean-reversion rate ``>= 0`` (0 is the random walk).
+        sigma: diffusion scale ``>= 0``.
+        obs_var: observation noise variance ``> 0``.
+        mean: OU mean level (the filter works on the centred state ``x - mean``).
+        h: observation gain.
+        dt: step between consecutive observations ``> 0``; ignored when ``times`` is given.
+        times: observation times ``(T,)`` or ``(..., T, 1)``, strictly increasing.
+        init_mean: prior mean ``(..., C)``; default ``mean``.
+        init_var: prior variance ``(..., C)``; default the stationary ``sigma^2 / (2 theta)``,
+            required when ``theta = 0`` or ``sigma = 0``. ``float("inf")`` is the exact diffuse
+            prior (precision 0): the log-likelihood then leaves out each such channel's first
+            observation, counted by ``Posterior.n_diffuse`` (:mod:`kalmanscan.inference.diffuse`).
+        backend: ``"auto"`` (triton on CUDA, the compiled loop on the CPU), ``"cpu"``,
+            ``"torch"``, ``"triton"``, ``"reference"`` (sequential float64 covariance form) or
+            a name added by :func:`kalmanscan.ops.filter.register_backend`.
+
+        outputs: the fields to compute, a subset of :data:`OUTPUTS` (``None``: all). The others
+            are ``None`` in the result (``"loglik"`` needs the per-step ``logliks`` and keeps them;
+            ``"missing"`` is the 0/1 flag in ``params``). On the triton backend without gradients
+            the kernels write only these (e.g. ``("mean", "var")``: 12 bytes per element in
+            float32 instead of 44); the other backends compute everything and drop the rest.
+        state: continue a stream from a previous call's ``post.state`` (a :class:`StreamState`)
+            or its Posterior: the prior is the state's prediction through this chunk's transition
+            into step 0 (``dt`` at index 0, or ``times[0] - state.time``; with ``state`` index 0
+            has a transition), so chunk by chunk equals one call over the whole series
+            (:mod:`kalmanscan.inference.stream`). Excludes ``init_mean`` and ``init_var``.
+        check_finite: whether to check that ``y`` holds no ``inf`` (``ValueError`` naming ``y``),
+            as SciPy's ``check_finite``. On a GPU it is one reduction of ``y`` (4 bytes an
+            element read) queued before the kernels and read back once they are queued: the
+            call's one synchronisation, which waits for the reduction, not for the kernels (with
+            parameters given as device tensors, it is read with their checks, once the kernels
+            are queued). On a CPU it is one reduction of the result. ``False`` skips it: no
+            synchronisation, and an ``inf`` in ``y`` shows as a non-finite result instead of an
+            error. The parameters are checked either way.
+
+    Parameters are static (scalars or ``(C,)``, or ``(..., 1, C)`` with batch dimensions) or per
+    step (``(..., T, C)``); a per-step value at index ``t`` governs the transition into step ``t``
+    and the observation at ``t`` (index 0 has no transition).
+
+    Raises:
+        ValueError: naming the argument, for bad values or shapes (see :mod:`kalmanscan.problem.prepare`).
+    """
+    # With parameters checked on the host, y's inf check is decided once the kernels are queued
+    # (checks.decide_y): for a large y on a GPU the triton backend queues it with its kernels and
+    # it is read while they run (the call's one synchronisation); otherwise from the result (an
+    # inf in y makes the log-likelihood and the filtered mean from its step on, the last step's
+    # too, non-finite), y searched only when that is not finite. Parameters checked on their
+    # device need a read of their own: y's check (one reduction) joins it. On the triton backend
+    # it is read once the kernels are queued (confirmed), the facts that pick the kernels' path
+    # (a diffuse prior, no process noise) assumed until then and the call run again, checked
+    # first, when they differ; on the other backends before the kernels.
+    wanted = _check_outputs(outputs)
+    if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
+        state, init_mean, init_var = as_prior(state, init_mean, init_var)
+    params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
+    late = check_finite and host_parameters(params, times, init_mean, init_var)
+    p, finite, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
+                                          backend, state, check_finite, late, None if outputs is None else wanted)
+    queued = out.pop("y_check", None)
+    if diffuse is not None:
+        out = restore(p, diffuse, out)
+    if "logliks" in wanted and "loglik" not in out:  # the fused kernels sum it as they go
+        out["loglik"] = sum_time(out["logliks"])
+    witness = out["loglik"] if "logliks" in wanted else out["mean"][..., -1, :] if "mean" in wanted else None
+    if outputs is not None:
+        kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
+        out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
+    post = make_posterior(p, out, diffuse=diffuse)
+    if late:
+        decide_y(p.y, queued, diffuse_witness(witness, finite, diffuse))
+    return post if state is None else mark(post, state)
+
+
+def run_problem(args: dict, backend: str, state: StreamState | None, check_finite: bool, late: bool,
+                outputs: tuple | None = None) -> tuple[Problem, Problem, Diffuse | None, dict]:
+    """``(p, finite, diffuse, out)``: the problem :func:`~kalmanscan.problem.prepare.prepare` makes of
+    ``args`` (continuing ``state``, asking for ``outputs``), its finite form and diffuse part
+    (:func:`~kalmanscan.inference.diffuse.finite_problem`) and the backend's result. With ``late`` (the
+    parameters checked on the host) ``y``'s check is left to the caller, the triton backend asked
+    to queue it with its kernels; else it joins the parameters' checks, which on the triton backend
+    are read once the kernels are queued (:func:`confirmed`): a read that refutes the facts
+    assumed until then runs the call again, checked first."""
+    for defer in (True, False):
+        with naming_state(state):
+            p = prepare(**args, backend=backend, check_y=check_finite and not late, defer=defer)
+        if state is not None:
+            p = continue_problem(p, state)
+        if outputs is not None:
+            p = dataclasses.replace(p, outputs=outputs)
+        # on a CPU the per-step path costs the loops an exp and an expm1 per element; on a GPU the
+        # two runs' joined copies would move more memory than the per-step parameters: not timed
+        finite, diffuse = finite_problem(p, split=p.y.device.type == "cpu")
+        if late and diffuse is None:  # the triton backend may queue y's check with its kernels
+            finite = dataclasses.replace(finite, y_check=True)
+        out = run_finite(finite, diffuse, lambda q: run_backend(q, backend))
+        if confirmed(p, state):
+            break
+    return p, finite, diffuse, out
+
+
+def confirmed(p: Problem, state: StreamState | None = None) -> bool:
+    """Whether ``p``'s facts hold: true unless :func:`~kalmanscan.problem.prepare.prepare` deferred its
+    checks (``p.pending``); then they are read now, once the kernels are queued (``ValueError`` for
+    a bad value, named as ``prepare`` names it), and compared with the facts it assumed."""
+    if p.pending is None:
+        return True
+    with naming_state(state):
+        facts = p.pending.decide()
+    return all(facts[k] == GUESSED[k] for k in facts)
+
+
+OUTPUTS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
+           "pred_obs_var", "logliks", "loglik", "missing")
+
+
+def _check_outputs(outputs) -> tuple:
+    """The fields to compute for ``outputs`` (``"loglik"`` brings ``"logliks"``)."""
+    if outputs is None:
+        return OUTPUTS
+    if isinstance(outputs, str) or not all(isinstance(k, str) for k in outputs):
+        raise ValueError(f"outputs must be a sequence of field names from {OUTPUTS}, got {outputs!r}")
+    unknown = sorted(set(outputs) - set(OUTPUTS))
+    if unknown or not outputs:
+        raise ValueError(f"outputs must name fields from {OUTPUTS}, got {outputs!r}")
+    return tuple(k for k in OUTPUTS if k in outputs or (k == "logliks" and "loglik" in outputs))
+
+
+def _read_only(x):
+    """A NumPy array as a read-only view (a tensor as it is)."""
+    if isinstance(x, np.ndarray):
+        x = x.view()
+        x.flags.writeable = False
+    return x
+
+
+def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior | None = None,
+                   diffuse: Diffuse | None = None) -> Posterior:
+    """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind."""
+    shape = p.shape
+    out = dict(out)
+    loglik = out.pop("loglik", None)
+    def full(v):
+        return p.output(v if tuple(v.shape) == shape else torch.broadcast_to(v, shape))
+
+    lazily = ("decay", "noise", "missing")
+    conv = {k: None if v is None else full(v) for k, v in out.items() if k not in lazily}
+    # The parameters, times and counts are made when read (Params): most callers read none.
+    # NumPy parameters come back read-only: they may be views of the caller's arrays.
+    lazy = {k: (lambda k=k: _read_only(full(getattr(p, k)))) for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
+    for k in lazily:
+        v = out.get(k)
+        lazy[k] = (lambda v=v: None if v is None else full(v))
+    for k in ("init_mean", "init_var"):
+        lazy[k] = lambda k=k: _read_only(p.output(getattr(p, k).expand(shape[:-2] + (1, shape[-1]))[..., 0, :]))
+    lazy["times"] = lambda: _read_only(_times(p))
+    lazy["n_diffuse"] = lambda: _n_diffuse(p, diffuse)
+    params = Params({"times_given": p.times is not None}, lazy)
+    logliks = conv.pop("logliks", None)
+    if p.outputs is not None and "loglik" not in p.outputs:
+        loglik = None
+    elif loglik is None:  # summed as filter() sums it: before any conversion to NumPy
+        loglik = None if out.get("logliks") is None else p.output(sum_time(out["logliks"]))
+    else:
+        loglik = p.output(loglik)
+    return Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
+
+
+def _n_diffuse(p: Problem, diffuse: Diffuse | None):
+    """Observations left out of the log-likelihood per channel, ``(..., C)`` (:attr:`Posterior.n_diffuse`)."""
+    shape = p.shape
+    n = (torch.zeros(shape[:-2] + (shape[-1],), dtype=torch.int64, device=p.y.device)
+         if diffuse is None else diffuse.n_diffuse)
+    return n.cpu().numpy() if p.numpy_out else n
+
+
+_BLOCK = 64
+"""Steps summed in the input's dtype before the float64 sum over blocks (:func:`sum_time`)."""
+
+
+def sum_time(logliks: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """The sum over time, returned in the input's dtype and array kind, accumulated in float64 (a
+    float32 sum over 10^6 steps would lose about 3 digits). A large float32 tensor is summed in
+    blocks of :data:`_BLOCK` steps in float32 (relative rounding below ``64 eps`` of a block's
+    magnitude, under the float32 result's own) and the blocks in float64: no float64 copy of every
+    step, which torch's ``sum(dtype=float64)`` would make."""
+    if not isinstance(logliks, torch.Tensor):
+        return logliks.sum(-2, dtype=np.float64).astype(logliks.dtype, copy=False)
+    T = logliks.shape[-2]
+    if logliks.dtype == torch.float64 or logliks.numel() < (1 << 20) or T < 2 * _BLOCK:
+        return logliks.sum(-2, dtype=torch.float64).to(logliks.dtype)
+    whole = T - T % _BLOCK
+    blocks = logliks[..., :whole, :].unflatten(-2, (whole // _BLOCK, _BLOCK)).sum(-2)
+    total = blocks.sum(-2, dtype=torch.float64) + logliks[..., whole:, :].sum(-2, dtype=torch.float64)
+    return total.to(logliks.dtype)
+
+
+def _times(p: Problem):
+    """Observation times broadcast to ``p.shape`` in float64 (from 0 by ``dt`` when not given).
+
+    Kept in float64 whatever the compute dtype, so absolute times (e.g. epoch seconds) survive
+    for forecasting to given future times. Returned as a broadcast view: nothing of the full
+    shape is materialised for static ``dt`` or ``times``.
+    """
+    if p.times is not None:
+        t = p.times
+    else:
+        dt = p.dt.detach().to(torch.float64)
+        if dt.shape[-2] == 1:
+            steps = torch.arange(p.shape[-2], dtype=torch.float64, device=dt.device).unsqueeze(-1)
+            t = steps * dt
+        else:
+            # cumsum along the last axis: CUDA scans an inner axis in parallel, an outer one per column
+            steps = torch.cat([torch.zeros_like(dt[..., :1, :]), dt[..., 1:, :]], -2)
+            t = torch.cumsum(steps.transpose(-1, -2), -1).transpose(-1, -2)
+    t = torch.broadcast_to(t, p.shape)
+    return t.detach().cpu().numpy() if p.numpy_out else t

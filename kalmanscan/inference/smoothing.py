@@ -1,0 +1,78 @@
+"""``ks.smooth``: Rauch–Tung–Striebel smoothing as two reverse affine scans over the filter's output.
+
+Given the filtered centred mean ``mu_t`` and variance ``var_t`` and the one-step predictions of the
+next step, with ``J_t = a_{t+1} var_t / pred_var_{t+1}``:
+
+    mu_s_t  = J_t mu_s_{t+1} + (mu_t - J_t pred_mu_{t+1})
+    var_s_t = J_t^2 var_s_{t+1} + var_t q_{t+1} / pred_var_{t+1}
+
+and ``mu_s_{T-1} = mu_{T-1}``, ``var_s_{T-1} = var_{T-1}``. The variance recursion is written with
+``var_t - J_t^2 pred_var_{t+1} = var_t q_{t+1} / pred_var_{t+1} >= 0``, so every term is
+non-negative and nothing cancels. Both are affine recursions run backwards in time by
+:func:`kalmanscan.model.scan.associative_scan` (``reverse=True``) in the torch backend: O(T) work,
+O(log T) depth, differentiable by autograd. Every backend provides ``smooth`` (:mod:`kalmanscan.ops.filter`):
+the reference a float64 loop, triton fused reverse walks (without gradients), cpu a compiled loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from kalmanscan.inference.diffuse import diffuse_witness, restore, smooth_leading
+from kalmanscan.problem.checks import decide_y
+from kalmanscan.inference.filtering import make_posterior, run_problem, sum_time
+from kalmanscan.problem.prepare import host_parameters
+from kalmanscan.ops.filter import get_backend, resolve_backend
+from kalmanscan.inference.stream import StreamState, as_prior, mark
+from kalmanscan.types import ArrayLike
+
+if TYPE_CHECKING:
+    from kalmanscan.inference.posterior import Posterior
+
+
+__all__ = ["smooth"]
+
+
+def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+           h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
+           init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
+           state: StreamState | Posterior | None = None, check_finite: bool = True) -> Posterior:
+    """Smoothed moments ``p(x_t | y_0..y_{T-1})``; arguments as :func:`kalmanscan.filter` but ``outputs``
+    (``check_finite=False`` skips the check that ``y`` holds no ``inf``).
+
+    Returns a :class:`~kalmanscan.Posterior` whose ``mean, var, precision`` are smoothed; its
+    ``pred_*`` fields and ``logliks`` are the filter's (one-step predictions and likelihood do not
+    change under smoothing), and ``filtered`` holds the filter's full posterior. With ``state``
+    (as :func:`kalmanscan.filter`) the chunk is smoothed given all the data before it as well.
+    """
+    if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
+        state, init_mean, init_var = as_prior(state, init_mean, init_var)
+    # y's inf check as ks.filter's: decided once the kernels are queued when the parameters are
+    # checked on the host (checks.decide_y), else joined with their checks, read once the triton
+    # backend's kernels are queued (before the kernels on the other backends).
+    params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
+    late = check_finite and host_parameters(params, times, init_mean, init_var)
+    p, finite, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
+                                          backend, state, check_finite, late)
+    queued = out.pop("y_check", None)
+    shape = p.shape
+    full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
+    mean_param = torch.broadcast_to(p.mean, shape)
+    mean_s, var_s, precision_s = get_backend(resolve_backend(backend, p.y.device)).smooth(full, mean_param)
+    if finite.no_process_noise() and not bool(
+            (torch.isfinite(mean_s) & torch.isfinite(var_s)).all()):
+        raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
+                         "noise the smoother's gain is 1/decay and its backward recursion leaves the "
+                         "floating-point range (ks.filter handles sigma = 0)")
+    if diffuse is not None:
+        out = restore(p, diffuse, out)
+        mean_s, var_s, precision_s = smooth_leading(p, diffuse, out, mean_s, var_s, precision_s)
+    if "loglik" not in out:  # the fused kernels sum it as they go
+        out["loglik"] = sum_time(out["logliks"])
+    smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
+    post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
+    if late:
+        decide_y(p.y, queued, diffuse_witness(out["loglik"], finite, diffuse))
+    return post if state is None else mark(post, state)

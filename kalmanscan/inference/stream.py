@@ -1,0 +1,216 @@
+"""Streaming: ``ks.filter(y_chunk, ..., state=...)`` continues a previous call exactly.
+
+A :class:`StreamState` is the filtered belief at the last step of a call, ``N(mean, var)`` per
+series ``(..., C)``, with what continuing it needs: the OU mean level at that step (the filter
+carries the deviation ``mean - level``), the time of that step when the call had ``times``, and
+the number of steps filtered so far. ``post.state`` returns it; ``state=`` takes it or a
+:class:`~kalmanscan.Posterior`.
+
+Continuing is one prediction step. For a chunk whose first step comes ``dt_0`` after the state's
+(``times[0] - state.time`` with ``times``, else the chunk's ``dt`` at index 0), with the chunk's
+``theta, sigma, mean`` at index 0:
+
+    decay, noise = discretize(theta_0, sigma_0, dt_0)
+    init_mean = mean_0 + decay (state.mean - state.level)
+    init_var  = decay^2 state.var + noise          (inf stays inf: nothing observed yet)
+
+which is the filter's own transition into that step, so the chunk filtered from this prior is the
+filter of the whole series at those steps, on every backend unchanged: the log-likelihoods of the
+chunks add up to the whole series', and the smoother of a chunk is conditioned on all the data up
+to its end. A state whose variance is still ``inf`` (a diffuse prior and no observation yet) gives
+a diffuse prior for the chunk, whose first observation is then left out of the log-likelihood as
+it is in one call. In float64 the chunks agree with one call to rounding; in float32 with data
+offset far from zero the state's mean carries the rounding of the reported mean (``|mean|``
+times 6e-8), which the continuation inherits.
+
+Validation. The state's deviation ``mean - level`` and variance go through
+:func:`kalmanscan.problem.prepare.prepare` as the prior (shapes, values, the diffuse flag: no further
+synchronisation), its errors renamed to the state's fields; with ``times`` the chunk must start
+after ``state.time``, one more synchronisation when the times are on a device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kalmanscan.model import ou
+from kalmanscan.problem.checks import Checks
+from kalmanscan.problem.prepare import Problem
+from kalmanscan.inference.posterior import Posterior, array_kind
+
+__all__ = ["StreamState", "as_prior", "naming_state", "continue_problem", "predict", "mark", "last_state"]
+
+
+@dataclass(frozen=True, eq=False)
+class StreamState:
+    """The filter's belief at the last step of a call, which ``ks.filter(..., state=)`` continues.
+
+    Attributes:
+        mean: filtered mean ``(..., C)`` at the last step (uncentred, as ``post.mean``).
+        var: its variance ``(..., C)``, ``> 0``; ``inf`` where nothing was observed yet under a
+            diffuse prior (``init_var = inf``).
+        level: the OU mean level (the ``mean`` argument) at the last step, ``(..., C)``.
+        time: the last step's time ``(..., 1)`` (float64) when the call had ``times``, else ``None``;
+            a chunk given ``times`` must start after it.
+        steps: steps filtered so far, over every call of the stream.
+
+    Arrays are NumPy or torch tensors, as the posterior it came from (tensors stay differentiable).
+    Not to be confused with :class:`kalmanscan.ops.kla.FilterState`, the KLA layer's ``(lam, eta)``.
+    """
+
+    mean: Any
+    var: Any
+    level: Any = 0.0
+    time: Any = None
+    steps: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.steps, (int, np.integer)) or self.steps < 0:
+            raise ValueError(f"state.steps must be an integer >= 0, got {self.steps!r}")
+        shapes = [tuple(np.shape(getattr(self, k))) for k in ("mean", "var", "level")]
+        try:
+            np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise ValueError(f"state.mean, state.var and state.level of shapes {shapes} do not broadcast "
+                             "together") from None
+
+    def __repr__(self) -> str:
+        shape = tuple(getattr(self.mean, "shape", ()))
+        time = "" if self.time is None else f", last time {float(np.max(_host(self.time))):.6g}"
+        return (f"StreamState of shape (..., C) = {shape}, {array_kind(self.mean)}, "
+                f"after {self.steps} steps{time}")
+
+
+def as_prior(state: StreamState | Posterior, init_mean: Any, init_var: Any) -> tuple[StreamState, Any, Any]:
+    """``(state, deviation, var)``: ``state`` as a :class:`StreamState` (a Posterior gives its
+    ``.state``) and its ``mean - level`` and ``var``, which :func:`kalmanscan.problem.prepare.prepare` then
+    checks as the prior (values, shapes and the diffuse flag, with its one synchronisation; see
+    :class:`naming_state`) before :func:`continue_problem` predicts them into the chunk.
+    ``ValueError`` naming ``state`` when ``init_mean`` or ``init_var`` is given too, or for another type."""
+    if init_mean is not None or init_var is not None:
+        raise ValueError("state and init_mean/init_var exclude each other: the prior of a chunk that "
+                         "continues a state is the state's prediction to the chunk's first step")
+    if isinstance(state, Posterior):
+        state = state.state
+    if not isinstance(state, StreamState):
+        raise ValueError(f"state must be a ks.StreamState or a ks.Posterior, got {type(state).__name__}")
+    return state, state.mean - state.level, state.var
+
+
+class naming_state:
+    """The context of :func:`kalmanscan.problem.prepare.prepare` given :func:`as_prior`'s prior: its errors
+    about ``init_var`` and ``init_mean`` are about the state, and name it (no-op without one)."""
+
+    def __init__(self, state: StreamState | None):
+        self.state = state
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, err, trace) -> bool:
+        if self.state is None or kind is not ValueError:
+            return False
+        message = str(err)
+        if message.startswith(("init_mean", "init_var")) and " does not broadcast to " in message:
+            shapes = [tuple(np.shape(getattr(self.state, k))) for k in ("mean", "var", "level")]
+            raise ValueError(f"state (mean, var, level of shapes {shapes}) does not broadcast to "
+                             f"{message.rsplit(' does not broadcast to ', 1)[1]}") from None
+        for prior, field in (("init_var", "state.var"), ("init_mean", "state.mean - state.level")):
+            if message.startswith(prior):
+                raise ValueError(field + message[len(prior):]) from None
+        return False
+
+
+def continue_problem(p: Problem, state: StreamState) -> Problem:
+    """``p``, prepared with :func:`as_prior`'s prior, with the prior of a chunk that continues
+    ``state``: its prediction through the chunk's transition into step 0 (module docstring).
+
+    Without ``times`` this adds no check. With them, the chunk must start after ``state.time``
+    (``ValueError`` naming ``times``, or ``state.time`` when it is missing or not finite): no
+    synchronisation when both are on the CPU, one when they are on a device.
+    """
+    if p.times is None:
+        dt0 = p.dt[..., :1, :]
+    else:
+        if state.time is None:
+            raise ValueError("state.time is None (the state comes from a call without times): a chunk with "
+                             "times needs the time of the state's last step; give it as StreamState(time=...)")
+        time = torch.as_tensor(state.time.detach() if isinstance(state.time, torch.Tensor) else state.time,
+                               dtype=torch.float64, device=p.times.device)
+        time = time.reshape(1, 1) if time.ndim == 0 else time.unsqueeze(-2)
+        try:
+            np.broadcast_shapes(p.shape[:-2] + (1, 1), tuple(time.shape))
+        except ValueError:
+            raise ValueError(f"state.time of shape {tuple(time.shape[:-2]) + (1,)} does not broadcast to "
+                             f"{p.shape[:-2] + (1,)}") from None
+        gap = p.times[..., :1, :] - time  # float64, as the steps within the chunk
+        checks = Checks()
+        checks.add("state.time", time, torch.isfinite, "finite")
+        checks.require("times must start after state.time (the time of the state's last step)", torch.all(gap > 0))
+        checks.decide()
+        dt0 = gap.to(p.dtype)
+    if p.times is None and p.derived is not None:  # static: computed on the host with the checks
+        decay, noise = (x[..., :1, :] for x in p.decay_noise())
+    else:
+        decay, noise = ou.discretize(p.theta[..., :1, :], p.sigma[..., :1, :], dt0)
+    init_mean, init_var = predict(p.mean[..., :1, :], decay, noise, p.init_mean, p.init_var, p.diffuse)
+    return dataclasses.replace(p, init_mean=init_mean, init_var=init_var)
+
+
+def predict(level: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor, deviation: torch.Tensor,
+            var: torch.Tensor, diffuse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The belief ``N(level + deviation, var)`` one transition on: ``(level + decay deviation,
+    decay^2 var + noise)``, ``level`` the OU mean at the new step. With ``diffuse`` a variance
+    still ``inf`` stays ``inf`` (and no ``inf * 0`` enters the gradient)."""
+    if diffuse:
+        unknown = torch.isinf(var)
+        known = torch.where(unknown, torch.zeros_like(var), var)
+        new_var = torch.where(unknown, var, torch.addcmul(noise, decay * decay, known))
+    else:
+        new_var = torch.addcmul(noise, decay * decay, var)
+    return torch.addcmul(level, decay, deviation), new_var
+
+
+def mark(post: Posterior, state: StreamState) -> Posterior:
+    """``post`` (and the filter's posterior inside a smoother's) counting the steps before it:
+    ``params["steps_before"] = state.steps``, which :func:`last_state` adds to."""
+    for q in (post, post.filtered):
+        if q is not None:
+            q.params["steps_before"] = state.steps
+    return post
+
+
+def last_state(post: Posterior) -> StreamState:
+    """The :class:`StreamState` at the last step of ``post`` (a smoother's is its filter's: the
+    two coincide there). The state holds no view of the chunk's arrays beyond its last step, nor of
+    the caller's."""
+    base = post.filtered if post.filtered is not None else post
+    if base.mean is None or base.var is None:
+        raise ValueError("state needs the filtered mean and var: call ks.filter with outputs including "
+                         "'mean' and 'var'")
+    params = post.params
+    T = base.mean.shape[-2]
+    time = None
+    if bool(params.get("times_given", False)):
+        time = _own(params["times"][..., -1, :1], 0)
+    steps = int(params.get("steps_before", 0)) + T
+    return StreamState(mean=_own(base.mean[..., -1, :], T), var=_own(base.var[..., -1, :], T),
+                       level=_own(params["mean"][..., -1, :], 0), time=time, steps=steps)
+
+
+def _own(x: Any, T: int) -> Any:
+    """``x`` (the last step of a ``T``-step array) not sharing memory with more than one step of
+    it: copied unless ``T == 1``; the level and time (``T = 0``) always, as they may view the
+    caller's own ``mean`` or ``times``, which may be updated in place (an optimiser's step)."""
+    if isinstance(x, torch.Tensor):
+        return x if T == 1 else x.clone()
+    return np.array(x)
+
+
+def _host(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)

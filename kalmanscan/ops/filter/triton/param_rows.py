@@ -1,0 +1,95 @@
+"""Static parameters given as GPU tensors, checked and derived in one launch.
+
+:func:`kalmanscan.problem.prepare.prepare` checks parameters given on the host with NumPy. Where one of
+them is a tensor on the device (a fitted or learned parameter), its torch path ran about seventy
+small operations a call (checks, the stationary variance, the discretisation for the path's facts,
+the moves of the host values), each a launch and host work: a call took 2-10x its kernels
+(docs/performance.md). Here, for static parameters (each a scalar or ``(C,)``) with ``y`` on a GPU
+and no ``times``: the values given on the host move in one copy, all eight rows are stacked into
+one ``(8, C)`` block (differentiably: ``stack`` of the caller's tensors), and one program
+(:func:`kalmanscan.kernels.filter.params.param_rows_kernel`) checks every row, computes the
+initial belief, ``decay, noise, lam0, eta0`` in float64 and the path's facts. The verdicts are
+queued on the caller's :class:`~kalmanscan.problem.checks.Checks`, in the order and with the messages of
+the torch path. Where a parameter requires a gradient, the initial variance that depends on it is
+recomputed by torch operations (differentiable) and the derived rows are not kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kalmanscan.kernels.filter.params import NFLAGS, param_rows_kernel
+
+from kalmanscan.model import mobius, ou
+from kalmanscan.problem.checks import Checks, Flag
+from kalmanscan.problem.prepare import (BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, PARAMS, Problem, broadcast_init,
+                     broadcast_param, host_array, on_host, requirement, to_device)
+from kalmanscan.types import ArrayLike
+
+__all__ = ["static_on_device", "prepare_static"]
+
+_ROWS = PARAMS + ("init_mean", "init_var")
+_BLOCK = 1024
+
+
+def static_on_device(y: torch.Tensor, values: dict, times: ArrayLike | None) -> bool:
+    """Whether :func:`prepare_static` takes these inputs: ``y`` on a GPU, no ``times``, and every one
+    of ``values`` (the six parameters, ``init_mean``, ``init_var``) ``None``, a scalar or ``(C,)``."""
+    return (y.is_cuda and times is None
+            and all(x is None or (x.ndim if isinstance(x, torch.Tensor) else np.ndim(x)) <= 1 for x in values.values()))
+
+
+def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: bool,
+                   out_dtype: object) -> tuple[Problem, dict]:
+    """``(problem, facts)`` for :func:`static_on_device` inputs (``values`` as there): the problem's
+    fields are ``(1, C)`` rows of one block; the verdicts are queued on ``checks`` (bad values raise
+    when it is decided), the facts ``diffuse`` and ``no_noise`` returned as :class:`Flag` entries
+    of the launch's flags (read with the verdicts, in one copy)."""
+    dtype, device, shape = y_t.dtype, y_t.device, tuple(y_t.shape)
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    given = {k: values[k] for k in _ROWS if values[k] is not None}
+    host = {k: host_array(k, x, np_dtype) for k, x in given.items() if on_host(x)}
+    tensors = {k: x for k, x in given.items() if k not in host}
+    for k, x in given.items():
+        pshape = tuple(x.shape) if k in tensors else host[k].shape
+        pshape = (1,) * (2 - len(pshape)) + pshape
+        shape = broadcast_param(k, shape, pshape, shape[-2]) if k in PARAMS else broadcast_init(k, shape, pshape)
+    C = shape[-1]
+    rows = {}
+    if host:
+        block = np.empty((len(host), C), np_dtype)
+        for i, a in enumerate(host.values()):
+            block[i] = a
+        moved = to_device(torch.from_numpy(block), device)
+        rows = dict(zip(host, moved.unbind(0)))
+    for k, x in tensors.items():
+        x = to_device(x, device).to(dtype)
+        rows[k] = x if x.shape == (C,) else x.expand(C)
+    if len(rows) < len(_ROWS):  # zeros where init_mean / init_var are not given
+        rows.update(dict.fromkeys(set(_ROWS) - set(rows), torch.zeros((), dtype=dtype, device=device).expand(C)))
+    block = torch.stack([rows[k] for k in _ROWS])
+    derived = torch.empty(5, C, dtype=dtype, device=device)
+    flags = torch.empty(NFLAGS, dtype=torch.int8, device=device)
+    param_rows_kernel[(1,)](block.detach(), derived, flags, C, mobius.noise_bound(dtype),
+                            GIVEN_MEAN="init_mean" in given, GIVEN_VAR="init_var" in given, BLOCK=_BLOCK)
+    for i, (name, bound) in enumerate(BOUNDS.items()):
+        checks.require(f"{name} must be {requirement(bound)}", Flag(flags, i))
+    for i, message in ((8, NEEDS_INIT_VAR_THETA), (9, NEEDS_INIT_VAR_SIGMA),
+                       (7, "init_var must be > 0 (or inf: a diffuse prior)"), (6, "init_mean must be finite")):
+        checks.require(message, Flag(flags, i))
+    row = block.view(len(_ROWS), 1, C).unbind(0)
+    fields = dict(zip(PARAMS, row))
+    init_var, decay, noise, lam0, eta0 = derived.view(5, 1, C).unbind(0)
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors.values())
+    init_mean = row[6] if "init_mean" in given else fields["mean"]
+    if "init_var" in given:
+        init_var = row[7]
+    elif grad:
+        init_var = ou.stationary_var(fields["theta"], fields["sigma"])
+    p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, init_mean=init_mean,
+                init_var=init_var, **fields)
+    if not grad:
+        p.derived = dict(decay=decay, noise=noise, lam0=lam0, eta0=eta0,
+                         **{"from": {k: getattr(p, k) for k in _ROWS}})
+    return p, dict(diffuse=Flag(flags, 10), no_noise=Flag(flags, 11))

@@ -1,0 +1,349 @@
+"""The fused KLA kernels as ``torch.library`` operators, so ``torch.compile`` traces through a
+call without a graph break and a training step around it can be captured in a CUDA graph.
+
+    kalmanscan::kla_scan_fwd(v, lam_v, k, q, decay, noise, lam0?, eta0?, save, config)
+        -> (y, y_var, lam, eta, ckpt_lam, ckpt_eta)
+    kalmanscan::kla_scan_bwd(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta,
+                             gy, gy_var, glam, geta, config)
+        -> (gv, glam_v, gk, gq, gdecay, gnoise, glam0, geta0)
+
+Each has a fake (meta) implementation giving its outputs' shapes and dtypes from its inputs'
+(:func:`torch.library.register_fake`), and the forward has its autograd formula
+(:func:`torch.library.register_autograd`): the backward operator, recomputing every chunk from the
+checkpoints the forward saved. The implementations launch the Triton kernels on the inputs'
+device (CUDA, or the CPU under ``TRITON_INTERPRET=1``); they read no value on the host, so neither
+operator synchronises.
+
+Shapes: ``v``, ``lam_v``, ``y``, ``y_var`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, S)``; ``decay``,
+``noise`` ``(M, S)``; ``lam0``, ``eta0``, ``lam``, ``eta`` ``(B, M, S)``; the checkpoints
+``(B, ceil(L / chunk), M, S)`` (``(..., S, M)`` with ``config.states_first``, the kernels' layout)
+when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
+``y``, ``y_var`` come in ``v``'s dtype and the gradients ``gv``, ``glam_v`` in ``v``'s and ``lam_v``'s,
+everything else in float32 (the kernels' arithmetic): a half-precision ``v`` gets ``y`` and ``gv``
+rounded once, as a cast after the scan would round them (though a 2-byte load a lane is not
+pipelined: docs/performance.md, "Why v in bf16 was slower"); with
+``config.variance`` false the kernels leave ``y_var`` out (a ``(1,)`` zero in its place, whose
+gradient is not read), which saves its arithmetic and its traffic in both directions; the
+autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
+as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as -1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kalmanscan.kernels.kla.adjoint_map import kla_adjoint_map_kernel
+from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
+from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
+from kalmanscan.kernels.kla.split import kla_piece_map_kernel
+
+from kalmanscan.ops.launch import cdiv, config_from_ints, config_ints, next_power_of_2
+
+__all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "SPLIT_CONFIG", "launch_config",
+           "pieces", "filled", "scratch_elements", "l2_policies"]
+
+
+@dataclass(frozen=True)
+class KLAConfig:
+    """Launch shape: channels per program, tokens per checkpoint chunk, warps per program, and the
+    software-pipelining depth (``num_stages``) and unroll factor of the time loops (``None``: left
+    to the compiler), for the forward and the backward. ``pieces``/``bwd_pieces`` split the forward's
+    and the backward's time axis into that many stretches run by separate programs
+    (``kalmanscan.kernels.kla.split``, ``kalmanscan.kernels.kla.bwd``); ``None`` splits only
+    when there are at most ``2 x SMs`` channel-block programs, into ``floor(8 x SMs / programs)``
+    stretches (``4 x SMs`` before: at B=2 L=8192 M=1024 S=16 on an H200 twice the stretches took
+    the forward 1.03 -> 0.86 ms, docs/performance.md); 1 walks all of time in one program per
+    channel block. ``bwd_pieces=None`` splits the backward where the forward splits, into
+    ``floor(bwd_per_sm x SMs / programs)`` stretches. ``states_first`` turns the
+    programs' grid of filters to ``[BLOCK_S, BLOCK_M]`` (each thread one channel's states, the
+    per-filter tensors laid out ``(S, M)``: :mod:`kalmanscan.kernels.kla.common`); results do not
+    depend on it beyond float32 rounding. ``variance=False`` leaves ``y_var`` out (see the module
+    docstring); every other output and gradient is unchanged. ``even=True`` drops the kernels'
+    bounds masks where the blocks tile the filters exactly (:func:`filled`); off by default: alone
+    the kernels ran 2-4% faster forward and backward without them, but a compiled training step at
+    B=2, L=8192 ran 1.3 ms (6%) slower (H100 and H200, 32-token chunks, docs/performance.md), which
+    is not understood; at 16-token chunks the step took the same time with and without them
+    (19.10 against 19.15 ms, H100, one A/B). ``l2_hints`` gives the backward's loads and stores
+    eviction priorities in L2 (:func:`l2_policies`); results do not depend on it."""
+
+    block_m: int = 16
+    # The backward recomputes each chunk into per-program scratch (CHUNK x bwd_block_m x S x 8 bytes)
+    # and reads it back in reverse. At 32 tokens the resident programs' scratch (64 MB at B=2 L=8192
+    # M=1024 S=16, SPLIT_CONFIG) exceeds the 50 MB L2; at 16 (32 MB) the compiled model's step took
+    # 19.15-19.23 ms against 20.47-20.71 at B=2 T=8192, and 17.73 against 18.94 at B=8 T=2048
+    # (H100, docs/performance.md "The backward's chunk and the L2"); at 8, 20.3-22.0 at T=8192.
+    chunk: int = 16
+    num_warps: int = 2
+    bwd_block_m: int = 8
+    bwd_num_warps: int = 1
+    stages: int = 5          # H200, B=8 L=2048 M=1024: 3 -> 5 stages took the forward 0.85-1.03 -> 0.69-0.83 ms
+    bwd_stages: int = 6      # and forward+backward 2.99-3.05 -> 2.47-2.63 ms (docs/performance.md)
+    unroll: int | None = None
+    bwd_unroll: int | None = None
+    pieces: int | None = None
+    bwd_pieces: int | None = None
+    # One-warp backward programs per multiprocessor that bwd_pieces=None aims for. Each stretch after
+    # the first adds a forward walk composing its adjoint map (kalmanscan.kernels.kla.adjoint_map).
+    # H200, M=1024 S=16, this layout: B=2 L=8192 fwd+bwd 3.17 ms at 8 stretches against 3.28 at 4
+    # and 5.07 unsplit; B=8 L=2048 2.41 unsplit, 2.71 at 2 stretches.
+    bwd_per_sm: int = 16
+    states_first: bool = False
+    variance: bool = True
+    even: bool = False
+    # The backward's recompute scratch marked evict-last in L2, the data it reads or writes once
+    # evict-first: at B=2 L=8192 (H100) its DRAM traffic 2.8 -> 2.1 GB a call, the kernel 1.30 ->
+    # 1.24 ms, the compiled model's step 19.2-19.7 -> 18.8-18.9 ms; at B=8 L=2048 no change
+    # (docs/performance.md "The backward's scratch in L2").
+    l2_hints: bool = True
+
+    def as_ints(self) -> list[int]:
+        """The fields as the integers the operators take (:func:`kalmanscan.ops.launch.config_ints`)."""
+        return config_ints(self)
+
+    @classmethod
+    def from_ints(cls, values: Sequence[int]) -> KLAConfig:
+        """The inverse of :meth:`as_ints`."""
+        return config_from_ints(cls, values)
+
+
+DEFAULT_CONFIG = KLAConfig()
+# Where DEFAULT_CONFIG splits time (few sequences), each thread holds one channel's states: 36%
+# fewer instructions, and the time split brings back the warps this layout loses. H200, B=2 L=8192
+# M=1024 S=16: forward 0.687-0.693 ms against 0.846-0.857, forward+backward 2.58 against 3.00;
+# at B=8 L=2048 (no split) it lost, 2.41 against 2.23 (docs/performance.md, "States within a
+# thread"; these kernels compile to the SASS that was timed there).
+# Its backward holds 168 registers a thread (sm_90), so 12 one-warp programs fit on a
+# multiprocessor: at 16 a multiprocessor the stretches ran in 1.3 waves. At 8 (one wave) the
+# forward+backward took 2.61-2.63 ms against 3.04-3.06 at B=1 L=16384, B=2 L=8192 and B=4 L=4096
+# (H200, M=1024 S=16, without y_var), and the compiled model's step at B=2 T=8192 1.4-1.9 ms less
+# (H100; docs/performance.md "The backward's stretches in whole waves").
+SPLIT_CONFIG = KLAConfig(block_m=32, num_warps=1, bwd_block_m=16, bwd_per_sm=8, states_first=True)
+
+Tensor = torch.Tensor
+Six = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+Eight = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+_WITHOUT_VARIANCE = {c: dataclasses.replace(c, variance=False) for c in (DEFAULT_CONFIG, SPLIT_CONFIG)}
+
+
+def launch_config(B: int, L: int, M: int, device: torch.device, variance: bool = True) -> KLAConfig:
+    """The launch shape for ``B`` sequences of ``L`` tokens and ``M`` channels on ``device``:
+    :data:`SPLIT_CONFIG` where :data:`DEFAULT_CONFIG` would split time, else :data:`DEFAULT_CONFIG`;
+    with ``variance=False`` the same without ``y_var``."""
+    split = pieces(None, DEFAULT_CONFIG.block_m, DEFAULT_CONFIG.chunk, B, L, M, device)[0] > 1
+    config = SPLIT_CONFIG if split else DEFAULT_CONFIG
+    return config if variance else _WITHOUT_VARIANCE[config]
+
+
+def l2_policies(cfg: KLAConfig) -> dict[str, str]:
+    """The backward's eviction policies (:mod:`kalmanscan.kernels.kla.bwd`): ``KEEP`` for its
+    scratch, ``STREAM`` for the data it reads or writes once; the caches' defaults without
+    ``cfg.l2_hints``."""
+    return dict(KEEP="evict_last", STREAM="evict_first") if cfg.l2_hints else dict(KEEP="", STREAM="")
+
+
+def pieces(requested: int | None, block_m: int, chunk: int, B: int, L: int, M: int,
+           device: torch.device, per_sm: int = 8) -> tuple[int, int]:
+    """``(n_pieces, piece_len)``: stretches of time, each a whole number of chunks (``KLAConfig``;
+    ``per_sm``: the programs per multiprocessor that ``requested=None`` aims for, 8 in the forward,
+    ``bwd_per_sm`` in the backward)."""
+    n = requested
+    if n is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        programs = B * cdiv(M, block_m)
+        n = per_sm * sms // programs if programs <= 2 * sms else 1
+    n = max(1, min(n, cdiv(L, chunk)))
+    piece_len = max(cdiv(cdiv(L, n), chunk), 1) * chunk
+    return max(cdiv(L, piece_len), 1), piece_len
+
+
+def scratch_elements(cfg: KLAConfig, B: int, M: int, block_s: int, n_pieces: int) -> int:
+    """Elements of each of the backward's two recompute scratches (``lam`` and ``eta`` before every
+    step of a chunk, ``CHUNK x bwd_block_m x block_s`` a program) over all its programs: ``B``
+    sequences of ``M`` channels in blocks of ``cfg.bwd_block_m``, ``n_pieces`` stretches of time."""
+    return B * cdiv(M, cfg.bwd_block_m) * n_pieces * cfg.chunk * cfg.bwd_block_m * block_s
+
+
+def filled(M: int, S: int, block_m: int) -> bool:
+    """Whether programs of ``block_m`` channels and ``next_power_of_2(S)`` states tile the ``(M, S)``
+    filters exactly (no padding lanes): the kernels can then run without bounds masks (``EVEN``,
+    with ``KLAConfig.even``)."""
+    return M % block_m == 0 and S == next_power_of_2(S)
+
+
+def _n_chunks(L, chunk):
+    return torch.sym_max((L + chunk - 1) // chunk, 1)
+
+
+def _grid(M, S, cfg):
+    """The shape of a per-filter block in the kernels' memory layout."""
+    return (S, M) if cfg.states_first else (M, S)
+
+
+def _to_kernels(x, cfg):
+    """A per-filter ``(..., M, S)`` tensor as the kernels read it: float32, laid out as :func:`_grid`."""
+    x = x.to(torch.float32)
+    return (x.transpose(-1, -2) if cfg.states_first else x).contiguous()
+
+
+def _from_kernels(x, cfg):
+    """The inverse of :func:`_to_kernels` (the dtype stays float32)."""
+    return x.transpose(-1, -2).contiguous() if cfg.states_first else x
+
+
+def _grad_from_kernels(x, cfg):
+    """A per-filter gradient in the kernels' layout as an ``(..., M, S)`` view, without a copy: with
+    ``cfg.states_first`` strided as ``(..., S, M)``. Autograd hands a leaf's ``.grad`` over in the
+    leaf's own layout, and a consumer compiled by Inductor reads the view in place."""
+    return x.transpose(-1, -2) if cfg.states_first else x
+
+
+def _fake_grad(v, shape, cfg):
+    """The fake of a per-filter gradient of ``shape`` ``(..., M, S)``: a buffer in the kernels'
+    layout (:func:`_grid`) as :func:`_grad_from_kernels` returns it."""
+    *lead, M, S = shape
+    return _grad_from_kernels(v.new_empty((*lead, *_grid(M, S, cfg)), dtype=torch.float32), cfg)
+
+
+@torch.library.custom_op("kalmanscan::kla_scan_fwd", mutates_args=())
+def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+                 noise: torch.Tensor, lam0: torch.Tensor | None, eta0: torch.Tensor | None, save: bool,
+                 config: list[int]) -> Six:
+    """The fused forward (:mod:`kalmanscan.kernels.kla.fwd`); see the module docstring."""
+    cfg = KLAConfig.from_ints(config)
+    v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
+    decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
+    B, L, M = v.shape
+    S = k.shape[-1]
+    grid = _grid(M, S, cfg)
+    has_init = lam0 is not None
+    state0 = [_to_kernels(x, cfg) if has_init else decay32 for x in (lam0, eta0)]
+    dev = v.device
+    n_chunks = max(cdiv(L, cfg.chunk), 1)
+    y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
+    y_var = torch.empty_like(y) if cfg.variance else torch.zeros(1, dtype=v.dtype, device=dev)
+    lam = torch.empty(B, *grid, dtype=torch.float32, device=dev)
+    eta = torch.empty_like(lam)
+    ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
+            else torch.zeros(1, dtype=torch.float32, device=dev) for _ in range(2)]
+    n_mblocks, block_s = cdiv(M, cfg.block_m), next_power_of_2(S)
+    even = cfg.even and filled(M, S, cfg.block_m)
+    n_pieces, piece_len = pieces(cfg.pieces, cfg.block_m, cfg.chunk, B, L, M, dev)
+    maps = decay32
+    if n_pieces > 1:
+        maps = torch.empty(B, n_pieces, 7, *grid, dtype=torch.float32, device=dev)
+        kla_piece_map_kernel[(B, n_mblocks, n_pieces - 1)](
+            v, lam_v, k, q, decay32, noise32, maps, L, M, S, piece_len, n_pieces,
+            BLOCK_M=cfg.block_m, BLOCK_S=block_s, STAGES=cfg.stages, STATES_FIRST=cfg.states_first,
+            EVEN=even, num_warps=cfg.num_warps,
+        )
+    kla_fwd_kernel[(B, n_mblocks, n_pieces)](
+        v, lam_v, k, q, decay32, noise32, state0[0], state0[1], maps,
+        y, y_var, lam, eta, ckpt[0], ckpt[1],
+        L, M, S, n_chunks, piece_len, n_pieces,
+        CHUNK=cfg.chunk, BLOCK_M=cfg.block_m, BLOCK_S=block_s,
+        HAS_INIT=has_init, SAVE=save, STAGES=cfg.stages, UNROLL=cfg.unroll,
+        STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, num_warps=cfg.num_warps,
+    )
+    return y, y_var, _from_kernels(lam, cfg), _from_kernels(eta, cfg), ckpt[0], ckpt[1]
+
+
+@kla_scan_fwd.register_fake
+def _(v, lam_v, k, q, decay, noise, lam0, eta0, save, config):
+    B, L, M = v.shape
+    S = k.shape[-1]
+    f32 = dict(dtype=torch.float32)
+    cfg = KLAConfig.from_ints(config)
+    ckpt_shape = (B, _n_chunks(L, cfg.chunk), *_grid(M, S, cfg)) if save else (1,)
+    y_var_shape = (B, L, M) if cfg.variance else (1,)
+    return (v.new_empty(B, L, M), v.new_empty(y_var_shape), v.new_empty(B, M, S, **f32), v.new_empty(B, M, S, **f32),
+            v.new_empty(ckpt_shape, **f32), v.new_empty(ckpt_shape, **f32))
+
+
+@torch.library.custom_op("kalmanscan::kla_scan_bwd", mutates_args=())
+def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+                 noise: torch.Tensor, ckpt_lam: torch.Tensor, ckpt_eta: torch.Tensor, gy: torch.Tensor,
+                 gy_var: torch.Tensor, glam: torch.Tensor, geta: torch.Tensor,
+                 config: list[int]) -> Eight:
+    """The fused backward (:mod:`kalmanscan.kernels.kla.bwd`): the gradients of the forward's eight
+    tensor inputs from those of its first four outputs, ``gv`` and ``glam_v`` in ``v``'s and
+    ``lam_v``'s dtypes (rounded once from float32 in the kernel), the others in float32; see the
+    module docstring."""
+    cfg = KLAConfig.from_ints(config)
+    v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
+    decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
+    B, L, M = v.shape
+    S = k.shape[-1]
+    grid = _grid(M, S, cfg)
+    dev = v.device
+    gy, gy_var = gy.contiguous(), gy_var.contiguous()
+    glam, geta = (_to_kernels(x, cfg) for x in (glam, geta))
+    n_mblocks, block_s = cdiv(M, cfg.bwd_block_m), next_power_of_2(S)
+    even = cfg.even and filled(M, S, cfg.bwd_block_m)
+    chunk = cfg.chunk
+    n_chunks = max(cdiv(L, chunk), 1)
+    n_pieces, piece_len = pieces(cfg.bwd_pieces, cfg.bwd_block_m, chunk, B, L, M, dev, cfg.bwd_per_sm)
+    f32 = dict(dtype=torch.float32, device=dev)
+    scratch = [torch.empty(scratch_elements(cfg, B, M, block_s, n_pieces), **f32) for _ in range(2)]
+    maps = torch.empty(B, n_pieces, 5, *grid, **f32) if n_pieces > 1 else decay32
+    gv = torch.empty(B, L, M, dtype=v.dtype, device=dev)
+    glam_v = torch.empty(B, L, M, dtype=lam_v.dtype, device=dev)
+    gk_part = torch.empty(B, L, n_mblocks, S, **f32)
+    gq_part = torch.empty(B, L, n_mblocks, S, **f32)
+    gdecay_part = torch.empty(B, n_pieces, *grid, **f32)
+    gnoise_part = torch.empty(B, n_pieces, *grid, **f32)
+    glam0 = torch.empty(B, *grid, **f32)
+    geta0 = torch.empty(B, *grid, **f32)
+
+    if n_pieces > 1:  # the adjoint maps of stretches 1 .. n_pieces - 1
+        kla_adjoint_map_kernel[(B, n_mblocks, n_pieces - 1)](
+            v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta, gy, gy_var, maps,
+            L, M, S, n_chunks, piece_len, n_pieces,
+            CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
+            STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, num_warps=cfg.bwd_num_warps,
+        )
+    kla_bwd_kernel[(B, n_mblocks, n_pieces)](
+        v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
+        gy, gy_var, glam, geta, scratch[0], scratch[1], maps,
+        gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
+        L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
+        CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
+        UNROLL=cfg.bwd_unroll, STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even,
+        **l2_policies(cfg), num_warps=cfg.bwd_num_warps,
+    )
+    return (gv, glam_v, gk_part.sum(2), gq_part.sum(2),
+            *(_grad_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))
+
+
+@kla_scan_bwd.register_fake
+def _(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, config):
+    B, L, M = v.shape
+    S = k.shape[-1]
+    cfg = KLAConfig.from_ints(config)
+    f32 = dict(dtype=torch.float32)
+    return (v.new_empty(B, L, M), lam_v.new_empty(B, L, M), v.new_empty(B, L, S, **f32),
+            v.new_empty(B, L, S, **f32), _fake_grad(v, (M, S), cfg), _fake_grad(v, (M, S), cfg),
+            _fake_grad(v, (B, M, S), cfg), _fake_grad(v, (B, M, S), cfg))
+
+
+def _setup_context(ctx, inputs, output):
+    v, lam_v, k, q, decay, noise, lam0, eta0, save, config = inputs
+    ctx.save_for_backward(v, lam_v, k, q, decay, noise, output[4], output[5])
+    ctx.save, ctx.config = save, config
+    ctx.dtypes = [None if x is None else x.dtype for x in (v, lam_v, k, q, decay, noise, lam0, eta0)]
+
+
+def _backward(ctx, gy, gy_var, glam, geta, _gckpt_lam, _gckpt_eta):
+    if not ctx.save:
+        raise RuntimeError("kla_scan_fwd ran with save=False: it kept no checkpoints for a backward")
+    v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta = ctx.saved_tensors
+    grads = kla_scan_bwd(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, ctx.config)
+    return tuple(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)) + (None, None)
+
+
+torch.library.register_autograd("kalmanscan::kla_scan_fwd", _backward, setup_context=_setup_context)

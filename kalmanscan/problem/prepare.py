@@ -1,0 +1,477 @@
+"""Validation, broadcasting and conversion of the filter's inputs (shared by every backend).
+
+Shapes. ``y`` is ``(..., T, C)``. A parameter with ``ndim <= 1`` (a scalar or ``(C,)``) is static;
+one with ``ndim >= 2`` is aligned with ``y`` as ``(..., T, C)`` (per step) or ``(..., 1, C)``
+(static with batch dimensions). ``times`` is ``(T,)`` or broadcasts to ``(..., T, 1)``.
+``init_mean`` and ``init_var`` are ``(..., C)``. Everything broadcasts to one shape ``(..., T, C)``
+whose ``T`` is ``y``'s.
+
+Dtypes. Torch in: computed in ``y``'s floating dtype (half precision computes in float32 and
+returns the input dtype). NumPy in: computed in float64 (float32 stays float32), returned as NumPy.
+Nothing the caller passed is modified: the tensors made here are new or read-only views.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kalmanscan.model import mobius, ou
+from kalmanscan.problem.checks import Checks, Pending, queue_y_check
+from kalmanscan.types import ArrayLike
+
+
+__all__ = ["Problem", "prepare", "host_parameters", "to_device", "GUESSED", "PARAMS", "BOUNDS", "requirement",
+           "broadcast_param", "broadcast_init", "host_array", "on_host", "NEEDS_INIT_VAR_THETA", "NEEDS_INIT_VAR_SIGMA"]
+PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
+NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
+                         "pass init_var > 0, or float('inf') for a diffuse prior")
+NEEDS_INIT_VAR_SIGMA = ("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
+                         "is then 0 (a known state); pass init_var > 0, or float('inf') for a diffuse prior")
+
+
+@dataclass
+class Problem:
+    """Validated inputs as torch tensors of the compute dtype, broadcastable to ``shape``.
+
+    Facts decided with the checks (no further synchronisation): ``diffuse``, whether any
+    ``init_var`` is inf (:mod:`kalmanscan.inference.diffuse`); ``no_noise``, whether some filter with
+    ``decay < 1`` has process noise below :data:`kalmanscan.model.mobius.NO_NOISE`
+    (:func:`kalmanscan.model.mobius.no_process_noise`; decided with the checks only for the triton
+    backend, which picks its path by it; ``None`` otherwise or once a change of the parameters
+    made it unknown, and :meth:`no_process_noise` then computes it). ``outputs``: the fields the caller
+    asked for (``None``: all; backends may compute more, :func:`kalmanscan.filter` drops them).
+    ``derived``: when every parameter came from the host as a scalar or ``(C,)`` (the common call),
+    ``decay, noise, lam0, eta0`` computed there in float64 with the checks and moved with the
+    parameters in one copy (views ``(1, C)`` of one tensor), and the fields they came from (``from``);
+    read through :meth:`decay_noise` and :meth:`initial_info`. ``y_check``: a backend may queue
+    ``y``'s inf check with its kernels, returned as ``out["y_check"]`` (a
+    :class:`~kalmanscan.problem.checks.Ahead` of a value that is not finite when ``y`` holds an ``inf``,
+    read by :func:`kalmanscan.problem.checks.decide_y`); one that does not leaves the caller to check by
+    result. ``pending``: checks and facts :func:`prepare` queued without reading them (``defer``):
+    the caller decides them once its kernels are queued; ``diffuse`` and ``no_noise`` are then
+    guesses until that read confirms them."""
+
+    y: torch.Tensor
+    theta: torch.Tensor
+    sigma: torch.Tensor
+    obs_var: torch.Tensor
+    mean: torch.Tensor
+    h: torch.Tensor
+    dt: torch.Tensor
+    init_mean: torch.Tensor
+    init_var: torch.Tensor
+    shape: tuple
+    numpy_out: bool
+    out_dtype: object
+    times: torch.Tensor | None = None
+    diffuse: bool = False
+    no_noise: bool | None = None
+    outputs: tuple | None = None
+    derived: dict | None = field(default=None, repr=False)
+    y_check: bool = False
+    pending: Pending | None = field(default=None, repr=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.y.dtype
+
+    def no_process_noise(self) -> bool:
+        """:attr:`no_noise`, computed (one synchronisation) when unknown."""
+        if self.no_noise is None:
+            self.no_noise = mobius.no_process_noise(*self.decay_noise())
+        return self.no_noise
+
+    def decay_noise(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """OU ``(decay, noise)`` per step, broadcastable to ``shape`` (index 0 unused): computed on
+        the host with the checks when every parameter came from the host (:attr:`derived`), else
+        by :func:`kalmanscan.model.ou.discretize` on the parameters' device."""
+        known = self._derived(("theta", "sigma", "dt"))
+        if known is not None:
+            return known["decay"], known["noise"]
+        return ou.discretize(self.theta, self.sigma, self.dt)
+
+    def initial_info(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lam0, eta0)``, each broadcastable to ``shape[:-2] + (1, C)``: the initial precision
+        ``1 / init_var`` and information mean ``lam0 (init_mean - mean_0)`` (centred)."""
+        known = self._derived(("init_mean", "init_var", "mean"))
+        if known is not None:
+            return known["lam0"], known["eta0"]
+        lam0 = 1.0 / self.init_var
+        return lam0, lam0 * (self.init_mean - self.mean[..., :1, :])
+
+    def _derived(self, sources: tuple[str, ...]) -> dict | None:
+        """:attr:`derived` when the fields ``sources`` it was computed from are still this problem's
+        (``dataclasses.replace`` of any of them makes it stale), else ``None``."""
+        d = self.derived
+        if d is None or any(getattr(self, k) is not d["from"][k] for k in sources):
+            return None
+        return d
+
+    def output(self, x: torch.Tensor) -> torch.Tensor | np.ndarray:
+        """Cast a result tensor back to the caller's array kind and dtype."""
+        if self.numpy_out:
+            return x.detach().cpu().numpy().astype(self.out_dtype, copy=False)
+        return x if x.dtype == self.out_dtype else x.to(self.out_dtype)
+
+
+def _compute_dtype(y):
+    if isinstance(y, torch.Tensor):
+        if y.dtype in (torch.float16, torch.bfloat16):
+            return torch.float32, y.dtype
+        if y.dtype.is_floating_point:
+            return y.dtype, y.dtype
+        return torch.float64, torch.float64
+    arr = np.asarray(y)
+    if arr.dtype == np.float32:
+        return torch.float32, np.float32
+    if arr.dtype == np.float16:
+        return torch.float32, np.float16
+    return torch.float64, np.float64
+
+
+def _to_tensor(name, x, dtype, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype)
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    if arr.dtype != np.float64 and not (arr.dtype == np.float32 and dtype == torch.float32):
+        arr = arr.astype(np.float64)
+    elif any(s < 0 for s in arr.strides):  # torch takes no negative strides: copy reversed views
+        arr = arr.copy()
+    with warnings.catch_warnings():  # read-only arrays are shared, never written (nothing is)
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(arr, dtype=dtype, device=device)
+
+
+def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
+            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
+            init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
+            check_y: bool = True, defer: bool = False) -> Problem:
+    """Validate and broadcast the filter's inputs; see the module docstring for the rules.
+
+    When every parameter is a scalar or ``(C,)`` on the host (Python numbers, NumPy, CPU tensors
+    without gradient) and ``times`` is not given, they are checked with NumPy and reach ``y``'s
+    device in one copy with their derived values (:attr:`Problem.derived`). Otherwise parameters
+    given as NumPy, Python numbers or CPU tensors are checked on the CPU before they move to
+    ``y``'s device, and checks on device tensors are decided together in one synchronisation. The
+    inf check on ``y`` is one reduction (one synchronisation on a device). ``check_y=False`` skips
+    it; the caller must then call :func:`check_no_inf` itself, e.g. only when the log-likelihood
+    comes out non-finite (an ``inf`` in ``y`` always makes it so). With ``defer`` on the triton
+    backend, the checks on device tensors are not read here: they are queued
+    (:attr:`Problem.pending`, facts assumed as :data:`GUESSED`) for the caller to decide once its
+    kernels are queued, and to run the call again if the facts read differ.
+    """
+    from kalmanscan.ops.filter import backend_names, resolve_backend  # (the registry imports this module)
+    from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device  # (it imports this module)
+
+    if backend not in backend_names():
+        raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
+    if (y.dtype == torch.bool) if isinstance(y, torch.Tensor) else (np.asarray(y).dtype.kind == "b"):
+        raise ValueError("y must be numeric observations, got booleans (convert them to float first "
+                         "if 0/1 values are really meant)")
+    dtype, out_dtype = _compute_dtype(y)
+    device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
+    numpy_out = not isinstance(y, torch.Tensor)
+    y_t = _to_tensor("y", y, dtype, device)
+    if y_t.ndim < 2:
+        raise ValueError(f"y must have shape (..., T, C) with T >= 1 and C >= 1, got {tuple(y_t.shape)}")
+    if y_t.shape[-2] < 1 or y_t.shape[-1] < 1:
+        raise ValueError(f"y must have T >= 1 and C >= 1, got shape {tuple(y_t.shape)}")
+
+    vals = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
+    for name in PARAMS:
+        if vals[name] is None:
+            raise ValueError(f"{name} is required")
+    if host_parameters(vals, times, init_mean, init_var):
+        p = _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype)
+        if check_y:
+            checks = Checks()
+            queue_y_check(checks, y_t)
+            checks.decide()
+        return p
+    checks = Checks()
+    if check_y:
+        queue_y_check(checks, y_t)
+    triton = resolve_backend(backend, device) == "triton"
+    given = dict(vals, init_mean=init_mean, init_var=init_var)
+    if static_on_device(y_t, given, times):
+        p, facts = prepare_static(y_t, given, checks, numpy_out, out_dtype)
+        checks.fact("diffuse", facts["diffuse"])
+        if triton:
+            checks.fact("no_noise", facts["no_noise"])
+        p.pending, facts = (checks.queue(), GUESSED) if defer and triton else (None, checks.decide())
+        p.diffuse, p.no_noise = facts["diffuse"], facts.get("no_noise")
+        return p
+    params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in PARAMS}
+    times_t = None
+    if times is not None:
+        params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, _home(times), checks)
+
+    for name, bound in BOUNDS.items():
+        checks.add(name, params[name], lambda v, b=bound: _within(v, b), requirement(bound))
+
+    shape = tuple(y_t.shape)
+    for name, p in params.items():
+        shape = broadcast_param(name, shape, tuple(p.shape), y_t.shape[-2])
+
+    theta0 = params["theta"][..., :1, :]
+    sigma0 = params["sigma"][..., :1, :]
+    if theta0.device != sigma0.device:
+        theta0, sigma0 = to_device(theta0, device), to_device(sigma0, device)
+    if init_var is None:
+        checks.require(NEEDS_INIT_VAR_THETA, torch.all(theta0.detach() != 0))
+        checks.require(NEEDS_INIT_VAR_SIGMA, torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
+        init_v = ou.stationary_var(theta0, sigma0)
+    else:
+        init_v = _init_param("init_var", init_var, dtype, _home(init_var))
+        checks.add("init_var", init_v, lambda v: v > 0, "> 0 (or inf: a diffuse prior)")
+    if init_mean is None:
+        init_m = params["mean"][..., :1, :]
+    else:
+        init_m = _init_param("init_mean", init_mean, dtype, _home(init_mean))
+        checks.add("init_mean", init_m, torch.isfinite, "finite")
+    for name, p in (("init_mean", init_m), ("init_var", init_v)):
+        shape = broadcast_init(name, shape, tuple(p.shape))
+    with torch.no_grad():
+        checks.fact("diffuse", torch.isinf(init_v.detach()).any())
+        if triton:  # it picks its path by this fact
+            trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
+            home = trans[0].device if len({x.device for x in trans}) == 1 else device
+            checks.fact("no_noise", mobius.lacks_noise(*ou.discretize(*(to_device(x, home) for x in trans))))
+    if defer and triton:  # read once the kernels are queued; until then the common facts are assumed
+        pending, facts = checks.queue(), GUESSED
+    else:
+        pending, facts = None, checks.decide()
+    moved = {k: to_device(v, device) for k, v in params.items()}
+    return Problem(y=y_t, init_mean=to_device(init_m, device), init_var=to_device(init_v, device), shape=shape,
+                   numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"),
+                   times=None if times_t is None else to_device(times_t, device), pending=pending, **moved)
+
+
+GUESSED = dict(diffuse=False, no_noise=False)
+"""The facts a deferred :func:`prepare` assumes until its checks are read (:attr:`Problem.pending`):
+no diffuse prior, process noise present."""
+
+
+BOUNDS = dict(theta=">= 0", sigma=">= 0", obs_var="> 0", mean=None, h=None, dt="> 0")
+"""Each parameter's rule besides being finite (checked in this order)."""
+_DERIVED = ("decay", "noise", "lam0", "eta0")
+
+
+def requirement(bound: str | None) -> str:
+    return "finite" if bound is None else f"finite and {bound}"
+
+
+def _within(v, bound: str | None):
+    """Elementwise: ``v`` finite and within ``bound`` (``">= 0"``, ``"> 0"`` or ``None``); NumPy or torch."""
+    finite = torch.isfinite(v) if isinstance(v, torch.Tensor) else np.isfinite(v)
+    if bound is None:
+        return finite
+    return finite & ((v >= 0) if bound == ">= 0" else (v > 0))
+
+
+def host_parameters(values: dict, times: ArrayLike | None, init_mean: ArrayLike | None,
+                    init_var: ArrayLike | None) -> bool:
+    """Whether :func:`prepare` checks these parameters on the host (no synchronisation): every one
+    of ``values`` (the six model parameters), ``init_mean`` and ``init_var`` a scalar or ``(C,)`` on
+    the host, and no ``times``."""
+    return times is None and all(on_host(x) for x in (*values.values(), init_mean, init_var))
+
+
+def on_host(x: ArrayLike | None) -> bool:
+    """Whether ``x`` is ``None``, or a scalar or ``(C,)`` given on the host without gradient: the
+    parameters :func:`_prepare_host` takes."""
+    if x is None or isinstance(x, (int, float)):
+        return True
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "cpu" and x.ndim <= 1 and not x.requires_grad
+    return np.ndim(x) <= 1
+
+
+def host_array(name: str, x: ArrayLike, np_dtype: type) -> np.ndarray:
+    """``x`` as a NumPy array of the compute dtype (then float64, exactly): what the kernels see."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to(torch.float64).numpy()
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    return arr.astype(np_dtype, copy=False).astype(np.float64, copy=False)
+
+
+def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Problem:
+    """:func:`prepare` for parameters that are scalars or ``(C,)`` on the host (the common call):
+    checked with NumPy (no torch operation, no synchronisation), the derived ``decay, noise,
+    lam0, eta0`` computed in float64, and everything moved to ``y``'s device in one copy of one
+    ``(12, C)`` tensor whose rows become the problem's fields (``(1, C)`` views).
+
+    The checked rows are remembered by the values they came from (:func:`_host_key`): a call with
+    the parameters of a recent one skips the checks and the arithmetic, and pays the copy alone
+    (a new tensor each call, so nothing returned shares memory with the remembered rows)."""
+    key = _host_key(y_t, (*(vals[k] for k in PARAMS), init_mean, init_var))
+    found = _HOST_ROWS.get(key) if key is not None else None
+    if found is None:
+        found = _host_rows(y_t, vals, init_mean, init_var)
+        if key is not None:
+            if len(_HOST_ROWS) >= _HOST_ROWS_SIZE:
+                _HOST_ROWS.clear()
+            _HOST_ROWS[key] = found
+    shape, rows, diffuse, no_noise = found
+    C = shape[-1]
+    packed = to_device(rows, y_t.device, copy=True).view(12, 1, C).unbind(0)
+    fields = dict(zip(PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
+    derived = {k: fields.pop(k) for k in _DERIVED}
+    p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=diffuse,
+                no_noise=no_noise, **fields)
+    p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in PARAMS + ("init_mean", "init_var")}})
+    return p
+
+
+def to_device(x: torch.Tensor, device: torch.device, copy: bool = False) -> torch.Tensor:
+    """``x`` on ``device`` (differentiably; a new tensor with ``copy``). From the CPU to a GPU
+    through page-locked memory without blocking: torch waits for the device's queue after a copy
+    from pageable memory, so a call that moved a host value that way would not queue behind the
+    previous call. The page-locked source is never written, so the copy may read it late. Under
+    ``torch.compile``, which cannot trace page-locking, a plain copy. A copy on the CPU of a
+    tensor needing no gradient is NumPy's, on this thread: torch's copy of a few hundred kB wakes
+    its thread pool, which on a busy machine waits for a time slice."""
+    if device.type == "cuda" and x.device.type == "cpu" and not torch.compiler.is_compiling():
+        return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
+    if (copy and device.type == "cpu" and x.device.type == "cpu" and not x.requires_grad
+            and not torch.compiler.is_compiling()):
+        return torch.from_numpy(x.numpy().copy())
+    return x.to(device, copy=copy)
+
+
+_HOST_ROWS: dict = {}
+_HOST_ROWS_SIZE = 64
+_KEYED_SIZE = 4096
+"""Remembered checked rows (:func:`_prepare_host`; emptied when full), and the largest array
+parameter (elements) keyed by its bytes."""
+
+
+def _host_key(y_t: torch.Tensor, values) -> tuple | None:
+    """A key of everything :func:`_host_rows` computes from: ``y``'s shape, dtype and whether it is
+    on a GPU, and each value's type and exact contents (``repr`` of a Python number; dtype, shape
+    and bytes of an array or CPU tensor of at most :data:`_KEYED_SIZE` elements). ``None`` (not
+    remembered) when a value is larger or not numeric."""
+    key = [tuple(y_t.shape), y_t.dtype, y_t.device.type == "cuda"]  # rows page-locked for a GPU
+    for x in values:
+        if x is None or isinstance(x, (bool, int, float)):
+            key.append((type(x), repr(x)))
+            continue
+        if isinstance(x, torch.Tensor):
+            if x.numel() > _KEYED_SIZE:
+                return None
+            x = x.detach().to(torch.float64).numpy()
+        x = np.asarray(x)
+        if x.size > _KEYED_SIZE or x.dtype.kind not in "biuf":
+            return None
+        key.append((x.dtype.str, x.shape, x.tobytes()))
+    return tuple(key)
+
+
+def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
+    """The checks and arithmetic of :func:`_prepare_host`: ``(shape, rows, diffuse, no_noise)``,
+    ``rows`` the ``(12, C)`` CPU tensor in the compute dtype (parameters, initial belief,
+    ``decay, noise, lam0, eta0``), page-locked when ``y`` is on a GPU."""
+    dtype, shape = y_t.dtype, tuple(y_t.shape)
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    arrs = {name: host_array(name, vals[name], np_dtype) for name in PARAMS}
+    for name, a in arrs.items():
+        shape = broadcast_param(name, shape, (1,) * (2 - a.ndim) + a.shape, shape[-2])
+    inits = {name: None if x is None else host_array(name, x, np_dtype)
+             for name, x in (("init_mean", init_mean), ("init_var", init_var))}
+    for name, a in inits.items():
+        if a is not None:
+            shape = broadcast_init(name, shape, (1,) * (2 - a.ndim) + a.shape)
+    C = shape[-1]
+    rows = np.empty((12, C))
+    for i, name in enumerate(PARAMS):
+        rows[i] = arrs[name]
+    good = np.isfinite(rows[:6]).all(1)
+    nonneg, positive = (rows[:6] >= 0).all(1), (rows[:6] > 0).all(1)
+    for i, (name, bound) in enumerate(BOUNDS.items()):
+        if not (good[i] and (bound is None or (nonneg if bound == ">= 0" else positive)[i])):
+            raise ValueError(f"{name} must be {requirement(bound)}")
+    theta, sigma, obs_var, mean, h, dt = rows[:6]
+    if inits["init_var"] is None:
+        if not (theta != 0).all():
+            raise ValueError(NEEDS_INIT_VAR_THETA)
+        if not ((sigma != 0) | (theta == 0)).all():
+            raise ValueError(NEEDS_INIT_VAR_SIGMA)
+        with np.errstate(divide="ignore", over="ignore"):
+            rows[7] = (sigma * sigma / (2.0 * theta)).astype(np_dtype)
+    else:
+        rows[7] = inits["init_var"]
+        if not (rows[7] > 0).all():
+            raise ValueError("init_var must be > 0 (or inf: a diffuse prior)")
+    rows[6] = mean if inits["init_mean"] is None else inits["init_mean"]
+    if not np.isfinite(rows[6]).all():
+        raise ValueError("init_mean must be finite")
+    rows[8], rows[9] = ou.discretize(theta, sigma, dt)
+    with np.errstate(divide="ignore"):
+        rows[10] = 1.0 / rows[7]
+    rows[11] = rows[10] * (rows[6] - mean)
+    smallest = np.where(rows[8] < 1, rows[9], 1.0).min()
+    no_noise = bool(smallest < mobius.noise_bound(dtype))
+    packed = torch.from_numpy(rows.astype(np_dtype))
+    if y_t.device.type == "cuda":
+        packed = packed.pin_memory()
+    return shape, packed, bool(np.isinf(rows[7]).any()), no_noise
+
+
+def _home(x) -> torch.device:
+    """Where a value given by the caller is checked: a tensor's own device, else the CPU."""
+    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+
+
+def _as_2d(p):
+    """Scalars become (1, 1) and (C,) becomes (1, C): static parameters get a unit time axis."""
+    return p.reshape(1, 1) if p.ndim == 0 else (p.unsqueeze(-2) if p.ndim == 1 else p)
+
+
+def _init_param(name, x, dtype, device):
+    p = _to_tensor(name, x, dtype, device)
+    return p.reshape(1, 1) if p.ndim == 0 else p.unsqueeze(-2)
+
+
+def broadcast_param(name: str, shape: tuple, pshape: tuple, T: int) -> tuple:
+    try:
+        out = np.broadcast_shapes(shape, pshape)
+    except ValueError:
+        raise ValueError(
+            f"{name} of shape {pshape} does not broadcast with shape {shape} "
+            "(static parameters are scalars or (C,); per-step ones are (..., T, C))") from None
+    if out[-2] != T:
+        raise ValueError(f"{name} of shape {pshape} has a time axis of length {pshape[-2]}, but y has T = {T}")
+    return out
+
+
+def broadcast_init(name: str, shape: tuple, pshape: tuple) -> tuple:
+    """``shape`` broadcast with an initial-state parameter of shape ``pshape`` (``(..., 1, C)``)."""
+    try:
+        batch = np.broadcast_shapes(shape[:-2] + (1, shape[-1]), pshape)
+    except ValueError:
+        raise ValueError(f"{name} of shape {pshape} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
+    return batch[:-2] + shape[-2:-1] + batch[-1:]
+
+
+def _dt_from_times(times, T, dtype, device, checks):
+    if isinstance(times, np.ndarray) and times.dtype.kind in "mM":
+        raise ValueError("times must be numeric; convert datetime64 with kalmanscan.xr or to float units")
+    tt = _to_tensor("times", times, torch.float64, device)
+    if tt.ndim == 1:
+        tt = tt.unsqueeze(-1)
+    if tt.ndim < 2 or tt.shape[-1] != 1 or tt.shape[-2] != T:
+        raise ValueError(f"times must have shape (T,) or (..., T, 1) with T = {T}, got {tuple(tt.shape)}")
+    checks.add("times", tt, torch.isfinite, "finite")
+    diff = tt[..., 1:, :] - tt[..., :-1, :]
+    checks.add("times", diff, lambda v: v > 0, "strictly increasing")
+    dt = torch.cat([torch.ones_like(tt[..., :1, :]), diff], -2)
+    return dt.to(dtype), tt
