@@ -7,9 +7,7 @@ import torch
 
 from evidence import train
 from evidence.tasks import IGNORE, Scores, draw, make_task, split_of, split_rng, validation_set, train_batches
-from evidence.tasks.groups import (
-    GROUPS, group_table, permutation_elements, permutation_table, running_product,
-)
+from evidence.tasks.groups import GROUPS, group_table, permutation_elements, permutation_table, running_product
 from evidence.tasks.mad import MAD_BASELINES, mad_task
 
 ORDERS = {"a5": 60, "s5": 120, "a4xz5": 60, "z60": 60}

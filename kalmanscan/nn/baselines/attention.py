@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kalmanscan.nn.common import (heads, positive_int)
+from kalmanscan.nn.common import heads, positive_int
 
 __all__ = ["CausalAttention", "AttentionState", "rotary", "rotary_table"]
 

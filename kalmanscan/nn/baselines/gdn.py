@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kalmanscan.nn.common import (RMSNorm, causal_conv, empty_sequence, init_log_dt, inner_width, l2_normalize, positive_int,
-                    positive_ints, scan_dtype)
+from kalmanscan.nn.common import (RMSNorm, causal_conv, empty_sequence, init_log_dt, inner_width, l2_normalize,
+                                  positive_int, positive_ints, scan_dtype)
 
 __all__ = ["GatedDeltaNet", "GDNState", "gated_delta_rule_chunked", "gated_delta_rule_sequential"]
 

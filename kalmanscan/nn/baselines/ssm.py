@@ -11,8 +11,8 @@ from torch import nn
 
 from kalmanscan.model import mobius
 from kalmanscan.model.scan import associative_scan
-from kalmanscan.nn.common import (causal_conv, empty_sequence, init_log_dt, init_log_rates, inner_width,
-                      positive_int, positive_ints, scan_dtype)
+from kalmanscan.nn.common import (causal_conv, empty_sequence, init_log_dt, init_log_rates, inner_width, positive_int,
+                                  positive_ints, scan_dtype)
 
 __all__ = ["SelectiveSSM", "SSMState"]
 

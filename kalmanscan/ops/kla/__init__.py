@@ -47,8 +47,8 @@ state is in the compute dtype (keep it in float32 or better when decoding).
 
 from __future__ import annotations
 
-from kalmanscan.ops.kla.dispatch import (NOISE_FLOOR, backend_names, check_shapes, kla_scan, kla_scan_unchecked, register_backend,
-                       validate)
+from kalmanscan.ops.kla.dispatch import (NOISE_FLOOR, backend_names, check_shapes, kla_scan, kla_scan_unchecked,
+                                         register_backend, validate)
 from kalmanscan.ops.kla.state import FilterState, compute_dtype, information
 
 __all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "backend_names", "validate", "check_shapes",

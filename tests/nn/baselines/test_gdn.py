@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kalmanscan.nn import MIXERS, SequenceModel
-from kalmanscan.nn.baselines.gdn import (GatedDeltaNet, GDNState, gated_delta_rule_chunked,
-                                         gated_delta_rule_sequential)
+from kalmanscan.nn.baselines.gdn import GatedDeltaNet, GDNState, gated_delta_rule_chunked, gated_delta_rule_sequential
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 

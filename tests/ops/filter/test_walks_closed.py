@@ -12,8 +12,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, array_tensors, config, max_rel_error, posterior_error,
-                     triton_filter)
+from helpers import FLOAT32_BOUND, KERNEL_DEVICE, array_tensors, config, max_rel_error, posterior_error, triton_filter
 
 import kalmanscan as ks
 from kalmanscan.problem.prepare import prepare

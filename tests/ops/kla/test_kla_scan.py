@@ -22,8 +22,8 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.kla.reference import kla_scan_sequential
-from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, SPLIT_CONFIG, filled, l2_policies, launch_config,
-                                        pieces, scratch_elements)
+from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, SPLIT_CONFIG, filled, l2_policies, launch_config, pieces,
+                                               scratch_elements)
 from kalmanscan.ops.kla.triton.backend import KLAConfig, kla_scan_triton
 
 TOL = 2e-5

@@ -18,7 +18,7 @@ from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.nn import KLA
 from kalmanscan.ops.kla import kla_scan_unchecked
 from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, SPLIT_CONFIG, KLAConfig, kla_scan_bwd, kla_scan_fwd,
-                                        launch_config)
+                                               launch_config)
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 

@@ -12,9 +12,9 @@ import numpy as np
 from numba import njit, prange
 
 from kalmanscan.ops.cpu_threads import PARALLEL
-from kalmanscan.ops.filter.cpu.loops import (G_A, G_M, G_Q, G_R, G_H, H, HALF, INIT_MEAN, INIT_VAR, MEAN, O_LL, O_MEAN, O_PMEAN,
-                        O_POMEAN, O_POVAR, O_PPREC, O_PREC, O_PVAR, O_VAR, OBS_VAR, ONE, DT, SIGMA, THETA,
-                        TWO, Y, ZERO, lanes, static_transitions, transition)
+from kalmanscan.ops.filter.cpu.loops import (G_A, G_M, G_Q, G_R, G_H, H, HALF, INIT_MEAN, INIT_VAR, MEAN, O_LL, O_MEAN,
+                                             O_PMEAN, O_POMEAN, O_POVAR, O_PPREC, O_PREC, O_PVAR, O_VAR, OBS_VAR, ONE,
+                                             DT, SIGMA, THETA, TWO, Y, ZERO, lanes, static_transitions, transition)
 
 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")

@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from kalmanscan.ops.cpu_threads import PARALLEL
-from kalmanscan.ops.filter.cpu.loops import (ONE, S_DECAY, S_MEAN, S_NOISE, S_PMEAN, S_PVAR, S_VAR, TWO, ZERO, lanes)
+from kalmanscan.ops.filter.cpu.loops import ONE, S_DECAY, S_MEAN, S_NOISE, S_PMEAN, S_PVAR, S_VAR, TWO, ZERO, lanes
 
 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")

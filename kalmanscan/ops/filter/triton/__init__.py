@@ -7,10 +7,9 @@ configuration."""
 
 from __future__ import annotations
 
-from kalmanscan.ops.filter.triton.backend import (DEFAULT_CONFIG, FilterConfig, check_device, filter,
-                                                  filter_backward, filter_forward, flat, initial_state,
-                                                  kernel_views, plan, replayed, smooth, step_flags, stream_step,
-                                                  summary, tile_plan, uses_tiles)
+from kalmanscan.ops.filter.triton.backend import (DEFAULT_CONFIG, FilterConfig, check_device, filter, filter_backward,
+                                                  filter_forward, flat, initial_state, kernel_views, plan, replayed,
+                                                  smooth, step_flags, stream_step, summary, tile_plan, uses_tiles)
 
 __all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan", "uses_tiles",
            "replayed", "flat", "kernel_views", "check_device", "step_flags", "initial_state",

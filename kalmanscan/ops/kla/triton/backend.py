@@ -26,8 +26,8 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
 from kalmanscan.model import merged
 from kalmanscan.ops.launch import cdiv, next_power_of_2
-from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, KLAConfig, filled, kla_scan_fwd, launch_config,
-                                               pieces, scratch_elements)
+from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, KLAConfig, filled, kla_scan_fwd, launch_config, pieces,
+                                               scratch_elements)
 from kalmanscan.ops.kla.state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_triton", "summary", "KLAConfig", "DEFAULT_CONFIG"]
