@@ -35,7 +35,7 @@ from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
 from benchmarks.records import commit
 from kalmanscan.inference.filtering import sum_time
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.triton import backend as triton_backend
 from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 SHAPES = [(4096, 32768), (64, 1 << 22), (4096, 2048), (1, 1 << 22), (64, 1 << 20), (64, 2048), (131072, 1024),

@@ -49,7 +49,7 @@ import torch
 
 import kalmanscan as ks
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter import cpu
+from kalmanscan.ops.filter.cpu import backend as cpu
 
 # (series N, steps T, what is compared)
 SHAPES = [(1000, 10_000, "all"), (10, 1_000_000, "all"), (1, 10_000, "loglik"), (50, 500, "all")]

@@ -224,7 +224,7 @@ def model_part(args, rank, world, device):
         out["summary_torch_fwd_ms_per_layer"] = timed(lambda: kla_torch.summary(*x, torch.float32), device,
                                                       args.reps)
         if device.type == "cuda":
-            from kalmanscan.ops.kla import triton as kla_triton
+            from kalmanscan.ops.kla.triton import backend as kla_triton
             out["summary_fused_fwd_ms_per_layer"] = timed(lambda: kla_triton.summary(*x, torch.float32),
                                                           device, args.reps)
     if world > 1 and not args.skip_single:

@@ -47,7 +47,7 @@ from benchmarks.shape_rows import shape_list
 
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import torch as torch_backend
-from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.triton import backend as triton_backend
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 
 SHAPES = [(4096, 32768), (64, 1 << 20), (1, 1 << 22), (1, 1 << 24)]

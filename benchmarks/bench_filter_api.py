@@ -24,7 +24,7 @@ import kalmanscan as ks
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import run_backend
 from kalmanscan.ops.filter import torch as torch_backend
-from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.triton import backend as triton_backend
 
 SHAPES = [(4096, 32768), (64, 1 << 22)]
 OUT_FIELDS = 10  # (..., T, C) arrays a Posterior holds: each written once, 4 bytes per element

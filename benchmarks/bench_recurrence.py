@@ -38,7 +38,7 @@ import kalmanscan as ks  # noqa: E402
 from benchmarks.bench_filter import copy_bandwidth, graph_ms, initial_state, median_ms  # noqa: E402
 from benchmarks.records import commit  # noqa: E402
 from kalmanscan.problem.prepare import prepare  # noqa: E402
-from kalmanscan.ops.filter import triton as triton_backend  # noqa: E402
+from kalmanscan.ops.filter.triton import backend as triton_backend  # noqa: E402
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG  # noqa: E402
 
 SHAPES = [(4096, 32768), (1, 1 << 22)]

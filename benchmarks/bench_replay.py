@@ -33,7 +33,7 @@ from benchmarks.shape_rows import shape_list
 from kalmanscan.problem import checks
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import replay
-from kalmanscan.ops.filter import triton as filter_triton
+from kalmanscan.ops.filter.triton import backend as filter_triton
 
 SHAPES = [(2048, 64), (256, 64), (2048, 512)]   # (T, C)
 KW = dict(theta=0.2, sigma=0.5, obs_var=0.3)

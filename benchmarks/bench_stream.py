@@ -119,7 +119,7 @@ def backend_step(y: torch.Tensor, kw: dict, backend: str, outputs):
     name = resolve_backend(backend, y.device)
     if name == "triton":
         from benchmarks.bench_filter import initial_state
-        from kalmanscan.ops.filter import triton as triton_backend
+        from kalmanscan.ops.filter.triton import backend as triton_backend
 
         views, init = triton_backend.kernel_views(p), initial_state(p)
         steps = [dict(views, y=y[t:t + 1].unsqueeze(0)) for t in range(y.shape[0])]

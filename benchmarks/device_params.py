@@ -23,7 +23,7 @@ from benchmarks.bench_api import alone_ms, call_counts, median_ms
 from benchmarks.bench_filter import graph_ms, initial_state
 from benchmarks.records import commit
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.triton import backend as triton_backend
 
 
 def cases(C: int, full: bool) -> dict:

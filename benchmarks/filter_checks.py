@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from kalmanscan.ops.filter import register_backend
-from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.triton import backend as triton_backend
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 
 from .bench_filter import layout

@@ -23,7 +23,7 @@ import torch
 import kalmanscan as ks
 from kalmanscan.inference.filtering import make_posterior
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter import triton as filter_triton
+from kalmanscan.ops.filter.triton import backend as filter_triton
 from kalmanscan.ops.kla import dispatch as kla_dispatch
 from kalmanscan.ops.kla.triton import library as kla_library
 from kalmanscan.ops.kla.triton.backend import kla_scan_triton

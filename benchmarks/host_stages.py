@@ -20,7 +20,7 @@ from benchmarks.bench_filter import initial_state
 from benchmarks.bench_kla import make_inputs
 from kalmanscan.inference import filtering
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter import triton as filter_triton
+from kalmanscan.ops.filter.triton import backend as filter_triton
 from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 STAGES = ("prepare", "finite_problem", "run_backend", "make_posterior", "decide_y")

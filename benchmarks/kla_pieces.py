@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.bench_kla import FWD_FP32_OPS, fp32_rates, make_inputs, rel, timed
 from benchmarks.shape_rows import shape_list
-from kalmanscan.ops.kla import triton as kla_triton
+from kalmanscan.ops.kla.triton import backend as kla_triton
 from kalmanscan.ops.kla.triton.library import KLAConfig, launch_config
 from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 

@@ -45,14 +45,14 @@ def _traced(fn):
 
 
 def filter_forward(config: FilterConfig = DEFAULT_CONFIG):
-    from kalmanscan.ops.filter import triton as triton_backend
+    from kalmanscan.ops.filter.triton import backend as triton_backend
     for C, T in ((4096, 32768), (1, 1 << 22)):
         views, init, _ = static_problem(T, C)
         _traced(lambda: triton_backend.filter_forward(views, init, outputs=("mu", "lam"), config=config))
 
 
 def filter_backward(config: FilterConfig = DEFAULT_CONFIG):
-    from kalmanscan.ops.filter import triton as triton_backend
+    from kalmanscan.ops.filter.triton import backend as triton_backend
     views, init, _ = static_problem(32768, 4096)
     out = triton_backend.filter_forward(views, init, config=config)
     cot = torch.randn(4, 1, 32768, 4096, device="cuda")

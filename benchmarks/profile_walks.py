@@ -16,7 +16,7 @@ import dataclasses
 import torch
 
 from benchmarks.bench_recurrence import problem
-from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.triton import backend as triton_backend
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG
 
 

@@ -23,7 +23,7 @@ import triton.testing
 
 import kalmanscan as ks
 from benchmarks.records import commit
-from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.triton import backend as triton_backend
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG
 
 SHAPES = [(131072, 1024), (131072, 2048), (196608, 1024)]

@@ -145,7 +145,7 @@ def triton_filter(p, cfg):
     """:func:`kalmanscan.filter` of the validated problem ``p`` on the triton backend launched with
     the config ``cfg``: a :class:`~kalmanscan.Posterior`."""
     from kalmanscan.inference.filtering import make_posterior
-    from kalmanscan.ops.filter import triton
+    from kalmanscan.ops.filter.triton import backend as triton
 
     return make_posterior(p, triton.filter(p, cfg))
 
@@ -153,7 +153,7 @@ def triton_filter(p, cfg):
 def triton_smooth(p, cfg):
     """:func:`kalmanscan.smooth` of ``p`` on the triton backend launched with ``cfg``."""
     from kalmanscan.inference.filtering import make_posterior
-    from kalmanscan.ops.filter import triton
+    from kalmanscan.ops.filter.triton import backend as triton
 
     out = triton.filter(p, cfg)
     full = {k: torch.broadcast_to(out[k], p.shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}

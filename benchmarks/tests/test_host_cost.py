@@ -2,7 +2,7 @@
 
 from benchmarks import host_cost
 
-from kalmanscan.ops.filter import triton as filter_triton
+from kalmanscan.ops.filter.triton import backend as filter_triton
 from kalmanscan.ops.kla.triton import library as kla_library
 
 

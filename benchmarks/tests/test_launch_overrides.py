@@ -6,7 +6,7 @@ import torch
 
 from benchmarks.bench_model import scan_variant, variant_changes
 from benchmarks.kla_pieces import launched_with, overrides
-from kalmanscan.ops.kla import triton as kla_triton
+from kalmanscan.ops.kla.triton import backend as kla_triton
 from kalmanscan.ops.kla.triton.library import SPLIT_CONFIG
 
 

@@ -18,7 +18,7 @@ from kalmanscan.distributed import summaries
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import torch as filter_torch
 from kalmanscan.ops.kla import torch as kla_torch
-from kalmanscan.ops.kla import triton as kla_triton
+from kalmanscan.ops.kla.triton import backend as kla_triton
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 
 TOL = 1e-12      # float64 against float64

@@ -14,7 +14,8 @@ from kalmanscan.ops.registry import Registry
 
 __all__ = ["register_backend", "unregister_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]
 
-_REGISTRY = Registry({name: f"kalmanscan.ops.filter.{name}" for name in ("reference", "torch", "triton", "cpu")})
+_REGISTRY = Registry({"reference": "kalmanscan.ops.filter.reference", "torch": "kalmanscan.ops.filter.torch",
+                      "triton": "kalmanscan.ops.filter.triton.backend", "cpu": "kalmanscan.ops.filter.cpu.backend"})
 
 
 def register_backend(name: str, module: str | ModuleType) -> None:

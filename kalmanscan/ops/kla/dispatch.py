@@ -28,8 +28,9 @@ __all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "unregister_bac
 # below float32's rounding of any noise above 1e-8.
 NOISE_FLOOR = 1e-15
 
-_REGISTRY = Registry({name: f"kalmanscan.ops.kla.{name}"
-                       for name in ("reference", "torch", "recurrent", "triton", "cpu")})
+_REGISTRY = Registry({"reference": "kalmanscan.ops.kla.reference", "torch": "kalmanscan.ops.kla.torch",
+                      "recurrent": "kalmanscan.ops.kla.recurrent", "triton": "kalmanscan.ops.kla.triton.backend",
+                      "cpu": "kalmanscan.ops.kla.cpu.backend"})
 # torch.compile traces a call whole only through modules already imported (an import breaks its
 # graph): the backends "auto" can pick on this machine are imported with the dispatch.
 for _name in ("torch", "cpu", "triton") if torch.cuda.is_available() else ("torch", "cpu"):

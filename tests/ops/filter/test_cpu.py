@@ -16,7 +16,7 @@ from helpers import POSITIVE, max_rel_error, random_problem, rel_error, to_np
 import kalmanscan as ks
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops import cpu_threads
-from kalmanscan.ops.filter import cpu
+from kalmanscan.ops.filter.cpu import backend as cpu
 from kalmanscan.ops.filter import reference as reference_backend
 from kalmanscan.ops.filter import torch as torch_backend
 

@@ -23,7 +23,7 @@ import kalmanscan as ks
 from kalmanscan.inference.filtering import make_posterior, sum_time
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import torch as torch_backend
-from kalmanscan.ops.filter import triton
+from kalmanscan.ops.filter.triton import backend as triton
 
 ONE = config()                                                   # T < 128: one stretch
 FOURS = config(min_stretch=4, target_lanes=1 << 30)              # stretches of 4 to 7 steps

@@ -14,7 +14,7 @@ from helpers import KERNEL_DEVICE, NAMES, Launches, config, forward_views, prepa
 
 import kalmanscan as ks
 from kalmanscan.ops.filter import torch as torch_backend
-from kalmanscan.ops.filter import triton
+from kalmanscan.ops.filter.triton import backend as triton
 
 FOURS = config(min_stretch=4, target_lanes=1 << 30)
 

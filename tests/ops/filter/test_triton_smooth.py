@@ -12,7 +12,7 @@ from helpers import (FLOAT32_BOUND, KERNEL_DEVICE, NAMES, config, posterior_erro
 
 import kalmanscan as ks
 from kalmanscan.ops.filter import torch as torch_backend
-from kalmanscan.ops.filter import triton
+from kalmanscan.ops.filter.triton import backend as triton
 
 ONE = config()
 # stretches of about 4 steps, the carry scan in chunks of 4 stretches

@@ -16,7 +16,7 @@ from helpers import FLOAT32_BOUND, KERNEL_DEVICE, array_tensors, config, max_rel
 
 import kalmanscan as ks
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter import triton
+from kalmanscan.ops.filter.triton import backend as triton
 
 walks_closed = importlib.import_module("kalmanscan.kernels.filter.walks_closed")
 

@@ -14,7 +14,7 @@ import kalmanscan as ks
 from helpers import KERNEL_DEVICE, synchronisations
 from kalmanscan.problem import checks
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter import triton
+from kalmanscan.ops.filter.triton import backend as triton
 
 KW = dict(theta=np.array([0.1, 0.7, 2.0]), sigma=0.8, obs_var=np.array([0.5, 2.0, 1e-3]),
           h=np.array([1.0, 0.0, 3.0]))

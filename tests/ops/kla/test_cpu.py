@@ -14,7 +14,8 @@ from helpers import max_rel_error
 from kla_helpers import make_inputs, outputs_and_grads, poisoned
 
 from kalmanscan.ops import cpu_threads
-from kalmanscan.ops.kla import cpu, kla_scan
+from kalmanscan.ops.kla import kla_scan
+from kalmanscan.ops.kla.cpu import backend as cpu
 from kalmanscan.ops.kla.cpu.loops import BLOCK
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 

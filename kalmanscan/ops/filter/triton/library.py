@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from kalmanscan.ops.filter import triton as triton_backend
+from kalmanscan.ops.filter.triton import backend as triton_backend
 from kalmanscan.ops.filter.triton.param_adjoints import param_grads
 from kalmanscan.ops.filter.triton.config import FilterConfig
 
