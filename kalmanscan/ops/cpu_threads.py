@@ -1,6 +1,7 @@
 """Running a compiled (numba) loop on numba's threads, or on the calling thread alone when the
 work is too small to pay for waking the others, and the parallel options the loops compile with
-(the ``"cpu"`` backends of both operations)."""
+(the ``"cpu"`` backends of both operations). Importing it imports neither numba nor torch's
+compiler."""
 
 from __future__ import annotations
 
@@ -21,13 +22,19 @@ SMALL_WORK = 1 << 17  # element-steps below which a loop runs on one thread: wak
                       # more than it saves, and on a busy machine a thread barrier can wait a time slice
 
 
-@torch.compiler.disable
 def run_loop(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> Any:
     """``kernel(*args)`` on numba's threads, or on this thread alone when ``work`` is below
     :data:`SMALL_WORK` or there is a single task. The loops compute each task with the same
     operations whatever the thread count, so the choice changes no result. Opaque to
     ``torch.compile`` (a graph break): Dynamo would otherwise trace into numba's dispatcher, which
-    on a loop's first call (its compilation) it cannot."""
+    on a loop's first call (its compilation) it cannot. The opaque wrapper is made only under the
+    compiler, so that eager calls never import it."""
+    if torch.compiler.is_compiling():
+        return torch.compiler.disable(_run)(kernel, tasks, work, *args)
+    return _run(kernel, tasks, work, *args)
+
+
+def _run(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> Any:
     import numba
 
     if work >= SMALL_WORK and tasks > 1:
