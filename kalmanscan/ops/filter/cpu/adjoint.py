@@ -84,7 +84,7 @@ def filter_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.n
                 if h_var:
                     bPt += c_var[cb[O_VAR, j] + t * ctstride[O_VAR]]
                 if h_prec:
-                    bPt -= c_prec[cb[O_PREC, j] + t * ctstride[O_PREC]] / (Pf * Pf)
+                    bPt -= c_prec[cb[O_PREC, j] + t * ctstride[O_PREC]] / Pf / Pf
                 bS = zero
                 bh = zero
                 bR = zero
@@ -119,7 +119,7 @@ def filter_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.n
                 if h_pvar:
                     bPp += c_pvar[cb[O_PVAR, j] + t * ctstride[O_PVAR]]
                 if h_pprec:
-                    bPp -= c_pprec[cb[O_PPREC, j] + t * ctstride[O_PPREC]] / (Pp * Pp)
+                    bPp -= c_pprec[cb[O_PPREC, j] + t * ctstride[O_PPREC]] / Pp / Pp
                 if h_pomean:
                     g = c_pomean[cb[O_POMEAN, j] + t * ctstride[O_POMEAN]]
                     bh += g * (zp + m)

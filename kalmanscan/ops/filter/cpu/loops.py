@@ -25,6 +25,11 @@ Model and recursion (covariance form, centred on the OU mean like the reference 
 ``zp = a z, Pp = a^2 P + q`` (no transition at ``t = 0``), ``S = h^2 Pp + R``, and for an observed
 ``y``: ``v = (y - h m) - h zp``, ``K = Pp h / S``, ``z = zp + K v``, ``P = Pp R / S`` (the Joseph
 form ``(1 - K h)^2 Pp + K^2 R`` simplified: a product of positive numbers, nothing cancels).
+Range: no intermediate is a product of two variances (``P = Pp (R / S)``, a variance times a
+ratio; the adjoints divide a precision's cotangent by ``P`` twice rather than by ``P^2``), so the
+recursion is scale-equivariant in floating point as far as the variances themselves are
+representable: ``y, sigma, mean -> c y, c sigma, c mean`` and ``obs_var, init_var -> c^2 obs_var,
+c^2 init_var`` scale every intermediate by a power of ``c`` of at most 2 (tests/test_scale.py).
 The variance terms of a step (:func:`variance_terms`: two divisions and a logarithm) depend on
 the incoming variance, the parameters and whether ``y`` is missing, not on ``y``: where the
 parameters are static they are reused while the incoming variance repeats (the Riccati recursion
@@ -128,7 +133,7 @@ def variance_terms(Pp: float, h: float, R: float, miss: bool, k: np.ndarray) -> 
     iPp = k[ONE] / Pp
     if miss:
         return S, iS, k[ZERO], Pp, k[ZERO], iPp, iPp
-    Pf = Pp * R * iS
+    Pf = Pp * (R * iS)
     return S, iS, Pp * h * iS, Pf, k[LOG2PI] + math.log(S), k[ONE] / Pf, iPp
 
 

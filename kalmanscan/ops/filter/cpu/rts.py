@@ -23,6 +23,9 @@ def rts_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarr
     ``mean_s_t = mean_t + J_t (mean_s_{t+1} - pred_mean_{t+1})`` (the OU mean cancels: it is the
     centred recursion of :mod:`kalmanscan.inference.smoothing` with the offsets added back) and ``var_s_t =
     J_t^2 var_s_{t+1} + var_t q_{t+1} / pred_var_{t+1}``, ``J_t = a_{t+1} var_t / pred_var_{t+1}``.
+    The second term is formed as ``(var_t / pred_var_{t+1}) q_{t+1}``, a ratio times a variance:
+    ``var_t q_{t+1}`` would leave the dtype's range for variances past the square root of its
+    largest (or below that of its smallest normal) number; the adjoint keeps the same order.
     """
     mean_, var_, pmean_, pvar_, decay_, noise_ = ins
     o_mean, o_var, o_prec = outs
@@ -52,7 +55,7 @@ def rts_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarr
                     pm = pmean_[base[S_PMEAN, j] + t1 * t_pmean]
                     J = a * v / pv
                     ms[j] = mu + J * (ms[j] - pm)
-                    vs[j] = J * J * vs[j] + v * q / pv
+                    vs[j] = J * J * vs[j] + v / pv * q
                 o_mean[o] = ms[j]
                 o_var[o] = vs[j]
                 o_prec[o] = one / vs[j]
@@ -97,7 +100,7 @@ def rts_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndar
                 if h_var:
                     gv += c_var[cb[1, j] + t * ctstride[1]]
                 if h_prec:
-                    gv -= c_prec[cb[2, j] + t * ctstride[2]] / (var_s[o] * var_s[o])
+                    gv -= c_prec[cb[2, j] + t * ctstride[2]] / var_s[o] / var_s[o]
                 g_mean[o] = gm
                 if t == 0:
                     g_pmean[o] = zero
@@ -115,19 +118,20 @@ def rts_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndar
                 pv = pvar_[base[S_PVAR, j] + t1 * t_pvar]
                 pm = pmean_[base[S_PMEAN, j] + t1 * t_pmean]
                 ipv = k[ONE] / pv
-                J = a * v * ipv
+                vp = v * ipv
+                J = a * vp
                 bJ = gm * (mean_s[o + C] - pm) + two * gv * J * var_s[o + C]
                 cm[j] = gm * J
                 cv[j] = gv * J * J
                 g_var[o] = (gv * q + bJ * a) * ipv
                 g_pmean[o + C] = -gm * J
-                g_pvar[o + C] = -(gv * v * q * ipv + bJ * J) * ipv
+                g_pvar[o + C] = -(gv * vp * q + bJ * J) * ipv
                 if per_step:
-                    g_decay[o + C] = bJ * v * ipv
-                    g_noise[o + C] = gv * v * ipv
+                    g_decay[o + C] = bJ * vp
+                    g_noise[o + C] = gv * vp
                 else:
-                    sums[0, j] += bJ * v * ipv
-                    sums[1, j] += gv * v * ipv
+                    sums[0, j] += bJ * vp
+                    sums[1, j] += gv * vp
         if not per_step:
             for j in range(n):
                 g_decay[s0 + j] = sums[0, j]
