@@ -121,7 +121,7 @@ def gain_terms(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[to
     a_next, q_next, pv_next = (x[..., 1:, :] for x in (f["decay"], f["noise"], f["pred_var"]))
     J = a_next * f["var"][..., :-1, :] / pv_next
     bm = mu[..., :-1, :] - J * pred_mu[..., 1:, :]
-    bv = f["var"][..., :-1, :] * q_next / pv_next
+    bv = f["var"][..., :-1, :] / pv_next * q_next  # a ratio times q: no product of two variances
     return mu, J, bm, bv
 
 
