@@ -16,6 +16,7 @@ import math
 import torch
 
 from kalmanscan.model import merged, mobius, ou
+from kalmanscan.model.reciprocal import reciprocal
 from kalmanscan.problem.prepare import Problem
 from kalmanscan.model.scan import associative_scan
 
@@ -54,7 +55,7 @@ def filter(p: Problem) -> dict:
     decay, noise = p.decay_noise()
     missing = torch.isnan(y)
     y_obs = torch.where(missing, torch.zeros_like(y), y)
-    r = 1.0 / obs_var
+    r = reciprocal(obs_var)  # its gradient stays in range at any scale of obs_var
     phi = torch.where(missing, torch.zeros_like(y_obs), h * h * r).expand(shape)
     b = torch.where(missing, torch.zeros_like(y_obs), h * r * (y_obs - h * mean)).expand(shape)
     a = first_step_identity(decay.expand(shape), 1.0)
@@ -105,7 +106,7 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
     if every or "logliks" in wanted:
         y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
         innov = (y_obs - h * mean) - h * pred_mu_c  # centred: no cancellation against a large offset
-        ll = -0.5 * (math.log(2 * math.pi) + torch.log(pred_obs_var) + innov * innov / pred_obs_var)
+        ll = -0.5 * (math.log(2 * math.pi) + torch.log(pred_obs_var) + innov * innov * reciprocal(pred_obs_var))
         out["logliks"] = torch.where(missing, torch.zeros_like(ll), ll).expand(p.shape)
     if every or "missing" in wanted:
         out["missing"] = missing.to(p.dtype)
