@@ -29,10 +29,12 @@ from torch import nn
 
 from kalmanscan.model import ou
 from kalmanscan.ops.kla import FilterState, backend_names, information, kla_scan_unchecked
-from kalmanscan.ops.kla.recurrent import kla_step
+from kalmanscan.ops.kla.documents import check_cu_seqlens
+from kalmanscan.ops.kla.step import conv_step, kla_decode_step
 from kalmanscan.nn.common import (causal_conv, init_log_dt, init_log_rates, inner_width, l2_normalize, positive_ints,
                                   scan_dtype)
 from kalmanscan.nn.init import DEFAULT_INIT, init_scheme, initial_log_sigma, obs_var_bias
+from kalmanscan.nn.packed import document_conv
 
 __all__ = ["KLA", "KLAState", "forward_with"]
 
@@ -232,18 +234,24 @@ class KLA(nn.Module):
         var = torch.ones(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
         return KLAState(conv, var, torch.zeros_like(var))
 
-    def observe(self, x: torch.Tensor, window: torch.Tensor | None = None) -> tuple[Any, ...]:
+    def observe(self, x: torch.Tensor, window: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[Any, ...]:
         """What the filters see of ``x`` (B, L, D): ``(z, gate, window, (v, lam_v, k, q))``.
 
         ``z`` (B, L, M) is the conv + SiLU output, ``gate`` (B, L, M) the output gate before its
         SiLU, ``window`` the new pre-conv window (``window=None``: zeros, a sequence's start), and
         ``v, lam_v`` (B, L, M), ``k, q`` (B, L, S) the scan's inputs (:func:`kla_scan`) in the scan
         dtype: filter ``(m, s)`` observes ``v[m]`` through the gain ``k[s]`` with precision ``lam_v[m]``.
+        With ``cu_seqlens`` (packed documents, ``B = 1``) the conv stays within each document
+        (:func:`kalmanscan.nn.packed.document_conv`) and ``window`` is ``None``.
         """
         z, gate = self.in_proj(x).chunk(2, -1)
-        if window is None:
-            window = z.new_zeros(z.shape[0], self.d_conv - 1, self.d_inner)
-        z, window = causal_conv(z, window, self.conv)
+        if cu_seqlens is not None:
+            z, window = document_conv(z, self.conv, cu_seqlens), None
+        else:
+            if window is None:
+                window = z.new_zeros(z.shape[0], self.d_conv - 1, self.d_inner)
+            z, window = causal_conv(z, window, self.conv)
         z = F.silu(z)
         return z, gate, window, self.sensors(z)
 
@@ -286,21 +294,30 @@ class KLA(nn.Module):
         out = self.out_proj((y.to(z.dtype) + self.skip.to(z.dtype) * z) * g)
         if not return_variance:
             return (out,)
+        return out, self.output_variance(y_var, gate)
+
+    def output_variance(self, y_var: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """``y_var`` (..., M) through the squared gate and output weights: (..., D) in ``y_var``'s dtype."""
         with torch.autocast(y_var.device.type, enabled=False):
-            g2 = g.to(y_var.dtype).square()
-            out_var = F.linear(y_var * g2, self.out_proj.weight.to(y_var.dtype).square())
-        return out, out_var
+            g2 = F.silu(gate).to(y_var.dtype).square()
+            return F.linear(y_var * g2, self.out_proj.weight.to(y_var.dtype).square())
 
     noise_free: bool = False
     """Set true when the process noise is fixed at 0 (``sigma = 0``, frozen): known on the host,
     so the forward runs the filters in mean form, exact at every length, without reading a value."""
 
     def forward(self, x: torch.Tensor, state: KLAState | None = None,
-                return_variance: bool = False) -> torch.Tensor | tuple[Any, ...]:
+                return_variance: bool = False, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor | tuple[Any, ...]:
         """Run the block over a whole sequence (or a chunk of one, continuing ``state``).
 
         x: (B, L, D). Returns ``y`` (B, L, D); ``(y, y_var)`` with ``return_variance``; and, when a
         ``state`` is given, the new state appended: ``(y, state)`` or ``(y, y_var, state)``.
+
+        ``cu_seqlens``: packed documents (fla's convention, :mod:`kalmanscan.ops.kla.documents`):
+        ``x`` is ``(1, total, D)``, int32 offsets ``(N + 1,)``; each document's output is what it
+        would get alone (the conv and the filters restart at its first token), without ``state``.
+        Its values are not read here (no synchronisation): the caller gives valid offsets
+        (:meth:`kalmanscan.nn.SequenceModel.forward` checks them once).
 
         The parameters are valid by construction, so the scan runs unchecked
         (:func:`kalmanscan.ops.kla.kla_scan_unchecked`): no device-to-host synchronisation in the
@@ -318,37 +335,85 @@ class KLA(nn.Module):
         squared output weights; it ignores the projections' own uncertainty.
         """
         runner = None if torch.compiler.is_compiling() else _FORWARD.get()
-        if runner is not None and id(self) in runner[0]:
+        if runner is not None and id(self) in runner[0] and cu_seqlens is None:
             return runner[1](self, x, state, return_variance)
         self.check_input(x, 3, "x")
-        z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv)
+        if cu_seqlens is not None:
+            check_cu_seqlens(cu_seqlens, x)
+            if state is not None:
+                raise ValueError("cu_seqlens: packed documents start from the initial state; give no state")
+        z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv, cu_seqlens)
         decay, noise = self.discretized()
         initial = None if state is None else FilterState.from_moments(state.var, state.mu)
         with torch.autocast(x.device.type, enabled=False):
             y, y_var, final = kla_scan_unchecked(v, lam_v, k, q, decay.to(lam_v.dtype), noise.to(lam_v.dtype),
                                                  initial_state=initial, return_state=True,
                                                  backend=self.backend, noise_free=self.noise_free,
-                                                 variance=return_variance)
+                                                 variance=return_variance, cu_seqlens=cu_seqlens)
         out = self.read_out(y, y_var, z, gate, return_variance)
         if state is not None:
             out = out + (KLAState(window, final.var, final.mu),)
         return out if len(out) > 1 else out[0]
 
-    def step(self, x_t: torch.Tensor, state: KLAState, return_variance: bool = False) -> tuple[Any, ...]:
+    def step(self, x_t: torch.Tensor, state: KLAState, return_variance: bool = False, *,
+             out: KLAState | None = None) -> tuple[Any, ...]:
         """Advance by one token in O(M S) work: x_t (B, D) -> ``(y_t, state)`` (or ``(y_t, y_var_t,
         state)``), y_t (B, D).
 
-        The same predict-then-update as the scan for one token, in the mean form of
-        :func:`kalmanscan.ops.kla.kla_step` (variance and mean, finite without process noise).
+        The same predict-then-update as the scan for one token, in mean form (variance and mean,
+        finite without process noise): ``in_proj``, the conv step, ``sensor_proj`` and
+        ``out_proj`` as matrix products around the fused conv and filter steps of
+        :mod:`kalmanscan.ops.kla.step` (on CUDA two Triton kernels; in torch operations elsewhere,
+        and wherever autograd records the step, which is then differentiable).
+
+        ``out``: a :class:`KLAState` whose tensors receive the new state (``out=state`` advances the
+        state in place); its ``var`` and ``mu`` must be contiguous, in the state's dtype. With it
+        the step allocates no state, reads nothing on the host and can be captured in a CUDA
+        graph; it records no gradient (a ``ValueError`` where autograd would). Without it the
+        returned state is new and ``state`` is left as it was.
+
+        ``decay`` and ``noise`` are computed once per version of the OU parameters when no
+        gradient is recorded (:meth:`step_params`).
         """
         self.check_input(x_t, 2, "x_t")
-        z, gate = self.in_proj(x_t).chunk(2, -1)
-        z, window = causal_conv(z[:, None], state.conv, self.conv)
-        z = F.silu(z[:, 0])
-        v, lam_v, k, q = self.sensors(z)
-        decay, noise = self.discretized()
+        recording = torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.parameters()))
+        if out is not None and recording:
+            raise ValueError("out: a step into given buffers records no gradient; call it under torch.no_grad()")
+        M = self.d_inner
+        z_pre, gate = self.in_proj(x_t).split([M, M], -1)
+        z, window = conv_step(z_pre, state.conv, self.conv.weight[:, 0], self.conv.bias,
+                              window_out=None if out is None else out.conv)
+        v, log_var, k, q = self.sensor_rows(z)
+        decay, noise = self.discretized() if recording else self.step_params()
+        dtype = state.var.dtype
         with torch.autocast(x_t.device.type, enabled=False):
-            y, y_var, var, mu = kla_step(v, lam_v, k, q, decay, noise, state.var.to(v.dtype),
-                                         state.mu.to(v.dtype))
-        out = self.read_out(y, y_var, z, gate, return_variance)
-        return out + (KLAState(window, var, mu),)
+            gated, y_var, var, mu = kla_decode_step(
+                v, log_var, k, q, z, gate, decay.to(dtype), noise.to(dtype), self.skip, self.obs_var_bias,
+                state.var, state.mu, floor=_OBS_VAR_FLOOR, variance=return_variance,
+                var_out=None if out is None else out.var, mu_out=None if out is None else out.mu)
+        y = self.out_proj(gated)
+        new = KLAState(window, var, mu)
+        return (y, self.output_variance(y_var, gate), new) if return_variance else (y, new)
+
+    def sensor_rows(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """z (B, M) -> the raw sensor rows ``v, log_var`` (B, M) and ``k, q`` (B, S) of one token,
+        before :meth:`sensors`' post-processing (``obs_var_bias`` not added, ``k``, ``q`` not
+        normalised): column slices of the sensor projection's output."""
+        M, S, r = self.d_inner, self.d_state, self.var_rank
+        if self.variant == "plain":
+            return self.sensor_proj(z).split([M, M, S, S], -1)
+        low, k, q = self.sensor_proj(z).split([r, S, S], -1)
+        return z, self.var_expand(low), k, q
+
+    def step_params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(decay, noise)`` of :meth:`discretized` without gradient, remembered while the OU
+        parameters keep their storage and version (an in-place update, e.g. an optimiser's step or
+        a ``fill_`` under ``torch.no_grad()``, recomputes them; a write through ``.data`` is not
+        seen): decoding launches no kernel for them."""
+        key = tuple((p.data_ptr(), p.dtype, p._version) for p in (self.log_theta, self.noise_parameter(), self.log_dt))
+        cached = self.__dict__.get("_step_params")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = (key, *self.discretized())
+            self.__dict__["_step_params"] = cached
+        return cached[1], cached[2]

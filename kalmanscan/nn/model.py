@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kalmanscan.nn.common import RMSNorm
+from kalmanscan.nn.generate import copy_state, generate, rms_norm_step, takes_out
 from kalmanscan.nn.init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
 from kalmanscan.nn.mixers import MIXERS
 
@@ -77,10 +78,20 @@ class Block(nn.Module):
             x = x + y
         return x + self.mlp(self.mlp_norm(x)), state
 
-    def step(self, x_t: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
-        y, state = self.mixer.step(self.mixer_norm(x_t), state)
+    def step(self, x_t: torch.Tensor, state: Any, out: Any = None) -> tuple[torch.Tensor, Any]:
+        """One token, x_t (B, D); ``out``: the state to write the new one into (see
+        :meth:`SequenceModel.step`). The norms are one fused operation each where the weight has
+        the input's dtype (``F.rms_norm``, the same arithmetic as :class:`RMSNorm`)."""
+        h = rms_norm_step(self.mixer_norm, x_t)
+        if out is None:
+            y, state = self.mixer.step(h, state)
+        elif takes_out(self.mixer):
+            y, state = self.mixer.step(h, state, out=out)
+        else:
+            y, state = self.mixer.step(h, state)
+            state = copy_state(out, state)
         x_t = x_t + y
-        return x_t + self.mlp(self.mlp_norm(x_t)), state
+        return x_t + self.mlp(rms_norm_step(self.mlp_norm, x_t)), state
 
 
 def _accepted(constructor, kwargs: dict) -> dict:
@@ -151,9 +162,12 @@ class SequenceModel(nn.Module):
         if weight_init == "normal":
             normal_init_(self)
 
-    def init_state(self, batch: int, device: torch.device | str | None = None) -> list:
-        """One recurrent state per layer, for decoding from the start of a sequence."""
-        return [b.mixer.init_state(batch, device=device) for b in self.blocks]
+    def init_state(self, batch: int, device: torch.device | str | None = None, capacity: int | None = None) -> list:
+        """One recurrent state per layer, for decoding from the start of a sequence; ``capacity``:
+        the tokens a cache should have room for, passed to the mixers whose ``init_state`` takes it
+        (attention's KV cache)."""
+        extra = {} if capacity is None else dict(capacity=capacity)
+        return [b.mixer.init_state(batch, device=device, **_accepted(b.mixer.init_state, extra)) for b in self.blocks]
 
     def _check_state(self, state: list | None) -> None:
         if state is not None and (not isinstance(state, (list, tuple)) or len(state) != len(self.blocks)):
@@ -176,14 +190,40 @@ class SequenceModel(nn.Module):
         logits = self.head(self.norm(x))
         return logits if state is None else (logits, new_state)
 
-    def step(self, token: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
-        """One decoding step: token (B,) int -> ``(logits (B, vocab_size), state)``."""
+    def step(self, token: torch.Tensor, state: list, *, out: list | None = None) -> tuple[torch.Tensor, list]:
+        """One decoding step: token (B,) int -> ``(logits (B, vocab_size), state)``.
+
+        ``out``: a list of layer states to write the new ones into (``out=state``: the state
+        advances in place). Mixers whose ``step`` takes ``out`` (KLA, attention) write into it;
+        for the others the new state's tensors are copied into it. With ``out=state`` the step
+        keeps every tensor of the state where it is, so that it can be captured in a CUDA graph
+        and replayed (:meth:`generate`); gradients are not recorded that way.
+        """
         if token.ndim != 1:
             raise ValueError(f"token must have shape (B,), got {tuple(token.shape)}")
         self._check_state(state)
+        self._check_state(out)
         x = self.embedding(token)
         new_state = []
-        for block, s in zip(self.blocks, state):
-            x, s = block.step(x, s)
+        for i, (block, s) in enumerate(zip(self.blocks, state)):
+            x, s = block.step(x, s, None if out is None else out[i])
             new_state.append(s)
-        return self.head(self.norm(x)), new_state
+        return self.head(rms_norm_step(self.norm, x)), new_state
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                 *, prefill_chunk: int = 2048, cuda_graph: bool = False,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue ``prompt`` (B, P) int by ``max_new_tokens`` tokens: returns (B, P + max_new_tokens).
+
+        The prompt is read by the forward (the scan for KLA) in chunks of ``prefill_chunk`` tokens,
+        then each new token by :meth:`step` with the state advanced in place. ``temperature=0``
+        picks the most likely token (greedy); above 0 the next token is drawn from
+        ``softmax(logits / temperature)``, restricted to the ``top_k`` most likely with ``top_k``
+        (Gumbel-max sampling, with ``generator`` when given). ``cuda_graph=True`` (CUDA only)
+        runs the first step eagerly, captures the next one (sampling included) in a
+        ``torch.cuda.CUDAGraph`` and replays it for every further token: the same operations, so
+        greedy output equals the eager loop's.
+        """
+        return generate(self, prompt, max_new_tokens, temperature, top_k, prefill_chunk=prefill_chunk,
+                        cuda_graph=cuda_graph, generator=generator)
