@@ -89,3 +89,91 @@ def _untyped(path: Path) -> list[str]:
 def test_public_functions_have_type_hints():
     gaps = [g for path in sorted((ROOT / "kalmanscan").rglob("*.py")) for g in _untyped(path)]
     assert not gaps, "\n".join(gaps)
+
+
+
+PACKAGE = ROOT / "kalmanscan"
+KERNELS = ROOT / "kernels"
+
+
+def _package_modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (``kernels/`` is ``kalmanscan.kernels``)."""
+    found = {}
+    for base, name in ((PACKAGE, "kalmanscan"), (KERNELS, "kalmanscan.kernels")):
+        for path in sorted(base.rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([name, *parts])] = path
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, here: str, is_package: bool, modules: dict) -> set[str]:
+    """The package's modules an ``import`` or ``from`` statement names: ``import a.b`` and ``from a
+    import b`` name the module ``a.b`` when it is one, else ``from a import b`` names ``a``; a package
+    is its ``__init__``. The parent packages Python runs on the way are left out: they are loaded
+    before any of their modules."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name in modules}
+    base = node.module or ""
+    if node.level:
+        anchor = here if is_package else here.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            anchor = anchor.rpartition(".")[0]
+        base = f"{anchor}.{base}".rstrip(".")
+    return {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names} & set(modules)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at module level or inside a function (imports
+    under ``if TYPE_CHECKING:`` never run and are left out)."""
+    modules = _package_modules()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for node in ast.walk(tree)
+                       if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                       for stmt in node.body for n in ast.walk(stmt)}
+        graph[name] = {t for node in ast.walk(tree)
+                       if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in typing_only
+                       for t in _targets(node, name, path.name == "__init__.py", modules)} - {name}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """A shortest cycle through each module that lies on one, one per cycle found (``[a, b, a]``)."""
+    cycles = []
+    for start in sorted(graph):
+        came = {start: None}
+        frontier = [start]
+        found = None
+        while frontier and found is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w == start:
+                        found = v
+                        break
+                    if w not in came:
+                        came[w] = v
+                        nxt.append(w)
+                if found is not None:
+                    break
+            frontier = nxt
+        if found is None:
+            continue
+        path = [found]
+        while came[path[-1]] is not None:
+            path.append(came[path[-1]])
+        cycle = list(reversed(path))
+        turn = cycle.index(min(cycle))
+        cycle = cycle[turn:] + cycle[:turn]
+        if cycle + [cycle[0]] not in cycles:
+            cycles.append(cycle + [cycle[0]])
+    return cycles
+
+
+def test_no_import_cycles():
+    """No cycle among the package's imports, those inside functions counted."""
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

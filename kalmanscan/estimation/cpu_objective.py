@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from kalmanscan.model import ou
-from kalmanscan.problem.prepare import Problem
+from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.cpu_threads import SMALL_WORK
 from kalmanscan.ops.filter.cpu.backend import FIELDS, INPUTS, MAX_LANES, MIN_LANES, layout
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from kalmanscan.model import mobius
-from kalmanscan.problem.prepare import Problem
+from kalmanscan.problem.problem import Problem
 from kalmanscan.ops import host_memory
 from kalmanscan.model.scan import associative_scan
 from kalmanscan.inference.stream import predict

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kalmanscan.inference.state import array_kind, last_state
 from kalmanscan.types import ArrayLike
 
 
@@ -99,8 +100,6 @@ class Posterior:
         """The :class:`~kalmanscan.StreamState` at the last step: the filtered mean and variance
         ``(..., C)``, the OU mean level there, the last time (when ``times`` were given) and the
         steps filtered so far; ``ks.filter(next_chunk, ..., state=post.state)`` continues from it."""
-        from kalmanscan.inference.stream import last_state
-
         return last_state(self)
 
     def __repr__(self) -> str:
@@ -153,13 +152,6 @@ class Posterior:
                 v = _to_numpy(v)
             conv[f.name] = v
         return Posterior(**conv)
-
-
-def array_kind(x: ArrayLike) -> str:
-    """``"float64, NumPy"`` or ``"torch.float32 on cuda:0, requires grad"``: an array's dtype and device."""
-    if hasattr(x, "detach"):
-        return f"{x.dtype} on {x.device}" + (", requires grad" if x.requires_grad else "")
-    return f"{np.asarray(x).dtype}, NumPy"
 
 
 def loglik_summary(loglik: ArrayLike) -> str:

@@ -15,108 +15,25 @@ from __future__ import annotations
 
 import warnings
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
 from kalmanscan.model import mobius, ou
-from kalmanscan.problem.checks import Checks, Pending, queue_y_check
+from kalmanscan.ops.filter.dispatch import backend_names, resolve_backend
+from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device
+from kalmanscan.problem.bounds import BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, PARAMS, requirement, within
+from kalmanscan.problem.checks import Checks, queue_y_check
+from kalmanscan.problem.convert import broadcast_init, broadcast_param, host_array, on_host, to_device
+from kalmanscan.problem.problem import Problem
 from kalmanscan.types import ArrayLike
 
 
-__all__ = ["Problem", "prepare", "host_parameters", "to_device", "GUESSED", "PARAMS", "BOUNDS", "requirement",
-           "broadcast_param", "broadcast_init", "host_array", "on_host", "NEEDS_INIT_VAR_THETA", "NEEDS_INIT_VAR_SIGMA"]
-PARAMS = ("theta", "sigma", "obs_var", "mean", "h", "dt")
-NEEDS_INIT_VAR_THETA = ("init_var is required when theta = 0 (the random walk has no stationary law); "
-                         "pass init_var > 0, or float('inf') for a diffuse prior")
-NEEDS_INIT_VAR_SIGMA = ("init_var is required where sigma = 0: the stationary variance sigma^2 / (2 theta) "
-                         "is then 0 (a known state); pass init_var > 0, or float('inf') for a diffuse prior")
+__all__ = ["prepare", "host_parameters", "GUESSED"]
 
+GUESSED = dict(diffuse=False, no_noise=False)
+"""The facts a deferred :func:`prepare` assumes until its checks are read (:attr:`Problem.pending`):
+no diffuse prior, process noise present."""
 
-@dataclass
-class Problem:
-    """Validated inputs as torch tensors of the compute dtype, broadcastable to ``shape``.
-
-    Facts decided with the checks (no further synchronisation): ``diffuse``, whether any
-    ``init_var`` is inf (:mod:`kalmanscan.inference.diffuse`); ``no_noise``, whether some filter with
-    ``decay < 1`` has process noise below :data:`kalmanscan.model.mobius.NO_NOISE`
-    (:func:`kalmanscan.model.mobius.no_process_noise`; decided with the checks only for the triton
-    backend, which picks its path by it; ``None`` otherwise or once a change of the parameters
-    made it unknown, and :meth:`no_process_noise` then computes it). ``outputs``: the fields the caller
-    asked for (``None``: all; backends may compute more, :func:`kalmanscan.filter` drops them).
-    ``derived``: when every parameter came from the host as a scalar or ``(C,)`` (the common call),
-    ``decay, noise, lam0, eta0`` computed there in float64 with the checks and moved with the
-    parameters in one copy (views ``(1, C)`` of one tensor), and the fields they came from (``from``);
-    read through :meth:`decay_noise` and :meth:`initial_info`. ``y_check``: a backend may queue
-    ``y``'s inf check with its kernels, returned as ``out["y_check"]`` (a
-    :class:`~kalmanscan.problem.checks.Ahead` of a value that is not finite when ``y`` holds an ``inf``,
-    read by :func:`kalmanscan.problem.checks.decide_y`); one that does not leaves the caller to check by
-    result. ``pending``: checks and facts :func:`prepare` queued without reading them (``defer``):
-    the caller decides them once its kernels are queued; ``diffuse`` and ``no_noise`` are then
-    guesses until that read confirms them."""
-
-    y: torch.Tensor
-    theta: torch.Tensor
-    sigma: torch.Tensor
-    obs_var: torch.Tensor
-    mean: torch.Tensor
-    h: torch.Tensor
-    dt: torch.Tensor
-    init_mean: torch.Tensor
-    init_var: torch.Tensor
-    shape: tuple
-    numpy_out: bool
-    out_dtype: object
-    times: torch.Tensor | None = None
-    diffuse: bool = False
-    no_noise: bool | None = None
-    outputs: tuple | None = None
-    derived: dict | None = field(default=None, repr=False)
-    y_check: bool = False
-    pending: Pending | None = field(default=None, repr=False)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.y.dtype
-
-    def no_process_noise(self) -> bool:
-        """:attr:`no_noise`, computed (one synchronisation) when unknown."""
-        if self.no_noise is None:
-            self.no_noise = mobius.no_process_noise(*self.decay_noise())
-        return self.no_noise
-
-    def decay_noise(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """OU ``(decay, noise)`` per step, broadcastable to ``shape`` (index 0 unused): computed on
-        the host with the checks when every parameter came from the host (:attr:`derived`), else
-        by :func:`kalmanscan.model.ou.discretize` on the parameters' device."""
-        known = self._derived(("theta", "sigma", "dt"))
-        if known is not None:
-            return known["decay"], known["noise"]
-        return ou.discretize(self.theta, self.sigma, self.dt)
-
-    def initial_info(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(lam0, eta0)``, each broadcastable to ``shape[:-2] + (1, C)``: the initial precision
-        ``1 / init_var`` and information mean ``lam0 (init_mean - mean_0)`` (centred)."""
-        known = self._derived(("init_mean", "init_var", "mean"))
-        if known is not None:
-            return known["lam0"], known["eta0"]
-        lam0 = 1.0 / self.init_var
-        return lam0, lam0 * (self.init_mean - self.mean[..., :1, :])
-
-    def _derived(self, sources: tuple[str, ...]) -> dict | None:
-        """:attr:`derived` when the fields ``sources`` it was computed from are still this problem's
-        (``dataclasses.replace`` of any of them makes it stale), else ``None``."""
-        d = self.derived
-        if d is None or any(getattr(self, k) is not d["from"][k] for k in sources):
-            return None
-        return d
-
-    def output(self, x: torch.Tensor) -> torch.Tensor | np.ndarray:
-        """Cast a result tensor back to the caller's array kind and dtype."""
-        if self.numpy_out:
-            return x.detach().cpu().numpy().astype(self.out_dtype, copy=False)
-        return x if x.dtype == self.out_dtype else x.to(self.out_dtype)
 
 
 def _compute_dtype(y):
@@ -167,9 +84,6 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     (:attr:`Problem.pending`, facts assumed as :data:`GUESSED`) for the caller to decide once its
     kernels are queued, and to run the call again if the facts read differ.
     """
-    from kalmanscan.ops.filter import backend_names, resolve_backend  # (the registry imports this module)
-    from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device  # (it imports this module)
-
     if backend not in backend_names():
         raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
     if (y.dtype == torch.bool) if isinstance(y, torch.Tensor) else (np.asarray(y).dtype.kind == "b"):
@@ -214,7 +128,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         params["dt"], times_t = _dt_from_times(times, y_t.shape[-2], dtype, _home(times), checks)
 
     for name, bound in BOUNDS.items():
-        checks.add(name, params[name], lambda v, b=bound: _within(v, b), requirement(bound))
+        checks.add(name, params[name], lambda v, b=bound: within(v, b), requirement(bound))
 
     shape = tuple(y_t.shape)
     for name, p in params.items():
@@ -254,26 +168,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
                    times=None if times_t is None else to_device(times_t, device), pending=pending, **moved)
 
 
-GUESSED = dict(diffuse=False, no_noise=False)
-"""The facts a deferred :func:`prepare` assumes until its checks are read (:attr:`Problem.pending`):
-no diffuse prior, process noise present."""
-
-
-BOUNDS = dict(theta=">= 0", sigma=">= 0", obs_var="> 0", mean=None, h=None, dt="> 0")
-"""Each parameter's rule besides being finite (checked in this order)."""
 _DERIVED = ("decay", "noise", "lam0", "eta0")
-
-
-def requirement(bound: str | None) -> str:
-    return "finite" if bound is None else f"finite and {bound}"
-
-
-def _within(v, bound: str | None):
-    """Elementwise: ``v`` finite and within ``bound`` (``">= 0"``, ``"> 0"`` or ``None``); NumPy or torch."""
-    finite = torch.isfinite(v) if isinstance(v, torch.Tensor) else np.isfinite(v)
-    if bound is None:
-        return finite
-    return finite & ((v >= 0) if bound == ">= 0" else (v > 0))
 
 
 def host_parameters(values: dict, times: ArrayLike | None, init_mean: ArrayLike | None,
@@ -282,26 +177,6 @@ def host_parameters(values: dict, times: ArrayLike | None, init_mean: ArrayLike 
     of ``values`` (the six model parameters), ``init_mean`` and ``init_var`` a scalar or ``(C,)`` on
     the host, and no ``times``."""
     return times is None and all(on_host(x) for x in (*values.values(), init_mean, init_var))
-
-
-def on_host(x: ArrayLike | None) -> bool:
-    """Whether ``x`` is ``None``, or a scalar or ``(C,)`` given on the host without gradient: the
-    parameters :func:`_prepare_host` takes."""
-    if x is None or isinstance(x, (int, float)):
-        return True
-    if isinstance(x, torch.Tensor):
-        return x.device.type == "cpu" and x.ndim <= 1 and not x.requires_grad
-    return np.ndim(x) <= 1
-
-
-def host_array(name: str, x: ArrayLike, np_dtype: type) -> np.ndarray:
-    """``x`` as a NumPy array of the compute dtype (then float64, exactly): what the kernels see."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().to(torch.float64).numpy()
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    return arr.astype(np_dtype, copy=False).astype(np.float64, copy=False)
 
 
 def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Problem:
@@ -330,22 +205,6 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
                 no_noise=no_noise, **fields)
     p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in PARAMS + ("init_mean", "init_var")}})
     return p
-
-
-def to_device(x: torch.Tensor, device: torch.device, copy: bool = False) -> torch.Tensor:
-    """``x`` on ``device`` (differentiably; a new tensor with ``copy``). From the CPU to a GPU
-    through page-locked memory without blocking: torch waits for the device's queue after a copy
-    from pageable memory, so a call that moved a host value that way would not queue behind the
-    previous call. The page-locked source is never written, so the copy may read it late. Under
-    ``torch.compile``, which cannot trace page-locking, a plain copy. A copy on the CPU of a
-    tensor needing no gradient is NumPy's, on this thread: torch's copy of a few hundred kB wakes
-    its thread pool, which on a busy machine waits for a time slice."""
-    if device.type == "cuda" and x.device.type == "cpu" and not torch.compiler.is_compiling():
-        return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
-    if (copy and device.type == "cpu" and x.device.type == "cpu" and not x.requires_grad
-            and not torch.compiler.is_compiling()):
-        return torch.from_numpy(x.numpy().copy())
-    return x.to(device, copy=copy)
 
 
 _HOST_ROWS: dict = {}
@@ -439,27 +298,6 @@ def _as_2d(p):
 def _init_param(name, x, dtype, device):
     p = _to_tensor(name, x, dtype, device)
     return p.reshape(1, 1) if p.ndim == 0 else p.unsqueeze(-2)
-
-
-def broadcast_param(name: str, shape: tuple, pshape: tuple, T: int) -> tuple:
-    try:
-        out = np.broadcast_shapes(shape, pshape)
-    except ValueError:
-        raise ValueError(
-            f"{name} of shape {pshape} does not broadcast with shape {shape} "
-            "(static parameters are scalars or (C,); per-step ones are (..., T, C))") from None
-    if out[-2] != T:
-        raise ValueError(f"{name} of shape {pshape} has a time axis of length {pshape[-2]}, but y has T = {T}")
-    return out
-
-
-def broadcast_init(name: str, shape: tuple, pshape: tuple) -> tuple:
-    """``shape`` broadcast with an initial-state parameter of shape ``pshape`` (``(..., 1, C)``)."""
-    try:
-        batch = np.broadcast_shapes(shape[:-2] + (1, shape[-1]), pshape)
-    except ValueError:
-        raise ValueError(f"{name} of shape {pshape} does not broadcast to {shape[:-2] + (shape[-1],)}") from None
-    return batch[:-2] + shape[-2:-1] + batch[-1:]
 
 
 def _dt_from_times(times, T, dtype, device, checks):

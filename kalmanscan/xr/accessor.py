@@ -78,10 +78,13 @@ _DESCRIPTIONS = {
 
 
 def _public(name):
-    """The public function ``kalmanscan.<name>`` (imported on first use, keeping this module light)."""
-    import kalmanscan
+    """The public function ``kalmanscan.<name>`` (``filter``, ``smooth`` or ``fit``), imported from
+    its module on first use, keeping this module light."""
+    from kalmanscan.estimation.fitting import fit
+    from kalmanscan.inference.filtering import filter
+    from kalmanscan.inference.smoothing import smooth
 
-    return getattr(kalmanscan, name)
+    return dict(filter=filter, smooth=smooth, fit=fit)[name]
 
 
 def _check_dataarray(da, dim):

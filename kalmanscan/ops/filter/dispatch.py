@@ -9,7 +9,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from kalmanscan.problem.prepare import Problem
+from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.registry import Registry
 
 __all__ = ["register_backend", "unregister_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]

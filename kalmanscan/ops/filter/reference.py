@@ -21,7 +21,7 @@ from scipy import stats
 import torch
 
 from kalmanscan.model import ou
-from kalmanscan.problem.prepare import Problem
+from kalmanscan.problem.problem import Problem
 
 __all__ = ["filter", "smooth"]
 

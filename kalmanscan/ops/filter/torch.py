@@ -17,7 +17,7 @@ import torch
 
 from kalmanscan.model import merged, mobius, ou
 from kalmanscan.model.reciprocal import reciprocal
-from kalmanscan.problem.prepare import Problem
+from kalmanscan.problem.problem import Problem
 from kalmanscan.model.scan import associative_scan
 
 __all__ = ["compact", "filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity", "adjoint_to"]

@@ -53,7 +53,7 @@ import torch
 from kalmanscan.model import ou
 from kalmanscan.ops import host_memory
 from kalmanscan.ops.cpu_threads import run_loop
-from kalmanscan.problem.prepare import Problem
+from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.filter.torch import adjoint_to, compact
 
 __all__ = ["filter", "smooth", "stream_step", "stream_step_arrays", "layout", "FIELDS", "POSTERIOR", "INPUTS",

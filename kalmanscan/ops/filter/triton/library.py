@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from kalmanscan.ops.filter.triton import backend as triton_backend
+from kalmanscan.ops.filter.triton import walks
 from kalmanscan.ops.filter.triton.param_adjoints import param_grads
 from kalmanscan.ops.filter.triton.config import FilterConfig
 
@@ -47,11 +47,10 @@ __all__ = ["filter_fused", "filter_fused_backward", "filter_posterior"]
 
 Tensor = torch.Tensor
 Four = tuple[Tensor, Tensor, Tensor, Tensor]
-_ORDER = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h")
 
 
 def _views(inputs, shape):
-    return {k: triton_backend.flat(x.detach(), tuple(shape)) for k, x in zip(_ORDER, inputs)}
+    return {k: walks.flat(x.detach(), tuple(shape)) for k, x in zip(walks.ORDER, inputs)}
 
 
 @torch.library.custom_op("kalmanscan::filter_fused", mutates_args=())
@@ -60,7 +59,7 @@ def filter_fused(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, obs_var: T
     """The fused forward writing ``(mu, lam, pred_mu, pred_var)``, centred, ``(B, T, C)``; see the
     module docstring."""
     views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
-    out = triton_backend.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config))
+    out = walks.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config))
     return out["mu"], out["lam"], out["pred_mu"], out["pred_var"]
 
 
@@ -77,9 +76,9 @@ def filter_fused_backward(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, o
                           config: list[int]) -> Four:
     """The fused backward: ``(grad_y, obs_grad, trans_grad, grad_init)``; see the module docstring."""
     views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
-    grad_y, obs_grad, trans_grad, grad_init = triton_backend.filter_backward(
+    grad_y, obs_grad, trans_grad, grad_init = walks.filter_backward(
         views, init.contiguous(), mu, lam, (g_mu, g_lam, g_pred_mu, g_pred_var), FilterConfig.from_ints(config))
-    trans_step, obs_step = triton_backend.step_flags(views)  # else both are views of one (5, B, 1, C) sum:
+    trans_step, obs_step = walks.step_flags(views)  # else both are views of one (5, B, 1, C) sum:
     own = dict(memory_format=torch.contiguous_format)      # copies, laid out as the fake outputs say
     return (grad_y, obs_grad if obs_step else obs_grad.clone(**own),
             trans_grad if trans_step else trans_grad.clone(**own), grad_init)
@@ -88,7 +87,7 @@ def filter_fused_backward(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, o
 @filter_fused_backward.register_fake
 def _(y, theta, sigma, dt, obs_var, mean, h, init, mu, lam, g_mu, g_lam, g_pred_mu, g_pred_var, shape, config):
     B, T, C = mu.shape
-    trans_step, obs_step = triton_backend.step_flags(_views((y, theta, sigma, dt, obs_var, mean, h), shape))
+    trans_step, obs_step = walks.step_flags(_views((y, theta, sigma, dt, obs_var, mean, h), shape))
     return (mu.new_empty(B, T, C), mu.new_empty(3, B, T if obs_step else 1, C),
             mu.new_empty(2, B, T if trans_step else 1, C), mu.new_empty(B, 2, C))
 
@@ -99,7 +98,7 @@ def filter_posterior(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, obs_va
     """The Posterior's fields of the bit mask ``mask``, each of ``shape``; see the module docstring."""
     views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
     fields = _fields(mask)
-    out = triton_backend.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config),
+    out = walks.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config),
                                         posterior=fields, out_shape=tuple(shape), loglik_sum=False)
     return [out[k] for k in fields]  # (the operator returns the fields: its caller sums the log-likelihood)
 
@@ -110,7 +109,7 @@ def _(y, theta, sigma, dt, obs_var, mean, h, init, shape, config, mask):
 
 
 def _fields(mask: int) -> tuple[str, ...]:
-    return tuple(k for i, k in enumerate(triton_backend.POSTERIOR) if mask >> i & 1)
+    return tuple(k for i, k in enumerate(walks.POSTERIOR) if mask >> i & 1)
 
 
 def _setup_context(ctx, inputs, output):

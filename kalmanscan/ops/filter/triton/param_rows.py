@@ -23,8 +23,9 @@ from kalmanscan.kernels.filter.params import NFLAGS, param_rows_kernel
 
 from kalmanscan.model import mobius, ou
 from kalmanscan.problem.checks import Checks, Flag
-from kalmanscan.problem.prepare import (BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, PARAMS, Problem,
-                                        broadcast_init, broadcast_param, host_array, on_host, requirement, to_device)
+from kalmanscan.problem.bounds import BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, PARAMS, requirement
+from kalmanscan.problem.convert import broadcast_init, broadcast_param, host_array, on_host, to_device
+from kalmanscan.problem.problem import Problem
 from kalmanscan.types import ArrayLike
 
 __all__ = ["static_on_device", "prepare_static"]
