@@ -1,10 +1,10 @@
-"""Speed benchmarks, run on a GPU (the paper-evidence harness is in ``evidence/``).
+"""Speed benchmarks: each timing beside the hardware limit and the peers, in one process.
 
-    benchmarks.bench_filter      the filter kernels: checks against float64 (benchmarks.filter_checks),
-                                 times, launch-variant sweep, torch and JAX baselines
-    benchmarks.bench_filter_api  the public ks.filter and ks.smooth calls end to end
-    benchmarks.bench_kla         the KLA scan: GPU check, launch-shape sweep, times
-    benchmarks/bench_distributed.py   sequence parallelism under torchrun
-    benchmarks.profile_kernels   launches to read under Nsight Compute, and a summary of its CSV
-    benchmarks.sass_stats        instruction counts of the kernels' loops, compiled without a GPU
+    python -m benchmarks                             # the suites (benchmarks/suites.py), one line each
+    python -m benchmarks run SUITE [ARGS...]         # one suite; ARGS --help for its options
+    python -m benchmarks headline --out DIR          # rerun every published table, JSON and markdown
+
+``bench_*.py`` are the suites; ``common.py`` what they share (the commit, timers, inputs);
+``probes/`` the profiler scripts and A/B probes behind the design decisions; ``results/`` the raw
+results the docs cite. The paper-evidence harness is ``evidence/``.
 """

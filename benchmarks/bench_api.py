@@ -16,23 +16,19 @@ call dispatches: torch operations, synchronisations (scalar reads) and host-to-d
 is timed against its kernels the same way. Results are checked against the float64 torch backend
 first.
 
-    python -m benchmarks.bench_api --out results.json
+    python -m benchmarks run api --out results.json
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import statistics
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import kalmanscan as ks
-from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
-from benchmarks.records import commit
+from benchmarks.common import alone_ms, call_counts, commit, copy_bandwidth, initial_state, median_ms, save
 from kalmanscan.inference.filtering import sum_time
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import backend as triton_backend
@@ -42,45 +38,6 @@ SHAPES = [(4096, 32768), (64, 1 << 22), (4096, 2048), (1, 1 << 22), (64, 1 << 20
           (1, 1 << 24)]
 ALL_FIELDS = 10            # (..., T, C) arrays of a Posterior, 4 bytes each
 KLA_SHAPE = (8, 2048, 1024, 16)
-
-
-def alone_ms(fn, reps: int = 30) -> float:
-    """Median host wall time of one call followed by a device synchronisation."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-class Dispatched(TorchDispatchMode):
-    """Counts the torch operations a call dispatches, its scalar reads back to the host (one
-    synchronisation each) and its copies from the host to the device."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-        self.to_device = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops[str(func)] += 1
-        ins = [a for a in args if isinstance(a, torch.Tensor)]
-        if isinstance(out, torch.Tensor) and out.device.type == "cuda" and any(a.device.type == "cpu" for a in ins):
-            self.to_device += 1
-        return out
-
-
-def call_counts(fn) -> dict:
-    """Operations, synchronisations and host-to-device copies of one call of ``fn``."""
-    fn()
-    with Dispatched() as d:
-        fn()
-    return dict(ops=sum(d.ops.values()), syncs=d.ops["aten._local_scalar_dense.default"], h2d=d.to_device)
 
 
 def both(fn) -> dict:
@@ -155,11 +112,16 @@ def kla_row(g) -> dict:
                 fwd_bwd=dict(public=both(fwd_bwd(public)), kernels=both(fwd_bwd(kernels))))
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run api``."""
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--shapes", default=None, help="indices into SHAPES, e.g. 0,5 (default: all)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     shapes = SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]
     g = torch.Generator(device="cuda").manual_seed(0)
     err = check(g)
@@ -199,8 +161,7 @@ def main():
         d = kla[part]
         print(f"kla_scan {part}: public {d['public']['queued']:.3f}/{d['public']['alone']:.3f} ms, "
               f"kernels {d['kernels']['queued']:.3f}/{d['kernels']['alone']:.3f} ms")
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save(args.out, result)
 
 
 if __name__ == "__main__":

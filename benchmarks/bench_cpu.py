@@ -31,13 +31,12 @@ whose cost on a virtual machine varies with the history of the process). The fir
 compiled loop in this process (numba's on-disk cache load or compile) is
 reported separately. ::
 
-    python -m benchmarks.bench_cpu [--quick] [--json out.json]
+    python -m benchmarks run cpu [--quick] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -48,6 +47,7 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
+from benchmarks.common import save
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.cpu import backend as cpu
 
@@ -306,12 +306,17 @@ def bench_shape(N, T, what, repeat, have):
     return rows
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run cpu``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--json", help="write the rows and the machine to this file")
-    args = ap.parse_args()
+    ap.add_argument("--out", "--json", dest="out", help="write the rows and the machine to this file (JSON)")
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     import numba
 
     have = {}
@@ -346,9 +351,7 @@ def main():
                   f"{r['cpu_seconds'] * 1e3:9.1f}ms {r['calls']:5d} {r['sys_seconds'] * 1e3:8.1f}ms "
                   f"{r['max_rel_err']:11.1e}  {r['note']}")
         rows += shape_rows
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(machine=machine, rows=rows), fh, indent=1)
+    save(args.out, dict(machine=machine, rows=rows))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The exact diffuse prior (``init_var=inf``) beside the same call with a finite prior, in one
 process, on the CPU. A script, not a test.
 
-    python -m benchmarks.bench_diffuse [--out diffuse.json] [--repeat 7]
+    python -m benchmarks run diffuse [--out diffuse.json] [--repeat 7]
 
 For each shape ``(T, C)`` of float64 NumPy data: ``ks.filter`` and ``ks.smooth`` returning every
 field with ``init_var=1.0`` and with ``init_var=inf``, then with ``init_var=inf`` where every third
@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 import kalmanscan as ks
-from benchmarks.shape_rows import run_shapes, wall_times
+from benchmarks.common import shapes_parser, wall_times, write_shape_rows
 
 SHAPES = [(1000, 1000), (100, 10000), (10000, 100)]
 PARAMS = dict(theta=0.3, sigma=1.0, obs_var=0.5)
@@ -38,5 +38,14 @@ def row(T, C, repeat):
     return out
 
 
+def parser():
+    """The command line: ``--out`` (JSON file) and ``--repeat``."""
+    return shapes_parser(__doc__.splitlines()[0])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return write_shape_rows(parser().parse_args(argv), SHAPES, row)
+
+
 if __name__ == "__main__":
-    run_shapes(__doc__.splitlines()[0], SHAPES, row)
+    main()

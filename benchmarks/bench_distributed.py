@@ -1,8 +1,12 @@
 """Benchmark of sequence parallelism (ks.distributed) under torchrun: one long series, one model.
 
-    torchrun --nproc-per-node N benchmarks/bench_distributed.py --out result.json          # GPUs, NCCL
-    torchrun --nproc-per-node 2 benchmarks/bench_distributed.py --device cpu --log2-steps 16 \\
+    torchrun --nproc-per-node N -m benchmarks run distributed --out result.json            # GPUs, NCCL
+    torchrun --nproc-per-node 2 -m benchmarks run distributed --device cpu --log2-steps 16 \\
         --channels 8 --seq 512 --d-model 32 --out cpu.json                                  # CPUs, gloo
+    python -m benchmarks run distributed --out one.json                                    # one process
+
+(``torchrun ... benchmarks/bench_distributed.py ...`` runs the same, with the repository root on
+``PYTHONPATH``.)
 
 Part 1, the filter: one series of ``2^log2_steps`` steps x ``channels`` (float32, 5% missing)
 split evenly across the N ranks, :func:`kalmanscan.distributed.filter` forward (no gradient).
@@ -40,14 +44,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.records import commit  # noqa: E402
+from benchmarks.common import commit  # noqa: E402
 import kalmanscan as ks  # noqa: E402
 from kalmanscan.problem.prepare import prepare  # noqa: E402
 from kalmanscan.ops.filter import get_backend, resolve_backend  # noqa: E402
 from kalmanscan.ops.kla import torch as kla_torch  # noqa: E402
 
 
-def parse():
+def parser() -> argparse.ArgumentParser:
+    """The command line (the same on every rank)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
     ap.add_argument("--log2-steps", type=int, default=26,
@@ -66,7 +71,7 @@ def parse():
     ap.add_argument("--parts", default="filter,model", help="comma-separated: filter, model")
     ap.add_argument("--out", default=None, help="JSON file written by rank 0")
     ap.add_argument("--commit", default=None, help="recorded commit (default: git rev-parse HEAD)")
-    return ap.parse_args()
+    return ap
 
 
 def sync(device):
@@ -255,8 +260,11 @@ def scaling(part, world):
     return part
 
 
-def main():
-    args = parse()
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29500")):
+        os.environ.setdefault(name, value)  # one process when not started by torchrun
     want_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if want_cuda else torch.device("cpu")

@@ -1,7 +1,7 @@
-"""GPU check and benchmark of the triton filter backend (issue 3). A script, not a test.
+"""GPU check and benchmark of the triton filter backend. A script, not a test.
 
-    python -m benchmarks.bench_filter --out filter.json     # check on the GPU, then time
-    python -m benchmarks.bench_filter --jax --out jax.json  # the JAX two-scan baseline alone
+    python -m benchmarks run filter --out filter.json     # check on the GPU, then time
+    python -m benchmarks run filter --jax --out jax.json  # the JAX two-scan baseline alone
 
 Part 1 (:mod:`benchmarks.filter_checks`) checks the kernels on the GPU against float64: the
 sequential reference on random problems
@@ -24,7 +24,7 @@ the launch wrappers of :mod:`kalmanscan.ops.filter.triton`); with ``--sweep-lane
 time split (:data:`LANES`) at each of ``--sweep-shapes``, with ``--sweep-split`` the split and the
 lanes per program together (:data:`SPLITS`):
 
-    python -m benchmarks.bench_filter --out lanes.json --sweep-only --sweep-lanes \
+    python -m benchmarks run filter --out lanes.json --sweep-only --sweep-lanes \
         --sweep-shapes 4096x32768,16384x8192,65536x2048,1024x131072,256x524288,64x1048576
 """
 
@@ -37,13 +37,14 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 
-from benchmarks.records import commit
-from benchmarks.shape_rows import shape_list
+from benchmarks import filter_checks as fc
+from benchmarks.common import commit, copy_bandwidth, graph_ms, initial_state, median_ms, save, shape_list
 
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import torch as torch_backend
@@ -53,26 +54,6 @@ from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 SHAPES = [(4096, 32768), (64, 1 << 20), (1, 1 << 22), (1, 1 << 24)]
 FWD_BYTES = 12
 FWD_BWD_BYTES = 36
-
-
-def median_ms(fn):
-    import triton.testing
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def graph_ms(fn):
-    """Median milliseconds of ``fn`` replayed from a CUDA graph: the GPU's time without the host's
-    launch overhead (which dominates the few-series shapes, whose kernels take tens of microseconds)."""
-    import triton.testing
-    return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
-
-
-def copy_bandwidth():
-    """Device-to-device copy of 1 GiB: bytes read plus written over the median time (GB/s)."""
-    src = torch.randn(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() * 4 / ms / 1e6
 
 
 def static_problem(T, C, dtype=torch.float32, seed=0, device="cuda"):
@@ -88,15 +69,6 @@ def static_problem(T, C, dtype=torch.float32, seed=0, device="cuda"):
     p = prepare(y, theta=theta, sigma=sigma, obs_var=obs_var, init_mean=0.0, init_var=sigma**2 / (2 * theta),
                 backend="triton")
     return triton_backend.kernel_views(p), initial_state(p), p
-
-
-def initial_state(p):
-    """The kernels' initial state ``(B, 2, C)`` of ``p``: ``lam0`` and ``lam0 (init_mean - mean_0)``
-    (as :func:`kalmanscan.ops.filter.triton.filter` builds it)."""
-    C = p.shape[-1]
-    lam0 = (1.0 / p.init_var).expand(p.shape[:-2] + (1, C)).reshape(-1, C)
-    mu0 = (p.init_mean - p.mean[..., :1, :]).expand(p.shape[:-2] + (1, C)).reshape(-1, C)
-    return torch.stack([lam0, lam0 * mu0], 1).contiguous()
 
 
 def bench_triton(T, C, gbps_copy, config: FilterConfig = DEFAULT_CONFIG):
@@ -115,23 +87,13 @@ def bench_triton(T, C, gbps_copy, config: FilterConfig = DEFAULT_CONFIG):
     both = median_ms(fwd_bwd)
     fwd_graph = graph_ms(lambda: triton_backend.filter_forward(views, init, outputs=("mu", "lam"), config=config))
     both_graph = graph_ms(fwd_bwd)
-    row = dict(C=C, T=T, **layout(T, C, config), fwd_ms=fwd, fwd_bwd_ms=both, fwd_graph_ms=fwd_graph,
+    row = dict(C=C, T=T, **fc.layout(T, C, config), fwd_ms=fwd, fwd_bwd_ms=both, fwd_graph_ms=fwd_graph,
                fwd_bwd_graph_ms=both_graph, outputs_finite=finite,
                fwd_GBps=FWD_BYTES * n / fwd_graph / 1e6, fwd_bwd_GBps=FWD_BWD_BYTES * n / both_graph / 1e6)
     row["fwd_pct_copy"] = 100 * row["fwd_GBps"] / gbps_copy
     row["fwd_bwd_pct_copy"] = 100 * row["fwd_bwd_GBps"] / gbps_copy
     row["bwd_over_fwd"] = both_graph / fwd_graph
     return row
-
-
-def layout(T, C, config: FilterConfig = DEFAULT_CONFIG):
-    """The forward's layout at ``(T, C)`` under ``config``: time-parallel tiles or walks, and its
-    stretches."""
-    if triton_backend.uses_tiles(T, C, config):
-        ns, r = triton_backend.tile_plan(T, config)
-        return dict(layout="tiles", stretches=ns, stretch=r * config.tile)
-    ns, L = triton_backend.plan(1, T, C, config)
-    return dict(layout="walks", stretches=ns, stretch=L)
 
 
 def bench_torch_backend(T, C):
@@ -223,7 +185,7 @@ def sweep_shape(C, T, variants):
             def post():
                 return triton_backend.filter_forward(views, init, config=config, posterior=True)
 
-            rows.append(dict(C=C, T=T, **variant, **layout(T, C, config), fwd_ms=median_ms(fwd),
+            rows.append(dict(C=C, T=T, **variant, **fc.layout(T, C, config), fwd_ms=median_ms(fwd),
                              posterior_ms=median_ms(post), fwd_bwd_ms=median_ms(fwd_bwd),
                              fwd_graph_ms=graph_ms(fwd), posterior_graph_ms=graph_ms(post),
                              fwd_bwd_graph_ms=graph_ms(fwd_bwd)))
@@ -282,9 +244,10 @@ def jax_two_scans(shapes):
     return rows
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run filter``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--jax", action="store_true", help="only the JAX baseline (run in its own process)")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time launch variants of the forward")
@@ -298,14 +261,17 @@ def main():
                     "dicts, e.g. '[{\"agg_warps\": 2, \"closed_chunk\": 16}]'")
     ap.add_argument("--checks", help="comma-separated checks to run (default: all, none with --sweep-only; "
                     "those named run with --sweep-only too)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     if args.jax:
-        json.dump(jax_two_scans(SHAPES), open(args.out, "w"), indent=1)
+        save(args.out, jax_two_scans(SHAPES))
         return
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=commit())
     import triton
     res["triton"] = triton.__version__
-    from . import filter_checks as fc
     checks = dict(reference=fc.check_reference, regimes=fc.check_regimes, gradients=fc.check_gradients,
                   tile_backward=fc.check_tile_backward, extremes=fc.check_extremes)
     names = args.checks.split(",") if args.checks else [] if args.sweep_only else list(checks)
@@ -325,7 +291,7 @@ def main():
         for row in res["sweep"]:
             print(json.dumps(row), flush=True)
         if args.sweep_only:
-            json.dump(res, open(args.out, "w"), indent=1)
+            save(args.out, res)
             return
     res["triton"] = [bench_triton(T, C, res["copy_GBps"]) for C, T in SHAPES]
     for row in res["triton"]:
@@ -335,13 +301,14 @@ def main():
     res["torch_loop"] = bench_loop()
     print(json.dumps(res["torch_loop"]), flush=True)
     torch.cuda.empty_cache()
-    jax_out = args.out + ".jax.json"
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_filter", "--jax", "--out", jax_out],
-                          env=env, capture_output=True, text=True)
-    res["jax_two_scans"] = json.load(open(jax_out)) if proc.returncode == 0 else proc.stderr[-2000:]
+    with tempfile.TemporaryDirectory() as tmp:
+        jax_out = os.path.join(tmp, "jax.json")
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_filter", "--jax", "--out", jax_out],
+                              env=env, capture_output=True, text=True)
+        res["jax_two_scans"] = json.load(open(jax_out)) if proc.returncode == 0 else proc.stderr[-2000:]
     res["dynamax"] = "not installed on the device machine: not run"
-    json.dump(res, open(args.out, "w"), indent=1)
+    save(args.out, res)
     print_table(res)
 
 

@@ -8,17 +8,16 @@ against the float64 torch backend. It also times ``ks.smooth`` and its two smoot
 filter's output: the fused reverse walks (:func:`kalmanscan.ops.filter.triton.smooth`) and the
 torch reverse scans (:func:`kalmanscan.ops.filter.torch.smooth`).
 
-    python -m benchmarks.bench_filter_api --out results.json
+    python -m benchmarks run filter_api --out results.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from benchmarks.bench_filter import copy_bandwidth, initial_state, median_ms
+from benchmarks.common import copy_bandwidth, initial_state, median_ms, save
 
 import kalmanscan as ks
 from kalmanscan.problem.prepare import prepare
@@ -42,10 +41,15 @@ def _max_rel_err(got, ref, fields):
                for k in fields)
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run filter_api``."""
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    ap.add_argument("--out", default=None, help="JSON file for the results")
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     g = torch.Generator(device="cuda").manual_seed(0)
     y = torch.randn(3, 700, 5, device="cuda", dtype=torch.float64, generator=g)
     kw = dict(theta=torch.rand(5, device="cuda", dtype=torch.float64) + 0.1, sigma=0.7, obs_var=0.4)
@@ -67,17 +71,17 @@ def main():
         floor = (4 + 4 * OUT_FIELDS) * T * C / bw / 1e6
         p = prepare(y, backend="triton", **kw)
         out = run_backend(p, "triton")
-        f = {k: torch.broadcast_to(out[k], p.shape)
+        fields = {k: torch.broadcast_to(out[k], p.shape)
              for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
         m = torch.broadcast_to(p.mean, p.shape)
-        rts_fused = median_ms(lambda: triton_backend.smooth(f, m))
-        rts_scans = median_ms(lambda: torch_backend.smooth(f, m))
+        rts_fused = median_ms(lambda: triton_backend.smooth(fields, m))
+        rts_scans = median_ms(lambda: torch_backend.smooth(fields, m))
         smooth_ms = median_ms(lambda: ks.smooth(y, backend="triton", **kw))
         rows.append(dict(C=C, T=T, ms=ms, kernel_ms=kernel, floor_ms=floor, fraction_of_copy=floor / ms,
                          kernel_fraction_of_copy=floor / kernel, smooth_ms=smooth_ms,
                          rts_fused_ms=rts_fused, rts_torch_ms=rts_scans,
                          rts_floor_ms=(4 * 4 + 3 * 4) * T * C / bw / 1e6))
-        del out, f
+        out = fields = None  # the next shape reuses the memory
     result = dict(device=torch.cuda.get_device_name(), copy_GBps=bw, max_rel_error_vs_float64=err,
                   smooth_max_rel_error_vs_float64=smooth_err, rows=rows)
     print(f"device {result['device']}, copy {bw:.0f} GB/s, triton vs float64 torch: filter {err:.1e}, "
@@ -91,8 +95,7 @@ def main():
     for r in rows:
         print(f"{r['C']:>6} {r['T']:>9} {r['smooth_ms']:>8.2f} {r['rts_fused_ms']:>8.2f} "
               f"{r['rts_torch_ms']:>8.2f} {r['rts_floor_ms']:>8.2f}")
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save(args.out, result)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,12 @@ CPU), after one warm-up fit (compilation). Prints, in one process:
 
 ::
 
-    python -m benchmarks.bench_fit [--device cuda] [--series 4096] [--steps 2048] [--dtype float32]
+    python -m benchmarks run fit [--device cuda] [--series 4096] [--steps 2048] [--dtype float32]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
 
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
+from benchmarks.common import save
 from kalmanscan.datasets import simulate
 from kalmanscan.estimation.likelihood import Likelihood
 
@@ -62,15 +62,20 @@ def count_syncs(fn, device):
     return result, sum("synchroniz" in str(w.message) for w in caught)
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run fit``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--series", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=2048)
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", help="write the results to this file")
-    args = ap.parse_args()
+    ap.add_argument("--out", "--json", dest="out", help="write the results to this file (JSON)")
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     N, T = args.series, args.steps
     rng = np.random.default_rng(0)
@@ -107,10 +112,8 @@ def main():
     print(f"  one objective evaluation  {one * 1e3:9.3f} ms (forward + backward, lean)")
     print(f"  ks.filter(...).loglik     {pub * 1e3:9.3f} ms (forward + backward, public call)")
     print(f"  worst |estimate - truth| / stderr over {N} series: {z:.2f}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(device=name, N=N, T=T, dtype=args.dtype, fit_s=wall, n_iter=res.n_iter, syncs=syncs,
-                           evaluation_s=one, public_s=pub, converged=bool(res.converged), worst_z=z), fh, indent=1)
+    save(args.out, dict(device=name, N=N, T=T, dtype=args.dtype, fit_s=wall, n_iter=res.n_iter, syncs=syncs,
+                           evaluation_s=one, public_s=pub, converged=bool(res.converged), worst_z=z))
 
 
 if __name__ == "__main__":

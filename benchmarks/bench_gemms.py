@@ -4,7 +4,7 @@
 tokens in bf16, as autograd calls them; and the SwiGLU at its hidden width and at that width
 rounded up to multiples of 64 and 256.
 
-    python -m benchmarks.bench_gemms --out gemms.json
+    python -m benchmarks run gemms --out gemms.json
 
 Each product is timed queued (:func:`benchmarks.bench_kla.timed`, ``--reps`` calls a group) and reported
 with its rate in TFLOP/s and the kernel cuBLAS ran (torch.profiler). The rows of a bf16 operand
@@ -15,12 +15,11 @@ of elements does not.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 from torch import nn
 
-from benchmarks.bench_kla import timed
+from benchmarks.common import save, timed
 from benchmarks.bench_model import build
 from kalmanscan.nn.model import SwiGLU
 
@@ -56,11 +55,16 @@ def products(name, linear, reps):
     return rows
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run gemms``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--reps", type=int, default=20)
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     device = "cuda"
     rows = []
     for mixer in ("kla", "attention"):
@@ -72,8 +76,7 @@ def main():
         mlp = SwiGLU(D_MODEL, multiple_of=multiple, device=device)
         for name in ("w_in", "w_out"):
             rows += products(f"swiglu hidden {mlp.w_out.in_features}:{name}", getattr(mlp, name), args.reps)
-    with open(args.out, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), tokens=TOKENS, rows=rows), f, indent=1)
+    save(args.out, dict(device=torch.cuda.get_device_name(), tokens=TOKENS, rows=rows))
 
 
 if __name__ == "__main__":

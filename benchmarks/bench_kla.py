@@ -1,6 +1,6 @@
 """GPU benchmark of ``kla_scan``: correctness on the device, launch-shape sweep, timings.
 
-    python -m benchmarks.bench_kla --out kla.json [--sweep] [--no-torch] [--no-fla]
+    python -m benchmarks run kla --out kla.json [--sweep] [--no-torch] [--no-fla]
 
 1. Checks the triton backend against the float64 sequential recursion ON THE GPU (values and the
    gradients of all eight inputs), at shapes with several chunks, ragged channel blocks and a
@@ -20,7 +20,7 @@
    ``launch_config``); the ``triton_public_api`` rows time the public
    ``kla_scan(..., backend="triton")``, which launches with ``launch_config``'s choice.
 
-    python -m benchmarks.bench_kla --out kla.json --overhead   # the public call's host overhead only
+    python -m benchmarks run kla --out kla.json --overhead   # the public call's host overhead only
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 
 import torch
 import triton
 import triton.language as tl
 
-from benchmarks.records import commit
+from benchmarks.common import commit, make_inputs, save, timed
 from kalmanscan.ops.kla import kla_scan, kla_scan_unchecked, validate
 from kalmanscan.ops.kla.reference import kla_scan_sequential
 from kalmanscan.ops.kla.triton.library import SPLIT_CONFIG, launch_config
@@ -47,25 +46,6 @@ SHAPES = [(8, 2048, 1024, 16), (4, 4096, 2048, 16), (1, 16384, 1024, 16)]
 # reciprocal (MUFU) plus one multiply: 11 FP32 pipe instructions and 2 MUFU.
 FWD_FP32_OPS = 11
 TOL = 2e-5
-
-
-def timed(fn, reps=20, warmup=3, groups=5):
-    """Milliseconds per call of ``fn()`` with launches queued ahead, as in a training loop: the
-    median over ``groups`` of ``reps`` calls back to back between two CUDA events (the GPU's time
-    whenever the host launches faster than the GPU runs; the host's latency enters once per group)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(groups):
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
 
 
 def timed_per_call(fn, reps=20, warmup=3):
@@ -82,25 +62,6 @@ def peak_extra_mb(fn):
     fn()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 1e6
-
-
-def make_inputs(B, L, M, S, seed=0, dtype=torch.float32, state=False, device="cuda"):
-    """Random ``kla_scan`` inputs ``(v, lam_v, k, q, decay, noise)`` and, with ``state``, an initial
-    ``(lam, eta)``."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    kw = dict(device=device, generator=g)
-    xs = [
-        torch.randn(B, L, M, **kw),
-        0.1 + 2.0 * torch.rand(B, L, M, **kw),
-        torch.nn.functional.normalize(torch.randn(B, L, S, **kw), dim=-1),
-        torch.nn.functional.normalize(torch.randn(B, L, S, **kw), dim=-1),
-        0.6 + 0.4 * torch.rand(M, S, **kw),
-        0.05 + 0.95 * torch.rand(M, S, **kw),
-    ]
-    xs = [x.to(dtype) for x in xs[:4]] + xs[4:]
-    if state:
-        xs += [0.5 + torch.rand(B, M, S, **kw), torch.randn(B, M, S, **kw)]
-    return xs
 
 
 def rel(a, b):
@@ -300,15 +261,20 @@ def sweep(shape, configs, fp32_rate, time_bwd):
     return rows
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run kla``."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--shapes", default="012", help="which of SHAPES to time, by index")
     ap.add_argument("--overhead", action="store_true", help="only the public call's host overhead")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     result = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
                   triton=triton.__version__, python=platform.python_version(),
@@ -373,11 +339,6 @@ def main():
         print(json.dumps(row), flush=True)
         result["table"].append(row)
         save(args.out, result)
-
-
-def save(path, result):
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
 
 
 def fastest(rows, key):

@@ -1,8 +1,8 @@
 """The KLA scan and a KLA model on a CPU: the compiled loops (``backend="cpu"``, what ``"auto"``
 picks for CPU tensors) beside the torch backends a user would otherwise get, in one process.
 
-    python -m benchmarks.bench_kla_cpu --out kla_cpu.json
-    python -m benchmarks.bench_kla_cpu --quick          # smoke run: tiny shapes
+    python -m benchmarks run kla_cpu --out kla_cpu.json
+    python -m benchmarks run kla_cpu --quick          # smoke run: tiny shapes
 
 Scan rows: the public ``kla_scan`` on float32 CPU tensors, ``S = 16``, forward without autograd and
 forward plus backward (all six inputs requiring gradients, loss on ``y`` and ``y_var``), for the
@@ -24,7 +24,6 @@ not timed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -35,8 +34,7 @@ import torch
 from numba import njit, prange
 
 from benchmarks.bench_model import build, time_steps
-from benchmarks.records import commit
-from benchmarks.shape_rows import wall_times
+from benchmarks.common import commit, save, wall_times
 from kalmanscan.nn import KLA
 from kalmanscan.ops.kla import kla_scan
 
@@ -147,12 +145,17 @@ def model_rows(cfg, groups, steps):
     return rows
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run kla_cpu``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny shapes")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     import numba
 
     rate = division_rate(0.05 if args.quick else 0.5)
@@ -164,9 +167,7 @@ def main():
     record = dict(commit=commit(), machine=platform.processor() or platform.machine(), cpus=os.cpu_count(),
                   threads=numba.get_num_threads(), torch=torch.__version__, numba=numba.__version__,
                   division_rate=rate, scans=scans, models=models)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+    save(args.out, record)
 
 
 if __name__ == "__main__":

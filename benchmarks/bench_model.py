@@ -1,8 +1,8 @@
 """Training throughput of the same :class:`kalmanscan.nn.SequenceModel` with the KLA, fla GLA and
 attention (SDPA) mixers, in one process: tokens per second of a whole training step.
 
-    python -m benchmarks.bench_model --out model.json [--compile] [--mixers kla,gla,attention]
-    python -m benchmarks.bench_model --quick          # CPU smoke run: tiny shapes, a few steps
+    python -m benchmarks run model --out model.json [--compile] [--mixers kla,gla,attention]
+    python -m benchmarks run model --quick          # CPU smoke run: tiny shapes, a few steps
 
 A step is forward, cross-entropy, backward and an AdamW step under bf16 autocast, synchronised;
 :func:`time_steps` reports the median over groups of steps, printed with the groups' range (a
@@ -25,7 +25,7 @@ overhead, the fair comparison of the kernels; rows carry ``"cuda_graph": true``.
 
 fla autotunes every kernel on first use (minutes per shape); with ``KALMANSCAN_FLA_FIRST_CONFIG=1``
 each fla kernel takes the first of its autotuning configs (seconds; values do not depend on the
-config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks.bench_model --out model.json``.
+config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks run model --out model.json``.
 The switch (:mod:`kalmanscan.nn.baselines.gla`) applies while fla is imported, so the numbers for
 GLA are those of an untuned first config (a lower bound on its speed).
 
@@ -34,7 +34,7 @@ scan also computing the output variance ``y_var`` and dropping it (as before the
 when not returned); ``kla_even``, the kernels without their bounds masks where the blocks are full
 (``KLAConfig.even``, off by default); ``kla@field=value+field=value``, the scan launched with those
 ``KLAConfig`` fields changed (``kla@bwd_per_sm=16+unroll=2``; values as
-:func:`benchmarks.kla_pieces.overrides` reads them).
+:func:`benchmarks.probes.kla_pieces.overrides` reads them).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
-import json
 import os
 import platform
 import statistics
@@ -51,9 +50,7 @@ import time
 
 import torch
 
-from benchmarks.kla_pieces import launched_with, overrides
-from benchmarks.records import commit
-from benchmarks.shape_rows import shape_list
+from benchmarks.common import commit, launched_with, overrides, save, shape_list
 from kalmanscan.nn import SequenceModel
 from kalmanscan.nn import layer as kla_layer
 from kalmanscan.ops.kla.triton.library import KLAConfig
@@ -189,7 +186,8 @@ def bench(mixer, batch, T, args, device):
     return row
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run model``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--mixers", default=",".join(MIXERS))
@@ -206,7 +204,11 @@ def main():
     ap.add_argument("--mlp-multiple-of", type=int, default=64,
                     help="SwiGLU hidden width rounded up to a multiple (64, SequenceModel's default; 1 unrounded)")
     ap.add_argument("--shapes", default=None, help="batch x T pairs, e.g. 2x8192 (default: 8x2048,2x8192)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     shapes = SHAPES if args.shapes is None else shape_list(args.shapes)
     if args.quick:
@@ -227,9 +229,7 @@ def main():
                 if "tokens_per_s" in row else row["error"]
             mode = " graph" if row["cuda_graph"] else ""
             print(f"T={T:5d} B={batch} {mixer:10s}{mode} {row['params'] / 1e6:6.2f}M params  {speed}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    save(args.out, result)
 
 
 if __name__ == "__main__":

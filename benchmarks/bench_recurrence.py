@@ -1,7 +1,7 @@
-"""The filter's forward beside a plain first-order linear recurrence (issue 25). A script, not a test.
+"""The filter's forward beside a plain first-order linear recurrence. A script, not a test.
 
-    python -m benchmarks.bench_recurrence --out recurrence.json            # on the GPU
-    python -m benchmarks.bench_recurrence --out quick.json --quick         # CPU smoke test (interpreter)
+    python -m benchmarks run recurrence --out recurrence.json            # on the GPU
+    python -m benchmarks run recurrence --out quick.json --quick         # CPU smoke test (interpreter)
 
 In one process, at (C, T) = (4096, 32768) and (1, 2^22), with no value and with 10% of values
 missing at random: the triton backend's forward writing the filtered mean and variance (12 bytes
@@ -35,8 +35,7 @@ if QUICK:
 import torch  # noqa: E402
 
 import kalmanscan as ks  # noqa: E402
-from benchmarks.bench_filter import copy_bandwidth, graph_ms, initial_state, median_ms  # noqa: E402
-from benchmarks.records import commit  # noqa: E402
+from benchmarks.common import commit, copy_bandwidth, graph_ms, initial_state, median_ms, save  # noqa: E402
 from kalmanscan.problem.prepare import prepare  # noqa: E402
 from kalmanscan.ops.filter.triton import backend as triton_backend  # noqa: E402
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG  # noqa: E402
@@ -145,11 +144,16 @@ def row(T, C, missing, copy, config):
     return out
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run recurrence``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny sizes")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     copy = 2 * (1 << 20) * 4 / timer(lambda: torch.empty(1 << 20).copy_(torch.randn(1 << 20))) / 1e6 if QUICK \
         else copy_bandwidth()
     res = dict(commit=commit(), device="cpu (interpreter)" if QUICK else torch.cuda.get_device_name(),
@@ -158,14 +162,8 @@ def main():
         for missing in MISSING:
             res["rows"].append(row(T, C, missing, copy, DEFAULT_CONFIG))
             print(json.dumps(res["rows"][-1]), flush=True)
-            save(res, args.out)
+            save(args.out, res)
     print_table(res)
-
-
-def save(res, path):
-    """Write the results so far (a run stopped by a time limit keeps the rows it finished)."""
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
 
 
 def print_table(res):

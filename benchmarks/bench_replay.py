@@ -13,23 +13,19 @@ replay's size (all fields at C = 512, T = 2048) runs eagerly in both columns too
 threshold ``kalmanscan.problem.checks.BY_RESULT``) against a reduction queued ahead of the kernels for
 every ``y`` (threshold 0), replay on in both; only the checked cases differ.
 
-    python -m benchmarks.bench_replay [--rounds 5] [--compare replay|check] [--out replay.json]
-    python -m benchmarks.bench_replay --shapes 4194304x1,16777216x1 --out long.json   # few long series
+    python -m benchmarks run replay [--rounds 5] [--compare replay|check] [--out replay.json]
+    python -m benchmarks run replay --shapes 4194304x1,16777216x1 --out long.json   # few long series
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
 
 import kalmanscan as ks
-from benchmarks.bench_api import alone_ms
-from benchmarks.bench_filter import initial_state, median_ms
-from benchmarks.records import commit
-from benchmarks.shape_rows import shape_list
+from benchmarks.common import alone_ms, commit, initial_state, median_ms, save, shape_list
 from kalmanscan.problem import checks
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import replay
@@ -59,13 +55,18 @@ def cases(shapes=SHAPES) -> dict:
     return out
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run replay``."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compare", choices=("replay", "check"), default="replay")
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=None, help="TxC,... (default: SHAPES)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     shapes = SHAPES if args.shapes is None else shape_list(args.shapes)
     calls = cases(shapes)
     by_result = checks.BY_RESULT
@@ -94,10 +95,7 @@ def main():
         row = {"case": c, **medians}
         rows.append(row)
         print(f"{c:<48}", "  ".join(f"{v}: {row[v + '_alone']:7.1f} / {row[v + '_queued']:7.1f}" for v in variants))
-    if args.out:
-        with open(args.out, "w") as f:
-            record = {"device": torch.cuda.get_device_name(), "commit": commit(), "compare": args.compare}
-            json.dump({**record, "rows": rows}, f, indent=1)
+    save(args.out, {"device": torch.cuda.get_device_name(), "commit": commit(), "compare": args.compare, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -19,17 +19,16 @@ For ``outputs=("mean", "var")`` (what a stream needs to continue) and for every 
   ``--host-params`` the :class:`~kalmanscan.StreamFilter` fed the same NumPy steps.
 
 The stream is first checked against one call over the same steps (float32 against float32: the
-largest relative difference of ``mean``, ``var`` and the summed log-likelihood). Target (issue 23):
+largest relative difference of ``mean``, ``var`` and the summed log-likelihood). Target:
 at least 5,000 calls per second for 4096 sensors on one H200.
 
-    python -m benchmarks.bench_stream --out stream.json                  # CUDA, backend auto (triton)
-    python -m benchmarks.bench_stream --device cpu --calls 200           # the same loop on the CPU
+    python -m benchmarks run stream --out stream.json                  # CUDA, backend auto (triton)
+    python -m benchmarks run stream --device cpu --calls 200           # the same loop on the CPU
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 import warnings
@@ -38,11 +37,13 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
+from benchmarks.common import initial_state, save
+from kalmanscan.inference.filtering import OUTPUTS
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import get_backend, resolve_backend
 
 FIELDS = {"mean_var": ("mean", "var"), "all": None}
-STREAM_FIELDS = tuple(k for k in ks.filtering.OUTPUTS if k not in ("loglik", "missing"))
+STREAM_FIELDS = tuple(k for k in OUTPUTS if k not in ("loglik", "missing"))
 
 
 def sync(device: torch.device) -> None:
@@ -118,7 +119,6 @@ def backend_step(y: torch.Tensor, kw: dict, backend: str, outputs):
     p = prepare(y[:1], backend=backend, **kw)
     name = resolve_backend(backend, y.device)
     if name == "triton":
-        from benchmarks.bench_filter import initial_state
         from kalmanscan.ops.filter.triton import backend as triton_backend
 
         views, init = triton_backend.kernel_views(p), initial_state(p)
@@ -205,7 +205,8 @@ def run(C: int, calls: int, device: torch.device, backend: str, host_params: boo
     return result
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks run stream``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sensors", type=int, default=4096)
@@ -213,7 +214,11 @@ def main():
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--host-params", action="store_true", help="parameters as NumPy (checked on the host)")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     device = torch.device(args.device)
     result = run(args.sensors, args.calls, device, args.backend, args.host_params)
     result["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -235,9 +240,7 @@ def main():
     if "numpy_stream_filter_calls_per_s" in result:
         print(f"StreamFilter fed NumPy steps (mean and variance, checked): "
               f"{result['numpy_stream_filter_calls_per_s']:.0f} calls/s")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    save(args.out, result)
 
 
 if __name__ == "__main__":

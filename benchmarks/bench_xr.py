@@ -1,7 +1,7 @@
 """The xarray front end (``da.kalman.filter``, ``da.kalman.smooth``) beside ``ks.filter`` /
 ``ks.smooth`` on the same NumPy data, in one process. A script, not a test.
 
-    python -m benchmarks.bench_xr [--out xr.json] [--repeat 7]
+    python -m benchmarks run xr [--out xr.json] [--repeat 7]
 
 For each shape ``(T, C)``: a float64 DataArray ``(time, sensor)`` with a daily ``datetime64``
 coordinate and 10% missing, filtered with ``time_unit="1D"`` (exactly regular: the accessor passes
@@ -17,7 +17,7 @@ import pandas as pd
 import xarray as xr
 
 import kalmanscan as ks
-from benchmarks.shape_rows import run_shapes, wall_times
+from benchmarks.common import shapes_parser, wall_times, write_shape_rows
 
 SHAPES = [(1000, 1000), (10000, 100), (100, 10000)]
 PARAMS = dict(theta=0.1, sigma=1.0, obs_var=0.5)
@@ -47,5 +47,14 @@ def row(T, C, repeat):
     return out
 
 
+def parser():
+    """The command line: ``--out`` (JSON file) and ``--repeat``."""
+    return shapes_parser(__doc__.splitlines()[0])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return write_shape_rows(parser().parse_args(argv), SHAPES, row)
+
+
 if __name__ == "__main__":
-    run_shapes(__doc__.splitlines()[0], SHAPES, row)
+    main()

@@ -22,9 +22,17 @@ from kalmanscan.ops.filter import register_backend
 from kalmanscan.ops.filter.triton import backend as triton_backend
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 
-from .bench_filter import layout
-
 _REGISTERED: dict[FilterConfig, str] = {}
+
+
+def layout(T, C, config: FilterConfig = DEFAULT_CONFIG):
+    """The forward's layout at ``(T, C)`` under ``config``: time-parallel tiles or walks, and its
+    stretches."""
+    if triton_backend.uses_tiles(T, C, config):
+        ns, r = triton_backend.tile_plan(T, config)
+        return dict(layout="tiles", stretches=ns, stretch=r * config.tile)
+    ns, L = triton_backend.plan(1, T, C, config)
+    return dict(layout="walks", stretches=ns, stretch=L)
 
 
 def triton_with(config: FilterConfig) -> str:

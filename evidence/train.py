@@ -67,7 +67,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.records import commit
+from benchmarks.common import commit
 from kalmanscan.nn.init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
 
 from .calibration import autocast, variance_calibration

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from benchmarks.bench_model import scan_variant, variant_changes
-from benchmarks.kla_pieces import launched_with, overrides
+from benchmarks.common import launched_with, overrides
 from kalmanscan.ops.kla.triton import backend as kla_triton
 from kalmanscan.ops.kla.triton.library import SPLIT_CONFIG
 

@@ -1,8 +1,8 @@
-"""``benchmarks.profile_kernels --summary`` on a recorded Nsight Compute raw CSV (no GPU needed)."""
+"""``benchmarks.probes.profile_kernels --summary`` on a recorded Nsight Compute raw CSV (no GPU needed)."""
 
 import os
 
-from benchmarks import profile_kernels
+from benchmarks.probes import profile_kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RAW = os.path.join(ROOT, "benchmarks", "results", "ncu_2026-11-30_h200_walks", "forward_raw.csv")

@@ -1,7 +1,7 @@
 """Every kernel compiles for the GPU (sm_90, the H100/H200), not only under the interpreter.
 
 The interpreter runs the kernels' Python; some code it accepts does not compile (a jit function
-returning different types from two branches, say). ``benchmarks.sass_stats`` compiles every kernel
+returning different types from two branches, say). ``benchmarks.probes.sass_stats`` compiles every kernel
 and the other values of its feature switches with Triton's bundled ``ptxas``, no GPU needed, in a
 process without ``TRITON_INTERPRET`` (the hardware reciprocal of :mod:`kalmanscan.kernels.fast_math` is
 chosen at import). The kernels are compiled in :data:`SHARDS` processes (one test each), so that
@@ -20,12 +20,12 @@ SHARDS = 2
 
 
 def _sass_stats(*args, cache=None):
-    """The output of ``python -m benchmarks.sass_stats *args`` without ``TRITON_INTERPRET``."""
+    """The output of ``python -m benchmarks.probes.sass_stats *args`` without ``TRITON_INTERPRET``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=ROOT)
     if cache is not None:
         env["TRITON_CACHE_DIR"] = str(cache)
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.sass_stats", *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.probes.sass_stats", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

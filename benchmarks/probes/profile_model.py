@@ -2,11 +2,11 @@
 torch.profiler over a few steps (the model and step of :mod:`benchmarks.bench_model`), each
 operation's self time summed into groups (projections, conv, scan, norms, casts, syncs, ...).
 
-    python -m benchmarks.profile_model [--batch 8] [--T 2048] [--steps 5] [--compile] [--trace t.json]
+    python -m benchmarks.probes.profile_model [--batch 8] [--T 2048] [--steps 5] [--compile] [--trace t.json]
         [--variant kla_even]     # the KLA model as bench_model's variant of that name (or kla@bwd_per_sm=16)
         [--variant attention]    # the same model with another of bench_model's mixers, for comparison
         [--kernels]              # also every kernel by name, with its device time per step
-    python -m benchmarks.profile_model --quick     # CPU smoke run
+    python -m benchmarks.probes.profile_model --quick     # CPU smoke run
 
 On CUDA the table gives each group's self CUDA time (the kernels launched by its operations) and
 self CPU time per step, and the number of device-to-host synchronisations; then the 30 operations
@@ -56,7 +56,8 @@ def print_kernels(events, steps: int) -> None:
         print(f"{e.self_device_time_total / steps:9.1f} us {e.count / steps:5.1f} launches  {e.key}")
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.profile_model``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--T", type=int, default=2048)
@@ -72,7 +73,12 @@ def main():
     ap.add_argument("--variant", default="kla",
                     help="the KLA model as benchmarks.bench_model's variant of that name: kla, kla_y_var, "
                          "kla_even or kla@field=value+field=value; or gla, attention")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    ap = parser()
+    args = ap.parse_args(argv)
     try:
         variant_changes(args.variant)
     except ValueError as err:

@@ -2,7 +2,7 @@
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
         --section WarpStateStats --section Occupancy --section LaunchStats \\
-        python -m benchmarks.profile_kernels filter
+        python -m benchmarks.probes.profile_kernels filter
 
 Each workload runs twice untraced (compilation, autotuning), then once between
 ``cudaProfilerStart`` and ``cudaProfilerStop``, so ``--profile-from-start off`` reports exactly the
@@ -16,7 +16,7 @@ key=value,...`` fields changed from it.
 
 With ``--page raw --csv > FILE`` added to the ``ncu`` line (and ``--section
 MemoryWorkloadAnalysis --section SchedulerStats`` for the L2 hit rate and issue activity),
-``python -m benchmarks.profile_kernels --summary FILE`` prints one line per Triton kernel:
+``python -m benchmarks.probes.profile_kernels --summary FILE`` prints one line per Triton kernel:
 duration, DRAM throughput, SM throughput, issue activity, L2 hit rate, registers, active warps and
 the four largest stall reasons (warps stalled per issued instruction).
 """
@@ -29,8 +29,7 @@ import dataclasses
 import torch
 
 from benchmarks.bench_filter import static_problem
-from benchmarks.bench_kla import make_inputs
-from benchmarks.kla_pieces import launched_with, overrides
+from benchmarks.common import launched_with, make_inputs, overrides
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 
 

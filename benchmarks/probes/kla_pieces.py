@@ -4,8 +4,8 @@ float32), queued (:func:`benchmarks.bench_kla.timed`), each configuration's outp
 against the first's (float32 rounding only), and the forward's share of the FP32 rate measured at
 the start of the run (``bench_kla.FWD_FP32_OPS`` per state update, as ``kla_layouts``).
 
-    python -m benchmarks.kla_pieces --out kla_pieces.json
-    python -m benchmarks.kla_pieces --out stages.json --configs="-;stages=1;stages=1,bwd_stages=1" --repeat 2
+    python -m benchmarks.probes.kla_pieces --out kla_pieces.json
+    python -m benchmarks.probes.kla_pieces --out stages.json --configs="-;stages=1;stages=1,bwd_stages=1" --repeat 2
 
 Without ``--configs``: the time split, ``KLAConfig(pieces=, bwd_pieces=, bwd_block_m=)`` over
 ``DEFAULT_CONFIG``. With it: each ``;``-separated entry is a list of ``field=value`` overrides of
@@ -18,33 +18,17 @@ machine shows.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
 
 import torch
 
-from benchmarks.bench_kla import FWD_FP32_OPS, fp32_rates, make_inputs, rel, timed
-from benchmarks.shape_rows import shape_list
-from kalmanscan.ops.kla.triton import backend as kla_triton
+from benchmarks.bench_kla import FWD_FP32_OPS, fp32_rates, rel
+from benchmarks.common import make_inputs, overrides, save, shape_list, timed
 from kalmanscan.ops.kla.triton.library import KLAConfig, launch_config
 from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
 CONFIGS = [(None, None, 8), (None, 1, 8), (None, 2, 8), (None, 4, 8), (None, 8, 8), (None, 16, 8), (None, 32, 8),
            (None, 8, 16), (None, 16, 16)]   # (pieces, bwd_pieces, bwd_block_m)
-
-
-@contextlib.contextmanager
-def launched_with(**changes):
-    """Inside, the scan's launch configurations (``launch_config``, which the layer and the public
-    call use) have ``changes`` applied, e.g. ``even=True`` (drop the kernels' bounds masks where the
-    blocks are full) or ``bwd_per_sm=16``."""
-    original = kla_triton.launch_config
-    kla_triton.launch_config = lambda *args, **kwargs: dataclasses.replace(original(*args, **kwargs), **changes)
-    try:
-        yield
-    finally:
-        kla_triton.launch_config = original
 
 
 def row(xs, config, ref):
@@ -74,29 +58,23 @@ def row(xs, config, ref):
     return dict(fwd_ms=timed(forward), fwd_bwd_ms=timed(forward_backward), rel_vs_default=err), out
 
 
-def overrides(text):
-    """``"stages=1,bwd_pieces=12,even=true"`` -> ``{"stages": 1, "bwd_pieces": 12, "even": True}``
-    (``"-"``: none; ``none``, ``true`` and ``false`` are Python's, other values integers)."""
-    words = {"none": None, "true": True, "false": False}
-    out = {}
-    for item in ([] if text.strip() == "-" else text.split(",")):
-        name, value = (x.strip() for x in item.split("="))
-        out[name] = words[value.lower()] if value.lower() in words else int(value)
-    return out
-
-
 def launched(B, L, M, changes):
     """The layer's launch configuration at ``(B, L, M)`` with ``changes`` applied."""
     return dataclasses.replace(launch_config(B, L, M, torch.device("cuda"), variance=False), **changes)
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.kla_pieces``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--configs", help="';'-separated field=value overrides of the layer's launch")
     ap.add_argument("--shapes", default="8x2048,2x8192", help="e.g. 2x8192,8x2048")
     ap.add_argument("--repeat", type=int, default=1, help="passes over --configs, alternately reversed")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     rate = fp32_rates()["fp32_instr_per_s"]
     rows = []
 
@@ -121,8 +99,7 @@ def main():
                 r, out = row(xs, launched(B, L, 1024, overrides(entry)), ref)
                 ref = ref or out
                 add(B=B, L=L, changes=entry, rep=rep, **r)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    save(args.out, rows)
 
 
 if __name__ == "__main__":

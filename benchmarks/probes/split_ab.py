@@ -1,7 +1,7 @@
 """The public ``ks.filter`` with one stretch against the rule's split, interleaved in one process.
 A script, not a test.
 
-    python -m benchmarks.split_ab --out split.json           # on the GPU
+    python -m benchmarks.probes.split_ab --out split.json           # on the GPU
 
 At each shape ``(C, T)`` where ``plan`` walks one stretch because the rule
 (``FilterConfig.target_lanes``) gave fewer than ``min_stretches``, the public call on a CUDA
@@ -22,7 +22,7 @@ import torch
 import triton.testing
 
 import kalmanscan as ks
-from benchmarks.records import commit
+from benchmarks.common import commit
 from kalmanscan.ops.filter.triton import backend as triton_backend
 from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG
 
@@ -45,11 +45,16 @@ def calls(C, T):
             "fwd_bwd": train}
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.split_ab``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     res = dict(commit=commit(), device=torch.cuda.get_device_name(), rows=[])
     for C, T in SHAPES:
         fns = calls(C, T)

@@ -1,9 +1,9 @@
 """Compile kernels for a GPU target without a GPU and count the instructions of their loops.
 
-    python -m benchmarks.sass_stats                 # every kernel below, for sm_90 (H100/H200)
-    python -m benchmarks.sass_stats kla_fwd --dump  # one kernel, its SASS printed
-    python -m benchmarks.sass_stats --save before/  # every kernel's SASS to before/<name>.sass
-    python -m benchmarks.sass_stats kla_fwd_split_novar --pointer v_ptr=bf16   # v in bf16
+    python -m benchmarks.probes.sass_stats                 # every kernel below, for sm_90 (H100/H200)
+    python -m benchmarks.probes.sass_stats kla_fwd --dump  # one kernel, its SASS printed
+    python -m benchmarks.probes.sass_stats --save before/  # every kernel's SASS to before/<name>.sass
+    python -m benchmarks.probes.sass_stats kla_fwd_split_novar --pointer v_ptr=bf16   # v in bf16
 
 Uses Triton's bundled ``ptxas`` and ``nvdisasm``, so it runs on a CPU-only machine: a kernel that
 does not compile for the GPU fails here, and the instruction mix of each loop body (the code between
@@ -41,7 +41,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 
 ALIGNED = "aligned"  # a runtime argument specialised as divisible by 16 (a pointer: 16-byte aligned)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def this_checkout():
@@ -262,7 +262,8 @@ def loops(text):
     return out
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.sass_stats``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help="kernels to compile (default: all)")
     ap.add_argument("--arch", type=int, default=90)
@@ -271,7 +272,11 @@ def main():
     ap.add_argument("--save", metavar="DIR", help="write each kernel's SASS, addresses removed, to DIR/<name>.sass")
     ap.add_argument("--pointer", action="append", default=[], metavar="NAME=TYPE",
                     help="type a pointer argument's elements otherwise, e.g. v_ptr=bf16 (repeatable)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     POINTER_TYPES.update(_pointer_types(args.pointer))
     print(f"kernels from {this_checkout()}, Triton {triton.__version__}", file=sys.stderr)
     table = kernels()

@@ -4,7 +4,7 @@ device is done, beside its kernels' wrapper alone; and when ``kla_scan`` and its
 return (host) against their span on the device. Medians over many calls, microseconds. A call
 whose host path is longer than its kernels' device time is bound by the host when calls queue.
 
-    python -m benchmarks.host_stages [--C 64] [--T 2048] [--calls 300]
+    python -m benchmarks.probes.host_stages [--C 64] [--T 2048] [--calls 300]
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import time
 import torch
 
 import kalmanscan as ks
-from benchmarks.bench_filter import initial_state
-from benchmarks.bench_kla import make_inputs
+from benchmarks.common import initial_state, make_inputs
 from kalmanscan.inference import filtering
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import backend as filter_triton
@@ -61,12 +60,17 @@ def timeline(fn, stamps, calls):
     return {k: statistics.median(r[k] for r in rows) for k in rows[-1]}
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.host_stages``."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--C", type=int, default=64)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--calls", type=int, default=300)
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     stamps = []
     _stamped(stamps)
     y = torch.randn(args.T, args.C, device="cuda")

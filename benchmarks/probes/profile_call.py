@@ -1,9 +1,9 @@
 """The public ``ks.filter`` call under a profiler, as a user calls it. A script, not a test.
 
-    python -m benchmarks.profile_call --C 64 --T 2048 --device-theta
+    python -m benchmarks.probes.profile_call --C 64 --T 2048 --device-theta
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section SchedulerStats \\
-        python -m benchmarks.profile_call --C 1 --T 4194304 --outputs mean,var --ncu
+        python -m benchmarks.probes.profile_call --C 1 --T 4194304 --outputs mean,var --ncu
 
 ``y`` is a CUDA float32 ``(T, C)``; ``theta = 0.2`` (a ``(C,)`` CUDA tensor with
 ``--device-theta``), ``sigma = 0.5``, ``obs_var = 0.3``, triton backend, checked. Five calls warm
@@ -25,14 +25,19 @@ import kalmanscan as ks
 filtering = importlib.import_module("kalmanscan.inference.filtering")
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.profile_call``."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--C", type=int, default=64)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--device-theta", action="store_true")
     ap.add_argument("--outputs", default=None, help="comma-separated fields (default: all)")
     ap.add_argument("--ncu", action="store_true")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     y = torch.randn(args.T, args.C, device="cuda")
     theta = torch.full((args.C,), 0.2, device="cuda") if args.device_theta else 0.2
     kw = dict(theta=theta, sigma=0.5, obs_var=0.3, backend="triton")

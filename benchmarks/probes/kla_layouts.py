@@ -2,11 +2,11 @@
 against ``SPLIT_CONFIG`` (each thread one channel's states), which ``launch_config`` picks where
 time is split, timed alternately in one process with the public call beside them.
 
-    python -m benchmarks.kla_layouts --out kla_layouts.json
+    python -m benchmarks.probes.kla_layouts --out kla_layouts.json
 
 Shapes: ``M = 1024, S = 16``, float32, 16384 tokens a call (``B x L``): (1, 16384), (2, 8192),
 (4, 4096), (8, 2048). For each, the kernels with each configuration (``kla_scan_triton``, queued,
-forward and forward+backward: :func:`benchmarks.kla_pieces.row`) in the order default, split,
+forward and forward+backward: :func:`benchmarks.probes.kla_pieces.row`) in the order default, split,
 the chosen one without ``y_var`` (``variance=False``, as the layer runs it), the same without the
 kernels' bounds masks (``KLAConfig.even``) twice, without ``y_var`` again,
 split, default, and the public ``kla_scan(backend="triton")`` (input checks, then
@@ -23,20 +23,25 @@ import json
 
 import torch
 
-from benchmarks.bench_kla import FWD_FP32_OPS, bench_triton, fp32_rates, make_inputs
-from benchmarks.kla_pieces import row
-from benchmarks.shape_rows import shape_list
+from benchmarks.bench_kla import FWD_FP32_OPS, bench_triton, fp32_rates
+from benchmarks.common import make_inputs, shape_list
+from benchmarks.probes.kla_pieces import row
 from kalmanscan.ops.kla.triton.library import DEFAULT_CONFIG, SPLIT_CONFIG, launch_config
 
 SHAPES = [(1, 16384), (2, 8192), (4, 4096), (8, 2048)]
 M, S = 1024, 16
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.kla_layouts``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="e.g. 2x8192,8x2048")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     rate = fp32_rates()["fp32_instr_per_s"]
     result = dict(device=torch.cuda.get_device_name(), fp32_instr_per_s=rate, rows=[])
 

@@ -2,7 +2,7 @@
 and not: host wall of one call followed by a synchronisation (``bench_api.alone_ms``), medians,
 microseconds.
 
-    python -m benchmarks.check_pieces [--T 2048] [--C 64]
+    python -m benchmarks.probes.check_pieces [--T 2048] [--C 64]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import torch
 
 import kalmanscan as ks
-from benchmarks.bench_api import alone_ms
+from benchmarks.common import alone_ms
 from kalmanscan.problem import checks
 
 KW = dict(theta=0.2, sigma=0.5, obs_var=0.3)
@@ -48,11 +48,16 @@ def rows(y: torch.Tensor) -> dict:
     }
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.check_pieces``."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--C", type=int, default=64)
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     calls = rows(torch.randn(args.T, args.C, device="cuda"))
     for _ in range(2):
         for name, fn in calls.items():

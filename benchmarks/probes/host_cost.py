@@ -8,7 +8,7 @@ adds its Triton launches (three for the filter's walks, one or two for the scan)
 allocations; on a CPU the shapes are kept small so that allocations stay cheap. Best of twenty
 rounds of ``--calls`` calls each, microseconds per call.
 
-    TRITON_INTERPRET=1 python -m benchmarks.host_cost [--calls 300] [--out host_cost.json]
+    TRITON_INTERPRET=1 python -m benchmarks.probes.host_cost [--calls 300] [--out host_cost.json]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 import time
 
 import torch
@@ -25,11 +26,16 @@ from kalmanscan.inference.filtering import make_posterior
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import backend as filter_triton
 from kalmanscan.ops.kla import dispatch as kla_dispatch
-from kalmanscan.ops.kla.triton import library as kla_library
 from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 
-FILTER_KERNELS = ("filter_agg_kernel", "filter_carry_kernel", "filter_fwd_kernel")
-KLA_KERNELS = ("kla_fwd_kernel", "kla_piece_map_kernel")
+
+
+def launchers() -> list[tuple[object, str]]:
+    """``(module, name)`` of each Triton kernel the filter's and the scan's triton backends launch:
+    the names ending in ``_kernel`` in their loaded modules."""
+    packages = ("kalmanscan.ops.filter.triton", "kalmanscan.ops.kla.triton")
+    modules = [m for n, m in sorted(sys.modules.items()) if m is not None and n.startswith(packages)]
+    return [(m, name) for m in modules for name in vars(m) if name.endswith("_kernel")]
 
 
 class _NoLaunch:
@@ -89,8 +95,7 @@ def kla_rows(calls: int) -> dict:
 @contextlib.contextmanager
 def no_launches():
     """The filter's and the scan's kernels replaced by :class:`_NoLaunch` inside, restored after."""
-    saved = [(module, name, getattr(module, name)) for module, names in
-             ((filter_triton, FILTER_KERNELS), (kla_library, KLA_KERNELS)) for name in names]
+    saved = [(module, name, getattr(module, name)) for module, name in launchers()]
     try:
         for module, name, _ in saved:
             setattr(module, name, _NoLaunch())

@@ -1,7 +1,7 @@
 """The public ``ks.filter`` with its parameters given as CUDA tensors, against Python numbers, in one
 process. A script, not a test.
 
-    python -m benchmarks.device_params --out device_params.json      # on the GPU
+    python -m benchmarks.probes.device_params --out device_params.json      # on the GPU
 
 Shapes ``(C, T) = (4096, 32768)`` and ``(1, 2^22)``, float32 ``y`` complete and with 10% of its
 values missing (NaN). Parameters as numbers; ``theta`` a ``(C,)`` CUDA tensor; ``theta, sigma,
@@ -19,9 +19,7 @@ import json
 import torch
 
 import kalmanscan as ks
-from benchmarks.bench_api import alone_ms, call_counts, median_ms
-from benchmarks.bench_filter import graph_ms, initial_state
-from benchmarks.records import commit
+from benchmarks.common import alone_ms, call_counts, commit, graph_ms, initial_state, median_ms
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import backend as triton_backend
 
@@ -36,10 +34,15 @@ def cases(C: int, full: bool) -> dict:
     return out
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.device_params``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     torch.manual_seed(0)
     out = dict(commit=commit())
     for T, C in ((32768, 4096), (1 << 22, 1)):

@@ -2,7 +2,7 @@
 fixed cost dominates): Python functions by their own time (cProfile) and torch operations by
 their CPU and CUDA time (torch.profiler), over many synchronised calls.
 
-    python -m benchmarks.profile_api [--C 64] [--T 2048] [--calls 200]
+    python -m benchmarks.probes.profile_api [--C 64] [--T 2048] [--calls 200]
 """
 
 from __future__ import annotations
@@ -18,13 +18,18 @@ import torch
 import kalmanscan as ks
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.probes.profile_api``."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--C", type=int, default=64)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--outputs", default=None, help="comma-separated fields, e.g. mean,var")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
     y = torch.randn(args.T, args.C, device="cuda")
     outputs = None if args.outputs is None else tuple(args.outputs.split(","))
 

@@ -3,7 +3,7 @@
     ncu --profile-from-start off --clock-control none -k regex:filter_ --section SpeedOfLight \\
         --section Occupancy --section LaunchStats --section WarpStateStats \\
         --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats \\
-        python -m benchmarks.profile_walks
+        python -m benchmarks.probes.profile_walks
 
 At (C, T) = (4096, 32768), the static problem of :mod:`benchmarks.bench_recurrence`, the mean and
 variance: after two warm-up calls of each, one forward with the default configuration (the closed
