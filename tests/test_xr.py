@@ -8,6 +8,7 @@ import xarray as xr
 
 import kalmanscan as ks
 import kalmanscan.xr as kxr
+from kalmanscan.xr import accessor
 
 SITES = ["a", "b", "c"]
 
@@ -173,7 +174,7 @@ def test_dask_is_lazy_chunked_and_equal_to_in_memory():
                       h=h.chunk({"time": 30}), **kw)
     for name in ("mean", "var", "lower", "loglik", "filtered_mean"):
         assert isinstance(lazy[name].data, dask.array.Array), name
-    assert lazy["mean"].chunksizes["site"] == (1, 1, 1) and lazy["mean"].chunksizes["time"] == (63,)
+    assert lazy["mean"].chunksizes["site"] == (1, 1, 1) and lazy["mean"].chunksizes["time"] == (20, 20, 20, 3)
     computed = lazy.compute()
     for name, var in computed.data_vars.items():
         assert np.isfinite(var.values).all(), name
@@ -316,7 +317,7 @@ def test_in_memory_equals_dask_path(monkeypatch, order, params, dtype, regular):
         lazy = op(da.chunk({"site": 2}), time_unit="1D", sigma=0.7, obs_var=0.5, **kw)
         assert isinstance(lazy["mean"].data, dask.array.Array)
         with monkeypatch.context() as m:
-            m.setattr(kxr, "_apply", _no_apply_ufunc)
+            m.setattr(accessor, "_apply", _no_apply_ufunc)
             eager = op(da, time_unit="1D", sigma=0.7, obs_var=0.5, **kw)
         lazy = lazy.compute()
         xr.testing.assert_identical(eager, lazy)
@@ -336,7 +337,7 @@ def test_in_memory_filters_a_view_of_da(monkeypatch):
         seen.append(y)
         return run(y, **kwargs)
 
-    monkeypatch.setattr(ks, "filter", spy)
+    monkeypatch.setattr("kalmanscan.inference.filtering.filter", spy)
     first = _data().transpose(*_FIRST)
     for da in (first.copy(data=np.ascontiguousarray(first.values)), _data()):
         kxr.filter(da, time_unit="1D", theta=_SENSOR_THETA, sigma=0.7, obs_var=0.5)

@@ -37,9 +37,8 @@ import torch.distributed as dist
 from kalmanscan.inference.filtering import make_posterior
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import resolve_backend, run_backend
-from kalmanscan.ops.filter.torch import gain_terms
 from kalmanscan.ops.filter.torch import smooth as rts_torch
-from kalmanscan.model import merged
+from kalmanscan.inference import stretches
 from kalmanscan.distributed import summaries
 from kalmanscan.distributed.comm import agree, all_gather, fingerprint, rank_world, tie
 from kalmanscan.types import ArrayLike
@@ -113,7 +112,7 @@ def smooth(y_local: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: A
     f["decay"] = f["decay"].to(p.dtype)
     mean_param = torch.broadcast_to(p.mean, shape)
 
-    local = _rts_summary(f, mean_param, carry, last=rank == world - 1)
+    local = stretches.rts_link(f, mean_param, carry, last=rank == world - 1)
     if gathered.requires_grad:
         local = local if local.requires_grad else local.detach().requires_grad_()
         local = tie(gathered, {"s": local})["s"]
@@ -177,7 +176,7 @@ def _filter(y, kw, group, backend):
         local = torch.zeros((7,) + p.shape[:-2] + (1, p.shape[-1]), dtype=p.dtype, device=device)
     else:
         fused = not bool(infos[:, 0].any()) and _uses_kernels(p, backend)
-        local = torch.stack(_summary(p, rank, fused))
+        local = torch.stack(stretches.summary(p, first=rank == 0, fused=fused))
     if bool(infos[:, 0].any()) and not local.requires_grad:
         local = local.detach().requires_grad_()
     gathered = all_gather(local, group)
@@ -215,46 +214,5 @@ def _continue_from(p, carry):
     return dataclasses.replace(p, init_mean=p.mean[..., :1, :] + decay * mu, init_var=init_var)
 
 
-def _summary(p, rank, fused: bool):
-    """This rank's 7-tuple, each ``(..., 1, C)``: the backend's stretch product
-    (:func:`kalmanscan.ops.filter.triton.summary` when ``fused``, forward only: used when no rank
-    needs gradients; else :func:`kalmanscan.ops.filter.torch.summary`), then on rank 0 composed
-    after the initial belief, on the others after the transition into their first step."""
-    from kalmanscan.ops.filter import get_backend
-
-    shape = p.shape
-    local = get_backend("triton" if fused else "torch").summary(p)
-    if rank > 0:
-        decay, noise = p.decay_noise()
-        a0, q0 = (torch.broadcast_to(x[..., :1, :], shape[:-2] + (1, shape[-1])) for x in (decay, noise))
-        zero = torch.zeros_like(a0)
-        return merged.compose(merged.leaf(a0, q0, zero, zero), local)
-    lam0 = (1.0 / p.init_var).expand(shape[:-2] + (1, shape[-1]))
-    eta0 = lam0 * (p.init_mean - p.mean[..., :1, :])
-    return merged.compose(merged.initial(lam0, eta0), local)
-
-
 def _uses_kernels(p, backend) -> bool:
     return resolve_backend(backend, p.y.device) == "triton"
-
-
-def _rts_summary(f, mean_param, carry, last: bool):
-    """``[F_mean, B_mean, F_var, B_var]`` (4, ..., 1, C): this rank's smoothed moments at the
-    previous rank's last step as an affine map of those at its own last step (see module
-    docstring). Zeros on rank 0 (``carry is None``), whose summary no rank reads."""
-    mu, J, bm, bv = gain_terms(f, mean_param)
-    if carry is None:
-        return torch.zeros((4,) + mu[..., -1:, :].shape, dtype=mu.dtype, device=mu.device)
-    ones, zeros = torch.ones_like(mu[..., -1:, :]), torch.zeros_like(mu[..., -1:, :])
-    end_mean = (zeros, mu[..., -1:, :]) if last else (ones, zeros)
-    end_var = (zeros, f["var"][..., -1:, :]) if last else (ones, zeros)
-    var_prev, mu_prev = carry
-    a0, q0, pv0 = (f[k][..., :1, :] for k in ("decay", "noise", "pred_var"))
-    J0 = a0 * var_prev / pv0
-    bm0 = mu_prev - J0 * (f["pred_mean"][..., :1, :] - mean_param[..., :1, :])
-    bv0 = var_prev * q0 / pv0
-    Fm, Bm = merged.affine_total(torch.cat([J0, J, end_mean[0]], -2),
-                                    torch.cat([bm0, bm, end_mean[1]], -2), -2)
-    Fv, Bv = merged.affine_total(torch.cat([J0 * J0, J * J, end_var[0]], -2),
-                                    torch.cat([bv0, bv, end_var[1]], -2), -2)
-    return torch.stack([Fm, Bm, Fv, Bv])

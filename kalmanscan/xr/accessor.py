@@ -24,10 +24,12 @@ aligned on the non-time dimensions (aligned exactly: mismatched labels raise); a
 that has ``dim`` is per step (``init_mean`` and ``init_var`` never are). Other keywords
 (``backend``) pass through to :func:`kalmanscan.filter`.
 
-Dask. A dask-backed ``da`` is processed with ``xarray.apply_ufunc(dask="parallelized")``, chunk by
-chunk over the non-time dimensions: nothing is loaded, the result is dask-backed, and the same call
-runs on a ``dask.distributed`` cluster. Time must be one chunk per block; a ``da`` chunked along
-``dim`` is rechunked to a single time chunk (memory per task: one non-time chunk times ``T``).
+Dask. A dask-backed ``da`` is processed chunk by chunk: nothing is loaded, the result is
+dask-backed with ``da``'s chunks, and the same call runs on a ``dask.distributed`` cluster. With
+one chunk along ``dim`` each block is filtered on its own (``xarray.apply_ufunc``); chunked along
+``dim`` too, the chunks pass each other only beliefs (:mod:`kalmanscan.xr.timechunks`: memory per
+task one block, exact to rounding), so a record longer than a worker's memory is filtered and
+smoothed without a rechunk. ``fit`` still joins the time chunks of each block.
 
 Importing this module registers the ``.kalman`` accessor on ``xarray.DataArray``; it imports only
 NumPy and xarray at module level.
@@ -211,8 +213,40 @@ def _moments(op_name, da, dim, time_unit, level, kwargs):
         ds = xr.Dataset({k: (no_time if k == "loglik" else lay.dims, data[k]) for k in _names(fields)},
                         coords=lay.coords)
         return _labelled(ds, da, op_name, unit_label, level, z)
-    stacked = _apply(da, dim, arrays, kalman_block, len(fields), [dim, _FIELD], da.dtype)
+    if any(_time_chunks(x, dim) > 1 for x in (da, *arrays.values())):
+        stacked = _time_chunked(op_name, da, dim, arrays, times, static, fields)
+    else:
+        stacked = _apply(da, dim, arrays, kalman_block, len(fields), [dim, _FIELD], da.dtype)
     return _moments_dataset(stacked, fields, da, dim, op_name, unit_label, level, z)
+
+
+def _time_chunks(x, dim) -> int:
+    """How many dask chunks ``x`` has along ``dim`` (1 in memory or without ``dim``)."""
+    return len(x.chunksizes[dim]) if x.chunks is not None and dim in x.dims else 1
+
+
+def _time_chunked(op_name, da, dim, arrays, times, static, fields):
+    """The stacked fields ``(..., dim, field)`` of ``da`` chunked along ``dim``, chunk by chunk
+    (:mod:`kalmanscan.xr.timechunks`, imported here: it needs dask and torch): ``da``'s chunks are
+    kept, the parameters take them."""
+    from kalmanscan.xr import timechunks
+
+    if da.chunks is None:
+        da = da.chunk()
+    batch_dims = [d for d in da.dims if d != dim]
+    y = da.transpose(*batch_dims, dim)
+    chunks = dict(zip(y.dims, y.chunks))
+    params = {}
+    for name, value in arrays.items():
+        if dim in value.dims:
+            value = value.broadcast_like(y).transpose(*batch_dims, dim)
+        else:
+            value = value.broadcast_like(y.isel({dim: 0}, drop=True)).transpose(*batch_dims)
+        value = _as_float(value).chunk({d: chunks[d] for d in value.dims})
+        params[name] = (value.data, dim in value.dims)
+    data = timechunks.moments(op_name, y.data, params, times, static, fields)
+    coords = {k: v for k, v in y.coords.items() if set(v.dims) <= set(y.dims)}
+    return xr.DataArray(data, dims=(*batch_dims, dim, _FIELD), coords=coords)
 
 
 def _names(fields):
