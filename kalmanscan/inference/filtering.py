@@ -13,6 +13,7 @@ from kalmanscan.inference.diffuse import Diffuse, diffuse_witness, finite_proble
 from kalmanscan.problem.checks import decide_y
 from kalmanscan.problem.prepare import GUESSED, Problem, host_parameters, prepare
 from kalmanscan.ops.filter import run_backend
+from kalmanscan.inference.frames import pandas_io
 from kalmanscan.inference.posterior import Params, Posterior
 from kalmanscan.inference.stream import StreamState, as_prior, continue_problem, mark, naming_state
 from kalmanscan.types import ArrayLike
@@ -20,6 +21,7 @@ from kalmanscan.types import ArrayLike
 
 __all__ = ["filter", "make_posterior", "sum_time", "run_problem", "confirmed", "OUTPUTS"]
 
+@pandas_io
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
            init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
@@ -35,7 +37,9 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     Args:
         y: observations ``(..., T, C)``; NaN marks a missing value (predict, no update, zero
             log-likelihood). NumPy in gives NumPy out; a torch tensor gives tensors on its device,
-            differentiable with respect to ``y`` and every parameter.
+            differentiable with respect to ``y`` and every parameter. A pandas ``DataFrame`` (channels
+            by column) or ``Series`` (one channel) gives DataFrames with its index and columns, the
+            index giving the times (``time_unit=`` for dates): :mod:`kalmanscan.inference.frames`.
         theta: mean-reversion rate ``>= 0`` (0 is the random walk).
         sigma: diffusion scale ``>= 0``.
         obs_var: observation noise variance ``> 0``.

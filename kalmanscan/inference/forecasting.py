@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from kalmanscan.inference.frames import pandas_forecast
 from kalmanscan.model import ou
 from kalmanscan.types import ArrayLike
 
@@ -84,6 +85,7 @@ class Forecast:
         return m - z * s, m + z * s
 
 
+@pandas_forecast
 def forecast(post: Posterior, steps: int | None = None, *, times: ArrayLike | None = None) -> Forecast:
     """Forecast ``steps`` regular steps, or to the given future ``times``, after a filter run.
 

@@ -67,7 +67,9 @@ class Posterior:
       and ``missing``: 1.0 where ``y_t`` was NaN, else 0.0; ``times``: the observation times in
       float64, from 0 in steps of ``dt`` when no ``times`` were given)
       as arrays of the same kind, for forecasting and diagnostics (a :class:`Params` mapping
-      from :func:`kalmanscan.filter`: each entry is made on first access).
+      from :func:`kalmanscan.filter`: each entry is made on first access);
+    - ``frame``: for a pandas ``y``, its labels (:class:`~kalmanscan.inference.frames.FrameLabels`):
+      the ``(T, C)`` fields are then DataFrames, ``loglik`` a Series (:mod:`kalmanscan.inference.frames`).
     """
 
     mean: Any
@@ -82,6 +84,7 @@ class Posterior:
     loglik: Any
     params: MutableMapping = field(default_factory=dict, repr=False)
     filtered: "Posterior | None" = field(default=None, repr=False)
+    frame: Any = field(default=None, repr=False)
 
     @property
     def std(self) -> Any:
@@ -100,17 +103,18 @@ class Posterior:
         """The :class:`~kalmanscan.StreamState` at the last step: the filtered mean and variance
         ``(..., C)``, the OU mean level there, the last time (when ``times`` were given) and the
         steps filtered so far; ``ks.filter(next_chunk, ..., state=post.state)`` continues from it."""
-        return last_state(self)
+        return last_state(self if self.frame is None else self.to_numpy())
 
     def __repr__(self) -> str:
         kind = "smoother" if self.filtered is not None else "filter"
-        names = [f.name for f in fields(self) if f.name not in ("params", "filtered")]
+        names = [f.name for f in fields(self) if f.name not in ("params", "filtered", "frame")]
         some = next((getattr(self, k) for k in names if getattr(self, k) is not None), None)
         shape = tuple(getattr(some, "shape", ()))
         computed = [k for k in names if getattr(self, k) is not None]
         if kind == "smoother":
             computed.append("filtered (the filter's posterior)")
-        lines = [f"Posterior ({kind}) of shape (..., T, C) = {shape}, {array_kind(some)}",
+        arrays = array_kind(some) if self.frame is None else "pandas (T, C) DataFrames, loglik a Series"
+        lines = [f"Posterior ({kind}) of shape (..., T, C) = {shape}, {arrays}",
                  f"  fields: {', '.join(computed)}"]
         skipped = [k for k in names if getattr(self, k) is None]
         if skipped:
@@ -140,7 +144,8 @@ class Posterior:
         return forget, write
 
     def to_numpy(self) -> "Posterior":
-        """A copy with every array converted to NumPy (detached, on the host)."""
+        """A copy with every array converted to NumPy (detached, on the host; pandas fields to
+        their ``(T, C)`` values)."""
         conv = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -148,6 +153,8 @@ class Posterior:
                 v = {k: _to_numpy(x) for k, x in v.items()}
             elif f.name == "filtered":
                 v = None if v is None else v.to_numpy()
+            elif f.name == "frame":
+                v = None
             else:
                 v = _to_numpy(v)
             conv[f.name] = v

@@ -22,6 +22,7 @@ import torch
 
 from kalmanscan.inference.diffuse import diffuse_witness, restore, smooth_leading
 from kalmanscan.problem.checks import decide_y
+from kalmanscan.inference.frames import pandas_io
 from kalmanscan.inference.filtering import make_posterior, run_problem, sum_time
 from kalmanscan.problem.prepare import host_parameters
 from kalmanscan.ops.filter import get_backend, resolve_backend
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["smooth"]
 
 
+@pandas_io
 def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
            h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
            init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",

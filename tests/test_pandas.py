@@ -1,0 +1,131 @@
+"""pandas in, pandas out: a DataFrame is channels by column, a Series one channel; the results keep
+the index and columns, the index gives the times (dates with a time unit), and forecasts and
+stream continuation work on such posteriors."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import kalmanscan as ks
+
+MODEL = dict(theta=np.array([0.1, 0.4]), sigma=np.array([0.5, 1.5]), obs_var=np.array([1.0, 0.3]))
+
+
+def _frame(T=31, index=None, seed=0):
+    y = np.random.default_rng(seed).normal(size=(T, 2))
+    y[3, 1] = np.nan
+    return pd.DataFrame(y, index=index, columns=["level", "flow"])
+
+
+def _assert_same(post, ref, frame):
+    for k in ("mean", "var", "precision", "pred_mean", "pred_var", "pred_obs_mean", "pred_obs_var", "logliks"):
+        got = getattr(post, k)
+        assert isinstance(got, pd.DataFrame), k
+        assert got.index.equals(frame.index) and got.columns.equals(frame.columns), k
+        np.testing.assert_array_equal(got.to_numpy(), getattr(ref, k), err_msg=k)
+    assert isinstance(post.loglik, pd.Series) and post.loglik.index.equals(frame.columns)
+    np.testing.assert_array_equal(post.loglik.to_numpy(), ref.loglik)
+
+
+@pytest.mark.parametrize("op", [ks.filter, ks.smooth])
+def test_dataframe_in_dataframes_out(op):
+    df = _frame()
+    post = op(df, **MODEL)
+    _assert_same(post, op(df.to_numpy(), **MODEL), df)
+    if op is ks.smooth:
+        _assert_same(post.filtered, ks.filter(df.to_numpy(), **MODEL), df)
+    assert "DataFrames" in repr(post)
+    np.testing.assert_array_equal(post.to_numpy().mean, op(df.to_numpy(), **MODEL).mean)
+
+
+def test_series_is_one_channel():
+    s = pd.Series(np.random.default_rng(1).normal(size=20), name="volume",
+                  index=pd.Index(np.arange(1871, 1891), name="year"))
+    post = ks.filter(s, theta=0.0, sigma=1.0, obs_var=2.0, init_var=np.inf)
+    ref = ks.filter(s.to_numpy()[:, None], theta=0.0, sigma=1.0, obs_var=2.0, init_var=np.inf)
+    assert list(post.mean.columns) == ["volume"] and post.mean.index.equals(s.index)
+    np.testing.assert_array_equal(post.mean.to_numpy(), ref.mean)
+    assert post.loglik.index.tolist() == ["volume"]
+    fc = ks.forecast(post, steps=2)
+    assert fc.mean.index.tolist() == [1891, 1892] and fc.mean.columns.tolist() == ["volume"]
+
+
+def test_numeric_index_is_the_times():
+    times = np.cumsum(np.random.default_rng(2).uniform(0.2, 2.0, size=25))
+    df = _frame(25, index=pd.Index(times))
+    post = ks.filter(df, **MODEL)
+    np.testing.assert_array_equal(post.mean.to_numpy(), ks.filter(df.to_numpy(), times=times, **MODEL).mean)
+    # dt or times given explicitly win: the index then only labels the rows
+    np.testing.assert_array_equal(ks.filter(df, dt=0.5, **MODEL).mean.to_numpy(),
+                                  ks.filter(df.to_numpy(), dt=0.5, **MODEL).mean)
+    assert ks.filter(df, dt=0.5, **MODEL).mean.index.equals(df.index)
+
+
+def test_dates_need_a_time_unit_and_count_in_it():
+    dates = pd.DatetimeIndex(["2024-01-01", "2024-01-02", "2024-01-04", "2024-01-08", "2024-01-09"])
+    df = _frame(5, index=dates)
+    with pytest.raises(ValueError, match="time_unit is required"):
+        ks.filter(df, **MODEL)
+    post = ks.filter(df, time_unit="1D", **MODEL)
+    ref = ks.filter(df.to_numpy(), times=[0.0, 1, 3, 7, 8], **MODEL)
+    _assert_same(post, ref, df)
+    hours = ks.filter(df, time_unit="h", **MODEL)
+    np.testing.assert_allclose(hours.params["times"][:, 0], [0.0, 24, 72, 168, 192])
+    with pytest.raises(ValueError, match="time_unit"):
+        ks.filter(_frame(5), time_unit="1D", **MODEL)  # a RangeIndex holds no dates
+    with pytest.raises(ValueError, match="time_unit"):
+        ks.filter(df.to_numpy(), time_unit="1D", **MODEL)
+
+
+def test_forecast_of_dates_is_indexed_by_dates():
+    df = _frame(10, index=pd.date_range("2024-03-01", periods=10, freq="D"))
+    post = ks.filter(df, time_unit="1D", **MODEL)
+    fc = ks.forecast(post, steps=3)
+    ref = ks.forecast(ks.filter(df.to_numpy(), **MODEL), steps=3)
+    assert fc.mean.index.equals(pd.date_range("2024-03-11", periods=3, freq="D"))
+    for k in ("mean", "var", "obs_mean", "obs_var"):
+        np.testing.assert_allclose(getattr(fc, k).to_numpy(), getattr(ref, k), rtol=1e-14, err_msg=k)
+    at = pd.DatetimeIndex(["2024-03-12", "2024-03-20"])
+    fc = ks.forecast(post, times=at)
+    assert fc.var.index.equals(at)
+    np.testing.assert_allclose(fc.var.to_numpy(), ks.forecast(ks.filter(df.to_numpy(), **MODEL),
+                                                              times=[11.0, 19.0]).var, rtol=1e-14)
+
+
+def test_stream_continues_from_a_pandas_posterior():
+    df = _frame(30, index=pd.date_range("2024-01-01", periods=30, freq="6h"))
+    whole = ks.filter(df, time_unit="1D", **MODEL)
+    first = ks.filter(df.iloc[:11], time_unit="1D", **MODEL)
+    rest = ks.filter(df.iloc[11:], time_unit="1D", state=first, **MODEL)
+    assert rest.mean.index.equals(df.index[11:])
+    np.testing.assert_allclose(rest.mean.to_numpy(), whole.mean.to_numpy()[11:], rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="state=post"):  # a StreamState does not know the first date
+        ks.filter(df.iloc[11:], time_unit="1D", state=first.state, **MODEL)
+    numbered = df.reset_index(drop=True)  # numbers are times: a StreamState continues them
+    first = ks.filter(numbered.iloc[:11], **MODEL)
+    rest = ks.filter(numbered.iloc[11:], state=first.state, **MODEL)
+    np.testing.assert_allclose(rest.var.to_numpy(), ks.filter(numbered, **MODEL).var.to_numpy()[11:], rtol=1e-12)
+
+
+def test_float32_columns_stay_float32_and_nothing_is_modified():
+    df = _frame().astype(np.float32)
+    before = df.copy()
+    post = ks.filter(df, **MODEL)
+    assert post.mean.dtypes.unique().tolist() == [np.float32]
+    pd.testing.assert_frame_equal(df, before)
+
+
+def test_nullable_and_integer_columns_read_as_float64():
+    df = pd.DataFrame({"a": pd.array([1.0, None, 2.5, 3.0], dtype="Float64"), "b": [1, 2, 3, 4]})
+    post = ks.filter(df, **MODEL)
+    ref = ks.filter(np.array([[1.0, 1], [np.nan, 2], [2.5, 3], [3, 4]]), **MODEL)
+    np.testing.assert_array_equal(post.mean.to_numpy(), ref.mean)
+
+
+def test_bad_pandas_input_names_the_problem():
+    df = _frame(5)
+    df["note"] = "x"
+    with pytest.raises(ValueError, match="y: column 'note' is not numeric"):
+        ks.filter(df, theta=0.1, sigma=0.5, obs_var=1.0)
+    with pytest.raises(ValueError, match="batch dimensions"):
+        ks.filter(_frame(5), theta=np.full((2, 1, 2), 0.1), sigma=0.5, obs_var=1.0)
