@@ -125,3 +125,9 @@ def test_bad_input(args, kwargs, match):
     post = ks.filter(y, theta=0.5, sigma=1.0, obs_var=1.0, outputs=outputs)
     with pytest.raises(ValueError, match=match):
         ks.forecast(post, *args, **kwargs)
+
+
+@pytest.mark.parametrize("post", [np.zeros((10, 2)), None, {"mean": np.zeros((10, 2))}])
+def test_forecast_of_something_else_than_a_posterior_says_what_it_needs(post):
+    with pytest.raises(ValueError, match=r"post must be the Posterior of ks.filter or ks.smooth.*forecast\(ks.filter"):
+        ks.forecast(post, steps=3)

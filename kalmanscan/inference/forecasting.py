@@ -15,17 +15,16 @@ compose exactly: ``discretize`` over ``L1 + L2`` is the composition of the two s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from kalmanscan.inference.frames import pandas_forecast
+from kalmanscan.inference.posterior import Posterior
+from kalmanscan.inference.state import array_kind
 from kalmanscan.model import ou
 from kalmanscan.types import ArrayLike
-
-if TYPE_CHECKING:
-    from kalmanscan.inference.posterior import Posterior
 
 
 __all__ = ["forecast", "Forecast"]
@@ -57,8 +56,6 @@ class Forecast:
         return self.var**0.5
 
     def __repr__(self) -> str:
-        from kalmanscan.inference.posterior import array_kind
-
         shape = tuple(getattr(self.mean, "shape", ()))
         lead = np.asarray(self.lead.detach().cpu() if hasattr(self.lead, "detach") else self.lead, dtype=np.float64)
         K = shape[-2] if len(shape) >= 2 else 0
@@ -101,8 +98,13 @@ def forecast(post: Posterior, steps: int | None = None, *, times: ArrayLike | No
         :class:`Forecast` with arrays of shape ``(..., K, C)``.
 
     Raises:
-        ValueError: unless exactly one of ``steps`` and ``times`` is given, or if they are invalid.
+        ValueError: unless ``post`` is a Posterior and exactly one of ``steps`` and ``times`` is
+            given, or if they are invalid.
     """
+    if not isinstance(post, Posterior):
+        raise ValueError(f"post must be the Posterior of ks.filter or ks.smooth, got {type(post).__name__}: "
+                         "forecast after a filter run, ks.forecast(ks.filter(y, theta=..., sigma=..., obs_var=...), "
+                         "steps=3)")
     if (steps is None) == (times is None):
         raise ValueError("give exactly one of steps and times")
     p = post.params
