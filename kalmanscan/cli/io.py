@@ -1,11 +1,14 @@
-"""Reading and writing the files of the ``kalmanscan`` command line: CSV tables and NetCDF.
+"""Reading and writing the files of the ``kalmanscan`` command line: CSV tables, NetCDF and Zarr.
 
 A CSV input has a header row, one time column (numeric, or ISO 8601 dates and times) and one
 column per channel; empty cells, ``NA`` and ``NaN`` are missing values. It is read into a
 DataArray of dims ``("time", "channel")`` whose ``channel`` coordinate holds the column names and
 whose ``time`` coordinate holds the times (float64 or datetime64). A NetCDF input names one data
 variable (``var``) with a time dimension (``dim``) and any others; its coordinates and attrs are
-kept. Every problem is a ``ValueError`` whose message names the file, the column and the line.
+kept. A Zarr store (a ``.zarr`` directory) is read as NetCDF is, but lazily: its chunks become the
+input's dask chunks (along time too: :mod:`kalmanscan.xr.timechunks` filters such a record chunk by
+chunk), and a Zarr output is written chunk by chunk with the same chunks, with a progress bar.
+Every problem is a ``ValueError`` whose message names the file, the column and the line.
 """
 
 from __future__ import annotations
@@ -27,17 +30,21 @@ __all__ = ["read_series", "read_params", "write_dataset", "check_output", "same_
 MISSING = ("", "na", "nan", "n/a", "null", "none")
 _CSV = (".csv", ".txt")
 _NETCDF = (".nc", ".nc4", ".netcdf", ".cdf")
+_ZARR = (".zarr",)
 
 
 def file_format(path: str | os.PathLike, role: str = "input") -> str:
-    """``"csv"`` or ``"netcdf"`` from the suffix of ``path``; ``ValueError`` for anything else."""
+    """``"csv"``, ``"netcdf"`` or ``"zarr"`` from the suffix of ``path``; ``ValueError`` for
+    anything else."""
     suffix = Path(path).suffix.lower()
     if suffix in _CSV:
         return "csv"
     if suffix in _NETCDF:
         return "netcdf"
+    if suffix in _ZARR:
+        return "zarr"
     raise ValueError(f"{role} file '{path}': cannot tell its format from the suffix {suffix!r} "
-                     f"(use one of {', '.join(_CSV + _NETCDF)})")
+                     f"(use one of {', '.join(_CSV + _NETCDF + _ZARR)})")
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -56,7 +63,12 @@ def check_output(path: str | os.PathLike, inputs: Iterable[str | os.PathLike], r
 
 
 def _check_readable(path, role):
-    """``ValueError`` unless ``path`` is an existing file (a directory is named as one)."""
+    """``ValueError`` unless ``path`` is an existing file (a directory is named as one), or an
+    existing directory for a Zarr store."""
+    if Path(path).suffix.lower() in _ZARR:
+        if not os.path.isdir(path):
+            raise ValueError(f"{role} store '{path}' does not exist (a Zarr store is a directory)")
+        return
     if os.path.isdir(path):
         raise ValueError(f"{role} file '{path}' is a directory, not a file")
     if not os.path.isfile(path):
@@ -65,11 +77,12 @@ def _check_readable(path, role):
 
 def read_series(path: str | os.PathLike, *, time_col: str | None = None, columns: Sequence[str] | None = None,
                 var: str | None = None, dim: str = "time") -> xr.DataArray:
-    """The series in ``path`` (CSV or NetCDF) as a DataArray with time dimension ``dim``.
+    """The series in ``path`` (CSV, NetCDF or Zarr) as a DataArray with time dimension ``dim``.
 
     CSV: ``time_col`` (default: the first column) and ``columns`` (default: every other column).
-    NetCDF: the data variable ``var`` (default: the only one with dimension ``dim``). Times must be
-    strictly increasing; values numeric or missing.
+    NetCDF and Zarr: the data variable ``var`` (default: the only one with dimension ``dim``); a
+    Zarr store's variable stays lazy (dask, the store's chunks). Times must be strictly increasing;
+    values numeric or missing.
     """
     _check_readable(path, "input")
     if file_format(path) == "csv":
@@ -77,7 +90,7 @@ def read_series(path: str | os.PathLike, *, time_col: str | None = None, columns
             raise ValueError("--var applies to NetCDF input; a CSV file names its channels by column")
         return _read_csv(path, time_col, columns, dim)
     if time_col is not None or columns is not None:
-        raise ValueError("--time-col and --columns apply to CSV input; for NetCDF use --var and --dim")
+        raise ValueError("--time-col and --columns apply to CSV input; for NetCDF and Zarr use --var and --dim")
     return _read_netcdf(path, var, dim)
 
 
@@ -178,12 +191,21 @@ def _read_csv(path, time_col, columns, dim):
                         attrs={"source": os.path.basename(path), "time_column": time_col})
 
 
-def _read_netcdf(path, var, dim):
+def _open(path, role):
+    """The Dataset in the NetCDF file (loaded) or Zarr store (lazy) ``path``."""
+    zarr = file_format(path, role) == "zarr"
     try:
+        if zarr:
+            return xr.open_zarr(path)
         with xr.open_dataset(path) as ds:
-            ds = ds.load()
-    except (OSError, ValueError) as err:
-        raise ValueError(f"input file '{path}' is not a readable NetCDF file: {err}") from None
+            return ds.load()
+    except (OSError, ValueError, KeyError, ImportError) as err:
+        kind = "Zarr store" if zarr else "NetCDF file"
+        raise ValueError(f"{role} file '{path}' is not a readable {kind}: {err}") from None
+
+
+def _read_netcdf(path, var, dim):
+    ds = _open(path, "input")
     if var is None:
         candidates = [k for k, v in ds.data_vars.items() if dim in v.dims]
         if len(candidates) != 1:
@@ -199,7 +221,7 @@ def _read_netcdf(path, var, dim):
                          "name the time dimension with --dim")
     if da.dtype.kind not in "biuf":
         raise ValueError(f"variable '{var}' in '{path}' is not numeric (dtype {da.dtype})")
-    if np.isinf(da.values).any():
+    if da.chunks is None and np.isinf(da.values).any():  # a lazy store's blocks are checked as they are filtered
         raise ValueError(f"variable '{var}' in '{path}' has infinite values")
     if dim in da.coords:
         from kalmanscan.xr.accessor import times_from_coord
@@ -232,12 +254,8 @@ def read_params(path: str | os.PathLike, like: xr.DataArray, dim: str = "time") 
     from kalmanscan import xr as kxr
 
     _check_readable(path, "parameter")
-    if file_format(path, "parameter") == "netcdf":
-        try:
-            with xr.open_dataset(path) as ds:
-                ds = ds.load()
-        except (OSError, ValueError) as err:
-            raise ValueError(f"parameter file '{path}' is not a readable NetCDF file: {err}") from None
+    if file_format(path, "parameter") in ("netcdf", "zarr"):
+        ds = _open(path, "parameter").load()
         fitted_on = _recorded_channels(path, ds.attrs.get(CHANNELS_ATTR))
         if fitted_on is None:
             fitted_on = _labels_of(ds, like, dim)
@@ -326,12 +344,18 @@ def _params_table(path, like, dim):
 
 
 def write_dataset(ds: xr.Dataset, path: str | os.PathLike, dim: str = "time", time_name: str | None = None) -> None:
-    """Write ``ds`` to NetCDF, or to CSV: one row per time (variables with ``dim`` as columns
-    ``<channel>_<variable>``), or one row per channel for a dataset without ``dim`` (a fit, with
-    its ``time_unit`` and, for one channel without a channel dimension, a ``channel`` column).
-    Every float is written as its shortest repr, which reads back to the same bits."""
-    if file_format(path, "output") == "netcdf":
+    """Write ``ds`` to NetCDF, to a Zarr store (replaced if it exists; a dask-backed ``ds`` chunk
+    by chunk with its chunks, under a progress bar), or to CSV: one row per time (variables with
+    ``dim`` as columns ``<channel>_<variable>``), or one row per channel for a dataset without
+    ``dim`` (a fit, with its ``time_unit`` and, for one channel without a channel dimension, a
+    ``channel`` column). Every float is written as its shortest repr, which reads back to the same
+    bits."""
+    kind = file_format(path, "output")
+    if kind == "netcdf":
         ds.to_netcdf(path)
+        return
+    if kind == "zarr":
+        _write_zarr(ds, path)
         return
     if dim in ds.dims:
         table = _wide_table(ds, dim, time_name or dim)
@@ -345,6 +369,19 @@ def write_dataset(ds: xr.Dataset, path: str | os.PathLike, dim: str = "time", ti
             if "time_unit" in ds.attrs:
                 table["time_unit"] = ds.attrs["time_unit"]
     table.to_csv(path, index=False, float_format=None)  # the shortest repr of each float: exact round trip
+
+
+def _write_zarr(ds: xr.Dataset, path) -> None:
+    """``ds`` to the Zarr store ``path``: the graph built lazily, then computed chunk by chunk with
+    a progress bar (tqdm) when ``ds`` is dask-backed."""
+    delayed = ds.to_zarr(path, mode="w", compute=False)
+    if not any(v.chunks is not None for v in ds.variables.values()):
+        delayed.compute()
+        return
+    from tqdm.dask import TqdmCallback
+
+    with TqdmCallback(desc=f"writing {Path(path).name}", leave=False):
+        delayed.compute()
 
 
 def _wide_table(ds, dim, time_name):
