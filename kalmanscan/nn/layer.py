@@ -306,8 +306,8 @@ class KLA(nn.Module):
     """Set true when the process noise is fixed at 0 (``sigma = 0``, frozen): known on the host,
     so the forward runs the filters in mean form, exact at every length, without reading a value."""
 
-    def forward(self, x: torch.Tensor, state: KLAState | None = None,
-                return_variance: bool = False, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor | tuple[Any, ...]:
+    def forward(self, x: torch.Tensor, state: KLAState | None = None, return_variance: bool = False,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor | tuple[Any, ...]:
         """Run the block over a whole sequence (or a chunk of one, continuing ``state``).
 
         x: (B, L, D). Returns ``y`` (B, L, D); ``(y, y_var)`` with ``return_variance``; and, when a
@@ -363,8 +363,9 @@ class KLA(nn.Module):
         The same predict-then-update as the scan for one token, in mean form (variance and mean,
         finite without process noise): ``in_proj``, the conv step, ``sensor_proj`` and
         ``out_proj`` as matrix products around the fused conv and filter steps of
-        :mod:`kalmanscan.ops.kla.step` (on CUDA two Triton kernels; in torch operations elsewhere,
-        and wherever autograd records the step, which is then differentiable).
+        :mod:`kalmanscan.ops.kla.step` (two Triton kernels on CUDA, and with ``backend="triton"``;
+        torch operations elsewhere, and wherever autograd records the step, which is then
+        differentiable).
 
         ``out``: a :class:`KLAState` whose tensors receive the new state (``out=state`` advances the
         state in place); its ``var`` and ``mu`` must be contiguous, in the state's dtype. With it
@@ -381,8 +382,9 @@ class KLA(nn.Module):
             raise ValueError("out: a step into given buffers records no gradient; call it under torch.no_grad()")
         M = self.d_inner
         z_pre, gate = self.in_proj(x_t).split([M, M], -1)
+        backend = "torch" if recording else "triton" if self.backend == "triton" else "auto"
         z, window = conv_step(z_pre, state.conv, self.conv.weight[:, 0], self.conv.bias,
-                              window_out=None if out is None else out.conv)
+                              window_out=None if out is None else out.conv, backend=backend)
         v, log_var, k, q = self.sensor_rows(z)
         decay, noise = self.discretized() if recording else self.step_params()
         dtype = state.var.dtype
@@ -390,7 +392,7 @@ class KLA(nn.Module):
             gated, y_var, var, mu = kla_decode_step(
                 v, log_var, k, q, z, gate, decay.to(dtype), noise.to(dtype), self.skip, self.obs_var_bias,
                 state.var, state.mu, floor=_OBS_VAR_FLOOR, variance=return_variance,
-                var_out=None if out is None else out.var, mu_out=None if out is None else out.mu)
+                var_out=None if out is None else out.var, mu_out=None if out is None else out.mu, backend=backend)
         y = self.out_proj(gated)
         new = KLAState(window, var, mu)
         return (y, self.output_variance(y_var, gate), new) if return_variance else (y, new)

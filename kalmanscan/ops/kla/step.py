@@ -14,7 +14,7 @@ in mean form (:func:`kalmanscan.ops.kla.recurrent.kla_step`: variance ``var``, m
 Backends: ``"triton"`` launches the kernels of :mod:`kalmanscan.kernels.kla.step` (one each,
 float32 state), ``"torch"`` runs the same arithmetic in torch operations (any device and float
 dtype, differentiable when no output buffer is given) and ``"auto"`` picks triton for CUDA
-tensors below float64. Results go into the given buffers (``window_out``, ``var_out``, ``mu_out``,
+tensors; float64 runs in torch operations whatever the backend. Results go into the given buffers (``window_out``, ``var_out``, ``mu_out``,
 ``out``; the state's own tensors for an update in place) or new tensors: a step with buffers
 launches nothing but its kernels and reads no value on the host, so it can be captured in a CUDA
 graph.
@@ -37,10 +37,10 @@ BLOCK_M = 32         # channels a program of either kernel owns
 
 
 def _use_triton(backend: str, x: torch.Tensor) -> bool:
-    """The kernel for ``"triton"``, and for ``"auto"`` on CUDA below float64."""
+    """The kernel for ``"triton"``, and for ``"auto"`` on CUDA; float64 always in torch operations."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend == "triton" or (backend == "auto" and x.is_cuda and x.dtype != torch.float64)
+    return x.dtype != torch.float64 and (backend == "triton" or (backend == "auto" and x.is_cuda))
 
 
 def _rows(*xs: torch.Tensor) -> None:
