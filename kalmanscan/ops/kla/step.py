@@ -12,12 +12,12 @@ in mean form (:func:`kalmanscan.ops.kla.recurrent.kla_step`: variance ``var``, m
 ``y`` and ``y_var`` out and returns the gated ``out = (y + skip z) SiLU(gate)``.
 
 Backends: ``"triton"`` launches the kernels of :mod:`kalmanscan.kernels.kla.step` (one each,
-float32 state), ``"torch"`` runs the same arithmetic in torch operations (any device and float
-dtype, differentiable when no output buffer is given) and ``"auto"`` picks triton for CUDA
-tensors; float64 runs in torch operations whatever the backend. Results go into the given buffers (``window_out``, ``var_out``, ``mu_out``,
-``out``; the state's own tensors for an update in place) or new tensors: a step with buffers
-launches nothing but its kernels and reads no value on the host, so it can be captured in a CUDA
-graph.
+float32 arithmetic), ``"torch"`` runs the same arithmetic in torch operations (any device and
+float dtype, differentiable when no output buffer is given) and ``"auto"`` picks triton for CUDA
+tensors; float64 runs in torch operations whatever the backend. Results go into the given
+buffers (``window_out``, ``var_out``, ``mu_out``, ``out``; the state's own tensors for an update
+in place) or new tensors: a step with buffers launches nothing but its kernels and reads no value
+on the host, so it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
