@@ -165,3 +165,27 @@ def test_bad_input(data):
         D.report(post, y, levels=(0.5, 1.0))
     with pytest.raises(ValueError, match="observed"):
         D.report(post, np.full_like(y, np.nan))
+
+
+def test_report_names_nan_or_infinite_inputs_instead_of_judging_them(data):
+    import dataclasses
+
+    x, y = data
+    post = ks.filter(y, **PARAMS)
+    bad_y = y.copy()
+    bad_y[7, 1] = -np.inf
+    with pytest.raises(ValueError, match=r"y has an infinite value at 1 position\(s\), the first at index \(7, 1\)"):
+        D.report(post, bad_y)
+    for field in ("pred_obs_mean", "pred_obs_var"):
+        values = post.pred_obs_var.copy() if field == "pred_obs_var" else post.pred_obs_mean.copy()
+        values[5:, 0] = np.nan
+        broken = dataclasses.replace(post, **{field: values})
+        with pytest.raises(ValueError, match=f"post.{field} has a NaN or infinite value where y is scored"):
+            D.report(broken, y)
+    broken = dataclasses.replace(post, var=np.where(np.arange(1000)[:, None] == 9, np.nan, post.var))
+    with pytest.raises(ValueError, match=r"post.var has a NaN or infinite value where truth is scored"):
+        D.report(broken, y, truth=x)
+    with pytest.raises(ValueError, match="truth has an infinite value"):
+        D.report(post, y, truth=np.where(np.isnan(y), np.inf, x))
+    diffuse = ks.filter(y, theta=0.0, sigma=PARAMS["sigma"], obs_var=PARAMS["obs_var"], init_var=np.inf)
+    assert D.report(diffuse, y).n_diffuse == 2  # the improper first step is left out, not refused

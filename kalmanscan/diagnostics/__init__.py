@@ -7,9 +7,10 @@ matplotlib)."""
 
 from __future__ import annotations
 
-from kalmanscan.diagnostics.calibration import (LEVELS, CalibrationReport, coverage, crps, effective_dof, inside,
-                                                log_score, nees, nis, numpy_post, pit, predictive_coverage,
+from kalmanscan.diagnostics.calibration import (KS_EXACT, LEVELS, CalibrationReport, coverage, crps, effective_dof,
+                                                inside, log_score, nees, nis, numpy_post, pit, predictive_coverage,
                                                 quadratic_form_check, report, scored)
 
 __all__ = ["numpy_post", "scored", "inside", "effective_dof", "nees", "nis", "pit", "crps", "log_score", "coverage",
-           "predictive_coverage", "quadratic_form_check", "report", "CalibrationReport", "LEVELS"]
+           "predictive_coverage", "quadratic_form_check", "report", "CalibrationReport", "LEVELS",
+           "KS_EXACT"]

@@ -288,6 +288,7 @@ def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, lev
     if any(not 0 < v < 1 for v in levels):
         raise ValueError(f"levels must be in (0, 1), got {levels}")
     post = numpy_post(post)
+    _check_finite(post, y, truth)
     y_a, m, s2 = _predictive(post, y)  # every score below from these arrays: one pass each
     z = _z(y_a, m, s2)
     seen = ~np.isnan(y_a)
@@ -354,6 +355,32 @@ def report(post: Posterior, y: ArrayLike, truth: ArrayLike | None = None, *, lev
         pit_ks=float(ks.statistic), pit_pvalue=float(ks.pvalue), pit_mean=pit_mean, pit_var=pit_var,
         coverage=cov, coverage_bands=bands, mean_crps=float(np.mean(_crps(z[seen], s2[seen]))),
         mean_log_score=float(np.mean(_log_score(z[seen], s2[seen]))), **extra)
+
+
+def _check_finite(post, y, truth):
+    """``ValueError`` naming an infinite value of ``y`` or ``truth``, or a NaN or infinite moment
+    of ``post`` where it would be scored (an observed ``y``, a finite ``truth``): a result that is
+    not finite cannot be judged, and its scores would blame the intervals for it. An infinite
+    variance where the prior was diffuse is the improper law that is not scored."""
+    pairs = [("y", y, ("pred_obs_mean", "pred_obs_var"))]
+    if truth is not None:
+        pairs.append(("truth", truth, ("mean", "var")))
+    for name, x, (mean, var) in pairs:
+        m = np.asarray(getattr(post, mean), np.float64)
+        s2 = np.asarray(getattr(post, var), np.float64)
+        x = _aligned(name, x, m.shape)
+        _name_first(name, np.isinf(x), "an infinite value", "missing values are NaN")
+        scored = ~np.isnan(x) & ~(np.isposinf(s2) & ~np.isnan(m))
+        for moment, values in ((mean, m), (var, s2)):
+            _name_first(f"post.{moment}", scored & ~np.isfinite(values), "a NaN or infinite value where "
+                        f"{name} is scored", "the filter's result is not finite, so its calibration cannot be "
+                        "judged; check the parameters' scale and the filter's warnings")
+
+
+def _name_first(name, bad, what, hint):
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} has {what} at {int(bad.sum())} position(s), the first at index {at}: {hint}")
 
 
 def _pit_shape(mean, var, n):
