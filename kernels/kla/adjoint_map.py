@@ -23,6 +23,11 @@ and walks forward once, elementwise (no reduction over channels or states, no sc
 recomputed chunk), where composing backwards would need every chunk's states stored and read back.
 The two orders compute the same map; they differ only in the rounding of the products.
 
+Packed documents (``VARLEN``): the walk resets the state at documents' starts as the forward did,
+and where a document ends at ``t`` the adjoint after ``t`` is that document's final-state
+cotangent ``g`` alone, not what comes from later tokens: ``h += Q g`` and ``Q = 0`` from there on
+(a stretch holding a document's end gives a constant map).
+
 Grid ``(B, ceil(M / BLOCK_M), n_pieces - 1)`` over stretches ``1 .. n_pieces - 1`` (stretch 0's
 map is never needed); output ``maps[b, piece, 5] = (G11, G12, G22, h1, h2)``, float32 per-filter blocks.
 """
@@ -31,16 +36,17 @@ import triton
 import triton.language as tl
 
 from kalmanscan.kernels.fast_math import rcp
-from kalmanscan.kernels.kla.common import kla_step_rho, kla_tile, kla_token, outer, per_m, per_s
+from kalmanscan.kernels.kla.common import kla_reset, kla_row, kla_step_rho, kla_tile, kla_token, outer, per_m, per_s
 
 
 @triton.jit
 def kla_adjoint_map_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, ckpt_lam_ptr, ckpt_eta_ptr,
-    gy_ptr, gy_var_ptr, maps_ptr,
+    gy_ptr, gy_var_ptr, maps_ptr, glam_ptr, geta_ptr, lam0_ptr, eta0_ptr, starts_ptr, ends_ptr,
     L, M, S, n_chunks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
-    STATES_FIRST: tl.constexpr, VAR: tl.constexpr, EVEN: tl.constexpr,
+    STATES_FIRST: tl.constexpr, VAR: tl.constexpr, EVEN: tl.constexpr, HAS_INIT: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)
@@ -59,6 +65,8 @@ def kla_adjoint_map_kernel(
         gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
         if VAR:
             gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
+        if VARLEN:
+            lam, eta = kla_reset(lam, eta, lam0_ptr, eta0_ptr, starts_ptr, t, ms, mask, MS, HAS_INIT)
         eta_p = eta
         lam, eta, rho = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
         rho2 = rho * rho
@@ -76,6 +84,16 @@ def kla_adjoint_map_kernel(
             q_inv = per_s(qt, STATES_FIRST) * inv
             h1 -= q11 * per_m(gyv, STATES_FIRST) * (q_inv * q_inv)
         h2 += q22 * s_e
+        if VARLEN:  # a document ends at t: the adjoint after t is its final state's cotangent alone
+            d = kla_row(ends_ptr, t, mask)
+            last = d >= 0
+            gl = tl.load(glam_ptr + d * MS + ms, mask=mask & last, other=0.0)
+            ge = tl.load(geta_ptr + d * MS + ms, mask=mask & last, other=0.0)
+            h1 = tl.where(last, h1 + q11 * gl + q12 * ge, h1)
+            h2 = tl.where(last, h2 + q22 * ge, h2)
+            q11 = tl.where(last, zero, q11)
+            q12 = tl.where(last, zero, q12)
+            q22 = tl.where(last, zero, q22)
     at = maps_ptr + ((pid_b * n_pieces + pid_p) * 5) * MS + ms
     tl.store(at, q11, mask=mask)
     tl.store(at + MS, q12, mask=mask)

@@ -33,6 +33,13 @@ and m are done within the program; sums over m of the ``k``/``q`` gradients beco
 ``t = 0`` are the gradients of the initial state. ``STAGES`` and ``UNROLL`` are the time loops'
 software-pipelining depth and unroll factor.
 
+Packed documents (``VARLEN``): the scratch keeps the state after each token before a document's
+reset (the walk back needs the previous document's final state), and the reset is applied to it
+as it is read, as the forward did (``kla_reset``). Walking back, the adjoints are set to the final
+state's cotangents of document ``ends[t]`` before its last token ``t`` (nothing flows back across
+a document's start) and, after a document's first token, stored as that document's initial-state
+gradients.
+
 Time split. With ``n_pieces > 1`` the program of stretch ``p`` first carries the final adjoint
 through the affine adjoint maps ``maps[b, piece, 5]`` of stretches ``n_pieces - 1 .. p + 1``
 (composed by :mod:`kalmanscan.kernels.kla.adjoint_map`), then back-propagates through its own
@@ -43,7 +50,8 @@ import triton
 import triton.language as tl
 
 from kalmanscan.kernels.fast_math import rcp
-from kalmanscan.kernels.kla.common import kla_step, kla_tile, kla_token, outer, per_m, per_s, sum_m, sum_s
+from kalmanscan.kernels.kla.common import (kla_load_row, kla_reset, kla_step, kla_store_row, kla_tile, kla_token,
+                                           outer, per_m, per_s, sum_m, sum_s)
 
 
 @triton.jit
@@ -74,11 +82,11 @@ def kla_bwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, ckpt_lam_ptr, ckpt_eta_ptr,
     gy_ptr, gy_var_ptr, glam_ptr, geta_ptr, scratch_lam_ptr, scratch_eta_ptr, maps_ptr,
     gv_ptr, glam_v_ptr, gk_part_ptr, gq_part_ptr, gdecay_part_ptr, gnoise_part_ptr,
-    glam0_ptr, geta0_ptr,
+    glam0_ptr, geta0_ptr, lam0_ptr, eta0_ptr, starts_ptr, ends_ptr,
     L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr,
     UNROLL: tl.constexpr, STATES_FIRST: tl.constexpr, VAR: tl.constexpr, EVEN: tl.constexpr,
-    KEEP: tl.constexpr, STREAM: tl.constexpr,
+    KEEP: tl.constexpr, STREAM: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)
@@ -119,6 +127,8 @@ def kla_bwd_kernel(
         for t in tl.range(t0, t1, num_stages=STAGES, loop_unroll_factor=UNROLL):
             tl.store(scratch_lam_ptr + slot + (t - t0) * SLOT, lam, eviction_policy=KEEP)
             tl.store(scratch_eta_ptr + slot + (t - t0) * SLOT, eta, eviction_policy=KEEP)
+            if VARLEN:
+                lam, eta = kla_reset(lam, eta, lam0_ptr, eta0_ptr, starts_ptr, t, ms, mask, MS, HAS_INIT)
             lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S,
                                         mask_m, mask_s)
             lam, eta = kla_step(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
@@ -127,9 +137,15 @@ def kla_bwd_kernel(
         # Walk the chunk backwards; (lam, eta) is the state after step t.
         for i in tl.range(0, t1 - t0, num_stages=STAGES, loop_unroll_factor=UNROLL):
             t = t1 - 1 - i
+            if VARLEN:  # a document's last token: the adjoints restart from its final state's
+                gl, ge = kla_load_row(gl, ge, glam_ptr, geta_ptr, ends_ptr, t, ms, mask, MS)
             lam_p, eta_p, lv, vv, kt, qt, gy, gyv = kla_bwd_token(
                 v_ptr, lam_v_ptr, k_ptr, q_ptr, gy_ptr, gy_var_ptr, scratch_lam_ptr, scratch_eta_ptr,
                 row_m, row_s, slot + (t - t0) * SLOT, t, M, S, mask_m, mask_s, VAR, KEEP, STREAM)
+            lam_after = lam_p  # the state after token t - 1 (before a document's reset)
+            eta_after = eta_p
+            if VARLEN:
+                lam_p, eta_p = kla_reset(lam_p, eta_p, lam0_ptr, eta0_ptr, starts_ptr, t, ms, mask, MS, HAS_INIT)
 
             inv = rcp(lam)
             mu = eta * inv
@@ -159,12 +175,15 @@ def kla_bwd_kernel(
             tl.store(gq_part_ptr + part + t * n_mblocks * S, gq, mask=mask_s, eviction_policy=STREAM)
             ge = ge * (rho * decay)
             gl = gl * rho + g_d * noise
-            lam = lam_p
-            eta = eta_p
+            if VARLEN:  # a document's first token: the adjoints are its initial state's gradients
+                kla_store_row(glam0_ptr, geta0_ptr, gl, ge, starts_ptr, t, ms, mask, MS)
+            lam = lam_after
+            eta = eta_after
         tl.debug_barrier()  # every read of this chunk's scratch is done before it is overwritten
     part_ms = (pid_b * n_pieces + pid_p) * MS + ms
     tl.store(gdecay_part_ptr + part_ms, gdecay, mask=mask)
     tl.store(gnoise_part_ptr + part_ms, gnoise, mask=mask)
-    if pid_p == 0:
-        tl.store(glam0_ptr + state, gl, mask=mask)
-        tl.store(geta0_ptr + state, ge, mask=mask)
+    if not VARLEN:
+        if pid_p == 0:
+            tl.store(glam0_ptr + state, gl, mask=mask)
+            tl.store(geta0_ptr + state, ge, mask=mask)

@@ -193,3 +193,48 @@ def kla_checkpoint(ckpt_lam_ptr, ckpt_eta_ptr, lam, eta, t, pid_b, n_chunks, ms,
         ck = (pid_b * n_chunks + t // CHUNK) * M * S + ms
         tl.store(ckpt_lam_ptr + ck, lam, mask=mask)
         tl.store(ckpt_eta_ptr + ck, eta, mask=mask)
+
+
+@triton.jit
+def kla_row(rows_ptr, t, mask):
+    """``rows[t]`` (a document's index, or -1) over the program's grid of filters: an int32 block of
+    ``mask``'s shape (one scalar load; a block, so that masks combined with it stay boolean blocks)."""
+    return tl.load(rows_ptr + t) + tl.zeros(mask.shape, tl.int32)
+
+
+@triton.jit
+def kla_reset(lam, eta, lam0_ptr, eta0_ptr, starts_ptr, t, ms, mask, MS, HAS_INIT: tl.constexpr):
+    """Packed documents: where document ``d = starts[t] >= 0`` begins at token ``t``, the state
+    ``(lam, eta)`` replaced by row ``d`` of the initial state (offsets ``d * MS + ms``; ``lam = 1,
+    eta = 0`` without ``HAS_INIT``), before the token's step; elsewhere unchanged."""
+    d = kla_row(starts_ptr, t, mask)
+    first = d >= 0
+    if HAS_INIT:
+        lam0 = tl.load(lam0_ptr + d * MS + ms, mask=mask & first, other=1.0)
+        eta0 = tl.load(eta0_ptr + d * MS + ms, mask=mask & first, other=0.0)
+    else:
+        lam0 = tl.full(mask.shape, 1.0, tl.float32)
+        eta0 = tl.zeros(mask.shape, tl.float32)
+    return tl.where(first, lam0, lam), tl.where(first, eta0, eta)
+
+
+@triton.jit
+def kla_store_row(x_ptr, y_ptr, x, y, rows_ptr, t, ms, mask, MS):
+    """Packed documents: ``x``, ``y`` stored to row ``d = rows[t]`` of two per-document tensors
+    (offsets ``d * MS + ms``) where ``d >= 0`` (a document's last token for the final state, its
+    first for the initial state's gradients)."""
+    d = kla_row(rows_ptr, t, mask)
+    keep = mask & (d >= 0)
+    tl.store(x_ptr + d * MS + ms, x, mask=keep)
+    tl.store(y_ptr + d * MS + ms, y, mask=keep)
+
+
+@triton.jit
+def kla_load_row(x, y, x_ptr, y_ptr, rows_ptr, t, ms, mask, MS):
+    """Packed documents: ``(x, y)`` replaced by row ``d = rows[t]`` of two per-document tensors
+    where ``d >= 0`` (the final state's cotangents at a document's last token); else unchanged."""
+    d = kla_row(rows_ptr, t, mask)
+    last = d >= 0
+    xd = tl.load(x_ptr + d * MS + ms, mask=mask & last, other=0.0)
+    yd = tl.load(y_ptr + d * MS + ms, mask=mask & last, other=0.0)
+    return tl.where(last, xd, x), tl.where(last, yd, y)

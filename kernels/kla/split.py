@@ -16,6 +16,11 @@ numbers ``(A, B, C, D, x, y, z)``; this kernel composes them over a stretch, div
 positive trace, so the scale never cancels). ``kla_fwd_kernel`` then applies the maps of the earlier
 stretches, in order, to the initial state: ``O(n_pieces^2)`` cheap map applications in all.
 
+Packed documents (``VARLEN``): where a document starts (``starts[t] >= 0``) the map so far is
+replaced by the constant map to that document's initial state, ``(A, B, C, D, x, y, z) = (0, lam0,
+0, 1, 0, eta0, 0)`` (``lam' = lam0``, ``eta' = eta0`` whatever enters; trace 1), so a stretch holding
+a document's start forgets the state before it.
+
 Grid ``(B, ceil(M / BLOCK_M), n_pieces - 1)`` (the last stretch's map is never needed); output
 ``maps[b, piece, 7]``, float32 per-filter blocks (``(M, S)``, or ``(S, M)`` with ``STATES_FIRST``).
 """
@@ -23,14 +28,15 @@ Grid ``(B, ceil(M / BLOCK_M), n_pieces - 1)`` (the last stretch's map is never n
 import triton
 import triton.language as tl
 
-from kalmanscan.kernels.kla.common import kla_map_step, kla_tile, kla_token
+from kalmanscan.kernels.kla.common import kla_map_step, kla_reset, kla_row, kla_tile, kla_token
 
 
 @triton.jit
 def kla_piece_map_kernel(
-    v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, maps_ptr,
+    v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, maps_ptr, lam0_ptr, eta0_ptr, starts_ptr,
     L, M, S, piece_len, n_pieces,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, STATES_FIRST: tl.constexpr, EVEN: tl.constexpr,
+    HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)
@@ -41,6 +47,16 @@ def kla_piece_map_kernel(
     t_begin = pid_p * piece_len
     t_end = tl.minimum(t_begin + piece_len, L)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
+        if VARLEN:  # a document's start: the constant map to its initial state (lam0, eta0)
+            start = kla_row(starts_ptr, t, mask) >= 0
+            lam0, eta0 = kla_reset(zero, zero, lam0_ptr, eta0_ptr, starts_ptr, t, ms, mask, M * S, HAS_INIT)
+            A = tl.where(start, zero, A)
+            B = tl.where(start, lam0, B)
+            C = tl.where(start, zero, C)
+            D = tl.where(start, one, D)
+            x = tl.where(start, zero, x)
+            y = tl.where(start, eta0, y)
+            z = tl.where(start, zero, z)
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
         A, B, C, D, x, y, z = kla_map_step(A, B, C, D, x, y, z, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
     at = maps_ptr + (pid_b * n_pieces + pid_p) * 7 * M * S + ms

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from types import ModuleType
+from typing import NamedTuple
 
 
 import torch
@@ -16,10 +17,11 @@ import torch
 from kalmanscan.model import mobius
 from kalmanscan.problem.checks import Ahead
 from kalmanscan.ops.registry import Registry
+from kalmanscan.ops.kla.documents import check_cu_seqlens, cu_seqlens_ok, queue_cu_seqlens
 from kalmanscan.ops.kla.state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_unchecked", "register_backend", "unregister_backend", "backend_names", "validate",
-           "queue_checks", "decide_checks", "check_shapes", "NOISE_FLOOR"]
+           "queue_checks", "decide_checks", "check_shapes", "Pending", "NOISE_FLOOR"]
 
 # Process noise added on the fused kernels' path of kla_scan_unchecked: it bounds their float32
 # precision by 1/NOISE_FLOOR + max(lam_v k^2). Measured (interpreter, decay 0.3-0.4, L 60): noise
@@ -39,7 +41,8 @@ for _name in ("torch", "cpu", "triton") if torch.cuda.is_available() else ("torc
 
 def register_backend(name: str, module: ModuleType) -> None:
     """Make ``kla_scan(..., backend=name)`` call ``module.kla_scan(v, lam_v, k, q, decay, noise,
-    initial_state) -> (y, y_var, state)`` (a module, or its import path imported on first use)."""
+    initial_state) -> (y, y_var, state)`` (a module, or its import path imported on first use; a
+    call with ``cu_seqlens`` passes it as a keyword)."""
     _REGISTRY.register(name, module)
 
 
@@ -56,7 +59,7 @@ def backend_names() -> tuple[str, ...]:
 def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
              noise: torch.Tensor, *,
              initial_state: FilterState | None = None, return_state: bool = False,
-             backend: str = "auto") -> tuple[torch.Tensor, ...]:
+             backend: str = "auto", cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Run the KLA filters over the sequence (see the module docstring for shapes and numerics).
 
     Returns ``(y, y_var)``, or ``(y, y_var, state)`` with the final :class:`FilterState` (it
@@ -69,26 +72,31 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     Filters with ``decay < 1`` and no process noise (``noise``
     below :data:`kalmanscan.model.mobius.NO_NOISE`), and initial states whose variance is below it, run
     on the torch backend when ``backend`` is triton: their precision is past the range of the fused
-    kernels, which carry it, while the torch backend scans the variance and the mean. Raises
-    ``ValueError`` naming the offending argument.
+    kernels, which carry it, while the torch backend scans the variance and the mean.
+
+    ``cu_seqlens`` (int32 ``(N + 1,)``, fla's convention, :mod:`kalmanscan.ops.kla.documents`):
+    ``v`` holds ``N`` documents packed in one row ``(1, total, M)``; the filters restart at each
+    document's first token, ``initial_state`` (optional) and the returned state have one row per
+    document, ``(N, M, S)``. Raises ``ValueError`` naming the offending argument.
     """
-    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
+    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend, cu_seqlens)
+    args = (v, lam_v, k, q, decay, noise, initial_state, return_state, cu_seqlens)
     if not _launch_first(v) or _resolve(backend, v, False) != "triton":
-        mean_form = decide_checks(queue_checks(lam_v, decay, noise, initial_state), noise.dtype)
-        return _run(_resolve(backend, v, mean_form), v, lam_v, k, q, decay, noise, initial_state, return_state)
+        mean_form = decide_checks(queue_checks(lam_v, decay, noise, initial_state, cu_seqlens), noise.dtype)
+        return _run(_resolve(backend, v, mean_form), *args)
     # On a GPU the checks are queued first, their extrema copied back without waiting, then the
     # fused kernels launched and the extrema read (checks.Ahead): the read waits for the checks,
     # not for the kernels, so the call returns while its kernels run. The result is returned only
     # once the checks passed, and is replaced by the torch backend's when the filters turn out to
     # need the mean form.
-    pending = queue_checks(lam_v, decay, noise, initial_state)
+    pending = queue_checks(lam_v, decay, noise, initial_state, cu_seqlens)
     if pending is not None:
-        pending = (pending[0], Ahead(pending[1]))
-    out = _run("triton", v, lam_v, k, q, decay, noise, initial_state, return_state)
+        pending = pending._replace(values=Ahead(pending.values))
+    out = _run("triton", *args)
     if pending is not None:
-        pending = (pending[0], pending[1].read())
+        pending = pending._replace(values=pending.values.read())
     if decide_checks(pending, noise.dtype):
-        return _run("torch", v, lam_v, k, q, decay, noise, initial_state, return_state)
+        return _run("torch", *args)
     return out
 
 
@@ -96,12 +104,13 @@ def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q:
                        decay: torch.Tensor, noise: torch.Tensor, *,
                        initial_state: FilterState | None = None, return_state: bool = False,
                        backend: str = "auto", noise_free: bool = False,
-                       variance: bool = True) -> tuple[torch.Tensor, ...]:
+                       variance: bool = True, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """:func:`kla_scan` for inputs valid by construction (a layer's): no value checks and no
     device-to-host synchronisation, in the forward or the backward; shapes, dtypes and devices
     are still checked on the host (:func:`check_shapes`), and ``torch.compile`` traces it whole.
 
-    The caller guarantees ``lam_v > 0``, ``decay`` in ``(0, 1]``, ``noise >= 0``, all finite, and
+    The caller guarantees ``lam_v > 0``, ``decay`` in ``(0, 1]``, ``noise >= 0``, all finite,
+    ``cu_seqlens`` (if any) valid (:func:`kalmanscan.ops.kla.documents.validate_cu_seqlens`), and
     states what :func:`kla_scan` would read from the values: ``noise_free`` is true when some
     filter with ``decay < 1`` may have no process noise (``noise`` below
     :data:`kalmanscan.model.mobius.NO_NOISE`, e.g. a layer with ``sigma`` fixed at 0). Such filters run
@@ -113,11 +122,11 @@ def kla_scan_unchecked(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q:
     ``variance=False``: ``y_var`` is ``None`` (the fused kernels then neither compute nor store it,
     nor read its gradient; the other backends drop it).
     """
-    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
+    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend, cu_seqlens)
     backend = _resolve(backend, v, noise_free)
     if backend == "triton":
         noise = noise + NOISE_FLOOR
-    return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state, variance)
+    return _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state, cu_seqlens, variance)
 
 
 def _launch_first(v: torch.Tensor) -> bool:
@@ -133,56 +142,84 @@ def _resolve(backend, v, mean_form):
     return "torch" if backend == "triton" and mean_form else backend
 
 
-def _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state, variance=True):
+def _run(backend, v, lam_v, k, q, decay, noise, initial_state, return_state, cu_seqlens, variance=True):
     module = _REGISTRY.module(backend)
-    if variance:
-        y, y_var, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state)
-    elif backend == "triton":
-        y, y_var, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state, variance=False)
-    else:
-        y, _, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state)
+    kwargs = {} if cu_seqlens is None else dict(cu_seqlens=cu_seqlens)
+    if not variance and backend == "triton":
+        kwargs["variance"] = False
+    y, y_var, state = module.kla_scan(v, lam_v, k, q, decay, noise, initial_state, **kwargs)
+    if not variance:
         y_var = None
     if return_state and v.shape[1] == 0:  # the initial state: new tensors, not the caller's (or aliases)
         state = FilterState(*(x.clone() for x in (*state, state.var, state.mu)))
-    y, y_var = y.to(v.dtype), None if y_var is None else y_var.to(v.dtype)
+    if y.dtype != v.dtype:
+        y, y_var = y.to(v.dtype), None if y_var is None else y_var.to(v.dtype)
     return (y, y_var, state) if return_state else (y, y_var)
 
 
 def validate(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
-             noise: torch.Tensor,
-             initial_state: FilterState | None, backend: str) -> bool:
+             noise: torch.Tensor, initial_state: FilterState | None, backend: str,
+             cu_seqlens: torch.Tensor | None = None) -> bool:
     """Check shapes, dtypes, devices and value ranges; return whether the filters need the mean
     form of the torch backend (a precision past the fused kernels' range, see :func:`kla_scan`)."""
-    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend)
-    return decide_checks(queue_checks(lam_v, decay, noise, initial_state), noise.dtype)
+    check_shapes(v, lam_v, k, q, decay, noise, initial_state, backend, cu_seqlens)
+    return decide_checks(queue_checks(lam_v, decay, noise, initial_state, cu_seqlens), noise.dtype)
+
+
+def _positive(lo, hi):
+    return lo > 0 and hi < math.inf
+
+
+def _non_negative(lo, hi):
+    return lo >= 0 and hi < math.inf
+
+
+def _unit(lo, hi):
+    return lo > 0 and hi <= 1
+
+
+_LAM_V = ("lam_v", _positive, "positive and finite")
+_DECAY = ("decay", _unit, "in (0, 1]")
+_NOISE = ("noise", _non_negative, "finite and >= 0")
+_VAR0 = ("initial_state var", _non_negative, "finite and >= 0")
+_LAM0 = ("initial_state lam", _positive, "positive and finite")
+
+
+class Pending(NamedTuple):
+    """Value checks queued on the device (:func:`queue_checks`): ``ranges``, one ``(name, ok,
+    what)`` per checked tensor; ``values``, their minima and maxima in turn (then, with
+    ``cu_seqlens``, its first and last offsets and smallest step; the widest dtype: every value
+    exact); the ``decay`` and ``noise`` tensors; the number of tokens ``total``."""
+
+    ranges: list
+    values: torch.Tensor
+    decay: torch.Tensor
+    noise: torch.Tensor
+    total: int | None
 
 
 def queue_checks(lam_v: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor,
-                 initial_state: FilterState | None) -> tuple[list, torch.Tensor] | None:
-    """The value checks of :func:`validate`, queued on the device without waiting: ``(ranges,
-    extrema)``, one reduction per tensor stacked into one ``(n, 2)`` tensor (the widest of their
-    dtypes: every extremum exact). ``None`` when there is nothing to check or a CUDA graph is being
-    captured (no value can be read)."""
-    ranges = [("lam_v", lam_v, lambda lo, hi: lo > 0 and hi < math.inf, "positive and finite"),
-              ("decay", decay, lambda lo, hi: lo > 0 and hi <= 1, "in (0, 1]"),
-              ("noise", noise, lambda lo, hi: lo >= 0 and hi < math.inf, "finite and >= 0")]
+                 initial_state: FilterState | None, cu_seqlens: torch.Tensor | None = None) -> Pending | None:
+    """The value checks of :func:`validate`, queued on the device without waiting: one ``aminmax``
+    per tensor, stacked into one tensor (:class:`Pending`). ``None`` when there is nothing to check
+    or a CUDA graph is being captured (no value can be read)."""
+    ranges = [(r, x) for r, x in ((_LAM_V, lam_v), (_DECAY, decay), (_NOISE, noise)) if x.numel()]
     if initial_state is not None:
-        if isinstance(initial_state, FilterState):
-            ranges.append(("initial_state var", initial_state.var,
-                           lambda lo, hi: lo >= 0 and hi < math.inf, "finite and >= 0"))
-        else:
-            ranges.append(("initial_state lam", initial_state[0],
-                           lambda lo, hi: lo > 0 and hi < math.inf, "positive and finite"))
-    ranges = [r for r in ranges if r[1].numel()]
-    if not ranges or (lam_v.is_cuda and torch.cuda.is_current_stream_capturing()):
+        x = initial_state.var if isinstance(initial_state, FilterState) else initial_state[0]
+        if x.numel():
+            ranges.append((_VAR0 if isinstance(initial_state, FilterState) else _LAM0, x))
+    if (not ranges and cu_seqlens is None) or (lam_v.is_cuda and torch.cuda.is_current_stream_capturing()):
         return None
-    with torch.no_grad():  # NaN fails every comparison; one stack of every extremum
-        extrema = torch.stack([m for _, x, _, _ in ranges for m in torch.aminmax(x.detach())])
-        return ranges, extrema.view(-1, 2)
+    with torch.no_grad():  # NaN fails every comparison
+        values = torch.stack([m for _, x in ranges for m in torch.aminmax(x)]) if ranges else None
+        if cu_seqlens is not None:
+            offsets = queue_cu_seqlens(cu_seqlens)
+            values = offsets if values is None else torch.cat([values.to(torch.float64), offsets])
+    return Pending([r for r, _ in ranges], values, decay, noise, None if cu_seqlens is None else lam_v.shape[1])
 
 
-def decide_checks(pending: tuple[list, torch.Tensor] | None, dtype: torch.dtype) -> bool:
-    """Read :func:`queue_checks`' extrema (one device-to-host copy), raise ``ValueError`` naming the
+def decide_checks(pending: Pending | None, dtype: torch.dtype) -> bool:
+    """Read :func:`queue_checks`' values (one device-to-host copy), raise ``ValueError`` naming the
     first argument out of its range, and return whether the filters need the mean form.
 
     That is whether the smallest process noise among filters with ``decay < 1`` (or the smallest
@@ -191,27 +228,29 @@ def decide_checks(pending: tuple[list, torch.Tensor] | None, dtype: torch.dtype)
     read) only when the smallest noise is below the bound."""
     if pending is None:
         return False
-    ranges, extrema = pending
-    extrema = dict(zip((r[0] for r in ranges), extrema.tolist()))
-    for name, _, ok, what in ranges:
+    values = pending.values.tolist()
+    extrema = {}
+    for i, (name, ok, what) in enumerate(pending.ranges):
+        extrema[name] = values[2 * i], values[2 * i + 1]
         if not ok(*extrema[name]):
             raise ValueError(f"{name} must be {what}")
+    if pending.total is not None:
+        cu_seqlens_ok(*values[-3:], pending.total)
     bound = mobius.noise_bound(dtype)
     smallest = extrema["initial_state var"][0] if "initial_state var" in extrema else math.inf
     if "noise" in extrema and extrema["noise"][0] < bound:
-        decay, noise = (x for name, x, _, _ in ranges if name in ("decay", "noise"))
-        smallest = min(smallest, float(mobius.decaying_noise(decay, noise).amin()))
+        smallest = min(smallest, float(mobius.decaying_noise(pending.decay, pending.noise).amin()))
     return mobius.precision_overflows(smallest, dtype)
 
 
 def check_shapes(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
-                 noise: torch.Tensor, initial_state: FilterState | None, backend: str) -> None:
+                 noise: torch.Tensor, initial_state: FilterState | None, backend: str,
+                 cu_seqlens: torch.Tensor | None = None) -> None:
     """The host-side part of :func:`validate`: the backend's name, and the arguments' types,
     floating dtypes, devices and shapes (no value is read: no synchronisation)."""
-    if backend not in backend_names():
+    if backend not in _REGISTRY.names():
         raise ValueError(f"backend must be one of {backend_names()}, got {backend!r}")
-    named = dict(v=v, lam_v=lam_v, k=k, q=q, decay=decay, noise=noise)
-    for name, x in named.items():
+    for name, x in (("v", v), ("lam_v", lam_v), ("k", k), ("q", q), ("decay", decay), ("noise", noise)):
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
             raise ValueError(f"{name} must be a floating-point torch tensor")
         if x.device != v.device:
@@ -226,19 +265,20 @@ def check_shapes(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     S = k.shape[2]
     if q.shape != k.shape:
         raise ValueError(f"q must have k's shape {tuple(k.shape)}, got {tuple(q.shape)}")
-    for name in ("decay", "noise"):
-        if named[name].shape != (M, S):
-            raise ValueError(f"{name} must have shape (M, S) = ({M}, {S}), got {tuple(named[name].shape)}")
+    for name, x in (("decay", decay), ("noise", noise)):
+        if x.shape != (M, S):
+            raise ValueError(f"{name} must have shape (M, S) = ({M}, {S}), got {tuple(x.shape)}")
     if backend == "triton" and not v.is_cuda and not _interpreting():
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1)")
     if backend == "cpu" and v.device.type != "cpu":
         raise ValueError(f"backend='cpu' needs CPU tensors, v is on {v.device}")
+    rows = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, v)
     if initial_state is not None:
         if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
-            raise ValueError("initial_state must be a pair (lam, eta) of (B, M, S) tensors")
+            raise ValueError(f"initial_state must be a pair (lam, eta) of ({rows}, M, S) tensors")
         for name, x in (("initial_state lam", initial_state[0]), ("initial_state eta", initial_state[1])):
-            if not isinstance(x, torch.Tensor) or x.shape != (B, M, S) or x.device != v.device:
-                raise ValueError(f"{name} must be a ({B}, {M}, {S}) tensor on {v.device}")
+            if not isinstance(x, torch.Tensor) or x.shape != (rows, M, S) or x.device != v.device:
+                raise ValueError(f"{name} must be a ({rows}, {M}, {S}) tensor on {v.device}")
 
 
 def _interpreting():

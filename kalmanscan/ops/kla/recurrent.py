@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from kalmanscan.model import mobius
+from kalmanscan.ops.kla.documents import each_document
 from kalmanscan.ops.kla.state import FilterState, prepare
 
 __all__ = ["kla_scan", "kla_step"]
@@ -17,16 +18,21 @@ __all__ = ["kla_scan", "kla_step"]
 
 def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
              noise: torch.Tensor,
-             initial_state: FilterState | None = None) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
+             initial_state: FilterState | None = None,
+             cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
     """The KLA filters token by token in mean form (:func:`kla_step`), in the compute dtype.
 
-    Same arguments and result as :func:`kalmanscan.ops.kla.torch.kla_scan`; differentiable by autograd. ``L`` steps
+    Same arguments and result as :func:`kalmanscan.ops.kla.torch.kla_scan` (with ``cu_seqlens``,
+    one call per document: :mod:`kalmanscan.ops.kla.documents`); differentiable by autograd. ``L`` steps
     of O(B M S) work each, against the time-parallel scan's O(log L) levels of 2x2 Möbius products
     with rescaling: several times less arithmetic and memory traffic, so on a CPU it is the faster
     of the two once a step's ``B M S`` elements outweigh the per-step overhead (measured on 2 cores:
     3x at B 4, L 1024, M 128, S 16; 20x at B 64, L 64; 30x slower at B M S = 64, L 4096).
     """
-    v, lam_v, k, q, decay, noise, state = prepare(v, lam_v, k, q, decay, noise, initial_state)
+    rows = None if cu_seqlens is None else cu_seqlens.numel() - 1
+    v, lam_v, k, q, decay, noise, state = prepare(v, lam_v, k, q, decay, noise, initial_state, rows)
+    if cu_seqlens is not None:
+        return each_document(kla_scan, v, lam_v, k, q, decay, noise, state, cu_seqlens)
     B, L, M = v.shape
     if L == 0:
         empty = v.new_zeros(B, 0, M)

@@ -66,6 +66,15 @@ class FilterState(tuple):
         when first read)."""
         return cls(lam, eta)
 
+    def rows(self, start: int, stop: int) -> FilterState:
+        """The state of rows ``start .. stop - 1`` (views)."""
+        return FilterState(*(x[start:stop] for x in (*self, self.var, self.mu)))
+
+    @classmethod
+    def cat(cls, states: list[FilterState]) -> FilterState:
+        """The states' rows, in order, as one state."""
+        return cls(*(torch.cat(xs) for xs in zip(*((*s, s.var, s.mu) for s in states))))
+
     def to(self, dtype: torch.dtype) -> FilterState:
         """The four tensors cast to ``dtype``."""
         return FilterState(*(x.to(dtype) for x in (*self, self.var, self.mu)))
@@ -78,14 +87,15 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 def prepare(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
             noise: torch.Tensor,
-            initial_state: FilterState) -> tuple[Any, ...]:
+            initial_state: FilterState, rows: int | None = None) -> tuple[Any, ...]:
     """The inputs in the compute dtype and the initial :class:`FilterState` (``lam = 1, eta = 0``
-    for ``None``; from a ``(lam, eta)`` pair; a given :class:`FilterState` cast)."""
+    for ``None``, with ``rows`` rows, default ``B``: one per document with ``cu_seqlens``; from a
+    ``(lam, eta)`` pair; a given :class:`FilterState` cast)."""
     dtype = compute_dtype(v, lam_v, k, q, decay, noise)
     v, lam_v, k, q, decay, noise = (x.to(dtype) for x in (v, lam_v, k, q, decay, noise))
     if initial_state is None:
         B, _, M = v.shape
-        ones = torch.ones(B, M, k.shape[-1], dtype=dtype, device=v.device)
+        ones = torch.ones(B if rows is None else rows, M, k.shape[-1], dtype=dtype, device=v.device)
         zeros = torch.zeros_like(ones)
         initial_state = FilterState(ones, zeros, ones, zeros)
     elif not isinstance(initial_state, FilterState):

@@ -13,7 +13,7 @@ import torch
 from helpers import max_rel_error
 from kla_helpers import make_inputs, outputs_and_grads, poisoned
 
-from kalmanscan.ops import cpu_threads
+from kalmanscan.tuning import tuned
 from kalmanscan.ops.kla import kla_scan
 from kalmanscan.ops.kla.cpu import backend as cpu
 from kalmanscan.ops.kla.cpu.loops import BLOCK
@@ -87,27 +87,28 @@ def test_without_grad_keeps_no_checkpoints_and_agrees():
     xs = make_inputs(1, 70, 5, 3, seed=4)
     with torch.no_grad():
         _, _, _, _, ckpt_var, _ = cpu.kla_scan_cpu(*xs[:6], torch.ones(1, 5, 3, dtype=torch.float64),
-                                                   torch.zeros(1, 5, 3, dtype=torch.float64), False)
+                                                   torch.zeros(1, 5, 3, dtype=torch.float64), False,
+                                                   *NO_DOCUMENTS)
         out = run(xs)
     assert ckpt_var.numel() == 0
     assert_close(out, kla_scan_sequential(*xs), 1e-12, "no grad")
 
 
-def test_thread_counts_give_identical_bits(monkeypatch):
+def test_thread_counts_give_identical_bits():
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has a single thread here")
-    monkeypatch.setattr(cpu_threads, "SMALL_WORK", 0)  # small problems run on one thread otherwise
-    xs = make_inputs(3, 2 * CHUNK + 9, BLOCK + 9, 5, seed=6, with_state=True)
-    before = numba.get_num_threads()
-    runs = []
-    try:
-        for threads in (1, 2):
-            numba.set_num_threads(threads)
-            runs.append(outputs_and_grads(run, [x.float() for x in xs]))
-    finally:
-        numba.set_num_threads(before)
-    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
-        assert torch.equal(a, b)
+    with tuned(small_work=0):  # small problems run on one thread otherwise
+        xs = make_inputs(3, 2 * CHUNK + 9, BLOCK + 9, 5, seed=6, with_state=True)
+        before = numba.get_num_threads()
+        runs = []
+        try:
+            for threads in (1, 2):
+                numba.set_num_threads(threads)
+                runs.append(outputs_and_grads(run, [x.float() for x in xs]))
+        finally:
+            numba.set_num_threads(before)
+        for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+            assert torch.equal(a, b)
 
 
 def test_second_derivatives_raise():
@@ -124,13 +125,16 @@ def test_operators_refuse_mixed_dtypes():
         cpu.kla_scan_cpu(args[0].double(), *args[1:])
 
 
+NO_DOCUMENTS = (torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int32))  # starts, ends
+
+
 def op_args(save):
     xs = [x.float() for x in make_inputs(2, CHUNK + 3, BLOCK + 2, 3, seed=8, with_state=True)]
     var0, mu0 = 1.0 / xs[6], xs[7] / xs[6]
     args = (*xs[:6], var0, mu0)
     if save:
         args = tuple(x.requires_grad_() for x in args)
-    return (*args, save)
+    return (*args, save, *NO_DOCUMENTS)
 
 
 @pytest.mark.parametrize("save", [True, False])
@@ -151,4 +155,5 @@ def test_opcheck_backward(strided):
     if strided:
         inputs = [x.transpose(-1, -2).contiguous().transpose(-1, -2) for x in inputs]
         assert not inputs[0].is_contiguous()
-    torch.library.opcheck(cpu.kla_scan_cpu_backward, (*inputs, ckpt_var, ckpt_mu, *cot))
+    state0 = [x.detach() for x in args[6:8]]
+    torch.library.opcheck(cpu.kla_scan_cpu_backward, (*inputs, ckpt_var, ckpt_mu, *cot, *state0, *NO_DOCUMENTS))

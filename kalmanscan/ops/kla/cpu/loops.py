@@ -118,16 +118,31 @@ def step(var: np.ndarray, mu: np.ndarray, a: np.ndarray, a2: np.ndarray, n: np.n
             av[i] += q2 * vn
 
 
+@njit(inline="always", fastmath=FAST)
+def reset(var: np.ndarray, mu: np.ndarray, var0: np.ndarray, mu0: np.ndarray, d: int, m0: int, W: int) -> None:
+    """The block's state, in place, set to row ``d`` of the initial ``var0``, ``mu0`` ``(N, M, S)``
+    (a document's start; the lanes past ``W`` keep their inert values)."""
+    for s in range(var.shape[0]):
+        for i in range(W):
+            var[s, i] = var0[d, m0 + i, s]
+            mu[s, i] = mu0[d, m0 + i, s]
+
+
 @njit(parallel=PARALLEL, cache=True, error_model="numpy", fastmath=FAST)
 def forward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, decay: np.ndarray, noise: np.ndarray,
             var0: np.ndarray, mu0: np.ndarray, y: np.ndarray, y_var: np.ndarray, var_out: np.ndarray,
-            mu_out: np.ndarray, ck_var: np.ndarray, ck_mu: np.ndarray, chunk: int, consts: np.ndarray) -> None:
+            mu_out: np.ndarray, ck_var: np.ndarray, ck_mu: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+            chunk: int, consts: np.ndarray) -> None:
     """The scan: ``y``, ``y_var`` ``(B, L, M)``, the final state into ``var_out``, ``mu_out``
     ``(B, M, S)``, and (where ``ck_var`` has a batch axis) the state at the start of every chunk of
-    ``chunk`` tokens into ``ck_var``, ``ck_mu`` ``(B, chunks, S, M)``."""
+    ``chunk`` tokens into ``ck_var``, ``ck_mu`` ``(B, chunks, S, M)``. Packed documents (``starts``
+    and ``ends`` of length ``L``, else empty; ``B = 1``): the state is reset to row ``starts[t]`` of
+    ``var0``, ``mu0`` before token ``t`` where that is ``>= 0``, and stored to row ``ends[t]`` of
+    ``var_out``, ``mu_out`` after it."""
     B, L, M = v.shape
     nb = (M + BLOCK - 1) // BLOCK
     save = ck_var.shape[0] > 0
+    docs = starts.shape[0] > 0
     one = consts[ONE]
     for task in prange(B * nb):
         b = task // nb
@@ -141,6 +156,8 @@ def forward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, deca
         ay = np.empty_like(lv)
         av = np.empty_like(lv)
         for t in range(L):
+            if docs and starts[t] >= 0:
+                reset(var, mu, var0, mu0, starts[t], m0, W)
             if save and t % chunk == 0:
                 ck_var[b, t // chunk, :, m0:m0 + W] = var[:, :W]
                 ck_mu[b, t // chunk, :, m0:m0 + W] = mu[:, :W]
@@ -149,24 +166,34 @@ def forward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, deca
             for i in range(W):
                 y[b, t, m0 + i] = ay[i]
                 y_var[b, t, m0 + i] = av[i]
-        store_state(var_out, var, b, m0, W)
-        store_state(mu_out, mu, b, m0, W)
+            if docs and ends[t] >= 0:
+                store_state(var_out, var, ends[t], m0, W)
+                store_state(mu_out, mu, ends[t], m0, W)
+        if not docs:
+            store_state(var_out, var, b, m0, W)
+            store_state(mu_out, mu, b, m0, W)
 
 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy", fastmath=FAST)
 def backward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, decay: np.ndarray, noise: np.ndarray,
              ck_var: np.ndarray, ck_mu: np.ndarray, gy: np.ndarray, gy_var: np.ndarray, g_var: np.ndarray,
              g_mu: np.ndarray, gv: np.ndarray, glam_v: np.ndarray, gk_part: np.ndarray, gq_part: np.ndarray,
-             gdecay_part: np.ndarray, gnoise_part: np.ndarray, gvar0: np.ndarray, gmu0: np.ndarray, chunk: int,
+             gdecay_part: np.ndarray, gnoise_part: np.ndarray, gvar0: np.ndarray, gmu0: np.ndarray,
+             var0: np.ndarray, mu0: np.ndarray, starts: np.ndarray, ends: np.ndarray, chunk: int,
              consts: np.ndarray) -> None:
     """Gradients of the scan from the cotangents ``gy``, ``gy_var`` ``(B, L, M)`` and ``g_var``,
     ``g_mu`` ``(B, M, S)`` (of the final state): ``gv``, ``glam_v`` ``(B, L, M)``; partials
     ``gk_part``, ``gq_part`` ``(B, blocks, L, S)`` and ``gdecay_part``, ``gnoise_part``
-    ``(B, M, S)``; the initial state's ``gvar0``, ``gmu0`` ``(B, M, S)``."""
+    ``(B, M, S)``; the initial state's ``gvar0``, ``gmu0`` ``(B, M, S)``. Packed documents
+    (:func:`forward`'s ``starts``, ``ends``; ``var0``, ``mu0`` the initial state, read only then):
+    the recomputation resets as the forward did, the adjoints are set to row ``ends[t]`` of
+    ``g_var``, ``g_mu`` before token ``t``'s reverse step and stored to row ``starts[t]`` of
+    ``gvar0``, ``gmu0`` after it."""
     B, L, M = v.shape
     S = k.shape[2]
     nb = (M + BLOCK - 1) // BLOCK
     n_chunks = ck_var.shape[1]
+    docs = starts.shape[0] > 0
     one = consts[ONE]
     two = consts[TWO]
     for task in prange(B * nb):
@@ -197,12 +224,16 @@ def backward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, dec
             var[:, :W] = ck_var[b, c, :, m0:m0 + W]
             mu[:, :W] = ck_mu[b, c, :, m0:m0 + W]
             for t in range(t0, t1):  # the chunk again, keeping the state before each token
+                if docs and starts[t] >= 0:
+                    reset(var, mu, var0, mu0, starts[t], m0, W)
                 sv[t - t0] = var
                 sm[t - t0] = mu
                 token(v, lam_v, b, t, m0, W, lv, bv)
                 step(var, mu, a, a2, n, lv, bv, k, q, b, t, acc_lv, acc_v, one)
             for t in range(t1 - 1, t0 - 1, -1):
                 j = t - t0
+                if docs and ends[t] >= 0:
+                    reset(gV, gM, g_var, g_mu, ends[t], m0, W)
                 token(v, lam_v, b, t, m0, W, lv, bv)
                 acc_lv[:] = one - one
                 acc_v[:] = one - one
@@ -246,7 +277,11 @@ def backward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, dec
                 for i in range(W):
                     glam_v[b, t, m0 + i] = acc_lv[i]
                     gv[b, t, m0 + i] = acc_v[i] * lv[i]
+                if docs and starts[t] >= 0:
+                    store_state(gvar0, gV, starts[t], m0, W)
+                    store_state(gmu0, gM, starts[t], m0, W)
         store_state(gdecay_part, ga, b, m0, W)
         store_state(gnoise_part, gn, b, m0, W)
-        store_state(gvar0, gV, b, m0, W)
-        store_state(gmu0, gM, b, m0, W)
+        if not docs:
+            store_state(gvar0, gV, b, m0, W)
+            store_state(gmu0, gM, b, m0, W)

@@ -26,8 +26,9 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
 from kalmanscan.model import merged
 from kalmanscan.ops.launch import cdiv, next_power_of_2
-from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, KLAConfig, filled, kla_scan_fwd, launch_config, pieces,
-                                               scratch_elements)
+from kalmanscan.ops.kla.documents import nonempty
+from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, KLAConfig, filled, forward, kla_scan_fwd, launch_config,
+                                               pieces, scratch_elements)
 from kalmanscan.ops.kla.state import FilterState
 
 __all__ = ["kla_scan", "kla_scan_triton", "summary", "KLAConfig", "DEFAULT_CONFIG"]
@@ -38,40 +39,72 @@ MIN_PIECE = 64             # shortest piece of tokens worth a program of the pie
 
 def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
              noise: torch.Tensor, initial_state: FilterState | None = None,
-             config: KLAConfig | None = None, variance: bool = True) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
+             config: KLAConfig | None = None, variance: bool = True,
+             cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
     """``(y, y_var, state)``: the signature every KLA backend shares (:func:`kla_scan_triton` with
     ``initial_state`` a pair ``(lam, eta)`` or ``None``, the state a :class:`FilterState`);
     ``variance=False``: ``y_var`` is ``None``, not computed."""
     lam0, eta0 = (None, None) if initial_state is None else initial_state
-    y, y_var, lam, eta = kla_scan_triton(v, lam_v, k, q, decay, noise, lam0, eta0, config, variance)
+    y, y_var, lam, eta = kla_scan_triton(v, lam_v, k, q, decay, noise, lam0, eta0, config, variance, cu_seqlens)
     return y, y_var, FilterState.from_information(lam, eta)
 
 
 def kla_scan_triton(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
                     noise: torch.Tensor,
                     lam0: torch.Tensor | None = None, eta0: torch.Tensor | None = None,
-                    config: KLAConfig | None = None, variance: bool = True) -> tuple[torch.Tensor, ...]:
+                    config: KLAConfig | None = None, variance: bool = True,
+                    cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Fused KLA scan; returns ``(y, y_var, lam, eta)`` (shapes as :func:`kalmanscan.ops.kla.kla_scan`);
     with ``variance=False`` (or a ``config`` without it) ``y_var`` is ``None``: the kernels neither
-    compute nor store it, nor read its gradient.
+    compute nor store it, nor read its gradient. ``cu_seqlens``: packed documents
+    (:mod:`kalmanscan.ops.kla.documents`; ``lam0``, ``eta0`` and the state ``(N, M, S)``).
 
     Differentiable with respect to every tensor argument, traceable by ``torch.compile`` and
     capturable in a CUDA graph (the operator ``kalmanscan::kla_scan_fwd``, no host synchronisation).
-    ``config`` (a :class:`KLAConfig`) overrides the launch shape (default:
-    :func:`~kalmanscan.ops.kla.triton.library.launch_config`); results do not depend on it beyond float32
-    rounding.
+    A call that needs no gradient, outside ``torch.compile``, runs the operator's implementation
+    directly (:func:`~kalmanscan.ops.kla.triton.library.forward`: the same launches without the
+    operator's dispatch). ``config`` (a :class:`KLAConfig`) overrides the launch shape (default:
+    :func:`~kalmanscan.ops.kla.triton.library.launch_config`, remembered per shape); results do not
+    depend on it beyond float32 rounding.
     """
     if config is None:
-        config = launch_config(*v.shape, v.device, variance)
-    elif not variance and config.variance:
-        config = dataclasses.replace(config, variance=False)
-    if _largest_buffer(config, *v.shape, next_power_of_2(k.shape[-1]), v.device) >= 2**31:
-        raise ValueError(f"v of shape {tuple(v.shape)} is too large for the kernels' int32 offsets")
+        config = _launch(*v.shape, next_power_of_2(k.shape[-1]), v.device, variance)
+    else:
+        if not variance and config.variance:
+            config = dataclasses.replace(config, variance=False)
+        _check_offsets(config, *v.shape, next_power_of_2(k.shape[-1]), v.device)
     tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
-    v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
-    y, y_var, lam, eta = kla_scan_fwd(v, lam_v, k, q, decay, noise, lam0, eta0, save, config.as_ints())[:4]
+    direct = not save and not torch.compiler.is_compiling() and type(v) is torch.Tensor
+    y, y_var, lam, eta = (forward if direct else kla_scan_fwd)(v, lam_v, k, q, decay, noise, lam0, eta0, save,
+                                                              config.as_ints(), cu_seqlens)[:4]
+    if cu_seqlens is not None:  # an empty document's final state is its initial state
+        kept = nonempty(cu_seqlens).view(-1, 1, 1)
+        lam = torch.where(kept, lam, 1.0 if lam0 is None else lam0.to(lam.dtype))
+        eta = torch.where(kept, eta, 0.0 if eta0 is None else eta0.to(eta.dtype))
     return y, y_var if config.variance else None, lam, eta
+
+
+_LAUNCHES: dict = {}
+
+
+def _launch(B, L, M, block_s, device, variance):
+    """:func:`~kalmanscan.ops.kla.triton.library.launch_config` with its offsets checked
+    (:func:`_check_offsets`), remembered per shape and device outside ``torch.compile``."""
+    key = (B, L, M, block_s, device, variance)
+    config = None if torch.compiler.is_compiling() else _LAUNCHES.get(key)
+    if config is None:
+        config = launch_config(B, L, M, device, variance)
+        _check_offsets(config, B, L, M, block_s, device)
+        if not torch.compiler.is_compiling() and len(_LAUNCHES) < 256:
+            _LAUNCHES[key] = config
+    return config
+
+
+def _check_offsets(config, B, L, M, block_s, device):
+    """``ValueError`` where a tensor a kernel indexes would pass the kernels' int32 offsets."""
+    if _largest_buffer(config, B, L, M, block_s, device) >= 2**31:
+        raise ValueError(f"v of shape {(B, L, M)} is too large for the kernels' int32 offsets")
 
 
 def _largest_buffer(config, B, L, M, S, device):
@@ -104,11 +137,11 @@ def summary(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
     piece_len = cdiv(L, pieces)
     pieces = cdiv(L, piece_len)
     maps = torch.empty(B, pieces + 1, 7, M, S, dtype=torch.float32, device=v.device)
+    decay32, noise32 = (x.detach().to(torch.float32).contiguous() for x in (decay, noise))
     kla_piece_map_kernel[(B, n_mblocks, pieces)](
-        *(x.contiguous() for x in (v, lam_v, k, q)),
-        *(x.detach().to(torch.float32).contiguous() for x in (decay, noise)), maps,
+        *(x.contiguous() for x in (v, lam_v, k, q)), decay32, noise32, maps, decay32, decay32, decay32,
         L, M, S, piece_len, pieces + 1, BLOCK_M=config.block_m, BLOCK_S=next_power_of_2(S),
         STAGES=config.stages, STATES_FIRST=False, EVEN=config.even and filled(M, S, config.block_m),
-        num_warps=config.num_warps)
+        HAS_INIT=False, VARLEN=False, num_warps=config.num_warps)
     total = merged.total(merged.compose, maps[:, :pieces].unbind(2), 1)
     return tuple(x[:, 0].to(dtype) for x in total)

@@ -41,9 +41,10 @@ from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
 from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
 from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
+from kalmanscan.ops.kla.documents import boundaries
 from kalmanscan.ops.launch import cdiv, config_from_ints, config_ints, next_power_of_2
 
-__all__ = ["kla_scan_fwd", "kla_scan_bwd", "KLAConfig", "DEFAULT_CONFIG", "SPLIT_CONFIG", "launch_config",
+__all__ = ["kla_scan_fwd", "kla_scan_bwd", "forward", "KLAConfig", "DEFAULT_CONFIG", "SPLIT_CONFIG", "launch_config",
            "pieces", "filled", "scratch_elements", "l2_policies"]
 
 
@@ -176,6 +177,29 @@ def filled(M: int, S: int, block_m: int) -> bool:
     return M % block_m == 0 and S == next_power_of_2(S)
 
 
+_CONFIGS: dict = {}
+
+
+def _config(values: Sequence[int]) -> KLAConfig:
+    """:meth:`KLAConfig.from_ints`, remembered per list of integers (a launch then pays a lookup)."""
+    key = tuple(values)
+    found = _CONFIGS.get(key)
+    if found is None:
+        found = KLAConfig.from_ints(key)
+        if len(_CONFIGS) < 64:
+            _CONFIGS[key] = found
+    return found
+
+
+def _boundaries(cu_seqlens, L, device):
+    """The kernels' per-token ``starts``, ``ends`` (:func:`kalmanscan.ops.kla.documents.boundaries`);
+    without documents a placeholder the kernels do not read."""
+    if cu_seqlens is None or L == 0:
+        placeholder = torch.empty(1, dtype=torch.int32, device=device)
+        return placeholder, placeholder
+    return boundaries(cu_seqlens, L)
+
+
 def _n_chunks(L, chunk):
     return torch.sym_max((L + chunk - 1) // chunk, 1)
 
@@ -210,12 +234,13 @@ def _fake_grad(v, shape, cfg):
     return _grad_from_kernels(v.new_empty((*lead, *_grid(M, S, cfg)), dtype=torch.float32), cfg)
 
 
-@torch.library.custom_op("kalmanscan::kla_scan_fwd", mutates_args=())
-def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
-                 noise: torch.Tensor, lam0: torch.Tensor | None, eta0: torch.Tensor | None, save: bool,
-                 config: list[int]) -> Six:
-    """The fused forward (:mod:`kalmanscan.kernels.kla.fwd`); see the module docstring."""
-    cfg = KLAConfig.from_ints(config)
+def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+            noise: torch.Tensor, lam0: torch.Tensor | None, eta0: torch.Tensor | None, save: bool,
+            config: list[int], cu_seqlens: torch.Tensor | None = None) -> Six:
+    """The fused forward (:mod:`kalmanscan.kernels.kla.fwd`); see the module docstring. The
+    implementation of the operator :data:`kla_scan_fwd`, callable directly where no autograd and no
+    tracing is needed (it skips the operator's dispatch)."""
+    cfg = _config(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
     decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
     B, L, M = v.shape
@@ -225,12 +250,14 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     state0 = [_to_kernels(x, cfg) if has_init else decay32 for x in (lam0, eta0)]
     dev = v.device
     n_chunks = max(cdiv(L, cfg.chunk), 1)
+    rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
-    y_var = torch.empty_like(y) if cfg.variance else torch.zeros(1, dtype=v.dtype, device=dev)
-    lam = torch.empty(B, *grid, dtype=torch.float32, device=dev)
+    y_var = torch.empty_like(y) if cfg.variance else y.new_zeros(1)
+    lam = torch.empty(rows, *grid, dtype=torch.float32, device=dev)
     eta = torch.empty_like(lam)
-    ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
-            else torch.zeros(1, dtype=torch.float32, device=dev) for _ in range(2)]
+    ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save else lam.new_zeros(1)
+            for _ in range(2)]
+    starts, ends = _boundaries(cu_seqlens, L, dev)
     n_mblocks, block_s = cdiv(M, cfg.block_m), next_power_of_2(S)
     even = cfg.even and filled(M, S, cfg.block_m)
     n_pieces, piece_len = pieces(cfg.pieces, cfg.block_m, cfg.chunk, B, L, M, dev)
@@ -238,43 +265,51 @@ def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     if n_pieces > 1:
         maps = torch.empty(B, n_pieces, 7, *grid, dtype=torch.float32, device=dev)
         kla_piece_map_kernel[(B, n_mblocks, n_pieces - 1)](
-            v, lam_v, k, q, decay32, noise32, maps, L, M, S, piece_len, n_pieces,
+            v, lam_v, k, q, decay32, noise32, maps, state0[0], state0[1], starts,
+            L, M, S, piece_len, n_pieces,
             BLOCK_M=cfg.block_m, BLOCK_S=block_s, STAGES=cfg.stages, STATES_FIRST=cfg.states_first,
-            EVEN=even, num_warps=cfg.num_warps,
+            EVEN=even, HAS_INIT=has_init, VARLEN=cu_seqlens is not None, num_warps=cfg.num_warps,
         )
     kla_fwd_kernel[(B, n_mblocks, n_pieces)](
         v, lam_v, k, q, decay32, noise32, state0[0], state0[1], maps,
-        y, y_var, lam, eta, ckpt[0], ckpt[1],
+        y, y_var, lam, eta, ckpt[0], ckpt[1], starts, ends,
         L, M, S, n_chunks, piece_len, n_pieces,
         CHUNK=cfg.chunk, BLOCK_M=cfg.block_m, BLOCK_S=block_s,
         HAS_INIT=has_init, SAVE=save, STAGES=cfg.stages, UNROLL=cfg.unroll,
-        STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, num_warps=cfg.num_warps,
+        STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, VARLEN=cu_seqlens is not None,
+        num_warps=cfg.num_warps,
     )
     return y, y_var, _from_kernels(lam, cfg), _from_kernels(eta, cfg), ckpt[0], ckpt[1]
 
 
+kla_scan_fwd = torch.library.custom_op("kalmanscan::kla_scan_fwd", forward, mutates_args=())
+
+
 @kla_scan_fwd.register_fake
-def _(v, lam_v, k, q, decay, noise, lam0, eta0, save, config):
+def _(v, lam_v, k, q, decay, noise, lam0, eta0, save, config, cu_seqlens=None):
     B, L, M = v.shape
     S = k.shape[-1]
     f32 = dict(dtype=torch.float32)
-    cfg = KLAConfig.from_ints(config)
+    cfg = _config(config)
+    rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     ckpt_shape = (B, _n_chunks(L, cfg.chunk), *_grid(M, S, cfg)) if save else (1,)
     y_var_shape = (B, L, M) if cfg.variance else (1,)
-    return (v.new_empty(B, L, M), v.new_empty(y_var_shape), v.new_empty(B, M, S, **f32), v.new_empty(B, M, S, **f32),
-            v.new_empty(ckpt_shape, **f32), v.new_empty(ckpt_shape, **f32))
+    return (v.new_empty(B, L, M), v.new_empty(y_var_shape), v.new_empty(rows, M, S, **f32),
+            v.new_empty(rows, M, S, **f32), v.new_empty(ckpt_shape, **f32), v.new_empty(ckpt_shape, **f32))
 
 
 @torch.library.custom_op("kalmanscan::kla_scan_bwd", mutates_args=())
 def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
                  noise: torch.Tensor, ckpt_lam: torch.Tensor, ckpt_eta: torch.Tensor, gy: torch.Tensor,
                  gy_var: torch.Tensor, glam: torch.Tensor, geta: torch.Tensor,
-                 config: list[int]) -> Eight:
+                 config: list[int], lam0: torch.Tensor | None = None, eta0: torch.Tensor | None = None,
+                 cu_seqlens: torch.Tensor | None = None) -> Eight:
     """The fused backward (:mod:`kalmanscan.kernels.kla.bwd`): the gradients of the forward's eight
     tensor inputs from those of its first four outputs, ``gv`` and ``glam_v`` in ``v``'s and
     ``lam_v``'s dtypes (rounded once from float32 in the kernel), the others in float32; see the
-    module docstring."""
-    cfg = KLAConfig.from_ints(config)
+    module docstring. Packed documents: the forward's ``cu_seqlens`` and initial state (read to
+    recompute the documents' starts); an empty document's initial-state gradients are 0 here."""
+    cfg = _config(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
     decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
     B, L, M = v.shape
@@ -297,43 +332,52 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     gq_part = torch.empty(B, L, n_mblocks, S, **f32)
     gdecay_part = torch.empty(B, n_pieces, *grid, **f32)
     gnoise_part = torch.empty(B, n_pieces, *grid, **f32)
-    glam0 = torch.empty(B, *grid, **f32)
-    geta0 = torch.empty(B, *grid, **f32)
+    rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    new = torch.empty if cu_seqlens is None else torch.zeros
+    glam0, geta0 = (new(rows, *grid, **f32) for _ in range(2))
+    has_init = lam0 is not None
+    state0 = [_to_kernels(x, cfg) if has_init else decay32 for x in (lam0, eta0)]
+    starts, ends = _boundaries(cu_seqlens, L, dev)
+    varlen = cu_seqlens is not None
 
     if n_pieces > 1:  # the adjoint maps of stretches 1 .. n_pieces - 1
         kla_adjoint_map_kernel[(B, n_mblocks, n_pieces - 1)](
-            v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta, gy, gy_var, maps,
+            v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta, gy, gy_var, maps, glam, geta,
+            state0[0], state0[1], starts, ends,
             L, M, S, n_chunks, piece_len, n_pieces,
             CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
-            STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, num_warps=cfg.bwd_num_warps,
+            STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, HAS_INIT=has_init, VARLEN=varlen,
+            num_warps=cfg.bwd_num_warps,
         )
     kla_bwd_kernel[(B, n_mblocks, n_pieces)](
         v, lam_v, k, q, decay32, noise32, ckpt_lam, ckpt_eta,
         gy, gy_var, glam, geta, scratch[0], scratch[1], maps,
-        gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0,
+        gv, glam_v, gk_part, gq_part, gdecay_part, gnoise_part, glam0, geta0, state0[0], state0[1], starts, ends,
         L, M, S, n_chunks, n_mblocks, piece_len, n_pieces,
         CHUNK=chunk, BLOCK_M=cfg.bwd_block_m, BLOCK_S=block_s, STAGES=cfg.bwd_stages,
         UNROLL=cfg.bwd_unroll, STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even,
-        **l2_policies(cfg), num_warps=cfg.bwd_num_warps,
+        **l2_policies(cfg), HAS_INIT=has_init, VARLEN=varlen, num_warps=cfg.bwd_num_warps,
     )
     return (gv, glam_v, gk_part.sum(2), gq_part.sum(2),
             *(_grad_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))
 
 
 @kla_scan_bwd.register_fake
-def _(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, config):
+def _(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, config, lam0=None, eta0=None,
+      cu_seqlens=None):
     B, L, M = v.shape
     S = k.shape[-1]
-    cfg = KLAConfig.from_ints(config)
+    cfg = _config(config)
     f32 = dict(dtype=torch.float32)
+    rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return (v.new_empty(B, L, M), lam_v.new_empty(B, L, M), v.new_empty(B, L, S, **f32),
             v.new_empty(B, L, S, **f32), _fake_grad(v, (M, S), cfg), _fake_grad(v, (M, S), cfg),
-            _fake_grad(v, (B, M, S), cfg), _fake_grad(v, (B, M, S), cfg))
+            _fake_grad(v, (rows, M, S), cfg), _fake_grad(v, (rows, M, S), cfg))
 
 
 def _setup_context(ctx, inputs, output):
-    v, lam_v, k, q, decay, noise, lam0, eta0, save, config = inputs
-    ctx.save_for_backward(v, lam_v, k, q, decay, noise, output[4], output[5])
+    v, lam_v, k, q, decay, noise, lam0, eta0, save, config, cu_seqlens = inputs
+    ctx.save_for_backward(v, lam_v, k, q, decay, noise, output[4], output[5], lam0, eta0, cu_seqlens)
     ctx.save, ctx.config = save, config
     ctx.dtypes = [None if x is None else x.dtype for x in (v, lam_v, k, q, decay, noise, lam0, eta0)]
 
@@ -341,9 +385,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, gy, gy_var, glam, geta, _gckpt_lam, _gckpt_eta):
     if not ctx.save:
         raise RuntimeError("kla_scan_fwd ran with save=False: it kept no checkpoints for a backward")
-    v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta = ctx.saved_tensors
-    grads = kla_scan_bwd(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, ctx.config)
-    return tuple(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)) + (None, None)
+    v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, lam0, eta0, cu_seqlens = ctx.saved_tensors
+    grads = kla_scan_bwd(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, ctx.config,
+                         lam0, eta0, cu_seqlens)
+    return tuple(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)) + (None, None, None)
 
 
 torch.library.register_autograd("kalmanscan::kla_scan_fwd", _backward, setup_context=_setup_context)
