@@ -236,11 +236,8 @@ def test_graphed_fit_equals_the_eager_fit(monkeypatch):
     """On the GPU's triton backend L-BFGS replays its evaluations from a CUDA graph: the same
     kernels on the same values, so the same fit as the eager evaluations; a step that leaves a
     filter without process noise is answered eagerly."""
-    import importlib
-
     from kalmanscan.estimation.graphed import GraphedEvaluation
-
-    fit_module = importlib.import_module("kalmanscan.estimation.fitting")
+    from kalmanscan.tuning import tuned
 
     rng = np.random.default_rng(3)
     _, y = simulate(T=300, seed=2, theta=rng.uniform(0.1, 0.5, 16), sigma=1.0, obs_var=0.5)
@@ -249,8 +246,8 @@ def test_graphed_fit_equals_the_eager_fit(monkeypatch):
     call = GraphedEvaluation.__call__
     monkeypatch.setattr(GraphedEvaluation, "__call__", lambda self, x: replays.append(1) or call(self, x))
     graphed = ks.fit(y, progress=False)
-    monkeypatch.setattr(fit_module, "GRAPHS", False)
-    eager = ks.fit(y, progress=False)
+    with tuned(fit_graphs=False):
+        eager = ks.fit(y, progress=False)
     assert len(replays) > 5 and graphed.n_iter == eager.n_iter
     for k in graphed.names:
         torch.testing.assert_close(graphed.params[k], eager.params[k], rtol=1e-6, atol=0)

@@ -25,7 +25,7 @@ import torch
 
 from kalmanscan.model import ou
 from kalmanscan.problem.problem import Problem
-from kalmanscan.ops.cpu_threads import SMALL_WORK
+from kalmanscan import tuning
 from kalmanscan.ops.filter.cpu.backend import FIELDS, INPUTS, MAX_LANES, MIN_LANES, layout
 
 __all__ = ["NumpyLikelihood"]
@@ -143,7 +143,7 @@ class NumpyLikelihood:
             self._structure(mask)
         self._finite(v, mask)
         numba = self.numba
-        one = self.N * self.T < SMALL_WORK or self.N == 1
+        one = self.N * self.T < tuning.current().small_work or self.N == 1
         threads = numba.get_num_threads()
         W = min(MAX_LANES, self.N) if one else max(1, min(MAX_LANES, max(MIN_LANES, -(-self.N // (4 * threads)))))
         if one:

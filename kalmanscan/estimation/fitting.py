@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kalmanscan import tuning
 from kalmanscan.estimation.result import METHOD_NAMES, FitResult, as_numpy
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.estimation.likelihood import POSITIVE as _POSITIVE
@@ -57,9 +58,6 @@ ESTIMABLE = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
 _MODEL = ("theta", "sigma", "obs_var", "mean")
 
 
-GRAPHS = True
-"""Whether L-BFGS on the GPU's triton backend replays its evaluations from a CUDA graph
-(:mod:`kalmanscan.estimation.graphed`); off, each evaluation launches its operations from Python."""
 
 
 def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, mean: Any = 0.0, h: Any = 1.0,
@@ -168,7 +166,8 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             for v, chunk in zip(u.values(), torch.split(torch.from_numpy(x), [v.numel() for v in u.values()])):
                 v.copy_(chunk.reshape(v.shape))
     elif method == "lbfgs":
-        graphed = GRAPHS and resolve_backend(backend, y_t.device) == "triton" and y_t.is_cuda and not lik.p.diffuse
+        graphed = (tuning.current().fit_graphs and resolve_backend(backend, y_t.device) == "triton" and y_t.is_cuda
+                   and not lik.p.diffuse)
         captured = (lambda: objective(u, graphed=True)) if graphed else None
         converged, n_iter, message = lbfgs(objective, u, max_iter, tol, progress, captured=captured)
     else:

@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["run_loop", "SMALL_WORK", "PARALLEL"]
+from kalmanscan import tuning
+
+__all__ = ["run_loop", "PARALLEL"]
 
 # numba's ``parallel=`` option of the loops: only the prange loops become parallel; numba's other
 # parfor conversions (array expressions, reductions, fusion) find nothing to do there but cost
@@ -18,14 +20,11 @@ __all__ = ["run_loop", "SMALL_WORK", "PARALLEL"]
 PARALLEL = dict(prange=True, comprehension=False, setitem=False, reduction=False, numpy=False, stencil=False,
                 fusion=False, inplace_binop=False)
 
-SMALL_WORK = 1 << 17  # element-steps below which a loop runs on one thread: waking the others costs
-                      # more than it saves, and on a busy machine a thread barrier can wait a time slice
-
 
 def run_loop(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> Any:
     """``kernel(*args)`` on numba's threads, or on this thread alone when ``work`` is below
-    :data:`SMALL_WORK` or there is a single task. The loops compute each task with the same
-    operations whatever the thread count, so the choice changes no result. Opaque to
+    :attr:`kalmanscan.tuning.Tuning.small_work` or there is a single task. The loops compute each task with
+    the same operations whatever the thread count, so the choice changes no result. Opaque to
     ``torch.compile`` (a graph break): Dynamo would otherwise trace into numba's dispatcher, which
     on a loop's first call (its compilation) it cannot. The opaque wrapper is made only under the
     compiler, so that eager calls never import it."""
@@ -37,7 +36,7 @@ def run_loop(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> A
 def _run(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> Any:
     import numba
 
-    if work >= SMALL_WORK and tasks > 1:
+    if work >= tuning.current().small_work and tasks > 1:
         return kernel(*args)
     threads = numba.get_num_threads()
     numba.set_num_threads(1)

@@ -21,7 +21,7 @@ import torch
 from kalmanscan.types import ArrayLike
 
 __all__ = ["Checks", "Pending", "Flag", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead",
-           "queue_y_sum", "decide_y", "BY_RESULT"]
+           "queue_y_sum", "decide_y"]
 
 
 class Flag(NamedTuple):
@@ -183,17 +183,10 @@ class Ahead:
         return self.values
 
 
-BY_RESULT = 1 << 18
-"""On a GPU, a ``y`` of at most this many elements is checked from a result (:func:`decide_y`): the
-kernels of such a call take a few microseconds, less than the host spends queueing a reduction and
-its read ahead of them (about 60 against 30 us on an H200's host, ``benchmarks/results``'
-``check_pieces_2026-12-04_h200.txt``)."""
-
-
 def queue_y_sum(y: torch.Tensor) -> Ahead:
     """``nansum(y)`` queued before a call's kernels and read through :class:`Ahead` (finite exactly
     when ``y`` holds no ``inf``, unless the sum overflows): ``y``'s check for a ``y`` of more than
-    :data:`BY_RESULT` elements whose kernels do not take it from their own pass."""
+    :attr:`kalmanscan.tuning.Tuning.y_by_result` elements whose kernels do not take it from their own pass."""
     return Ahead(_nansum(y))
 
 

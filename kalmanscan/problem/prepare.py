@@ -13,6 +13,7 @@ Nothing the caller passed is modified: the tensors made here are new or read-onl
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -189,13 +190,15 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
     the parameters of a recent one skips the checks and the arithmetic, and pays the copy alone
     (a new tensor each call, so nothing returned shares memory with the remembered rows)."""
     key = _host_key(y_t, (*(vals[k] for k in PARAMS), init_mean, init_var))
-    found = _HOST_ROWS.get(key) if key is not None else None
+    with _HOST_ROWS_LOCK:
+        found = _HOST_ROWS.get(key) if key is not None else None
     if found is None:
         found = _host_rows(y_t, vals, init_mean, init_var)
         if key is not None:
-            if len(_HOST_ROWS) >= _HOST_ROWS_SIZE:
-                _HOST_ROWS.clear()
-            _HOST_ROWS[key] = found
+            with _HOST_ROWS_LOCK:
+                if len(_HOST_ROWS) >= _HOST_ROWS_SIZE:
+                    _HOST_ROWS.clear()
+                _HOST_ROWS[key] = found
     shape, rows, diffuse, no_noise = found
     C = shape[-1]
     packed = to_device(rows, y_t.device, copy=True).view(12, 1, C).unbind(0)
@@ -208,6 +211,7 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
 
 
 _HOST_ROWS: dict = {}
+_HOST_ROWS_LOCK = threading.Lock()
 _HOST_ROWS_SIZE = 64
 _KEYED_SIZE = 4096
 """Remembered checked rows (:func:`_prepare_host`; emptied when full), and the largest array

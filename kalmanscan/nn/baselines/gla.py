@@ -1,21 +1,17 @@
 """Gated linear attention (Yang et al. 2023; the ``"gla"`` mixer): fla's ``chunk_gla`` on CUDA when
 installed, else a chunked torch form.
 
-fla autotunes each kernel on first use (minutes per shape on a fresh machine). With the
-environment variable ``KALMANSCAN_FLA_FIRST_CONFIG=1`` set when fla is first imported (through
-this module), every fla kernel takes the first of its autotuning configs instead: seconds, the same
-values (they do not depend on the config), untuned speed. The switch replaces ``triton.autotune``
-only while fla's modules are imported; an fla imported earlier elsewhere keeps its tuning.
+fla autotunes each kernel on first use (minutes per shape on a fresh machine); fla keeps the
+timings on disk (its ``FLA_CACHE_RESULTS``, on by default where fla supports it), so later
+processes on the machine start at once. This module leaves fla and Triton as they are: it patches
+neither's functions.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import math
-import os
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -27,32 +23,12 @@ from kalmanscan.nn.common import RMSNorm, causal_conv, empty_sequence, heads, po
 __all__ = ["GatedLinearAttention", "GLAState", "gla_chunked"]
 
 
-FIRST_CONFIG = "KALMANSCAN_FLA_FIRST_CONFIG"
-
-
-@contextlib.contextmanager
-def first_config_only(enabled: bool) -> Iterator[None]:
-    """While enabled, ``triton.autotune`` keeps only the first of the configs it is given."""
-    if not enabled:
-        yield
-        return
-    import triton
-
-    autotune = triton.autotune
-    triton.autotune = lambda configs, *args, **kwargs: autotune(configs[:1], *args, **kwargs)
-    try:
-        yield
-    finally:
-        triton.autotune = autotune
-
-
 @functools.cache
 def _fla_chunk_gla():
     """fla's ``chunk_gla`` and whether it takes ``head_first``, or ``None`` when not installed
-    (imported once; see the module docstring for ``KALMANSCAN_FLA_FIRST_CONFIG``)."""
+    (imported once)."""
     try:
-        with first_config_only(os.environ.get(FIRST_CONFIG) == "1"):
-            from fla.ops.gla import chunk_gla
+        from fla.ops.gla import chunk_gla
     except ImportError:
         return None
     return chunk_gla, "head_first" in inspect.signature(chunk_gla).parameters

@@ -43,21 +43,3 @@ def test_gla_rejects_a_state_of_the_wrong_shape():
             layer(x, bad)
         with pytest.raises(ValueError, match="state"):
             layer.step(x[:, 0], bad)
-
-
-def test_first_config_switch_applies_only_while_fla_is_imported(monkeypatch):
-    """``KALMANSCAN_FLA_FIRST_CONFIG=1``: ``triton.autotune`` keeps the first config inside the
-    import, and is restored after it."""
-    import triton
-
-    from kalmanscan.nn.baselines.gla import first_config_only
-
-    seen = []
-    monkeypatch.setattr(triton, "autotune", lambda configs, *a, **k: seen.append(list(configs)))
-    original = triton.autotune
-    with first_config_only(True):
-        triton.autotune(["a", "b", "c"], key=[])
-    with first_config_only(False):
-        triton.autotune(["a", "b"], key=[])
-    assert seen == [["a"], ["a", "b"]]
-    assert triton.autotune is original

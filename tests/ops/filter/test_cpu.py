@@ -15,7 +15,7 @@ from helpers import POSITIVE, max_rel_error, random_problem, rel_error, to_np
 
 import kalmanscan as ks
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops import cpu_threads
+from kalmanscan.tuning import tuned
 from kalmanscan.ops.filter.cpu import backend as cpu
 from kalmanscan.ops.filter import reference as reference_backend
 from kalmanscan.ops.filter import torch as torch_backend
@@ -296,29 +296,29 @@ def test_smoother_gradients(per_step):
                                     fast_mode=True)
 
 
-def test_thread_counts_give_identical_bits(monkeypatch):
+def test_thread_counts_give_identical_bits():
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has a single thread here")
-    monkeypatch.setattr(cpu_threads, "SMALL_WORK", 0)  # small problems run on one thread otherwise
-    rng = np.random.default_rng(11)
-    y, kw = random_problem(rng, 50, C=7, batch=(5,), per_step=False, missing=0.1)
-    before = numba.get_num_threads()
-    runs = []
-    try:
-        for threads in (1, 2):
-            numba.set_num_threads(threads)
-            leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in kw.items()}
-            yt = torch.tensor(y, requires_grad=True)
-            p = prepare(yt, **leaves)
-            out = cpu.filter(p)
-            mean_s, var_s, _ = cpu.smooth(out, p.mean)
-            loss = _loss(out, _weights(out)) + mean_s.sum() + var_s.sum()
-            grads = torch.autograd.grad(loss, [yt, *leaves.values()])
-            runs.append([out[k].detach() for k in cpu.FIELDS] + [mean_s.detach(), var_s.detach(), *grads])
-    finally:
-        numba.set_num_threads(before)
-    for a, b in zip(*runs):
-        assert torch.equal(torch.nan_to_num(a, 7.0), torch.nan_to_num(b, 7.0))
+    with tuned(small_work=0):  # small problems run on one thread otherwise
+        rng = np.random.default_rng(11)
+        y, kw = random_problem(rng, 50, C=7, batch=(5,), per_step=False, missing=0.1)
+        before = numba.get_num_threads()
+        runs = []
+        try:
+            for threads in (1, 2):
+                numba.set_num_threads(threads)
+                leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in kw.items()}
+                yt = torch.tensor(y, requires_grad=True)
+                p = prepare(yt, **leaves)
+                out = cpu.filter(p)
+                mean_s, var_s, _ = cpu.smooth(out, p.mean)
+                loss = _loss(out, _weights(out)) + mean_s.sum() + var_s.sum()
+                grads = torch.autograd.grad(loss, [yt, *leaves.values()])
+                runs.append([out[k].detach() for k in cpu.FIELDS] + [mean_s.detach(), var_s.detach(), *grads])
+        finally:
+            numba.set_num_threads(before)
+        for a, b in zip(*runs):
+            assert torch.equal(torch.nan_to_num(a, 7.0), torch.nan_to_num(b, 7.0))
 
 
 def test_inputs_not_modified():

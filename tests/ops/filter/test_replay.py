@@ -8,6 +8,7 @@ import torch
 
 import kalmanscan as ks
 from helpers import synchronisations
+from kalmanscan import tuning
 from kalmanscan.ops.filter.triton import replay
 from kalmanscan.ops.filter.triton.replay import Blocks
 from kalmanscan.ops.filter.triton.backend import POSTERIOR, replayed
@@ -59,13 +60,12 @@ def test_which_calls_are_replayed():
 def _eager_and_replayed(monkeypatch, calls):
     """Every call of ``calls`` (functions of no argument) with replay off, then the same calls with
     it on (each call repeated until its layout is captured, then once more replayed)."""
-    monkeypatch.setattr(replay, "REPLAY", False)
-    eager = [f() for f in calls]
-    monkeypatch.setattr(replay, "REPLAY", True)
+    with tuning.tuned(replay=False):
+        eager = [f() for f in calls]
     replay.clear()
     replayed = []
     for f in calls:
-        for _ in range(replay.AFTER + 1):
+        for _ in range(tuning.current().replay_after + 1):
             f()
         replayed.append(f())
     return eager, replayed
@@ -142,7 +142,7 @@ def test_replayed_results_are_new_memory_and_calls_do_not_wait(monkeypatch):
     ks.filter(torch.randn(64, 8, device="cuda", generator=g), **kw)  # compiles the kernels
     replay.clear()
     kept = []
-    for _ in range(replay.AFTER + 3):
+    for _ in range(tuning.current().replay_after + 3):
         y = torch.randn(64, 8, device="cuda", generator=g)
         torch.cuda.synchronize()
         assert synchronisations(lambda y=y: kept.append((y, ks.filter(y, **kw)))) == 0
@@ -158,7 +158,7 @@ def test_a_call_inside_a_graph_being_captured_launches_eagerly():
     y = torch.randn(40, 4, device="cuda")
     kw = dict(theta=0.3, sigma=0.5, obs_var=0.4, backend="triton", check_finite=False, outputs=("mean",))
     expected = ks.filter(y, **kw).mean
-    for _ in range(replay.AFTER + 1):
+    for _ in range(tuning.current().replay_after + 1):
         ks.filter(y, **kw)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

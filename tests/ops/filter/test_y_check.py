@@ -1,6 +1,6 @@
 """``y``'s inf check queued with the triton forward (``Problem.y_check``): from the stretch products
 of the aggregate pass when time is split, else a reduction of ``y`` queued before the kernels; a
-small ``y`` checked by result. Run with the threshold (``checks.BY_RESULT``) at 0 so that small
+small ``y`` checked by result. Run with the threshold (``Tuning.y_by_result``) at 0 so that small
 problems take the queued paths."""
 
 import dataclasses
@@ -12,6 +12,7 @@ import torch
 
 import kalmanscan as ks
 from helpers import KERNEL_DEVICE, synchronisations
+from kalmanscan import tuning
 from kalmanscan.problem import checks
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import backend as triton
@@ -23,7 +24,6 @@ KW = dict(theta=np.array([0.1, 0.7, 2.0]), sigma=0.8, obs_var=np.array([0.5, 2.0
 @pytest.fixture
 def queued(monkeypatch):
     """Every ``y`` large enough for the queued check; the searches of ``y`` counted."""
-    monkeypatch.setattr(checks, "BY_RESULT", 0)
     searches = []
     search = checks.check_no_inf
 
@@ -32,7 +32,8 @@ def queued(monkeypatch):
         search(y)
 
     monkeypatch.setattr(checks, "check_no_inf", counted)
-    return searches
+    with tuning.tuned(y_by_result=0):
+        yield searches
 
 
 def series(T: int, seed: int = 0) -> torch.Tensor:
@@ -94,19 +95,19 @@ def test_the_check_is_queued_with_the_kernels(queued):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("outputs", [None, ("mean", "var")])
-def test_large_gpu_calls_check_y_from_their_kernels_with_one_wait(queued, monkeypatch, outputs):
+def test_large_gpu_calls_check_y_from_their_kernels_with_one_wait(queued, outputs):
     """On a GPU, at the default threshold, a ``y`` past it (stretches: the aggregate pass's check)
     is refused for an inf anywhere, searched never when clean, with one synchronisation a call."""
-    monkeypatch.setattr(checks, "BY_RESULT", 1 << 18)
-    y = torch.randn(4096, 128, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
-    assert triton.plan(1, 4096, 128)[0] > 1 and y.numel() > checks.BY_RESULT
-    kw = dict(theta=0.2, sigma=0.5, obs_var=0.3, backend="triton", outputs=outputs)
-    ks.filter(y, **kw)
-    torch.cuda.synchronize()
-    assert synchronisations(lambda: ks.filter(y, **kw)) == 1
-    assert not queued
-    for t, c in ((0, 0), (2047, 64), (4095, 127)):
-        bad = y.clone()
-        bad[t, c] = math.inf
-        with pytest.raises(ValueError, match="y must be finite or NaN"):
-            ks.filter(bad, **kw)
+    with tuning.tuned(y_by_result=tuning.DEFAULT.y_by_result):
+        y = torch.randn(4096, 128, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+        assert triton.plan(1, 4096, 128)[0] > 1 and y.numel() > tuning.current().y_by_result
+        kw = dict(theta=0.2, sigma=0.5, obs_var=0.3, backend="triton", outputs=outputs)
+        ks.filter(y, **kw)
+        torch.cuda.synchronize()
+        assert synchronisations(lambda: ks.filter(y, **kw)) == 1
+        assert not queued
+        for t, c in ((0, 0), (2047, 64), (4095, 127)):
+            bad = y.clone()
+            bad[t, c] = math.inf
+            with pytest.raises(ValueError, match="y must be finite or NaN"):
+                ks.filter(bad, **kw)

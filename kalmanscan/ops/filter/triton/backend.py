@@ -37,6 +37,7 @@ from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_total_kerne
 from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
 from kalmanscan.kernels.filter.stream import stream_step_kernel
 
+from kalmanscan import tuning
 from kalmanscan.problem import checks
 from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.launch import cdiv, next_power_of_2
@@ -64,7 +65,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     :data:`kalmanscan.model.mobius.NO_NOISE`) runs on the torch backend instead: its precision grows like
     ``decay^(-2t)``, past the range of the kernels, which carry it (see :mod:`kalmanscan.model.mobius`).
     ``config`` sets the launch (:class:`FilterConfig`). With ``p.y_check``, for a ``y`` of more
-    than :data:`kalmanscan.problem.checks.BY_RESULT` elements, ``"y_check"``: ``y``'s inf check queued with
+    than :attr:`kalmanscan.tuning.Tuning.y_by_result` elements, ``"y_check"``: ``y``'s inf check queued with
     the kernels (:func:`filter_forward`, or :func:`kalmanscan.problem.checks.queue_y_sum` before them).
     """
     shape = p.shape
@@ -75,7 +76,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
 
-    y_check = p.y_check and p.y.numel() > checks.BY_RESULT and not torch.compiler.is_compiling()
+    y_check = p.y_check and p.y.numel() > tuning.current().y_by_result and not torch.compiler.is_compiling()
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         fields = POSTERIOR if p.outputs is None else tuple(k for k in POSTERIOR if k in p.outputs)
         if torch.compiler.is_compiling():  # one opaque operator for the compiler (library module docstring)

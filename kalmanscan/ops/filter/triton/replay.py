@@ -16,12 +16,12 @@ allocations.
 Nothing is captured while a CUDA graph is being captured or under ``torch.compile``, nor again
 for a layout whose capture failed (it stays eager, with a warning). The capture itself (after one
 warm-up launch on a side stream, as CUDA graphs require) waits for nothing on the host. At most
-:data:`GRAPHS` layouts are kept (least recently used dropped), each holding its static inputs,
-outputs and the kernels' scratch in its own memory pool; only the calls
+:attr:`~kalmanscan.tuning.Tuning.replay_graphs` layouts are kept (least recently used dropped),
+each holding its static inputs, outputs and the kernels' scratch in its own memory pool; only the calls
 :func:`~kalmanscan.ops.filter.triton.replayed` picks are replayed (small outputs, or few long
 series of up to :data:`~kalmanscan.ops.filter.triton.REPLAY_ELEMENTS` elements, whose kept layout
-holds ``y`` and its outputs: 176 MiB for ``2^22`` float32 steps with every field). ``REPLAY =
-False`` turns it off; :func:`clear` drops the kept graphs.
+holds ``y`` and its outputs: 176 MiB for ``2^22`` float32 steps with every field). ``replay=False``
+(:func:`kalmanscan.tuning.tuned`) turns it off; :func:`clear` drops the kept graphs.
 """
 
 from __future__ import annotations
@@ -33,12 +33,9 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["forward", "clear", "kept", "Blocks", "REPLAY", "GRAPHS", "AFTER"]
+from kalmanscan import tuning
 
-REPLAY = True
-GRAPHS = 4
-AFTER = 2
-"""Replay on (the switch); layouts kept; eager calls of a layout before its capture."""
+__all__ = ["forward", "clear", "kept", "Blocks"]
 
 _SEEN: collections.Counter = collections.Counter()
 _SEEN_SIZE = 256
@@ -50,11 +47,12 @@ def forward(run: Callable[[dict, torch.Tensor], dict], views: dict[str, torch.Te
             key: tuple) -> dict[str, torch.Tensor] | None:
     """``run(views, init)`` (a forward launch returning ``{name: tensor}``) replayed from the
     graph kept for this layout, or ``None`` when the caller should launch eagerly: replay off, the
-    first :data:`AFTER` calls of a layout, a stream being captured, or inputs that cannot be
-    copied by memory block (a block of mixed dtypes, or much larger than what the inputs span).
+    first :attr:`~kalmanscan.tuning.Tuning.replay_after` calls of a layout, a stream being captured,
+    or inputs that cannot be copied by memory block (a block of mixed dtypes, or much larger than what the inputs span).
     ``key`` names everything of the launch besides the inputs' layout (fields, configuration)."""
     y = views["y"]
-    if not REPLAY or not y.is_cuda or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
+    knobs = tuning.current()
+    if not knobs.replay or not y.is_cuda or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
         return None
     inputs = [*views.values(), init]
     storages = [x.untyped_storage() for x in inputs]
@@ -63,7 +61,7 @@ def forward(run: Callable[[dict, torch.Tensor], dict], views: dict[str, torch.Te
     layout = (key, y.device, stream, torch.is_inference_mode_enabled(), tuple(views),
               tuple(blocks.index(b) for b in blocks), *(_layout(x, m) for x, m in zip(inputs, storages)))
     with _LOCK:  # copy in, replay, copy out: one call's at a time on the host, in stream order
-        return _forward(run, views, init, inputs, layout)
+        return _forward(run, views, init, inputs, layout, knobs)
 
 
 def clear() -> None:
@@ -78,13 +76,13 @@ def kept() -> int:
     return len(_KEPT)
 
 
-def _forward(run, views, init, inputs, layout):
+def _forward(run, views, init, inputs, layout, knobs):
     y = views["y"]
     if layout not in _KEPT:
         if len(_SEEN) >= _SEEN_SIZE:  # many layouts seen once or twice: start counting afresh
             _SEEN.clear()
         _SEEN[layout] += 1
-        if _SEEN[layout] <= AFTER:
+        if _SEEN[layout] <= knobs.replay_after:
             return None
         try:
             with torch.cuda.device(y.device):
@@ -93,7 +91,7 @@ def _forward(run, views, init, inputs, layout):
             warnings.warn(f"ks.filter: small calls of this layout launch eagerly ({err})", RuntimeWarning, stacklevel=4)
             graph = None
         del _SEEN[layout]
-        if len(_KEPT) >= GRAPHS:
+        if len(_KEPT) >= knobs.replay_graphs:
             _KEPT.popitem(last=False)
         _KEPT[layout] = graph
     _KEPT.move_to_end(layout)
