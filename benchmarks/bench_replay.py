@@ -2,7 +2,7 @@
 one process on the GPU (:mod:`kalmanscan.ops.filter.triton.replay`).
 
 For each case (a shape, checked or not, every field or the mean and variance) and each variant
-(``kalmanscan.ops.filter.triton.replay.REPLAY`` on or off), interleaved over ``--rounds`` rounds, the
+(``kalmanscan.tuning.tuned(replay=...)`` on or off), interleaved over ``--rounds`` rounds, the
 two timings of :mod:`benchmarks.bench_api`: the host wall time of one synchronised call (*alone*,
 ``alone_ms``) and the time per call back to back (*queued*, ``median_ms``); the median over the
 rounds, microseconds. The kernels' eager wrapper is timed the same way in both
@@ -10,7 +10,7 @@ columns: it never replays, so its two columns show the host's noise between them
 replay's size (all fields at C = 512, T = 2048) runs eagerly in both columns too.
 
 ``--compare check`` sets the variants to ``y``'s inf check instead: by result (the default
-threshold ``kalmanscan.problem.checks.BY_RESULT``) against a reduction queued ahead of the kernels for
+threshold ``kalmanscan.tuning.Tuning.y_by_result``) against a reduction queued ahead of the kernels for
 every ``y`` (threshold 0), replay on in both; only the checked cases differ.
 
     python -m benchmarks run replay [--rounds 5] [--compare replay|check] [--out replay.json]
@@ -25,10 +25,9 @@ import statistics
 import torch
 
 import kalmanscan as ks
+from kalmanscan import tuning
 from benchmarks.common import alone_ms, commit, initial_state, median_ms, save, shape_list
-from kalmanscan.problem import checks
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter.triton import replay
 from kalmanscan.ops.filter.triton import backend as filter_triton
 
 SHAPES = [(2048, 64), (256, 64), (2048, 512)]   # (T, C)
@@ -69,25 +68,21 @@ def main(argv: list[str] | None = None):
     args = parser().parse_args(argv)
     shapes = SHAPES if args.shapes is None else shape_list(args.shapes)
     calls = cases(shapes)
-    by_result = checks.BY_RESULT
-    variants = ({"replay": lambda: setattr(replay, "REPLAY", True), "eager": lambda: setattr(replay, "REPLAY", False)}
-                if args.compare == "replay" else
-                {"by_result": lambda: setattr(checks, "BY_RESULT", by_result),
-                 "ahead": lambda: setattr(checks, "BY_RESULT", 0)})
+    variants = (dict(replay=dict(replay=True), eager=dict(replay=False)) if args.compare == "replay" else
+                dict(by_result=dict(y_by_result=tuning.DEFAULT.y_by_result), ahead=dict(y_by_result=0)))
     res = {(c, v): {"alone": [], "queued": []} for c in calls for v in variants}
     with torch.no_grad():
-        for use in variants.values():
-            use()
-            for fn in calls.values():
-                for _ in range(replay.AFTER + 2):
-                    fn()
+        for knobs in variants.values():
+            with tuning.tuned(**knobs):
+                for fn in calls.values():
+                    for _ in range(tuning.current().replay_after + 2):
+                        fn()
         for _ in range(args.rounds):
-            for v, use in variants.items():
-                use()
-                for c, fn in calls.items():
-                    res[(c, v)]["alone"].append(alone_ms(fn) * 1e3)
-                    res[(c, v)]["queued"].append(median_ms(fn) * 1e3)
-    replay.REPLAY, checks.BY_RESULT = True, by_result
+            for v, knobs in variants.items():
+                with tuning.tuned(**knobs):
+                    for c, fn in calls.items():
+                        res[(c, v)]["alone"].append(alone_ms(fn) * 1e3)
+                        res[(c, v)]["queued"].append(median_ms(fn) * 1e3)
     rows = []
     print(f"{torch.cuda.get_device_name()}: wall of one synchronised call alone / per call queued, medians, us")
     for c in calls:
