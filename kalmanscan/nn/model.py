@@ -25,6 +25,7 @@ from kalmanscan.nn.common import RMSNorm
 from kalmanscan.nn.generate import copy_state, generate, rms_norm_step, takes_out
 from kalmanscan.nn.init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
 from kalmanscan.nn.mixers import MIXERS
+from kalmanscan.ops.kla.documents import validate_cu_seqlens
 
 __all__ = ["SequenceModel", "SwiGLU"]
 
@@ -70,8 +71,11 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(d_model, device=device, dtype=dtype)
         self.mlp = SwiGLU(d_model, mlp_ratio, mlp_multiple_of, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
-        if state is None:
+    def forward(self, x: torch.Tensor, state: Any = None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+        if cu_seqlens is not None:  # packed documents (SequenceModel.forward)
+            x = x + self.mixer(self.mixer_norm(x), cu_seqlens=cu_seqlens)
+        elif state is None:
             x = x + self.mixer(self.mixer_norm(x))
         else:
             y, state = self.mixer(self.mixer_norm(x), state=state)
@@ -169,22 +173,40 @@ class SequenceModel(nn.Module):
         extra = {} if capacity is None else dict(capacity=capacity)
         return [b.mixer.init_state(batch, device=device, **_accepted(b.mixer.init_state, extra)) for b in self.blocks]
 
+    def _check_packed(self, tokens: torch.Tensor, state: list | None, cu_seqlens: torch.Tensor) -> None:
+        if state is not None:
+            raise ValueError("cu_seqlens: packed documents start from the initial state; give no state")
+        refusing = [n for n, b in zip(self.mixer_names, self.blocks)
+                    if "cu_seqlens" not in inspect.signature(b.mixer.forward).parameters]
+        if refusing:
+            raise ValueError(f"cu_seqlens: the mixers {sorted(set(refusing))} do not take packed documents")
+        validate_cu_seqlens(cu_seqlens, tokens)
+
     def _check_state(self, state: list | None) -> None:
         if state is not None and (not isinstance(state, (list, tuple)) or len(state) != len(self.blocks)):
             got = f"{len(state)} entries" if isinstance(state, (list, tuple)) else type(state).__name__
             raise ValueError(f"state must be a list of {len(self.blocks)} layer states (from init_state), got {got}")
 
-    def forward(self, tokens: torch.Tensor, state: list | None = None) -> torch.Tensor | tuple[torch.Tensor, list]:
+    def forward(self, tokens: torch.Tensor, state: list | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, list]:
         """tokens (B, L) int -> logits (B, L, vocab_size); with ``state`` (from :meth:`init_state`
         or a previous call) continues the sequence and returns ``(logits, state)``: chunked prefill.
+
+        ``cu_seqlens``: packed documents (fla's convention, :mod:`kalmanscan.ops.kla.documents`):
+        ``tokens`` ``(1, total)`` holds ``N`` documents end to end, int32 offsets ``(N + 1,)``;
+        every document's logits are those it gets alone. Checked here once (one read of the
+        offsets: ``ValueError`` naming ``cu_seqlens``); every mixer must take ``cu_seqlens`` (KLA's
+        does), and no ``state`` is given.
         """
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape (B, L), got {tuple(tokens.shape)}")
         self._check_state(state)
+        if cu_seqlens is not None:
+            self._check_packed(tokens, state, cu_seqlens)
         x = self.embedding(tokens)
         new_state = None if state is None else []
         for i, block in enumerate(self.blocks):
-            x, s = block(x, None if state is None else state[i])
+            x, s = block(x, None if state is None else state[i], cu_seqlens)
             if state is not None:
                 new_state.append(s)
         logits = self.head(self.norm(x))
