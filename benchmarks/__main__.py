@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 from benchmarks.suites import SUITES, available
@@ -24,7 +25,8 @@ def listing() -> str:
 
 
 def run(name: str, args: list[str]) -> int:
-    """Call suite ``name``'s ``main(args)``; 2 (with a line saying why) for an unknown or missing suite."""
+    """Call suite ``name``'s ``main(args)`` (``main()`` reading ``sys.argv`` for a module whose ``main``
+    takes no arguments); 2, with a line saying why, for an unknown or missing suite."""
     suite = SUITES.get(name)
     if suite is None:
         print(f"unknown suite {name!r}; the suites are {', '.join(SUITES)}", file=sys.stderr)
@@ -32,7 +34,12 @@ def run(name: str, args: list[str]) -> int:
     if not available(suite):
         print(f"suite {name!r}: {suite.module} is not in this checkout", file=sys.stderr)
         return 2
-    importlib.import_module(suite.module).main(args)
+    sys.argv = [f"python -m benchmarks run {name}", *args]   # what the suite's usage line and sys.argv show
+    main = importlib.import_module(suite.module).main
+    if inspect.signature(main).parameters:
+        main(args)
+    else:
+        main()
     return 0
 
 

@@ -27,12 +27,23 @@ def test_listing_names_every_suite_once_with_its_device():
 
 def test_run_calls_the_suites_main_with_the_arguments(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(suites.SUITES, "tiny", TINY)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
     out = tmp_path / "r.json"
     assert cli.main(["run", "tiny", "--rows", "4", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["argv"] == ["--rows", "4", "--out", str(out)] and len(result["rows"]) == 4
     assert cli.main(["run", "no_such_suite"]) == 2
     assert "unknown suite 'no_such_suite'" in capsys.readouterr().err
+
+
+def test_run_hands_a_main_without_arguments_sys_argv(monkeypatch, tmp_path):
+    (tmp_path / "argv_suite.py").write_text("import sys\nseen = []\n\n\ndef main():\n    seen.append(sys.argv[:])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(suites.SUITES, "argv", Suite("argv", "argv_suite", "-", "CPU"))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert cli.main(["run", "argv", "--x", "1"]) == 0
+    import argv_suite
+    assert argv_suite.seen == [["python -m benchmarks run argv", "--x", "1"]]
 
 
 def test_run_of_a_missing_module_says_so(monkeypatch, capsys):
