@@ -67,7 +67,7 @@ def execute(suite: Suite, run: Run, python: str = sys.executable) -> dict:
     tail = collections.deque(maxlen=40)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result.json")
-        argv = [python, "-m", run.module or suite.module, *run.flags, "--out", path]
+        argv = [python, "-m", run.module or suite.module, *run.flags, "--out" if run.module else suite.out, path]
         t0 = time.perf_counter()
         with subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **dict(run.env)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) as proc:

@@ -1,8 +1,9 @@
 """The benchmark suites: each one's module, what it measures, where it runs, and the commands of the
 published tables it produces (``python -m benchmarks headline`` reruns them).
 
-A suite's module has ``parser()`` (its command line, with ``--out PATH`` for the JSON it writes) and
-``main(argv)``; ``python -m benchmarks run NAME ARGS...`` calls ``main(ARGS)``.
+A suite's module has ``parser()`` (its command line, with an option naming the JSON file it writes:
+``--out PATH`` unless :attr:`Suite.out` says otherwise) and ``main(argv)``; ``python -m benchmarks
+run NAME ARGS...`` calls ``main(ARGS)``.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ class Run:
 @dataclasses.dataclass(frozen=True)
 class Suite:
     """A suite: its ``name`` on the command line, its ``module``, what it ``measures``, the
-    ``device`` it runs on (``"GPU"``, ``"CPU"`` or ``"CPU, GPU"``) and its ``headline`` runs."""
+    ``device`` it runs on (``"GPU"``, ``"CPU"`` or ``"CPU, GPU"``), its ``headline`` runs and the
+    option (``out``) that names the JSON file its module writes."""
 
     name: str
     module: str
     measures: str
     device: str
     headline: tuple[Run, ...] = ()
+    out: str = "--out"
 
 
 FLA_FIRST = (("KALMANSCAN_FLA_FIRST_CONFIG", "1"),)
@@ -89,7 +92,10 @@ SUITES = {s.name: s for s in (
           "the filter's forward beside a plain first-order linear recurrence (accelerated-scan)", "GPU",
           (Run(),)),
     Suite("decode", "benchmarks.bench_decode",
-          "KLA decoding: one token a step from the recurrent state", "GPU"),
+          "decoding one token a step (KLA, attention, GLA) from a CUDA graph, beside the bytes it must move",
+          "GPU", out="--json"),
+    Suite("timechunks", "benchmarks.bench_timechunks",
+          "a record larger than the workers' memory, chunked along time on a local dask cluster", "CPU"),
 )}
 
 

@@ -53,12 +53,14 @@ def test_run_of_a_missing_module_says_so(monkeypatch, capsys):
 
 
 def test_headline_on_the_cpu_writes_json_and_markdown_and_skips_gpu_runs(tmp_path, capsys):
-    table = {"tiny": TINY, "tiny_gpu": ON_GPU}
+    as_json = Suite("tiny_json", TINY.module, "squares", "CPU", (Run(("--rows", "1"), gpu=False),), out="--json")
+    table = {"tiny": TINY, "tiny_gpu": ON_GPU, "tiny_json": as_json}
     written = headline.headline(str(tmp_path), suites=table, cuda=False)
     out = capsys.readouterr().out
     assert "skip tiny_gpu (GPU, no CUDA on this machine): python -m benchmarks run tiny_gpu --rows 5" in out
     assert "tiny suite: 3 rows" in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["headline.md", "tiny.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["headline.md", "tiny.json", "tiny_json.json"]
+    assert json.loads((tmp_path / "tiny_json.json").read_text())["runs"][0]["result"]["argv"][-2] == "--json"
     record = json.loads((tmp_path / "tiny.json").read_text())
     assert record == written["tiny"]
     (run,) = record["runs"]

@@ -1,5 +1,5 @@
 """A suite small enough for the runner's tests: ``--rows N`` rows of ``(n, square)``, written to
-``--out`` as ``{"rows": [...], "argv": [...]}``."""
+``--out`` (or ``--json``) as ``{"rows": [...], "argv": [...]}``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", "--json", dest="out", default=None)
     return ap
 
 
