@@ -33,7 +33,8 @@ __all__ = ["conv_step", "kla_decode_step", "BACKENDS"]
 
 BACKENDS = ("auto", "triton", "torch")
 NORM_EPS = 1e-12     # the floor of ||k||, ||q|| in the normalisation
-BLOCK_M = 32         # channels a program of either kernel owns
+BLOCK_M = 32         # channels a program of the filter step owns (a [32, S] grid of filters)
+CONV_BLOCK_M = 128   # channels a program of the conv step owns
 
 
 def _use_triton(backend: str, x: torch.Tensor) -> bool:
@@ -83,9 +84,9 @@ def conv_step(z: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias:
     out = _writable("out", out, z)
     if _use_triton(backend, window):
         window = window.contiguous()
-        kla_conv_step_kernel[(B, cdiv(M, BLOCK_M))](
+        kla_conv_step_kernel[(B, cdiv(M, CONV_BLOCK_M))](
             z, window, weight.contiguous(), bias, window_out, out, M, z.stride(0), out.stride(0),
-            K=K, BLOCK_M=BLOCK_M,
+            K=K, BLOCK_M=CONV_BLOCK_M,
         )
         return out, window_out
     padded = torch.cat([window.to(z.dtype), z[:, None]], 1)            # (B, K, M)
