@@ -122,7 +122,7 @@ def adjoint_step(gl, ge, lam, mu, lam_p, mu_p, decay, noise, t, o, valid,
     gl_next = delta * delta * tot_l + beta * tot_e
     ge_next = delta * tot_e
     d_decay = -2.0 * delta * lr * tot_l + mu_p * lr * (noise * lam_p - decay * decay) * rho * tot_e
-    d_noise = -lr * lr * (tot_l + decay * mu_p * tot_e)
+    d_noise = -lr * (lr * (tot_l + decay * mu_p * tot_e))  # lr^2 alone would leave the range
     if HAS_G_PM:
         g_pm = _cotangent(g_pm_ptr, o, valid, LOAD)
         eps = g_pm * decay * inv_lam_p
