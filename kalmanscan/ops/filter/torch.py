@@ -64,13 +64,13 @@ def filter(p: Problem) -> dict:
     var0 = p.init_var.expand(shape[:-2] + (1, shape[-1]))
     mu0 = (p.init_mean - mean[..., :1, :]).expand(var0.shape)
     P = associative_scan(mobius.compose, mobius.leaf(a, q, phi), dim=-2)
-    var = mobius.readout_var(P, 1.0 / var0)
+    var = mobius.readout_var(P, reciprocal(var0))
     var_prev = torch.cat([var0, var[..., :-1, :]], -2)
     pred_var = a * a * var_prev + q
     G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=-2)
     mu_c = G * mu0 + W
     pred_mu_c = a * torch.cat([mu0, mu_c[..., :-1, :]], -2)
-    return finish(p, mu_c, 1.0 / var, pred_mu_c, pred_var, missing, decay, noise)
+    return finish(p, mu_c, reciprocal(var), pred_mu_c, pred_var, missing, decay, noise)
 
 
 def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.Tensor, pred_var: torch.Tensor,
@@ -89,7 +89,7 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
     if every or "mean" in wanted:
         out["mean"] = mu_c + mean
     if every or "var" in wanted:
-        out["var"] = 1.0 / lam
+        out["var"] = reciprocal(lam)
     if every or "precision" in wanted:
         out["precision"] = lam
     if every or "pred_mean" in wanted:
@@ -97,7 +97,7 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
     if every or "pred_var" in wanted:
         out["pred_var"] = pred_var
     if every or "pred_precision" in wanted:
-        out["pred_precision"] = 1.0 / pred_var
+        out["pred_precision"] = reciprocal(pred_var)
     if every or "pred_obs_mean" in wanted:
         out["pred_obs_mean"] = (h * (pred_mu_c + mean)).expand(p.shape)
     if every or wanted & {"pred_obs_var", "logliks"}:
@@ -136,7 +136,7 @@ def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.
     _, mu_s = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
     elems = (torch.cat([J * J, last[0]], -2), torch.cat([bv, f["var"][..., -1:, :]], -2))
     _, var_s = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
-    return mu_s + mean_param, var_s, 1.0 / var_s
+    return mu_s + mean_param, var_s, reciprocal(var_s)
 
 
 def summary(p: Problem, *, chunk_elements: int = merged.CHUNK_ELEMENTS) -> tuple[torch.Tensor, ...]:
