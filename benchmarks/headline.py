@@ -27,7 +27,7 @@ from benchmarks.common import commit
 from benchmarks.suites import SUITES, Run, Suite, available, command
 from benchmarks.tables import markdown
 
-__all__ = ["parser", "headline", "main"]
+__all__ = ["parser", "execute", "headline", "main"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,11 +85,22 @@ def execute(suite: Suite, run: Run, python: str = sys.executable) -> dict:
     return out
 
 
+def write(out_dir: str, written: Mapping[str, dict], lines: list[str]) -> None:
+    """``out_dir/<suite>.json`` for each suite run so far and ``out_dir/headline.md``."""
+    os.makedirs(out_dir, exist_ok=True)
+    for name, record in written.items():
+        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+            json.dump(record, f, indent=1)
+    with open(os.path.join(out_dir, "headline.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
 def headline(out_dir: str, only: str | None = None, suites: Mapping[str, Suite] = SUITES,
              cuda: bool | None = None, dry_run: bool = False) -> dict[str, dict]:
     """Run the published tables' commands of the suites ``only`` names (all by default) and write
-    their JSON and ``headline.md`` into ``out_dir``; GPU commands are skipped, with a line, when
-    ``cuda`` is false (default: whether torch sees a CUDA device). Returns the JSON of each suite."""
+    their JSON and ``headline.md`` into ``out_dir``, after each command (a run stopped early keeps
+    what finished); GPU commands are skipped, with a line, when ``cuda`` is false (default: whether
+    torch sees a CUDA device). Returns the JSON of each suite."""
     chosen = selected(only, suites)
     if cuda is None:
         import torch
@@ -103,31 +114,24 @@ def headline(out_dir: str, only: str | None = None, suites: Mapping[str, Suite] 
             continue
         if not suite.headline and only is not None:
             print(f"skip {suite.name}: no published table", flush=True)
-        runs = []
         for run in suite.headline:
             cmd = command(suite, run)
+            lines += [f"## {suite.name}: {suite.measures}", ""]
             if run.gpu and not cuda:
                 print(f"skip {suite.name} (GPU, no CUDA on this machine): {cmd}", flush=True)
-                lines += [f"## {suite.name}: {suite.measures}", "", f"`{cmd}`: skipped, no CUDA on this machine.", ""]
+                lines += [f"`{cmd}`: skipped, no CUDA on this machine.", ""]
                 continue
             print(f"run {cmd}", flush=True)
             if dry_run:
                 continue
-            runs.append(execute(suite, run))
-            r = runs[-1]
-            lines += [f"## {suite.name}: {suite.measures}", "",
-                      f"`{cmd}` (exit {r['returncode']}, {r['seconds']:.0f} s)", ""]
+            r = execute(suite, run)
+            written.setdefault(suite.name, dict(suite=suite.name, measures=suite.measures, runs=[]))["runs"].append(r)
+            lines += [f"`{cmd}` (exit {r['returncode']}, {r['seconds']:.0f} s)", ""]
             lines += markdown(r["result"]) if r["result"] is not None else ["No JSON written.", ""]
-        if runs:
-            written[suite.name] = dict(suite=suite.name, measures=suite.measures, runs=runs)
-    if dry_run:
-        return written
-    os.makedirs(out_dir, exist_ok=True)
-    for name, record in written.items():
-        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-            json.dump(record, f, indent=1)
-    with open(os.path.join(out_dir, "headline.md"), "w") as f:
-        f.write("\n".join(lines))
+            write(out_dir, written, lines)
+    if not dry_run:
+        write(out_dir, written, lines)
+        print(f"wrote {os.path.join(out_dir, 'headline.md')} and {len(written)} JSON files", flush=True)
     return written
 
 
