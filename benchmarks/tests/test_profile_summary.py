@@ -1,11 +1,12 @@
-"""``benchmarks.probes.profile_kernels --summary`` on a recorded Nsight Compute raw CSV (no GPU needed)."""
+"""``benchmarks.probes.profile_kernels --summary`` on a recorded Nsight Compute raw CSV (no GPU needed):
+``data/ncu_filter_forward_raw.csv``, ``ncu --page raw --csv`` over ``python -m benchmarks.probes.profile_kernels
+filter`` on an H200 (the filter's forward at (4096, 32768) and (1, 2^22), and a forward since removed)."""
 
 import os
 
 from benchmarks.probes import profile_kernels
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RAW = os.path.join(ROOT, "benchmarks", "results", "ncu_2026-11-30_h200_walks", "forward_raw.csv")
+RAW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "ncu_filter_forward_raw.csv")
 
 
 def test_summary_of_recorded_profile():
