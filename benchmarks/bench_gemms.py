@@ -6,7 +6,7 @@ rounded up to multiples of 64 and 256.
 
     python -m benchmarks run gemms --out gemms.json
 
-Each product is timed queued (:func:`benchmarks.bench_kla.timed`, ``--reps`` calls a group) and reported
+Each product is timed queued (:func:`benchmarks.common.timed`, ``--reps`` calls a group) and reported
 with its rate in TFLOP/s and the kernel cuBLAS ran (torch.profiler). The rows of a bf16 operand
 must start 16 bytes apart for the tensor-core kernels of sm_80 and later: a row of an odd number
 of elements does not.

@@ -34,7 +34,7 @@ scan also computing the output variance ``y_var`` and dropping it (as before the
 when not returned); ``kla_even``, the kernels without their bounds masks where the blocks are full
 (``KLAConfig.even``, off by default); ``kla@field=value+field=value``, the scan launched with those
 ``KLAConfig`` fields changed (``kla@bwd_per_sm=16+unroll=2``; values as
-:func:`benchmarks.probes.kla_pieces.overrides` reads them).
+:func:`benchmarks.common.overrides` reads them).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Host cost of the pieces of ``y``'s inf check on a small GPU call, beside the public call checked
-and not: host wall of one call followed by a synchronisation (``bench_api.alone_ms``), medians,
+and not: host wall of one call followed by a synchronisation (``benchmarks.common.alone_ms``), medians,
 microseconds.
 
     python -m benchmarks.probes.check_pieces [--T 2048] [--C 64]

@@ -1,6 +1,6 @@
 """The KLA scan's launch settings: forward and forward+backward times of ``kla_scan_triton``
 under several configurations at the model's two shapes (B=8, L=2048 and B=2, L=8192; M=1024, S=16,
-float32), queued (:func:`benchmarks.bench_kla.timed`), each configuration's outputs and gradients
+float32), queued (:func:`benchmarks.common.timed`), each configuration's outputs and gradients
 against the first's (float32 rounding only), and the forward's share of the FP32 rate measured at
 the start of the run (``bench_kla.FWD_FP32_OPS`` per state update, as ``kla_layouts``).
 
