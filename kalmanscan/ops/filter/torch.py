@@ -64,7 +64,7 @@ def filter(p: Problem) -> dict:
     var0 = p.init_var.expand(shape[:-2] + (1, shape[-1]))
     mu0 = (p.init_mean - mean[..., :1, :]).expand(var0.shape)
     P = associative_scan(mobius.compose, mobius.leaf(a, q, phi), dim=-2)
-    var = mobius.readout_var(P, reciprocal(var0))
+    var = mobius.propagate_var(P, var0)
     var_prev = torch.cat([var0, var[..., :-1, :]], -2)
     pred_var = a * a * var_prev + q
     G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=-2)
