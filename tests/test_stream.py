@@ -247,9 +247,9 @@ def test_errors_name_the_state():
         ks.StreamState(mean=np.zeros(3), var=np.ones(2))
     with pytest.raises(ValueError, match=r"state \(mean, var, level of shapes .*\) does not broadcast to \(2,\)"):
         ks.filter(y, state=ks.StreamState(mean=np.zeros(3), var=np.ones(3)), **kw)
-    with pytest.raises(ValueError, match="state.var must be > 0"):
+    with pytest.raises(ValueError, match="state.var must be >= 0"):
         ks.filter(y, state=ks.StreamState(mean=np.zeros(2), var=np.array([1.0, np.nan])), **kw)
-    with pytest.raises(ValueError, match="state.var must be > 0"):
+    with pytest.raises(ValueError, match="state.var must be >= 0"):
         ks.smooth(torch.zeros(4, 2), state=ks.StreamState(mean=torch.zeros(2), var=-torch.ones(2)), **kw)
     with pytest.raises(ValueError, match="state.mean - state.level must be finite"):
         ks.filter(y, state=ks.StreamState(mean=np.zeros(2), var=np.ones(2), level=np.inf), **kw)

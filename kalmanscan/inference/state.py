@@ -23,8 +23,9 @@ class StreamState:
 
     Attributes:
         mean: filtered mean ``(..., C)`` at the last step (uncentred, as ``post.mean``).
-        var: its variance ``(..., C)``, ``> 0``; ``inf`` where nothing was observed yet under a
-            diffuse prior (``init_var = inf``).
+        var: its variance ``(..., C)``, ``>= 0`` (0 a known state, which the filter reaches without
+            process noise); ``inf`` where nothing was observed yet under a diffuse prior
+            (``init_var = inf``).
         level: the OU mean level (the ``mean`` argument) at the last step, ``(..., C)``.
         time: the last step's time ``(..., 1)`` (float64) when the call had ``times``, else ``None``;
             a chunk given ``times`` must start after it.

@@ -43,7 +43,8 @@ from kalmanscan.problem.problem import Problem
 from kalmanscan.inference.posterior import Posterior
 from kalmanscan.inference.state import StreamState, last_state
 
-__all__ = ["StreamState", "as_prior", "naming_state", "continue_problem", "predict", "mark", "last_state"]
+__all__ = ["StreamState", "as_prior", "naming_state", "continue_problem", "known_state", "predict", "mark",
+           "last_state"]
 
 
 def as_prior(state: StreamState | Posterior, init_mean: Any, init_var: Any) -> tuple[StreamState, Any, Any]:
@@ -51,7 +52,12 @@ def as_prior(state: StreamState | Posterior, init_mean: Any, init_var: Any) -> t
     ``.state``) and its ``mean - level`` and ``var``, which :func:`kalmanscan.problem.prepare.prepare` then
     checks as the prior (values, shapes and the diffuse flag, with its one synchronisation; see
     :class:`naming_state`) before :func:`continue_problem` predicts them into the chunk.
-    ``ValueError`` naming ``state`` when ``init_mean`` or ``init_var`` is given too, or for another type."""
+    ``ValueError`` naming ``state`` when ``init_mean`` or ``init_var`` is given too, or for another type.
+
+    A state of variance 0 is a known state, which the filter reaches without process noise
+    (``sigma = 0``, the variance underflowing): ``prepare``'s rule for a prior is ``init_var > 0``,
+    so the variance handed to it is 1 there (:func:`known_state`), and :func:`continue_problem`
+    takes that 1 off again (exactly, and with the gradient of ``state.var`` unchanged)."""
     if init_mean is not None or init_var is not None:
         raise ValueError("state and init_mean/init_var exclude each other: the prior of a chunk that "
                          "continues a state is the state's prediction to the chunk's first step")
@@ -59,7 +65,7 @@ def as_prior(state: StreamState | Posterior, init_mean: Any, init_var: Any) -> t
         state = state.state
     if not isinstance(state, StreamState):
         raise ValueError(f"state must be a ks.StreamState or a ks.Posterior, got {type(state).__name__}")
-    return state, state.mean - state.level, state.var
+    return state, state.mean - state.level, state.var + (state.var == 0)
 
 
 class naming_state:
@@ -80,6 +86,8 @@ class naming_state:
             shapes = [tuple(np.shape(getattr(self.state, k))) for k in ("mean", "var", "level")]
             raise ValueError(f"state (mean, var, level of shapes {shapes}) does not broadcast to "
                              f"{message.rsplit(' does not broadcast to ', 1)[1]}") from None
+        if message.startswith("init_var must be > 0"):  # 0 is a known state (as_prior)
+            raise ValueError("state.var must be >= 0" + message[len("init_var must be > 0"):]) from None
         for prior, field in (("init_var", "state.var"), ("init_mean", "state.mean - state.level")):
             if message.startswith(prior):
                 raise ValueError(field + message[len(prior):]) from None
@@ -118,8 +126,24 @@ def continue_problem(p: Problem, state: StreamState) -> Problem:
         decay, noise = (x[..., :1, :] for x in p.decay_noise())
     else:
         decay, noise = ou.discretize(p.theta[..., :1, :], p.sigma[..., :1, :], dt0)
-    init_mean, init_var = predict(p.mean[..., :1, :], decay, noise, p.init_mean, p.init_var, p.diffuse)
+    var = p.init_var - known_state(state.var, p.init_var)  # as_prior handed prepare 1 for a known state
+    init_mean, init_var = predict(p.mean[..., :1, :], decay, noise, p.init_mean, var, p.diffuse)
     return dataclasses.replace(p, init_mean=init_mean, init_var=init_var)
+
+
+def known_state(var: Any, like: torch.Tensor) -> torch.Tensor | float:
+    """1 where the state's variance ``var`` ``(..., C)`` is 0 (a known state), else 0, shaped as the
+    prior ``like`` ``(..., 1, C)`` and on its device, in its dtype (0.0 when no NumPy or Python
+    variance is 0: no operation for the common state)."""
+    if isinstance(var, torch.Tensor):
+        zero = var.detach() == 0
+    else:
+        zero = np.asarray(var) == 0
+        if not zero.any():
+            return 0.0
+        zero = torch.as_tensor(zero)
+    zero = zero.to(device=like.device, dtype=like.dtype)
+    return zero.reshape(1, 1) if zero.ndim == 0 else zero.unsqueeze(-2)
 
 
 def predict(level: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor, deviation: torch.Tensor,

@@ -68,19 +68,45 @@ def filter(p: Problem) -> dict:
 
 def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` by the RTS recursion as a
-    sequential float64 NumPy loop: the oracle of every backend's ``smooth``."""
+    sequential float64 NumPy loop: the oracle of every backend's ``smooth``.
+
+    The variance is carried as the ratio ``rho_t = var_s_t / var_t`` in ``[0, 1]``, so that no step
+    subtracts: with ``J_t = a_{t+1} var_t / pred_var_{t+1}``, the textbook ``var_s_t = var_t + J_t^2
+    (var_s_{t+1} - pred_var_{t+1})`` is, exactly,
+
+        rho_t = k_t + c_t g_{t+1} rho_{t+1},   rho_{T-1} = 1,   var_s_t = var_t rho_t
+        k_t = q_{t+1} / pred_var_{t+1},   c_t = a_{t+1}^2 var_t / pred_var_{t+1} = 1 - k_t,
+        g_{t+1} = var_{t+1} / pred_var_{t+1}
+
+    (``g`` in ``[0, 1]`` is the share of the predicted variance left by the update; ``c`` formed as
+    ``1 - k`` is exactly 1 without process noise, where a subnormal ``pred_var`` would round the
+    quotient).
+    Each term is a product of non-negative factors, so the relative error of ``var_s`` grows by a
+    few ulps a step whatever the conditioning (the textbook difference loses up to all its digits),
+    and nothing over- or underflows beyond ``var_t`` itself. A predicted variance of exactly 0 (no
+    process noise, ``a^2 var_t`` 0 or below the range) is read as its limit: the next state is
+    ``a x_t``, so ``c = 1`` where ``a > 0`` and ``c = 0`` where ``a = 0`` (the next state says
+    nothing of this one), ``g = 1``, and ``J = 0``: the next step's update and correction are 0
+    (its variance is 0), and the exact correction is of the order of ``a var_t h^2 / obs_var``.
+    The mean is the textbook ``mean_s_t = mean_t + J_t (mean_s_{t+1} - pred_mean_{t+1})``."""
     g = {k: v.detach().cpu().double().numpy() for k, v in f.items()}
     mean_param = mean_param.detach().cpu().double().numpy()
     mu, var = g["mean"] - mean_param, g["var"]
     mu_s, var_s = mu.copy(), var.copy()
-    with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 without process noise: smooth() raises
+    rho = np.ones(var.shape[:-2] + var.shape[-1:])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # the branches np.where drops
         for t in range(mu.shape[-2] - 2, -1, -1):
-            a, pv = g["decay"][..., t + 1, :], g["pred_var"][..., t + 1, :]
-            J = a * var[..., t, :] / pv
+            a, q, v = g["decay"][..., t + 1, :], g["noise"][..., t + 1, :], var[..., t, :]
+            pv, v_next = g["pred_var"][..., t + 1, :], var[..., t + 1, :]
+            known = pv > 0
+            J = np.where(known, a * v / pv, 0.0)
+            moves = (a > 0).astype(np.float64)
+            k = np.where(known, q / pv, 1.0 - moves)
+            c = np.where(known, 1.0 - k, moves)
+            rho = k + c * np.where(known, v_next / pv, 1.0) * rho
+            var_s[..., t, :] = v * rho
             pred_next = g["pred_mean"][..., t + 1, :] - mean_param[..., t + 1, :]
             mu_s[..., t, :] = mu[..., t, :] + J * (mu_s[..., t + 1, :] - pred_next)
-            var_s[..., t, :] = var[..., t, :] + J * J * (var_s[..., t + 1, :] - pv)
     dev, dtype = f["mean"].device, f["mean"].dtype
     mean_s, var_s = (torch.as_tensor(x, device=dev).to(dtype) for x in (mu_s + mean_param, var_s))
     return mean_s, var_s, 1.0 / var_s
-

@@ -20,7 +20,8 @@ from kalmanscan.model.reciprocal import reciprocal
 from kalmanscan.problem.problem import Problem
 from kalmanscan.model.scan import associative_scan
 
-__all__ = ["compact", "filter", "smooth", "summary", "finish", "gain_terms", "first_step_identity", "adjoint_to"]
+__all__ = ["compact", "filter", "smooth", "summary", "finish", "gain_terms", "rts_gains", "first_step_identity",
+           "adjoint_to"]
 
 
 def first_step_identity(x: torch.Tensor, value: float) -> torch.Tensor:
@@ -64,20 +65,23 @@ def filter(p: Problem) -> dict:
     var0 = p.init_var.expand(shape[:-2] + (1, shape[-1]))
     mu0 = (p.init_mean - mean[..., :1, :]).expand(var0.shape)
     P = associative_scan(mobius.compose, mobius.leaf(a, q, phi), dim=-2)
-    var = mobius.propagate_var(P, var0)
+    var = mobius.propagate_var(P, var0)  # from the variance: a known state (var0 = 0) has no finite precision
     var_prev = torch.cat([var0, var[..., :-1, :]], -2)
     pred_var = a * a * var_prev + q
     G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=-2)
     mu_c = G * mu0 + W
     pred_mu_c = a * torch.cat([mu0, mu_c[..., :-1, :]], -2)
-    return finish(p, mu_c, reciprocal(var), pred_mu_c, pred_var, missing, decay, noise)
+    return finish(p, mu_c, reciprocal(var), pred_mu_c, pred_var, missing, decay, noise, var=var)
 
 
 def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.Tensor, pred_var: torch.Tensor,
-           missing: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor) -> dict[str, torch.Tensor]:
+           missing: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor,
+           var: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Add the offsets, the predictive law of y and log-likelihoods to centred filter moments.
 
-    ``mu_c`` and ``pred_mu_c`` are centred (``x - mean``); ``lam`` is the filtered precision.
+    ``mu_c`` and ``pred_mu_c`` are centred (``x - mean``); ``lam`` is the filtered precision and
+    ``var`` the filtered variance where the backend carries it (``None``: ``1 / lam``), reported
+    as it is: a subnormal variance has no finite precision, and ``1 / (1 / var)`` would be 0.
     Shared by the torch and triton backends so both report identical derived quantities. Only the
     fields of ``p.outputs`` (all when ``None``) are formed, with ``decay`` and ``noise``: a
     log-likelihood alone (:mod:`kalmanscan.estimation.likelihood`) costs no full-size operation for the rest.
@@ -89,7 +93,7 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
     if every or "mean" in wanted:
         out["mean"] = mu_c + mean
     if every or "var" in wanted:
-        out["var"] = reciprocal(lam)
+        out["var"] = reciprocal(lam) if var is None else var
     if every or "precision" in wanted:
         out["precision"] = lam
     if every or "pred_mean" in wanted:
@@ -116,26 +120,66 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
 def gain_terms(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``(mu, J, bm, bv)`` of the RTS recursion from the filter's tensors ``f``: the centred
     filtered mean, the gains ``J_t = a_{t+1} var_t / pred_var_{t+1}`` and the offsets of the mean
-    and variance recursions (``(..., T - 1, C)``; see :mod:`kalmanscan.inference.smoothing`)."""
+    and variance recursions (``(..., T - 1, C)``; see :mod:`kalmanscan.inference.smoothing`), with
+    a predicted variance of 0 read as its limit (:func:`rts_gains`)."""
     mu = f["mean"] - mean_param
     pred_mu = f["pred_mean"] - mean_param
     a_next, q_next, pv_next = (x[..., 1:, :] for x in (f["decay"], f["noise"], f["pred_var"]))
-    J = a_next * f["var"][..., :-1, :] / pv_next
+    var = f["var"][..., :-1, :]
+    J, k, _ = rts_gains(a_next, q_next, var, pv_next)
     bm = mu[..., :-1, :] - J * pred_mu[..., 1:, :]
-    bv = f["var"][..., :-1, :] / pv_next * q_next  # a ratio times q: no product of two variances
-    return mu, J, bm, bv
+    return mu, J, bm, var * k
+
+
+def rts_gains(a: torch.Tensor, q: torch.Tensor, var: torch.Tensor,
+              pred_var: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(J, k, c)`` of one RTS step from the filtered ``var`` at ``t`` and the transition into
+    ``t + 1`` (decay ``a``, noise ``q``, ``pred_var = a^2 var + q``): the gain ``J = a var /
+    pred_var`` and the shares ``k = q / pred_var``, ``c = a^2 var / pred_var = a J`` (``k + c = 1``
+    where ``pred_var`` is the filter's), ``c`` formed as 1 without process noise, where a subnormal
+    ``pred_var`` would round ``a J`` (as functions of free inputs the gradients are the textbook
+    form's wherever ``q > 0``).
+
+    A predicted variance of 0 (no process noise and ``a^2 var`` 0 or below the floating-point
+    range) is read as its limit: the next state is ``a x_t`` exactly, so ``c = 1, k = 0`` where
+    ``a > 0`` and ``c = 0, k = 1`` where ``a = 0`` (the next state says nothing of this one). The
+    gain is then 0: the next step's update and smoothing correction are exactly 0 (its variance
+    is 0), and the exact correction ``J (mean_s_{t+1} - pred_mean_{t+1})`` is of the order of
+    ``a var_t h^2 / obs_var``, below the range, where ``J = 1 / a`` itself may not be. The
+    quotients take safe denominators, so no branch left out puts a NaN in the gradient."""
+    known = pred_var > 0
+    pv = torch.where(known, pred_var, torch.ones_like(pred_var))
+    J = torch.where(known, a * var / pv, torch.zeros_like(pv))
+    k = torch.where(known, q / pv, (a <= 0).to(J.dtype))
+    return J, k, torch.where(known & (q > 0), a * J, 1.0 - k)
 
 
 def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` (each ``(..., T, C)``)
     by two reverse affine scans; differentiable by autograd. The contract of every backend's
-    ``smooth`` (:mod:`kalmanscan.ops.filter`)."""
-    mu, J, bm, bv = gain_terms(f, mean_param)
+    ``smooth`` (:mod:`kalmanscan.ops.filter`).
+
+    The mean is ``mean_s_t = J_t mean_s_{t+1} + (mean_t - J_t pred_mean_{t+1})``. The variance is
+    scanned as the ratio ``rho_t = var_s_t / var_t = k_t + c_t g_{t+1} rho_{t+1}`` (``rho_{T-1} =
+    1``, ``g_{t+1} = var_{t+1} / pred_var_{t+1}``; :func:`rts_gains`), which is
+    the textbook ``var_s_t = var_t + J_t^2 (var_s_{t+1} - pred_var_{t+1})`` rearranged: its gains
+    and offsets lie in ``[0, 1]``, so the scan neither cancels nor leaves the range (``J^2`` is
+    ``1 / a^2`` without process noise), and ``var_s = var rho`` is exact where the predicted
+    variance is subnormal or 0. There ``g`` is 1: its exact value ``1 / (1 + h^2 pred_var /
+    obs_var)`` is 1 to within ``h^2 pred_var / obs_var`` (below the dtype's resolution unless
+    ``obs_var`` is itself near the bottom of the range), where the quotient of two subnormals
+    would have lost digits."""
+    mu, J, bm, _ = gain_terms(f, mean_param)
     last = (torch.zeros_like(mu[..., -1:, :]), mu[..., -1:, :])
     elems = (torch.cat([J, last[0]], -2), torch.cat([bm, last[1]], -2))
     _, mu_s = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
-    elems = (torch.cat([J * J, last[0]], -2), torch.cat([bv, f["var"][..., -1:, :]], -2))
-    _, var_s = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
+    var, pred_var = f["var"], f["pred_var"][..., 1:, :]
+    _, k, c = rts_gains(f["decay"][..., 1:, :], f["noise"][..., 1:, :], var[..., :-1, :], pred_var)
+    normal = pred_var >= torch.finfo(pred_var.dtype).tiny
+    g = torch.where(normal, var[..., 1:, :] / torch.where(normal, pred_var, torch.ones_like(pred_var)), 1.0)
+    elems = (torch.cat([c * g, last[0]], -2), torch.cat([k, torch.ones_like(last[0])], -2))
+    _, rho = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
+    var_s = var * rho
     return mu_s + mean_param, var_s, reciprocal(var_s)
 
 

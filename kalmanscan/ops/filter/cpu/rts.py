@@ -23,15 +23,20 @@ def rts_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarr
     ``mean_s_t = mean_t + J_t (mean_s_{t+1} - pred_mean_{t+1})`` (the OU mean cancels: it is the
     centred recursion of :mod:`kalmanscan.inference.smoothing` with the offsets added back) and ``var_s_t =
     J_t^2 var_s_{t+1} + var_t q_{t+1} / pred_var_{t+1}``, ``J_t = a_{t+1} var_t / pred_var_{t+1}``.
-    The second term is formed as ``(var_t / pred_var_{t+1}) q_{t+1}``, a ratio times a variance:
-    ``var_t q_{t+1}`` would leave the dtype's range for variances past the square root of its
-    largest (or below that of its smallest normal) number; the adjoint keeps the same order.
+    The variance is carried as the ratio ``rho_t = var_s_t / var_t = k_t + c_t g_{t+1} rho_{t+1}``
+    (``k = q_{t+1} / pred_var_{t+1}``, ``c = a_{t+1} J_t``, 1 where ``q = 0``, ``g_{t+1} = var_{t+1} /
+    pred_var_{t+1}``), the
+    same function rearranged as :func:`kalmanscan.ops.filter.torch.smooth` scans it: ratios only,
+    so no product of two variances leaves the dtype's range, and a predicted variance of 0 (no
+    process noise) is read as its limit (:func:`kalmanscan.ops.filter.torch.rts_gains`: ``J = 0``,
+    ``c = 1`` where ``a > 0``, ``c = 0`` where ``a = 0``, ``g = 1``). The adjoint differentiates the
+    textbook form: the same function of the inputs wherever ``q > 0``.
     """
     mean_, var_, pmean_, pvar_, decay_, noise_ = ins
     o_mean, o_var, o_prec = outs
     t_mean, t_var, t_pmean, t_pvar = tstride[S_MEAN], tstride[S_VAR], tstride[S_PMEAN], tstride[S_PVAR]
     t_decay, t_noise = tstride[S_DECAY], tstride[S_NOISE]
-    one = k[ONE]
+    one, zero = k[ONE], k[ZERO]
     N = boff.shape[0] * C
     for task in prange((N + W - 1) // W):
         s0 = task * W
@@ -39,6 +44,7 @@ def rts_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarr
         base, obase = lanes(boff, cstride, s0, n, T, C)
         ms = np.empty(n, k.dtype)
         vs = np.empty(n, k.dtype)
+        rho = np.empty(n, k.dtype)
         for t in range(T - 1, -1, -1):
             for j in range(n):
                 o = obase[j] + t * C
@@ -47,15 +53,26 @@ def rts_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarr
                 if t == T - 1:
                     ms[j] = mu
                     vs[j] = v
+                    rho[j] = one
                 else:
                     t1 = t + 1
                     a = decay_[base[S_DECAY, j] + t1 * t_decay]
                     q = noise_[base[S_NOISE, j] + t1 * t_noise]
                     pv = pvar_[base[S_PVAR, j] + t1 * t_pvar]
                     pm = pmean_[base[S_PMEAN, j] + t1 * t_pmean]
-                    J = a * v / pv
+                    if pv > zero:
+                        J = a * v / pv
+                        share = q / pv
+                        c = a * J if q > zero else one
+                        g = var_[base[S_VAR, j] + t1 * t_var] / pv
+                    else:
+                        J = zero
+                        c = one if a > zero else zero
+                        share = one - c
+                        g = one
                     ms[j] = mu + J * (ms[j] - pm)
-                    vs[j] = J * J * vs[j] + v / pv * q
+                    rho[j] = share + c * g * rho[j]
+                    vs[j] = v * rho[j]
                 o_mean[o] = ms[j]
                 o_var[o] = vs[j]
                 o_prec[o] = one / vs[j]

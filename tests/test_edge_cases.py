@@ -1,0 +1,176 @@
+"""Regression tests of the edge cases a differential test found (tests/test_differential.py):
+states and predictions of variance exactly 0, subnormal predicted variances, and the reference
+smoother checked against the 60-digit oracle (tests/oracle.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import oracle
+import pytest
+import torch
+
+import kalmanscan as ks
+
+BACKENDS = ("cpu", "torch", "reference")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stream_continues_from_a_prediction_of_variance_zero(backend):
+    # sigma = 0 and decay exp(-1000) = 0: the prior of the second chunk has variance exactly 0
+    y = np.array([[0.5], [1.0], [-0.3]])
+    kw = dict(theta=1e3, sigma=0.0, obs_var=1.0, backend=backend)
+    first = ks.filter(y[:1], init_var=1.0, **kw)
+    later = ks.filter(y[1:], state=first, **kw)
+    whole = ks.filter(y, init_var=1.0, **kw)
+    np.testing.assert_array_equal(later.var[:, 0], [0.0, 0.0])
+    np.testing.assert_allclose(later.loglik, [-2.38287707], rtol=1e-8)
+    np.testing.assert_allclose(first.loglik + later.loglik, whole.loglik, rtol=1e-15)
+    np.testing.assert_array_equal(later.mean, whole.mean[1:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_channel_without_noise_beside_a_diffuse_channel_with_gaps(backend):
+    y = np.array([[0.0, np.nan], [0.0, 1.0], [0.0, np.nan]])
+    post = ks.filter(y, theta=np.array([1e3, 1.0]), sigma=np.array([0.0, 1.0]), obs_var=1.0,
+                     init_var=np.array([1.0, np.inf]), backend=backend)
+    np.testing.assert_array_equal(post.var[:, 0], [0.5, 0.0, 0.0])
+    assert not np.isnan(post.mean).any() and not np.isnan(post.loglik).any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_smoother_through_a_subnormal_predicted_variance(backend):
+    # decay exp(-353): the predicted variance a^2 var_0 = 2.4e-310 is subnormal, and the next step
+    # has no process noise; the smoothed variance at 0 is the filtered one to 1e-300 relative
+    kw = dict(theta=1.0, sigma=np.array([[1.0], [0.0]]), obs_var=1e-3, init_var=1.0, times=np.array([0.0, 353.0]))
+    post = ks.smooth(np.array([[0.5], [1.0]]), backend=backend, **kw)
+    decay, noise = ks.ou.discretize(1.0, kw["sigma"], np.array([[1.0], [353.0]]))
+    truth = oracle.smooth(np.array([[0.5], [1.0]]), decay, noise, 1e-3, 1.0, 0.0, 0.0, 1.0)
+    np.testing.assert_allclose(post.var[0], truth["smooth_var"][0], rtol=1e-12)
+    np.testing.assert_allclose(post.var[0], 1e-3 / 1.001, rtol=1e-12)
+    np.testing.assert_allclose(post.filtered.var[1], truth["var"][1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_of_variance_zero_is_accepted(backend):
+    # without process noise the filtered variance reaches 0 (decay underflows); its state continues
+    y = np.array([[0.5], [1.0], [-0.3], [0.2]])
+    kw = dict(theta=1e3, sigma=0.0, obs_var=1.0, backend=backend)
+    first = ks.filter(y[:2], init_var=1.0, **kw)
+    assert first.state.var[0] == 0.0
+    later = ks.filter(y[2:], state=first, **kw)
+    whole = ks.filter(y, init_var=1.0, **kw)
+    np.testing.assert_array_equal(later.var, whole.var[2:])
+    np.testing.assert_array_equal(later.mean, whole.mean[2:])
+    np.testing.assert_allclose(first.loglik + later.loglik, whole.loglik, rtol=1e-15)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_smoother_of_a_stream_continued_from_a_known_state(backend):
+    y = np.array([[0.5], [1.0], [-0.3], [0.2]])
+    kw = dict(theta=1e3, sigma=0.0, obs_var=1.0, backend=backend)
+    first = ks.filter(y[:2], init_var=1.0, **kw)
+    smoothed = ks.smooth(y[2:], state=first, **kw)
+    np.testing.assert_array_equal(smoothed.var, [[0.0], [0.0]])
+    np.testing.assert_array_equal(smoothed.mean, [[0.0], [0.0]])  # decay 0: the OU mean, known
+
+
+def test_known_state_keeps_its_gradient():
+    # d loglik / d state.var through a variance of 0: the prediction's decay^2 times the
+    # gradient with respect to the chunk's prior variance
+    y = torch.tensor([[0.7], [-0.2]], dtype=torch.float64)
+    var = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    state = ks.StreamState(mean=torch.tensor([0.3], dtype=torch.float64), var=var)
+    post = ks.filter(y, theta=0.5, sigma=0.0, obs_var=1.0, backend="torch", state=state)
+    post.loglik.sum().backward()
+    decay = np.exp(-0.5)
+    init_var = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    direct = ks.filter(y, theta=0.5, sigma=0.0, obs_var=1.0, backend="torch",
+                       init_mean=torch.tensor([0.3 * decay], dtype=torch.float64), init_var=init_var + 1e-300)
+    direct.loglik.sum().backward()
+    np.testing.assert_allclose(var.grad.numpy(), decay**2 * init_var.grad.numpy(), rtol=1e-12)
+
+
+def test_negative_state_variance_names_the_state():
+    with pytest.raises(ValueError, match=r"state.var must be >= 0"):
+        ks.filter(np.zeros((3, 1)), theta=1.0, sigma=1.0, obs_var=1.0,
+                  state=ks.StreamState(mean=np.zeros(1), var=-np.ones(1)))
+    with pytest.raises(ValueError, match=r"state.var must be >= 0"):
+        ks.filter(np.zeros((3, 1)), theta=1.0, sigma=1.0, obs_var=1.0,
+                  state=ks.StreamState(mean=np.zeros(1), var=np.array([np.nan])))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_process_noise_alike_on_every_backend(backend):
+    # sigma = 0 on one channel, from a stationary channel beside it: the filter and a stream
+    # continued at every split equal the reference (and the oracle)
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=(7, 2))
+    y[2, 0] = np.nan
+    kw = dict(theta=np.array([0.8, 0.3]), sigma=np.array([0.0, 1.0]), obs_var=np.array([0.5, 2.0]),
+              init_var=np.array([2.0, 1.5]))
+    decay, noise = ks.ou.discretize(kw["theta"], kw["sigma"], 1.0)
+    truth = oracle.filter(y, decay, noise, kw["obs_var"], 1.0, 0.0, 0.0, kw["init_var"])
+    whole = ks.filter(y, backend=backend, **kw)
+    np.testing.assert_allclose(whole.var, truth["var"], rtol=1e-13)
+    np.testing.assert_allclose(whole.mean, truth["mean"], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(whole.loglik, truth["loglik"], rtol=1e-13)
+    for split in range(1, 7):
+        first = ks.filter(y[:split], backend=backend, **kw)
+        later = ks.filter(y[split:], backend=backend, state=first, **{k: kw[k] for k in ("theta", "sigma", "obs_var")})
+        np.testing.assert_allclose(later.var, truth["var"][split:], rtol=1e-13)
+        np.testing.assert_allclose(first.loglik + later.loglik, truth["loglik"], rtol=1e-13)
+
+
+def _random_smoothing_problem(rng, T, C):
+    y = rng.normal(size=(T, C))
+    y[rng.random((T, C)) < 0.2] = np.nan
+    theta = 10.0 ** rng.uniform(-2, 2, (T, C))
+    sigma = 10.0 ** rng.uniform(-2, 1, (T, C))
+    sigma[:, 0] = 0.0
+    kw = dict(theta=theta, sigma=sigma, obs_var=10.0 ** rng.uniform(-3, 2, (T, C)), h=rng.uniform(0.5, 2.0, (T, C)),
+              mean=rng.normal(size=(T, C)), dt=rng.uniform(0.1, 3.0, (T, 1)), init_mean=rng.normal(size=C),
+              init_var=rng.uniform(0.1, 3.0, C))
+    return y, kw
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("T", [1, 2, 63])
+def test_reference_smoother_is_exact(seed, T):
+    # the reference's smoothed variance within a few ulps a step of the 60-digit oracle
+    y, kw = _random_smoothing_problem(np.random.default_rng(seed), T, 3)
+    decay, noise = ks.ou.discretize(kw["theta"], kw["sigma"], kw["dt"])
+    truth = oracle.smooth(y, decay, noise, kw["obs_var"], kw["h"], kw["mean"], kw["init_mean"], kw["init_var"])
+    post = ks.smooth(y, backend="reference", **kw)
+    np.testing.assert_allclose(post.var, truth["smooth_var"], rtol=64 * T * 2.2e-16, atol=1e-300)
+    np.testing.assert_allclose(post.filtered.var, truth["var"], rtol=8 * T * 2.2e-16, atol=1e-300)
+    np.testing.assert_allclose(post.loglik, truth["loglik"], rtol=1e-13)
+
+
+def test_reference_smoother_where_the_textbook_form_cancels():
+    # a weak observation, then a strong one after little process noise (1e-8): var_s_0 is 1e-8 of
+    # var_0, and the textbook var_0 + J^2 (var_s_1 - pred_var_1) kept 6 digits of it (5.9e-10)
+    y = np.array([[0.3], [1.0], [0.2]])
+    kw = dict(theta=1e-3, sigma=1e-4, obs_var=np.array([[1e6], [1e-12], [1e6]]), init_var=1.0)
+    decay, noise = ks.ou.discretize(1e-3, 1e-4, 1.0)
+    truth = oracle.smooth(y, decay, noise, kw["obs_var"], 1.0, 0.0, 0.0, 1.0)
+    for backend in BACKENDS:
+        post = ks.smooth(y, backend=backend, **kw)
+        np.testing.assert_allclose(post.var, truth["smooth_var"], rtol=1e-13, err_msg=backend)
+
+
+@pytest.fixture(scope="module")
+def long_without_noise():
+    """2000 steps without process noise, where the filtered variance underflows to 0 (at about
+    step 350 on channel 0), and the oracle's smoother of them."""
+    y = np.random.default_rng(8).normal(size=(2000, 2))
+    kw = dict(theta=np.array([1.0, 0.3]), sigma=0.0, obs_var=0.7, init_var=2.0)
+    decay, noise = ks.ou.discretize(kw["theta"], 0.0, 1.0)
+    return y, kw, oracle.smooth(y, decay, noise, 0.7, 1.0, 0.0, 0.0, 2.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_series_without_process_noise_smooths(backend, long_without_noise):
+    y, kw, truth = long_without_noise
+    post = ks.smooth(y, backend=backend, **kw)
+    np.testing.assert_allclose(post.var, truth["smooth_var"], rtol=1e-12, atol=np.finfo(np.float64).tiny)
+    np.testing.assert_allclose(post.mean, truth["smooth_mean"], rtol=0, atol=1e-13)
