@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["generate", "next_token", "rms_norm_step", "takes_out", "copy_state"]
+from kalmanscan.ops.block import add_rms_norm, silu_mul
+
+__all__ = ["generate", "next_token", "rms_norm_step", "mixer_step", "copy_state", "residual_norm", "mlp_step"]
 
 
 def rms_norm_step(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -35,17 +37,37 @@ def _step_takes_out(cls: type) -> bool:
     return "out" in inspect.signature(cls.step).parameters
 
 
-def takes_out(mixer: nn.Module) -> bool:
-    """Whether ``mixer.step`` takes ``out=`` (writes its new state into given tensors)."""
-    return _step_takes_out(type(mixer))
-
-
 def copy_state(out: Any, new: Any) -> Any:
     """``new`` (a tuple or named tuple of a layer's state) with each tensor copied into the tensor
     of ``out`` in its place; other entries are ``new``'s."""
     leaves = [dst.copy_(src) if isinstance(dst, torch.Tensor) and dst is not src else
               (dst if isinstance(dst, torch.Tensor) else src) for dst, src in zip(out, new)]
     return type(new)(*leaves) if hasattr(new, "_fields") else type(new)(leaves)
+
+
+def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state: Any, out: Any = None) -> tuple[torch.Tensor, Any]:
+    """``mixer.step(x_t, state)`` writing the new state into ``out``: passed on to a mixer whose step
+    takes ``out=``, else the new state's tensors copied into it (:func:`copy_state`)."""
+    if out is None:
+        return mixer.step(x_t, state)
+    if _step_takes_out(type(mixer)):
+        return mixer.step(x_t, state, out=out)
+    y, state = mixer.step(x_t, state)
+    return y, copy_state(out, state)
+
+
+def residual_norm(x: torch.Tensor, y: torch.Tensor, norm: nn.Module, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, norm(s))`` for the residual sum ``s = x + y``: one kernel with ``fused``
+    (:func:`kalmanscan.ops.block.add_rms_norm`)."""
+    if fused:
+        return add_rms_norm(x, y, norm.weight, norm.eps)
+    s = x + y
+    return s, rms_norm_step(norm, s)
+
+
+def mlp_step(mlp: nn.Module, h: torch.Tensor, fused: bool) -> torch.Tensor:
+    """``mlp(h)`` for a :class:`kalmanscan.nn.SwiGLU`, its product one kernel with ``fused``."""
+    return mlp.w_out(silu_mul(mlp.w_in(h))) if fused else mlp(h)
 
 
 def _contiguous(state: list) -> list:

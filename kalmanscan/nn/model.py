@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kalmanscan.nn.common import RMSNorm
-from kalmanscan.nn.generate import copy_state, generate, rms_norm_step, takes_out
+from kalmanscan.nn.generate import generate, mixer_step, mlp_step, residual_norm, rms_norm_step
 from kalmanscan.nn.init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
 from kalmanscan.nn.mixers import MIXERS
 from kalmanscan.ops.kla.documents import validate_cu_seqlens
@@ -83,19 +83,26 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x)), state
 
     def step(self, x_t: torch.Tensor, state: Any, out: Any = None) -> tuple[torch.Tensor, Any]:
-        """One token, x_t (B, D); ``out``: the state to write the new one into (see
-        :meth:`SequenceModel.step`). The norms are one fused operation each where the weight has
-        the input's dtype (``F.rms_norm``, the same arithmetic as :class:`RMSNorm`)."""
-        h = rms_norm_step(self.mixer_norm, x_t)
-        if out is None:
-            y, state = self.mixer.step(h, state)
-        elif takes_out(self.mixer):
-            y, state = self.mixer.step(h, state, out=out)
-        else:
-            y, state = self.mixer.step(h, state)
-            state = copy_state(out, state)
-        x_t = x_t + y
-        return x_t + self.mlp(rms_norm_step(self.mlp_norm, x_t)), state
+        """One token, x_t (B, D) -> ``(x_t, state)``; ``out``: the state to write the new one into
+        (see :meth:`SequenceModel.step`)."""
+        x_t, _, state = self.decode_step(x_t, rms_norm_step(self.mixer_norm, x_t), state, out)
+        return x_t, state
+
+    def decode_step(self, x_t: torch.Tensor, h: torch.Tensor, state: Any, out: Any = None,
+                    next_norm: RMSNorm | None = None, fused: bool = False) -> tuple[torch.Tensor, Any, Any]:
+        """One token given the residual stream ``x_t`` (B, D) and its mixer norm ``h``: ``(x_t, h_next,
+        state)`` with ``h_next = next_norm(x_t)`` (``None`` without ``next_norm``).
+
+        With ``fused`` each residual sum and the norm after it are one kernel, and so is the
+        SwiGLU product (:mod:`kalmanscan.ops.block`); otherwise the norms are ``F.rms_norm`` where
+        the weight has the input's dtype (the arithmetic of :class:`RMSNorm`)."""
+        y, state = mixer_step(self.mixer, h, state, out)
+        x_t, h = residual_norm(x_t, y, self.mlp_norm, fused)
+        y = mlp_step(self.mlp, h, fused)
+        if next_norm is None:
+            return x_t + y, None, state
+        x_t, h = residual_norm(x_t, y, next_norm, fused)
+        return x_t, h, state
 
 
 def _accepted(constructor, kwargs: dict) -> dict:
@@ -212,7 +219,8 @@ class SequenceModel(nn.Module):
         logits = self.head(self.norm(x))
         return logits if state is None else (logits, new_state)
 
-    def step(self, token: torch.Tensor, state: list, *, out: list | None = None) -> tuple[torch.Tensor, list]:
+    def step(self, token: torch.Tensor, state: list, *, out: list | None = None,
+             fused: bool | None = None) -> tuple[torch.Tensor, list]:
         """One decoding step: token (B,) int -> ``(logits (B, vocab_size), state)``.
 
         ``out``: a list of layer states to write the new ones into (``out=state``: the state
@@ -220,17 +228,27 @@ class SequenceModel(nn.Module):
         for the others the new state's tensors are copied into it. With ``out=state`` the step
         keeps every tensor of the state where it is, so that it can be captured in a CUDA graph
         and replayed (:meth:`generate`); gradients are not recorded that way.
+
+        ``fused``: each residual sum with the norm after it, and each SwiGLU product, as one
+        kernel (:meth:`Block.decode_step`; not differentiable). Default: on CUDA below float64
+        when no gradient is recorded; ``True`` runs the kernels anywhere (on the CPU through
+        Triton's interpreter).
         """
         if token.ndim != 1:
             raise ValueError(f"token must have shape (B,), got {tuple(token.shape)}")
         self._check_state(state)
         self._check_state(out)
         x = self.embedding(token)
+        if fused is None:
+            recording = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+            fused = x.is_cuda and x.dtype != torch.float64 and not recording
+        h = rms_norm_step(self.blocks[0].mixer_norm, x)
         new_state = []
         for i, (block, s) in enumerate(zip(self.blocks, state)):
-            x, s = block.step(x, s, None if out is None else out[i])
+            next_norm = self.blocks[i + 1].mixer_norm if i + 1 < len(self.blocks) else self.norm
+            x, h, s = block.decode_step(x, h, s, None if out is None else out[i], next_norm, fused)
             new_state.append(s)
-        return self.head(rms_norm_step(self.norm, x)), new_state
+        return self.head(h), new_state
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,

@@ -11,7 +11,10 @@ import torch
 
 from helpers import KERNEL_DEVICE, random_kla
 from kalmanscan.nn import SequenceModel
+from kalmanscan.nn.common import RMSNorm
+from kalmanscan.nn.model import SwiGLU
 from kalmanscan.nn.baselines.attention import CausalAttention
+from kalmanscan.ops.block import add_rms_norm, silu_mul
 from kalmanscan.ops.kla.step import conv_step, kla_decode_step
 
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -221,6 +224,47 @@ def test_model_step_in_place_equals_forward(mix):
             l_t, _ = model.step(tokens[:, t], state, out=state)
             steps.append(l_t)
     torch.testing.assert_close(torch.stack(steps, 1), logits, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_kernels_equal_the_modules(dtype):
+    """The residual sum with its RMSNorm, and the SwiGLU product, as one kernel each (through the
+    interpreter on the CPU) against the modules; odd widths (not powers of two)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 37, dtype=dtype), torch.randn(3, 37, dtype=dtype)
+    norm = RMSNorm(37, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.normal_()
+    s, h = add_rms_norm(x, y, norm.weight, norm.eps)
+    # bf16: one rounding apart (Triton's interpreter rounds float32 to bf16 towards zero)
+    tol = FLOAT32_TOL if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-5)
+    exact = dict(rtol=0, atol=0) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(s, x + y, **exact)
+    torch.testing.assert_close(h, norm(x + y), **tol)
+    mlp = SwiGLU(24, multiple_of=1, dtype=dtype)                 # hidden width 64
+    gate_up = mlp.w_in(torch.randn(3, 24, dtype=dtype)).detach()
+    gate, up = gate_up.chunk(2, -1)
+    torch.testing.assert_close(silu_mul(gate_up), torch.nn.functional.silu(gate) * up, **tol)
+    with pytest.raises(ValueError, match="gate_up"):
+        silu_mul(gate_up[:, :-1])
+
+
+def test_fused_model_step_equals_unfused():
+    """A KLA model's step with every kernel (the block's and the layer's, through the interpreter)
+    equals the step in torch operations, token by token."""
+    torch.manual_seed(0)
+    model = SequenceModel(17, 16, 2, mixer="kla", d_state=4, backend="triton")
+    tokens = torch.randint(0, 17, (2, 5))
+    with torch.no_grad():
+        states = model.init_state(2), model.init_state(2)
+        for t in range(5):
+            fused, _ = model.step(tokens[:, t], states[0], out=states[0], fused=True)
+            for block in model.blocks:
+                block.mixer.backend = "torch"
+            plain, _ = model.step(tokens[:, t], states[1], out=states[1], fused=False)
+            for block in model.blocks:
+                block.mixer.backend = "triton"
+            torch.testing.assert_close(fused, plain, **FLOAT32_TOL)
 
 
 @pytest.mark.gpu
