@@ -143,8 +143,9 @@ class CausalAttention(nn.Module):
 
         Writes the token's key and value into the cache at ``state.pos`` and attends over the
         whole capacity with the positions beyond it masked (O(capacity) work, the work of a
-        static-cache decoder). The position, the rotary angles and the mask come from ``pos`` on
-        the device: no value is read on the host. ``out=state`` advances ``pos`` in place (the
+        static-cache decoder). The position, the rotary angles (read from a table of the
+        capacity's positions) and the mask come from ``pos`` on the device: no value is read on
+        the host. ``out=state`` advances ``pos`` in place (the
         step can then be captured in a CUDA graph and replayed once a token, while the capacity
         lasts); without it the returned ``pos`` is a new tensor.
         """
@@ -155,27 +156,31 @@ class CausalAttention(nn.Module):
         cache_k, cache_v = self._room(state, state.length + 1)
         H, d = self.n_heads, self.d_head
         qkv = self.qkv(x_t).view(B, 3 * H, d)
-        cos, sin = self._angles(state.pos, x_t.dtype)
-        qk = qkv[:, :2 * H]
-        x1, x2 = qk[..., :d // 2], qk[..., d // 2:]
-        qk = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+        table, positions = self._step_tables(cache_k.shape[2], x_t.device, x_t.dtype)
         index = state.pos.view(1)
+        cos, sin = table.index_select(0, index).unbind(1)           # (1, d) each
+        qk = qkv[:, :2 * H]
+        swapped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)  # [x2, x1]
+        qk = torch.addcmul(qk * cos, swapped, sin)                   # [x1 cos - x2 sin, x2 cos + x1 sin]
         cache_k.index_copy_(2, index, qk[:, H:, None].to(cache_k.dtype))
         cache_v.index_copy_(2, index, qkv[:, 2 * H:, None].to(cache_v.dtype))
-        mask = (torch.arange(cache_k.shape[2], device=x_t.device) <= state.pos)[None]
+        mask = (positions <= state.pos)[None]
         o = F.scaled_dot_product_attention(qk[:, :H, None], cache_k.to(qk.dtype), cache_v.to(qk.dtype),
                                            attn_mask=mask)
         y = self.out_proj(o.flatten(1))
         pos = state.pos.add_(1) if out is not None else state.pos + 1
         return y, AttentionState(cache_k, cache_v, pos, state.length + 1)
 
-    def _angles(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` (d_head / 2,) of the rotary angles at the position ``pos`` (a () tensor),
-        the values :func:`rotary_table` gives there."""
-        inv_freq = self.__dict__.get("_inv_freq")
-        if inv_freq is None or inv_freq.device != pos.device:
-            d = self.d_head
-            inv_freq = self.rope_base ** (-torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d)
-            self.__dict__["_inv_freq"] = inv_freq
-        angle = pos.to(torch.float32) * inv_freq
-        return angle.cos().to(dtype), angle.sin().to(dtype)
+    def _step_tables(self, capacity: int, device: torch.device,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary table of the step, (capacity, 2, d_head): at each position ``[cos, cos]`` and
+        ``[-sin, sin]`` of :func:`rotary_table`'s angles (the same values), and the positions
+        ``0 .. capacity - 1``; made once per capacity, device and dtype (kept while the module
+        lives, so a captured step keeps reading them)."""
+        key = (capacity, device, dtype)
+        tables = self.__dict__.setdefault("_tables_by_capacity", {})
+        if key not in tables:
+            cos, sin = rotary_table(0, capacity, self.d_head, self.rope_base, device, dtype)
+            table = torch.stack([torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)], 1)
+            tables[key] = table, torch.arange(capacity, device=device)
+        return tables[key]
