@@ -13,7 +13,7 @@ from kalmanscan.nn import SequenceModel
 def model_of(mix, dtype=torch.float32, device="cpu", seed=0):
     torch.manual_seed(seed)
     names = mix if isinstance(mix, list) else [mix, mix]
-    kwargs = dict(n_heads=2) if {"attention", "gla"} & set(names) else {}
+    kwargs = dict(n_heads=2) if {"attention", "gla", "gdn", "mlstm"} & set(names) else {}
     if "kla" in names and device == "cpu":
         kwargs["backend"] = "torch"                     # the prefill's scan: no compilation to wait for
     return SequenceModel(13, 16, len(names), mixer=names, d_state=4, dtype=dtype, device=device, **kwargs)
@@ -40,6 +40,14 @@ def test_greedy_equals_prefill_and_step(mix, chunk):
     tokens = model.generate(prompt, 11, prefill_chunk=chunk)
     assert tokens.shape == (3, 18) and tokens.dtype == torch.long
     assert torch.equal(tokens, prefill_and_step(model, prompt, 11))
+
+
+@pytest.mark.parametrize("mix", [["mamba", "gdn"], ["mlstm", "gru"]])
+def test_mixers_stepping_into_copies(mix):
+    """Mixers whose step returns a new state (copied into the state's tensors by generate)."""
+    model = model_of(mix)
+    prompt = torch.randint(0, 13, (2, 5))
+    assert torch.equal(model.generate(prompt, 6, prefill_chunk=3), prefill_and_step(model, prompt, 6))
 
 
 def test_few_new_tokens():
