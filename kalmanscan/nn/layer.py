@@ -368,7 +368,9 @@ class KLA(nn.Module):
         differentiable).
 
         ``out``: a :class:`KLAState` whose tensors receive the new state (``out=state`` advances the
-        state in place); its ``var`` and ``mu`` must be contiguous, in the state's dtype. With it
+        state in place); they must be contiguous, in the state's dtypes (a state returned by the
+        forward may hold views: make it contiguous first, as
+        :meth:`~kalmanscan.nn.SequenceModel.generate` does). With it
         the step allocates no state, reads nothing on the host and can be captured in a CUDA
         graph; it records no gradient (a ``ValueError`` where autograd would). Without it the
         returned state is new and ``state`` is left as it was.
