@@ -33,7 +33,7 @@ def prefill_and_step(model, prompt, n):
 
 
 @pytest.mark.parametrize("mix", ["kla", "attention", ["attention", "gla", "kla"]])
-@pytest.mark.parametrize("chunk", [1, 4, 2048])
+@pytest.mark.parametrize("chunk", [3, 2048])
 def test_greedy_equals_prefill_and_step(mix, chunk):
     model = model_of(mix)
     prompt = torch.randint(0, 13, (3, 7))
