@@ -15,10 +15,10 @@ chunks (the second given ``state=`` the first), and every field is compared with
   + E_{t+1})`` (``J_t`` the oracle's RTS gain): the smoother reads the filter's uncentred means,
   and a gain ``J = 1 / decay`` without process noise magnifies their last digit.
 
-The triton backend is left out (under the interpreter its launches cost seconds per example);
-its own tests compare it with the torch backend. Profiles: CI runs :data:`EXAMPLES` examples,
-derandomized (a fixed sequence, a few seconds). For a longer, random run set
-``KALMANSCAN_DIFFERENTIAL_EXAMPLES``, e.g.::
+Profiles: CI runs :data:`EXAMPLES` examples per backend, derandomized (a fixed sequence, a few
+seconds), and :data:`TRITON_EXAMPLES` on the triton backend through the interpreter (about a
+second each; it runs where ``TRITON_INTERPRET=1``, as the suite sets it). For a longer, random
+run set ``KALMANSCAN_DIFFERENTIAL_EXAMPLES`` (the triton backend then runs a tenth as many), e.g.::
 
     KALMANSCAN_DIFFERENTIAL_EXAMPLES=3000 python -m pytest -n 0 -q tests/test_differential.py
 """
@@ -36,13 +36,17 @@ from hypothesis import strategies as st
 import kalmanscan as ks
 
 EXAMPLES = 25
+TRITON_EXAMPLES = 4
 LONG = int(os.environ.get("KALMANSCAN_DIFFERENTIAL_EXAMPLES", "0"))
 RTOL = 1e-11
 BACKENDS = ("reference", "cpu", "torch")
 TINY = np.finfo(np.float64).tiny
 
-PROFILE = settings(max_examples=LONG or EXAMPLES, derandomize=not LONG, deadline=None, database=None,
-                   suppress_health_check=[HealthCheck.too_slow])
+
+def profile(examples: int):
+    """``examples`` derandomized examples, or the long random profile (module docstring)."""
+    return settings(max_examples=examples, derandomize=not LONG, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -168,9 +172,22 @@ def check_smooth(post, ref: dict, steps: slice, scale: np.ndarray):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@PROFILE
+@profile(LONG or EXAMPLES)
 @given(problems())
 def test_backends_agree_with_the_oracle(backend, problem):
+    agree_with_the_oracle(backend, problem)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the kernels on CPU tensors: the interpreter")
+@profile(LONG // 10 or TRITON_EXAMPLES)
+@given(problems())
+def test_triton_agrees_with_the_oracle(problem):
+    agree_with_the_oracle("triton", problem)
+
+
+def agree_with_the_oracle(backend: str, problem: tuple) -> None:
+    """Filter and smooth ``problem`` on ``backend``, in one call or as a continued stream, and
+    compare every field with the oracle's (module docstring)."""
     y, kw, split = problem
     T = y.shape[-2]
     whole = truth(y, kw)
