@@ -18,6 +18,7 @@ prior's leading steps). The same tolerances as the rest of the suite (1e-10, and
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -189,6 +190,25 @@ def test_stream_sweep(backend, k):
     ref_tail = ks.smooth(backend="reference", state=ks.filter(backend="reference", **head1).state, **tail1)
     for name, power in FIELDS[:3]:
         check_field(getattr(post, name), getattr(ref_tail, name), c, power, TOL, f"smoothed {name}")
+
+
+@pytest.mark.parametrize("backend", ("cpu", "torch"))
+def test_stream_filter_sweep(backend):
+    """:class:`kalmanscan.StreamFilter`, one step per update (its one-step kernels), at ``k`` in
+    (-150, -80, 80, 150): every step's moments and the running log-likelihood."""
+    kw, ref = reference("static")
+    fields = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_obs_var", "logliks")
+    for k in (-150, -80, 80, 150):
+        c = 10.0 ** k
+        s = scaled(kw, c)
+        f = ks.StreamFilter(theta=s["theta"], sigma=s["sigma"], obs_var=s["obs_var"], outputs=fields,
+                            backend=backend)
+        steps = [f.update(y_t) for y_t in s["y"]]
+        for name, power in FIELDS:
+            if name in fields:
+                check_field(np.stack([o[name] for o in steps]), getattr(ref.filtered, name), c, power, TOL, name)
+        check_loglik(SimpleNamespace(loglik=f.loglik, logliks=np.stack([o["logliks"] for o in steps])),
+                     ref, s["y"], c, TOL)
 
 
 def _loss(post, c: float, smoothed: bool) -> torch.Tensor:

@@ -42,7 +42,7 @@ def stream_moments(inp: np.ndarray, out: np.ndarray, k: np.ndarray) -> None:
         S = h * h * Pp + R
         iS = one / S
         iPp = one / Pp
-        Po = Pp * R * iS
+        Po = Pp * (R * iS)  # a variance times a ratio: in range at any scale
         v = (yi - h * m) - h * zp
         zf = zp if miss else zp + (Pp * h * iS) * v
         out[0, i] = zf + m
