@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kalmanscan.kernels.kla.step import kla_conv_step_kernel, kla_step_kernel
 from kalmanscan.ops.kla.recurrent import kla_step
 from kalmanscan.ops.launch import cdiv, next_power_of_2
 
@@ -83,6 +82,8 @@ def conv_step(z: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias:
     window_out = _writable("window_out", window_out, window)
     out = _writable("out", out, z)
     if _use_triton(backend, window):
+        from kalmanscan.kernels.kla.step import kla_conv_step_kernel  # (triton: only where it runs)
+
         window = window.contiguous()
         kla_conv_step_kernel[(B, cdiv(M, CONV_BLOCK_M))](
             z, window, weight.contiguous(), bias, window_out, out, M, z.stride(0), out.stride(0),
@@ -130,6 +131,8 @@ def kla_decode_step(v: torch.Tensor, log_var: torch.Tensor, k: torch.Tensor, q: 
         raise ValueError(f"var, mu must have shape {(B, M, S)} and decay, noise {(M, S)}, got "
                          f"{tuple(var.shape)}, {tuple(mu.shape)}, {tuple(decay.shape)}, {tuple(noise.shape)}")
     if _use_triton(backend, var):
+        from kalmanscan.kernels.kla.step import kla_step_kernel  # (triton: only where it runs)
+
         var_out, mu_out = _writable("var_out", var_out, var), _writable("mu_out", mu_out, var)
         out = _writable("out", out, z)
         y_var = torch.empty(B, M, dtype=var.dtype, device=var.device) if variance else var_out

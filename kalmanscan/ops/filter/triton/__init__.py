@@ -3,14 +3,22 @@ the kernels of :mod:`kalmanscan.kernels.filter`; :mod:`.library` exposes the dif
 forward as ``torch.library`` operators; :mod:`.param_rows` checks and derives parameters given as
 GPU tensors in one launch; :mod:`.param_adjoints` carries the backward's adjoints to the
 parameters; :mod:`.replay` replays small calls from CUDA graphs; :mod:`.config` is the launch
-configuration."""
+configuration.
+
+The names below are :mod:`.backend`'s, imported on first use: importing a module of this package
+(the CPU path imports :mod:`.param_rows`) imports triton only where a kernel is needed."""
 
 from __future__ import annotations
 
-from kalmanscan.ops.filter.triton.backend import (DEFAULT_CONFIG, FilterConfig, check_device, filter, filter_backward,
-                                                  filter_forward, flat, initial_state, kernel_views, plan, replayed,
-                                                  smooth, step_flags, stream_step, summary, tile_plan, uses_tiles)
+import importlib
+from typing import Any
 
 __all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan", "uses_tiles",
            "replayed", "flat", "kernel_views", "check_device", "step_flags", "initial_state",
            "stream_step", "FilterConfig", "DEFAULT_CONFIG"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("kalmanscan.ops.filter.triton.backend"), name)
+    raise AttributeError(f"module 'kalmanscan.ops.filter.triton' has no attribute {name!r}")

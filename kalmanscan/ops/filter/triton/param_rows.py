@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kalmanscan.kernels.filter.params import NFLAGS, param_rows_kernel
 
 from kalmanscan.model import mobius, ou
 from kalmanscan.problem.checks import Checks, Flag
@@ -47,6 +46,8 @@ def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: b
     fields are ``(1, C)`` rows of one block; the verdicts are queued on ``checks`` (bad values raise
     when it is decided), the facts ``diffuse`` and ``no_noise`` returned as :class:`Flag` entries
     of the launch's flags (read with the verdicts, in one copy)."""
+    from kalmanscan.kernels.filter.params import NFLAGS, param_rows_kernel  # (triton: only where it runs)
+
     dtype, device, shape = y_t.dtype, y_t.device, tuple(y_t.shape)
     np_dtype = np.float32 if dtype == torch.float32 else np.float64
     given = {k: values[k] for k in _ROWS if values[k] is not None}

@@ -1,0 +1,125 @@
+"""Start-up: ``import kalmanscan`` loads neither torch nor numba, nothing of torch's compiler is
+imported on the CPU paths, ``kalmanscan --help`` starts at once, and the CPU paths run without
+Triton installed. Each case runs in a fresh interpreter; times are the child's CPU time (robust on
+a loaded machine, where wall-clock times stretch), with wall-clock limits generous enough for a
+busy CI machine."""
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILER = ("torch._dynamo", "torch._inductor", "triton")
+HEAVY = ("torch", "numba", "scipy", "pandas", "xarray", "matplotlib", *COMPILER)
+
+
+def _child(code: str, *args: str) -> tuple[str, float, float]:
+    """``(stdout, wall seconds, CPU seconds)`` of ``python -c code args`` run from the repository."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, MPLBACKEND="Agg"), timeout=300)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert res.returncode == 0, res.stderr[-3000:]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return res.stdout, wall, cpu
+
+
+def test_import_loads_no_heavy_module():
+    out, wall, cpu = _child(f"import sys, kalmanscan; print([m for m in {HEAVY!r} if m in sys.modules])")
+    assert out.strip() == "[]"
+    assert cpu < 1.0 and wall < 2.0, (cpu, wall)
+
+
+def test_help_starts_at_once():
+    code = ("import sys\nfrom kalmanscan.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    out, wall, cpu = _child(code)
+    assert "usage: kalmanscan" in out and out.strip().endswith("[]")
+    assert cpu < 1.0 and wall < 5.0, (cpu, wall)
+
+
+@pytest.fixture(scope="module")
+def warm_loops():
+    """The compiled loops in numba's on-disk cache (a fresh checkout compiles them on first use)."""
+    _child("import numpy as np, kalmanscan as ks; ks.filter(np.ones((3, 2)), theta=0.1, sigma=0.5, obs_var=1.0)")
+
+
+def test_first_filter_imports_no_compiler(warm_loops):
+    """The library's first use imports torch but nothing of its compiler nor Triton; the first call
+    then loads the loops from the cache (most of its time is numba's own start)."""
+    code = ("import sys, time, numpy as np, kalmanscan as ks\n"
+            "f = ks.filter\n"
+            "y = np.random.default_rng(0).normal(size=(100, 2))\n"
+            "t0, c0 = time.perf_counter(), time.process_time()\n"
+            "f(y, theta=0.1, sigma=0.5, obs_var=1.0)\n"
+            "print(time.perf_counter() - t0, time.process_time() - c0)\n"
+            f"print([m for m in {COMPILER!r} if m in sys.modules])")
+    out, wall, cpu = _child(code)
+    first_wall, first_cpu = map(float, out.split("\n")[0].split())
+    assert out.strip().endswith("[]")
+    assert first_cpu < 1.5 and first_wall < 10.0, (first_cpu, first_wall)
+    assert cpu < 6.0 and wall < 30.0, (cpu, wall)
+
+
+def test_filter_command_on_100_steps(tmp_path, warm_loops):
+    y = np.random.default_rng(0).normal(size=100).cumsum()
+    src = tmp_path / "s.csv"
+    src.write_text("t,level\n" + "".join(f"{t},{v!r}\n" for t, v in enumerate(y.tolist())))
+    code = "import sys\nfrom kalmanscan.cli import main\nsys.exit(main(sys.argv[1:]))"
+    out, wall, cpu = _child(code, "filter", str(src), "--theta", "0.1", "--sigma", "1", "--obs-var", "0.5")
+    assert "level" in out
+    assert cpu < 6.0 and wall < 30.0, (cpu, wall)
+
+
+BLOCK_TRITON = """
+import sys
+
+
+class NoTriton:
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoTriton())
+"""
+
+
+def test_cpu_paths_run_without_triton():
+    """With ``import triton`` failing (a CPU install without the gpu extra): the NumPy and torch
+    paths of filter, smooth, fit and forecast on every CPU backend, gradients, and the KLA scan
+    and layer on the CPU."""
+    code = BLOCK_TRITON + """
+import numpy as np, torch
+import kalmanscan as ks
+
+rng = np.random.default_rng(0)
+y = rng.normal(size=(40, 3))
+kw = dict(theta=np.array([0.1, 0.5, 1.0]), sigma=0.5, obs_var=1.0)
+ref = ks.filter(y, **kw, backend="reference")
+for backend in ("auto", "cpu", "torch"):
+    np.testing.assert_allclose(ks.filter(y, **kw, backend=backend).mean, ref.mean, rtol=1e-10)
+    ks.smooth(y, **kw, backend=backend)
+    ks.filter(torch.tensor(y, requires_grad=True), **kw, backend=backend).loglik.sum().backward()
+ks.forecast(ks.fit(y, max_iter=3).filter(y), steps=2)
+B, L, M, S = 2, 9, 4, 3
+v, lam_v = torch.randn(B, L, M), torch.rand(B, L, M) + 0.5
+k = torch.nn.functional.normalize(torch.randn(B, L, S), dim=-1)
+q = torch.nn.functional.normalize(torch.randn(B, L, S), dim=-1)
+decay, noise = torch.rand(M, S) * 0.5 + 0.4, torch.rand(M, S) * 0.1
+y_cpu, _ = ks.nn.kla_scan(v, lam_v, k, q, decay, noise, backend="cpu")
+torch.testing.assert_close(y_cpu, ks.nn.kla_scan(v, lam_v, k, q, decay, noise, backend="torch")[0])
+ks.nn.KLA(16)(torch.randn(2, 5, 16)).sum().backward()
+print("triton" in sys.modules)
+"""
+    out, _, _ = _child(code)
+    assert out.split() == ["False"]
