@@ -297,3 +297,68 @@ def test_installed_console_script_reports_bad_files(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "time column 't' is not strictly increasing" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fit_table_sums_the_loglik_and_shows_boundary_estimates(capsys):
+    from kalmanscan.cli import print_fit
+
+    ds = xr.Dataset({"theta": ("channel", [0.8, 0.3]), "obs_var": ("channel", [3.788e-10, 0.28]),
+                     "theta_stderr": ("channel", [0.115, 0.09]), "obs_var_stderr": ("channel", [np.nan, 0.056]),
+                     "theta_on_boundary": ("channel", [False, False]),
+                     "obs_var_on_boundary": ("channel", [True, False]),
+                     "loglik": ("channel", [-300.0, -200.5]), "n_obs": ("channel", [300, 300]),
+                     "converged": ("channel", [True, True]), "fitted": ("channel", [True, True])},
+                    attrs={"estimate": "theta,obs_var", "shared": 0, "time_unit": "coordinate units"})
+
+    class Data:
+        labels = ["exact", "noisy"]
+
+    print_fit(ds, Data(), "fit")
+    out = capsys.readouterr().out
+    assert "log-likelihood -500.5 (summed over 2 channels; parameters per channel;" in out
+    assert "3.788e-10 (on the boundary 0)" in out and "nan" not in out
+    assert "0.28 +/- 0.056" in out
+
+
+def test_unfitted_channel_is_reported_once(tmp_path, capsys, sensors):
+    table = pd.DataFrame({"t": sensors.times[:60], "a": sensors.y[:60, 0], "empty": np.nan})
+    table.to_csv(tmp_path / "e.csv", index=False)
+    code, out, err = _run(capsys, "fit", tmp_path / "e.csv", "--max-iter", "30")
+    assert code == 0, err
+    assert (out + err).count("not fitted") == 1 and "not fitted (no observations): empty" in out
+    row = next(line for line in out.splitlines() if line.split()[0] == "empty")
+    assert "nan" not in row
+
+
+def test_integer_times_stay_integers(tmp_path, capsys):
+    src = tmp_path / "nile.csv"
+    src.write_text("year,volume\n1871,1120\n1872,1160\n1873,963\n1874,1210\n")
+    for suffix in ("csv", "nc"):
+        code, _, err = _run(capsys, "filter", src, "--theta", "0", "--sigma", "38", "--obs-var", "15099",
+                            "--init-var", "inf", "-o", tmp_path / f"f.{suffix}")
+        assert code == 0, err
+    assert (tmp_path / "f.csv").read_text().splitlines()[1].startswith("1871,")
+    with xr.open_dataset(tmp_path / "f.nc") as ds:
+        assert ds["time"].dtype == np.int64 and ds["time"].values.tolist() == [1871, 1872, 1873, 1874]
+
+
+def test_band_legend_agrees_with_the_api(tmp_path, capsys, sensors, monkeypatch):
+    """The CLI's exact 95% quantile and the API's default z = 1.96 are labelled alike."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    labels = []
+    real = ks.plot.belief_band
+
+    def spy(*args, **kwargs):
+        ax = real(*args, **kwargs)
+        labels.append([t.get_text() for t in ax.get_legend().get_texts()])
+        return ax
+
+    monkeypatch.setattr(ks.plot, "belief_band", spy)
+    src = _csv(tmp_path / "s.csv", sensors)
+    code, _, err = _run(capsys, "filter", src, *MODEL, "--plot", tmp_path / "f.png")
+    assert code == 0, err
+    post = ks.filter(sensors.y, times=sensors.times, **_model(sensors))
+    spy(post)
+    assert "mean ± 1.96σ" in labels[0] and "mean ± 1.96σ" in labels[-1]

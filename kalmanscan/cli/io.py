@@ -3,7 +3,7 @@
 A CSV input has a header row, one time column (numeric, or ISO 8601 dates and times) and one
 column per channel; empty cells, ``NA`` and ``NaN`` are missing values. It is read into a
 DataArray of dims ``("time", "channel")`` whose ``channel`` coordinate holds the column names and
-whose ``time`` coordinate holds the times (float64 or datetime64). A NetCDF input names one data
+whose ``time`` coordinate holds the times (int64, float64 or datetime64). A NetCDF input names one data
 variable (``var``) with a time dimension (``dim``) and any others; its coordinates and attrs are
 kept. A Zarr store (a ``.zarr`` directory) is read as NetCDF is, but lazily: its chunks become the
 input's dask chunks (along time too: :mod:`kalmanscan.xr.timechunks` filters such a record chunk by
@@ -134,7 +134,8 @@ def _exactly(raw, values, cells):
 
 
 def _times(path, name, text):
-    """The time column as float64 (numeric) or datetime64[ns] (ISO 8601; time zones -> UTC)."""
+    """The time column as int64 (integers), float64 (other numbers) or datetime64[ns] (ISO 8601;
+    time zones -> UTC)."""
     raw = text.str.strip()
     empty = np.flatnonzero(raw.str.lower().isin(MISSING).to_numpy())
     if empty.size:
@@ -147,6 +148,8 @@ def _times(path, name, text):
             i = int(bad[0])
             raise ValueError(f"input file '{path}': time column '{name}' has {raw.iloc[i]!r} at line {i + 2}; "
                              "times are numbers (or ISO 8601 dates throughout)")
+        if numeric.dtype.kind in "iu":  # integer times (years) stay integers, in the output files too
+            return numeric.to_numpy(np.int64)
         return _exactly(raw, values, np.ones(values.shape, bool))
     parsed = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
     bad = np.flatnonzero(parsed.isna().to_numpy())
@@ -251,7 +254,7 @@ def read_params(path: str | os.PathLike, like: xr.DataArray, dim: str = "time") 
     is not a dimension of ``like``) must cover every channel of ``like`` (:func:`channel_labels`),
     or a ``ValueError`` names both. A fit on dates also gives ``time_unit``.
     """
-    from kalmanscan import xr as kxr
+    from kalmanscan.xr import accessor as kxr
 
     _check_readable(path, "parameter")
     if file_format(path, "parameter") in ("netcdf", "zarr"):
@@ -296,7 +299,7 @@ def _recorded_channels(path, text):
 
 def _labels_of(ds, like, dim):
     """The channel labels of a fit over exactly ``like``'s non-time dims (else ``None``)."""
-    from kalmanscan import xr as kxr
+    from kalmanscan.xr import accessor as kxr
 
     other = [d for d in like.dims if d != dim]
     for k in kxr.FIT_NAMES:
@@ -309,7 +312,7 @@ def _labels_of(ds, like, dim):
 
 def _params_table(path, like, dim):
     """A CSV fit table as a Dataset, and the channels it names (``None`` when it names none)."""
-    from kalmanscan import xr as kxr
+    from kalmanscan.xr import accessor as kxr
 
     table = _read_table(path, "parameter")
     index = [c for c in table.columns if c in like.dims and c != dim]

@@ -30,21 +30,24 @@ def table(header: list[str], rows: list[list[str]], gap: int = 3) -> list[str]:
 
 def print_fit(ds: xr.Dataset, data: xr.DataArray, heading: str) -> None:
     """Print the fitted parameters of ``ds`` (a ``kalmanscan fit`` result) as an aligned table,
-    one row per channel of ``data``, with convergence and any unfitted channel."""
+    one row per channel of ``data``, with convergence and any unfitted channel. An estimate is
+    followed by its standard error, or by ``(on the boundary 0)`` where the optimum is there (it
+    has none); the log-likelihood is the sum over the channels."""
     est = ds.attrs["estimate"].split(",")
     shared = bool(ds.attrs["shared"])
     fitted = np.ravel(ds["fitted"].values) if "fitted" in ds else np.ones(1, bool)
     status = "converged" if bool(ds["converged"].all()) else "NOT converged"
-    print(f"{heading}: {status}, log-likelihood {float(ds['loglik'].sum()):.6g} "
-          f"({'shared' if shared else 'per channel'}; time unit: {ds.attrs['time_unit']})")
+    n = int(np.size(ds["loglik"].values))
+    summed = "of the channel" if n == 1 else f"summed over {n} channels"
+    print(f"{heading}: {status}, log-likelihood {float(ds['loglik'].sum()):.6g} ({summed}; "
+          f"{'one parameter set for all channels' if shared else 'parameters per channel'}; "
+          f"time unit: {ds.attrs['time_unit']})")
     names = [k for k in ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var") if k in ds]
     rows = []
     for c, lab in enumerate(data.labels[:MAX_ROWS] if not shared else ["all"]):
         cells = [lab]
         for k in names:
-            v = np.ravel(ds[k].values)[c if ds[k].ndim else 0]
-            se = f" +/- {np.ravel(ds[k + '_stderr'].values)[c if ds[k].ndim else 0]:.3g}" if k in est else ""
-            cells.append(f"{v:.5g}{se}")
+            cells.append(_estimate(ds, k, c, k in est and bool(fitted[min(c, fitted.size - 1)])))
         rows.append(cells)
     for line in table(["channel", *names], rows):
         print(line)
@@ -60,10 +63,21 @@ def print_fit(ds: xr.Dataset, data: xr.DataArray, heading: str) -> None:
         note = (f"not fitted ({what}): {', '.join(which[:MAX_ROWS])}" + (" ..." if len(which) > MAX_ROWS else "")
                 + "; the values shown for it are the initial guess, not estimates")
         print(f"  {note}")
-        print(f"kalmanscan: warning: {note}", file=sys.stderr)
     elif status != "converged":
         print("kalmanscan: warning: the optimiser stopped before converging; raise --max-iter or check the model",
               file=sys.stderr)
+
+
+def _estimate(ds, k, c, estimated):
+    """The cell of parameter ``k`` for channel ``c``: its value, with its standard error when
+    ``estimated``, or a note that the optimum is on the boundary 0 (no standard error there)."""
+    at = c if ds[k].ndim else 0
+    text = f"{np.ravel(ds[k].values)[at]:.5g}"
+    if not estimated:
+        return text
+    if f"{k}_on_boundary" in ds and bool(np.ravel(ds[f"{k}_on_boundary"].values)[at]):
+        return f"{text} (on the boundary 0)"
+    return f"{text} +/- {np.ravel(ds[k + '_stderr'].values)[at]:.3g}"
 
 
 def _pyplot():

@@ -136,7 +136,7 @@ def belief_band(post: Any, y: Any = None, times: Any = None, channel: int = 0, z
     else:
         missing = _pick(post.params["missing"], index, channel, shape) > 0
     _shade_missing(ax, t, missing)
-    ax.fill_between(t, m - z * s, m + z * s, color="C0", alpha=0.25, lw=0, label=f"mean ± {z:g}σ")
+    ax.fill_between(t, m - z * s, m + z * s, color="C0", alpha=0.25, lw=0, label=f"mean ± {z:.3g}σ")
     ax.plot(t, m, color="C0", lw=1.5, label="mean")
     if truth is not None:
         ax.plot(t, _pick(truth, index, channel, shape), color="k", lw=1, ls="--", label="truth")

@@ -371,6 +371,8 @@ _FIT_DESCRIPTIONS = {
     "n_iter": "optimiser iterations",
 }
 FIT_NAMES = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
+_FIT_SUFFIXES = {"_stderr": " (standard error)",
+                 "_on_boundary": " (on its lower boundary 0 at the optimum: no standard error)"}
 
 
 def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = None, **fit_kwargs: Any) -> xr.Dataset:
@@ -387,7 +389,8 @@ def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = Non
     Returns:
         Dataset over ``da``'s non-time dims with the parameters (estimated and fixed static ones:
         ``theta, sigma, obs_var, mean`` and ``init_*`` when given or estimated), ``<name>_stderr``
-        for each estimated name, ``loglik``, ``n_obs``, ``fitted`` (False for a series with fewer
+        and ``<name>_on_boundary`` (the optimum on the lower boundary 0: no standard error) for each
+        estimated name, ``loglik``, ``n_obs``, ``fitted`` (False for a series with fewer
         observations than estimated names: its parameters are the initial guess, its standard
         errors NaN), ``converged``, ``n_iter``; attrs ``da``'s plus ``time_unit``, ``estimate``,
         ``shared``, ``method``. ``ks.xr.params(result)`` gives the keywords to filter with (the
@@ -408,7 +411,8 @@ def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = Non
     shared = bool(static.get("shared", False))
     given = {k for k in FIT_NAMES if (k in arrays and dim not in arrays[k].dims) or static.get(k) is not None}
     out_names = [k for k in FIT_NAMES if k in estimate or k in given or (k == "mean" and "mean" not in fit_kwargs)]
-    fields = out_names + [f"{k}_stderr" for k in estimate] + ["loglik", "n_obs", "fitted", "converged", "n_iter"]
+    stderr, bound = [f"{k}_stderr" for k in estimate], [f"{k}_on_boundary" for k in estimate]
+    fields = out_names + stderr + bound + ["loglik", "n_obs", "fitted", "converged", "n_iter"]
     ks_fit = _public("fit")
 
     def kalman_fit_block(y, *blocks, names, per_step):
@@ -418,6 +422,7 @@ def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = Non
             return out
         res = ks_fit(np.ascontiguousarray(flat_y), times=times, **dict(zip(names, flat)), **static)
         cols = ([res.params[k] for k in out_names] + [res.stderr[k] for k in estimate]
+                + [res.on_boundary[k] for k in estimate]
                 + [res.loglik, res.n_obs, res.fitted, float(res.converged), float(res.n_iter)])
         for i, col in enumerate(cols):
             out[..., i] = np.broadcast_to(np.asarray(col, dtype=np.float64), (flat_y.shape[1],)).reshape(batch)
@@ -428,7 +433,8 @@ def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = Non
         da = da.chunk({d: -1 for d in da.dims})
     stacked = _apply(da, dim, arrays, kalman_fit_block, len(fields), [_FIELD], np.float64)
     data = {f: _order(stacked.isel({_FIELD: i}), da) for i, f in enumerate(fields)}
-    for k, dtype in (("n_obs", np.int64), ("fitted", bool), ("converged", bool), ("n_iter", np.int64)):
+    for k, dtype in (("n_obs", np.int64), ("fitted", bool), ("converged", bool), ("n_iter", np.int64),
+                     *((b, bool) for b in bound)):
         data[k] = data[k].astype(dtype)
     if shared:
         for k in fields:
@@ -437,8 +443,9 @@ def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = Non
     ds = xr.Dataset(data)
     _describe(ds, da)
     for name, var in ds.data_vars.items():
-        base = name[:-len("_stderr")] if name.endswith("_stderr") else name
-        var.attrs["long_name"] = _FIT_DESCRIPTIONS[base] + (" (standard error)" if base != name else "")
+        base, what = next(((name[:-len(end)], note) for end, note in _FIT_SUFFIXES.items() if name.endswith(end)),
+                          (name, ""))
+        var.attrs["long_name"] = _FIT_DESCRIPTIONS[base] + what
     ds.attrs = {**da.attrs, "kalmanscan": "fit", "time_unit": unit_label, "estimate": ",".join(estimate),
                 "shared": int(shared), "method": str(static.get("method", "lbfgs"))}
     return ds
