@@ -92,3 +92,25 @@ def test_on_a_local_cluster_of_processes():
             eager = getattr(kxr, op)(da, **kw)
             np.testing.assert_allclose(lazy["mean"].values, eager["mean"].values, rtol=1e-11, atol=1e-13)
             np.testing.assert_allclose(lazy["var"].values, eager["var"].values, rtol=1e-11)
+
+
+def test_cpu_summary_equals_the_torch_backends():
+    import torch
+
+    from kalmanscan.ops.filter import get_backend
+    from kalmanscan.problem.prepare import prepare
+
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=(2, 63, 3))
+    y[0, 5:9, 1] = np.nan
+    p = prepare(torch.from_numpy(y), theta=np.array([0.1, 0.5, 2.0]), sigma=0.7,
+                obs_var=rng.uniform(0.3, 2.0, (63, 3)), mean=0.5, h=1.3, dt=rng.uniform(0.5, 1.5, (63, 1)),
+                init_var=1.0, backend="torch")
+    cpu, ref = get_backend("cpu").summary(p), get_backend("torch").summary(p)
+    for got, want in zip(cpu, ref):
+        assert got.shape == want.shape == (2, 1, 3)
+    # the summary is projective: compare the ratios it is read through (merged.py), scale-free
+    A, B, C, D, E, F, G = cpu
+    rA, rB, rC, rD, rE, rF, rG = ref
+    for x, rx in ((A, rA), (B, rB), (C, rC), (E, rE), (F, rF), (G, rG)):
+        np.testing.assert_allclose((x / D).numpy(), (rx / rD).numpy(), rtol=1e-12, atol=1e-300)

@@ -176,7 +176,7 @@ def _filter(y, kw, group, backend):
         local = torch.zeros((7,) + p.shape[:-2] + (1, p.shape[-1]), dtype=p.dtype, device=device)
     else:
         fused = not bool(infos[:, 0].any()) and _uses_kernels(p, backend)
-        local = torch.stack(stretches.summary(p, first=rank == 0, fused=fused))
+        local = torch.stack(stretches.summary(p, first=rank == 0, backend="triton" if fused else "torch"))
     if bool(infos[:, 0].any()) and not local.requires_grad:
         local = local.detach().requires_grad_()
     gathered = all_gather(local, group)

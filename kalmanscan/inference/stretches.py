@@ -24,13 +24,13 @@ from kalmanscan.problem.problem import Problem
 __all__ = ["summary", "belief", "rts_link"]
 
 
-def summary(p: Problem, first: bool, fused: bool = False) -> tuple[torch.Tensor, ...]:
-    """The stretch ``p``'s 7-tuple, each ``(..., 1, C)``: the product of its steps (the triton
-    backend's when ``fused``, forward only; else the torch backend's, differentiable), composed
-    after the initial belief when ``first``, else after the transition into its first step
-    (``p``'s decay and noise at index 0)."""
+def summary(p: Problem, first: bool, backend: str = "torch") -> tuple[torch.Tensor, ...]:
+    """The stretch ``p``'s 7-tuple, each ``(..., 1, C)``: the product of its steps by ``backend``
+    (``"torch"``: differentiable; ``"triton"`` and ``"cpu"``: fused kernels or a compiled loop,
+    forward only), composed after the initial belief when ``first``, else after the transition
+    into its first step (``p``'s decay and noise at index 0)."""
     shape = p.shape
-    local = get_backend("triton" if fused else "torch").summary(p)
+    local = get_backend(backend).summary(p)
     if not first:
         decay, noise = p.decay_noise()
         a0, q0 = (torch.broadcast_to(x[..., :1, :], shape[:-2] + (1, shape[-1])) for x in (decay, noise))

@@ -164,7 +164,7 @@ def _summary(y, arrays, times, before, names, static) -> dict:
     """Chunk ``i >= 1``'s merged-form summary ``(7, n)`` with its last step's level and time."""
     p, flat = _problem(y, arrays, times, before, names, static)
     with torch.no_grad():
-        s = torch.cat(stretches.summary(p, first=False), -2).numpy()
+        s = torch.cat(stretches.summary(p, first=False, backend="cpu"), -2).numpy()
     level = np.broadcast_to(flat.get("mean", static.get("mean", 0.0)), (y.shape[-1], s.shape[-1]))[-1]
     return dict(summary=s, level=np.array(level), time=None if times is None else float(times[-1]),
                 steps=y.shape[-1])

@@ -35,7 +35,7 @@ and is cached on disk beside its module (``__pycache__``, or ``NUMBA_CACHE_DIR``
 processes load it (well under a second).
 
 Threads: numba's (``numba.set_num_threads``); work below
-:data:`~kalmanscan.ops.cpu_threads.SMALL_WORK` steps, or a single series, runs on the calling
+:attr:`~kalmanscan.tuning.Tuning.small_work` steps, or a single series, runs on the calling
 thread alone. Results do not depend on the thread count: each series
 is computed by one thread with the same operations.
 """
@@ -55,9 +55,10 @@ from kalmanscan.ops import host_memory
 from kalmanscan.ops.cpu_threads import run_loop
 from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.filter.torch import adjoint_to, compact
+from kalmanscan.ops.filter.cpu.summary import summary
 
-__all__ = ["filter", "smooth", "stream_step", "stream_step_arrays", "layout", "FIELDS", "POSTERIOR", "INPUTS",
-           "SMOOTH_INPUTS"]
+__all__ = ["filter", "smooth", "summary", "stream_step", "stream_step_arrays", "layout", "FIELDS", "POSTERIOR",
+           "INPUTS", "SMOOTH_INPUTS"]
 
 # The forward's outputs in the loops' order (cpu_loops.O_MEAN .. O_MISS).
 FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
