@@ -35,6 +35,9 @@ def test_dataframe_in_dataframes_out(op):
     if op is ks.smooth:
         _assert_same(post.filtered, ks.filter(df.to_numpy(), **MODEL), df)
     assert "DataFrames" in repr(post)
+    for got, want in zip(post.gates(), op(df.to_numpy(), **MODEL).gates()):
+        assert got.index.equals(df.index)
+        np.testing.assert_array_equal(got.to_numpy(), want)
     np.testing.assert_array_equal(post.to_numpy().mean, op(df.to_numpy(), **MODEL).mean)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FrameLabels", "is_pandas", "read", "write", "pandas_io", "pandas_forecast"]
+__all__ = ["FrameLabels", "is_pandas", "read", "write", "table", "pandas_io", "pandas_forecast"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +105,15 @@ def write(post: Any, labels: FrameLabels) -> Any:
             if np.ndim(v) != 2:
                 raise ValueError(f"with a pandas y the results are (T, C) tables, but the parameters add batch "
                                  f"dimensions (shape {np.shape(v)}); pass y as a NumPy array for batches")
-            changes[f.name] = pd.DataFrame(v, index=labels.index, columns=labels.columns)
+            changes[f.name] = table(v, labels)
     return dataclasses.replace(post, **changes)
+
+
+def table(values: np.ndarray, labels: FrameLabels) -> Any:
+    """``values`` ``(T, C)`` as a ``DataFrame`` with the rows and columns of ``labels``."""
+    import pandas as pd
+
+    return pd.DataFrame(values, index=labels.index, columns=labels.columns)
 
 
 def pandas_io(fn: Callable[..., Any]) -> Callable[..., Any]:

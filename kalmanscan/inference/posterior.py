@@ -131,8 +131,12 @@ class Posterior:
         ``forget_t = a_t / (a_t^2 + q_t lam_{t-1})`` scales the previous information mean;
         ``write_t = h_t^2 r_t / lam_t`` (the Kalman gain over ``h``) is how much of ``y_t`` is
         written into the state (0 where ``y_t`` is missing). At ``t = 0`` there is no transition
-        and ``forget_0 = 1``.
+        and ``forget_0 = 1``. DataFrames for a posterior of pandas input.
         """
+        if self.frame is not None:
+            from kalmanscan.inference.frames import table
+
+            return tuple(table(g, self.frame) for g in self.to_numpy().gates())
         post = self.filtered if self.filtered is not None else self
         p = post.params
         cat = _concat(post.precision)
