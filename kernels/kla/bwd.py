@@ -13,7 +13,7 @@ scalar adjoints ``gl = dLoss/d lam_t``, ``ge = dLoss/d eta_t`` of every filter:
         decay += ge rho eta_{t-1} + 2 decay g_d,     noise += g_d lam_{t-1}
         lam_v[m] += sum_s gl k^2 + ge v k,   v[m] += lam_v sum_s ge k
         k[s] += sum_m lam_v (2 k gl + v ge),  q[s] += sum_m (gy eta_t + 2 gy_var q) / lam_t
-        ge <- ge rho decay,   gl <- gl rho + g_d noise
+        ge <- ge rho decay,   gl <- gl rho + g_d noise = (gl decay^2 - ge decay eta_{t-1} noise) rho^2
 
 Without ``VAR`` (a forward that did not return ``y_var``) the ``gy_var`` terms are left out and
 ``gy_var`` is never read. With ``KEEP = "evict_last"`` and ``STREAM = "evict_first"``
@@ -23,6 +23,12 @@ caches' defaults. Loads that the software pipeline turns into asynchronous copie
 default whatever the policy. Computed as written with fewer products: ``s_e = gy q / lam_t`` and
 ``mu_t = eta_t / lam_t`` give ``gl -= s_e mu_t + gy_var (q / lam_t)^2`` and the ``q`` term
 ``gy mu_t + 2 gy_var q / lam_t``; ``sum_s ge k`` serves both ``v`` and ``lam_v``.
+
+The last form of ``gl``'s update (``1 - noise lam_{t-1} rho = decay^2 rho``) has no cancellation:
+``gl rho + g_d noise`` subtracts two nearly equal terms where ``noise lam_{t-1} >> decay^2`` (a
+precision near its bound ``1/noise``, or a large initial one) and lost every digit of the adjoints
+before it (the initial precision's gradient at ``lam0 = 1e12``, ``noise = 1e-3``: 0 or ``1e-22``
+against ``-1e-24``; ``tests/ops/kla/test_oracle.py``).
 
 The adjoint recursions are the exact transposes of the forward's scalar recursions (never of the
 normalised 2x2 products), all divisions are by ``d >= decay^2 > 0`` and ``lam_t > 0``. Sums over s
@@ -160,7 +166,8 @@ def kla_bwd_kernel(
                 gl -= s_e * mu
                 gq = sum_m(per_m(gy, STATES_FIRST) * mu, STATES_FIRST)
             ge_eta = ge * eta_p
-            g_d = -(ge_eta * decay + gl * lam_p) * (rho * rho)
+            rho2 = rho * rho
+            g_d = -(ge_eta * decay + gl * lam_p) * rho2
             gdecay += ge_eta * rho + 2.0 * decay * g_d
             gnoise += g_d * lam_p
             kk = per_s(kt, STATES_FIRST)
@@ -174,7 +181,7 @@ def kla_bwd_kernel(
             tl.store(gk_part_ptr + part + t * n_mblocks * S, gk, mask=mask_s, eviction_policy=STREAM)
             tl.store(gq_part_ptr + part + t * n_mblocks * S, gq, mask=mask_s, eviction_policy=STREAM)
             ge = ge * (rho * decay)
-            gl = gl * rho + g_d * noise
+            gl = (gl * a2 - ge_eta * decay * noise) * rho2
             if VARLEN:  # a document's first token: the adjoints are its initial state's gradients
                 kla_store_row(glam0_ptr, geta0_ptr, gl, ge, starts_ptr, t, ms, mask, MS)
             lam = lam_after

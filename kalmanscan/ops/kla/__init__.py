@@ -1,8 +1,8 @@
 """The KLA scan: a grid of independent scalar information-form Kalman filters per token.
 
 One module per backend, each with ``kla_scan(v, lam_v, k, q, decay, noise, initial_state=None)
--> (y, y_var, state)``: :mod:`~kalmanscan.ops.kla.reference` (float64 precision recursion, the
-oracle), :mod:`~kalmanscan.ops.kla.torch` (time-parallel scans), :mod:`~kalmanscan.ops.kla.recurrent`
+-> (y, y_var, state)``: :mod:`~kalmanscan.ops.kla.reference` (the float64 recursion in mean-and-
+variance form, the oracle, itself checked against 120-digit arithmetic in ``tests/kla_oracle.py``), :mod:`~kalmanscan.ops.kla.torch` (time-parallel scans), :mod:`~kalmanscan.ops.kla.recurrent`
 (token by token in torch operations), :mod:`~kalmanscan.ops.kla.cpu` (compiled loops, the default
 on a CPU) and :mod:`~kalmanscan.ops.kla.triton` (fused kernels); the dispatch and registry
 are in :mod:`~kalmanscan.ops.kla.dispatch`, the fused kernels' ``torch.library`` operators in
@@ -38,6 +38,11 @@ therefore scans the variance ``var = 1/lam`` and the mean ``mu = eta/lam``, whic
 towards their exact limit 0, and the returned :class:`FilterState` carries them: continuing from
 it (``initial_state=state``, chunked prefill) or stepping it (:func:`kla_step`, decoding) is exact
 at every length. The state also unpacks as the pair ``(lam, eta)``.
+
+Packed documents: ``kla_scan(..., cu_seqlens=offsets)`` takes ``N`` documents laid end to end in
+one row ``(1, total, ...)`` with fla's int32 offsets ``(N + 1,)``; the filters restart at each
+document's first token (from an optional ``(N, M, S)`` initial state) and the state has one row
+per document (:mod:`~kalmanscan.ops.kla.documents`), on every backend.
 
 Dtypes: half-precision inputs compute in float32 and return their dtype; the torch backend computes
 in float64 when any input is float64, and so does the cpu backend; the triton backend always

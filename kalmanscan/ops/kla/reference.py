@@ -5,16 +5,22 @@ The independent oracle of every KLA backend: it never uses Möbius products, sca
 gate of :mod:`kalmanscan.model.mobius`, but the textbook covariance form, per token and filter
 ``(m, s)`` (``phi = lam_v k^2``; observation ``v = k x + e``, ``e ~ N(0, 1/lam_v)``):
 
-    pred_var = decay^2 var + noise,        pred_mu = decay mu
-    var = pred_var / (1 + phi pred_var),   mu = pred_mu + var lam_v k (v - k pred_mu)
+    pred_var = decay^2 var + noise,        pred_mu = decay mu,    r = 1 / (1 + phi pred_var)
+    var = pred_var r,                      mu = pred_mu + var lam_v k (v - k pred_mu)
+                                              = r pred_mu + var lam_v k v
     y = sum_s q mu,   y_var = sum_s q^2 var
 
 the precision recursion of :mod:`kalmanscan.ops.kla` with ``var = 1/lam``, ``mu = eta/lam``
-(``lam_pred var = 1 - phi var`` turns ``eta``'s update into the innovation form above). In this
-form nothing grows: without process noise and with ``decay < 1`` the exact precision grows like
+(``lam_pred var = 1 - phi var = r`` turns ``eta``'s update into the innovation form above). The
+mean is computed in the last form: the innovation form subtracts ``var phi`` from 1, which loses
+the mean's digits where ``phi pred_var >> 1`` (``y`` 5e-5 off in float64 at ``lam0 = 1e-12``).
+Nothing grows: without process noise and with ``decay < 1`` the exact precision grows like
 ``decay^(-2t)`` and leaves float64's range, while ``var`` and ``mu`` only underflow towards their
 exact limit 0, so outputs and gradients (by autograd, ``O(L)`` graph: small test shapes) stay
-exact at every length. ``tests/kla_oracle.py`` checks it against 50-digit arithmetic.
+exact at every length. The variance's update is differentiated by
+:func:`kalmanscan.ops.kla.recurrent.posterior_var` (autograd of the quotient cancels where
+``phi pred_var >> 1``: the initial precision's gradient at ``lam0 = 1e-12`` was 7e-5 off in
+float64). ``tests/kla_oracle.py`` checks it against 50-digit arithmetic.
 
 :func:`kla_scan` has the signature every backend shares; :func:`kla_scan_moments` takes and returns
 the variance and mean; :func:`kla_scan_sequential` the precision and information mean.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from kalmanscan.ops.kla.documents import each_document
+from kalmanscan.ops.kla.recurrent import posterior_var
 from kalmanscan.ops.kla.state import FilterState, information
 
 __all__ = ["kla_scan", "kla_scan_moments", "kla_scan_sequential"]
@@ -69,10 +76,11 @@ def kla_scan_moments(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: t
     for t in range(L):
         kt = k[:, t, None, :]
         lv = lam_v[:, t, :, None]
+        phi = lv * kt * kt
         pred_var = decay * decay * var + noise
-        pred_mu = decay * mu
-        var = pred_var / (1.0 + lv * kt * kt * pred_var)
-        mu = pred_mu + var * lv * kt * (v[:, t, :, None] - kt * pred_mu)
+        r = 1.0 / (1.0 + phi * pred_var)
+        var = posterior_var(pred_var, phi)
+        mu = r * (decay * mu) + var * lv * kt * v[:, t, :, None]
         qt = q[:, t, None, :]
         ys.append((qt * mu).sum(-1))
         y_vars.append((qt * qt * var).sum(-1))

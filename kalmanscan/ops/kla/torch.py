@@ -29,6 +29,14 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     (whose exact precision grows like ``decay^(-2t)``) gives finite outputs and a final ``var``,
     ``mu`` that continue exactly; only the state's pair ``(lam, eta)`` may then be inf.
 
+    Accuracy bound: the read-out ``(C + D var0) / (A + B var0)`` from the initial variance
+    ``var0 = 1/lam0`` is differentiated by autograd as a difference of two terms of relative size
+    ``1 + phi var0`` (``phi = lam_v k^2``), so the initial state's gradients carry a relative error
+    up to about ``eps (1 + phi var0)`` (``eps`` the dtype's rounding): lost in float32 below
+    ``lam0 ~ 1e-6``, 1e-4 relative in float64 at ``lam0 = 1e-12``
+    (``tests/ops/kla/test_oracle.py``); the cpu and recurrent backends have no such term. Every
+    other gradient, and the outputs, are unaffected.
+
     With ``cu_seqlens`` (:mod:`kalmanscan.ops.kla.documents`) both scans are segmented: a
     document's first token starts a new product (:func:`segmented`), read out from that document's
     initial state, and the final state is read at each document's last token.

@@ -18,6 +18,11 @@ Recursion, in mean form (docs/math.md §7 with ``var = 1 / lam``, ``mu = eta / l
     var <- P r,   mu <- (decay mu + P b) r
     y[m] = sum_s q mu,   y_var[m] = sum_s q^2 var
 
+The transpose through ``P`` is written as ``d var / d P = r^2`` and ``d mu / d P = (b - phi decay
+mu_prev) r^2``, not as the sums ``r - phi P r^2`` and ``b r - phi U r^2`` their derivation gives:
+where ``phi P >> 1`` (a large initial variance, ``1e12``) those subtract two nearly equal terms
+and lost the initial state's gradient (0, or ``1e4`` against ``-3.19``, in float32).
+
 The backward recomputes each chunk of ``chunk`` tokens from its checkpoint, keeping the state
 before every token, and walks it in reverse with the scalar adjoints ``gvar``, ``gmu`` of every
 filter (the exact transpose of the lines above). Sums over ``s`` (``lam_v``, ``v`` gradients) stay
@@ -261,8 +266,9 @@ def backward(v: np.ndarray, lam_v: np.ndarray, k: np.ndarray, q: np.ndarray, dec
                         gvn = gV[s, i] + gyvw[i] * q2
                         gq_s += gyw[i] * (U * r) + two * qs * gyvw[i] * (P * r)
                         gU = gmn * r
-                        gd = -(gmn * U + gvn * P) * (r * r)
-                        gP = gvn * r + gd * phi + gU * bk
+                        r2 = r * r
+                        gd = -(gmn * U + gvn * P) * r2
+                        gP = (gvn + gmn * (bk - phi * (A * mp))) * r2
                         gphi = gd * P
                         gbk = gU * P
                         ga[s, i] += gU * mp + two * A * vp * gP

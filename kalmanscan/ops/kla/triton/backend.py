@@ -14,6 +14,16 @@ gradients for ``v, lam_v, k, q, decay, noise`` and the initial state.
 
 Arithmetic is float32 whatever the input dtype; ``y``/``y_var`` come back in ``v``'s dtype, the
 final state ``(lam, eta)`` in float32, gradients in each input's dtype.
+
+Accuracy bound. The kernels carry the precision ``lam`` (up to ``1/noise`` plus the observations'
+``phi = lam_v k^2``) and its adjoints ``gl``, ``ge``. The noise and decay gradients sum per-token
+terms through ``g_d = -(ge mu decay + gl) lam rho^2`` in which the two adjoints cancel down to the
+variance's adjoint over ``lam^2``: their relative error grows like ``eps lam`` and is bounded by about
+``10 eps (1 + lam_max)``, ``lam_max`` the largest precision after the first token (at most
+``max(1/noise, lam0 / decay^2) + sum phi``; ``eps = 2^-23``; measured 3e-5 to 5e-5 at noise 1e-3,
+against an exact oracle, ``tests/ops/kla/test_oracle.py``). The other gradients, and the initial state's at
+initial precisions from 1e-12 to 1e12, keep float32's accuracy. Where these two must be exact at
+small noise, the cpu backend (mean form) has no such term.
 """
 
 from __future__ import annotations
