@@ -28,10 +28,11 @@ _NAMES = {"filter": "kalmanscan.inference.filtering", "smooth": "kalmanscan.infe
 # Sub-packages and modules, by the name they have on ``ks``.
 _MODULES = {"diagnostics": "kalmanscan.diagnostics", "plot": "kalmanscan.diagnostics.plot", "nn": "kalmanscan.nn",
             "datasets": "kalmanscan.datasets", "distributed": "kalmanscan.distributed", "xr": "kalmanscan.xr",
-            "ops": "kalmanscan.ops", "ou": "kalmanscan.model.ou", "mobius": "kalmanscan.model.mobius"}
+            "ops": "kalmanscan.ops", "ou": "kalmanscan.model.ou", "mobius": "kalmanscan.model.mobius",
+            "tuning": "kalmanscan.tuning"}
 
 __all__ = ["filter", "smooth", "fit", "forecast", "Posterior", "StreamState", "StreamFilter", "register_backend",
-           "diagnostics", "plot", "nn", "datasets", "distributed", "xr", "ops", "ou", "mobius"]
+           "diagnostics", "plot", "nn", "datasets", "distributed", "xr", "ops", "ou", "mobius", "tuning"]
 
 if TYPE_CHECKING:
     from kalmanscan.estimation.fitting import fit

@@ -7,4 +7,17 @@
 
 Each operation has one registry (``register_backend``) and one module per backend with the same
 function names and signatures. The Triton kernels themselves live in :mod:`kalmanscan.kernels`.
+
+The two sub-packages are imported on first use (``kalmanscan.ops.filter``, or ``ks.ops.filter``).
 """
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in ("filter", "kla"):
+        return importlib.import_module(f"kalmanscan.ops.{name}")
+    raise AttributeError(f"module 'kalmanscan.ops' has no attribute {name!r}")
