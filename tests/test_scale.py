@@ -151,6 +151,49 @@ def test_backend_sweep(backend, problem):
         check_posterior(post, ref, y, c, TOL, smoothed=True)
 
 
+# The fused kernels' other paths: several stretches joined through the merged form (their
+# aggregates composed, or in closed form for static parameters: two stretches a program, so the
+# programs after the first hold complete stretches only), and time-parallel tiles (one channel;
+# composed, or in closed form).
+KERNEL_PATHS = {"stretches": dict(stretch=8, walk_closed=False),
+                "stretches_closed": dict(stretch=5, closed_chunk=5, small_c_block=2),
+                "tiles": dict(tile=16, tile_stretches=4, tile_row=4, tile_closed=False),
+                "tiles_closed": dict(tile=16, tile_stretches=4, tile_row=4)}
+
+
+@pytest.mark.parametrize("path", list(KERNEL_PATHS))
+def test_kernel_paths_sweep(path):
+    """Each path of the fused kernels (filter and smoother, launched with a config that forces it)
+    at ``k`` in (-140, 150) against the reference at ``c = 1``, one channel (the tiles' regime), and
+    the filter's gradients against its own at ``c = 1``.
+    (At ``k = -150`` the process noise, about ``1e-301``, is below
+    :data:`kalmanscan.model.mobius.NO_NOISE`: the backend runs the torch filter instead.)"""
+    from helpers import config, prepared, triton_filter, triton_smooth
+
+    kw = static_problem()
+    kw["y"] = kw["y"][:, :1]
+    ref = ks.smooth(backend="reference", **kw)
+    cfg = config(**KERNEL_PATHS[path])
+
+    def grads(k):
+        """Gradients of a scale-free loss of the filter at ``c = 10^k`` (each times its power of ``c``)."""
+        c = 10.0 ** k
+        s = scaled(kw, c)
+        p, y, t = prepared(s.pop("y"), s, grad=True)
+        _loss(triton_filter(p, cfg), c, smoothed=False).backward()
+        return [to_np(y.grad) * c, to_np(t["sigma"].grad) * c, to_np(t["obs_var"].grad) * c * c]
+
+    base = grads(0)
+    for k in (-140, 150):
+        c = 10.0 ** k
+        s = scaled(kw, c)
+        p, _, _ = prepared(s.pop("y"), s)
+        check_posterior(triton_smooth(p, cfg), ref, to_np(p.y), c, TOL, smoothed=True)
+        for g, g0, name in zip(grads(k), base, ("y", "sigma", "obs_var")):
+            err = np.max(np.abs(g - g0)) / np.max(np.abs(g0))
+            assert err < TOL, f"k={k}: d/d{name} relative error {err:.3g}"
+
+
 @pytest.mark.parametrize("backend", DIFFERENTIABLE)
 def test_float32_sweep(backend):
     """float32 data across its range (``c^2`` a normal float32 number): the rich problem."""

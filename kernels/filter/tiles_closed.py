@@ -92,7 +92,7 @@ def closed_power(lam0, k, xp, var_star, nlr, c_lam, c_var):
     u, omu = one_minus_power(k, nlr)
     above = lam0 >= xp
     d_lam = tl.where(above, lam0 - xp, 0.0)
-    d_var = tl.where(above, 0.0, (xp - lam0) / (lam0 * xp))
+    d_var = tl.where(above, 0.0, (xp - lam0) / xp / lam0)  # 1 / lam0 - 1 / lam*, no product of precisions
     lam_hi = xp + d_lam * u / (1.0 + c_lam * d_lam * omu)
     var_lo = var_star + d_var * u / (1.0 + c_var * d_var * omu)
     return tl.where(above, lam_hi, 1.0 / var_lo)
@@ -117,20 +117,26 @@ def one_minus_exp(x):
 @triton.jit
 def closed_weights(j, L, xp, xm, log2_f, nlr):
     """The weights of step ``j`` (0-based) of a complete stretch of ``L`` steps in its information
-    row: ``w (1 - u)`` and ``w (u x+ - x-)``, ``w = f*^(L - 1 - j)``, ``u = rho^(j + 1)``."""
+    row: ``w (1 - u)`` and ``w (u - x- / x+)``, ``w = f*^(L - 1 - j)``, ``u = rho^(j + 1)``. The second
+    is the row's ``w (u x+ - x-)`` over ``x+``: dimensionless, so its sum with the information (a
+    precision times an information would scale as ``1 / c^3`` with the data's scale ``c``) stays
+    in range as far as the information does; :func:`closed_agg7` multiplies ``x+`` back in."""
     w = tl.exp2((L - 1 - j).to(log2_f.dtype) * log2_f)
     u, omu = one_minus_exp((j + 1).to(nlr.dtype) * nlr)
-    return w * omu, w * (u * xp - xm)
+    return w * omu, w * (u - xm / xp)
 
 
 @triton.jit
 def closed_agg7(s1, s2, L, xp, xm, inv_d, log2_f, nlr):
-    """The merged map of a complete stretch of ``L`` steps from its weighted sums (trace 1)."""
+    """The merged map of a complete stretch of ``L`` steps from its weighted sums (trace 1), ``s2``
+    over ``x+`` (:func:`closed_weights`). ``x+ / D`` is formed first: a ratio, so no entry passes
+    through the product of two precisions ``x+ x-``."""
     u, omu = one_minus_power(L.to(nlr.dtype), nlr)
     scale = inv_d / (1.0 + u)  # the trace of E1 + u E2 is 1 + u
+    xp_scale = xp * scale
     f = tl.exp2(L.to(log2_f.dtype) * log2_f) / (1.0 + u)
-    return ((xp - u * xm) * scale, -xp * xm * omu * scale, omu * scale, (u * xp - xm) * scale,
-            s1 * scale, s2 * scale, f)
+    return ((xp - u * xm) * scale, -xm * omu * xp_scale, omu * scale, (u * xp - xm) * scale,
+            s1 * scale, s2 * xp_scale, f)
 
 
 @triton.jit

@@ -3,7 +3,8 @@
 With static parameters a *complete* stretch (every ``y`` observed, not the series' first, no step
 past ``T``) has the merged map :func:`kalmanscan.kernels.filter.tiles_closed.closed_agg7` of two
 weighted sums of its information, ``s1 = sum_j f*^(L-1-j) (1 - u_j) info_j`` and
-``s2 = sum_j f*^(L-1-j) (u_j x+ - x-) info_j`` (``u_j = rho^(j+1)``). A lane walks them in Horner
+``s2 = sum_j f*^(L-1-j) (u_j - x- / x+) info_j`` (``u_j = rho^(j+1)``; the row's weight over ``x+``, so
+the sum scales as the information does). A lane walks them in Horner
 form, ``s <- f* s + c_j info_j``, so a step costs a load and a few FMAs where composing the
 seven-number maps costs about twenty operations and a reciprocal:
 
@@ -12,7 +13,7 @@ seven-number maps costs about twenty operations and a reciprocal:
 - the *head* of the stretch, while ``u_j`` matters, takes ``c_j`` from
   :func:`kalmanscan.kernels.filter.tiles_closed.one_minus_exp` (``1 - u`` without cancellation);
   from the step where ``u_j max(1, x+ / |x-|) < 2^-26`` on (:func:`walk_constants`) the weights are
-  ``c = (1, -x-)`` to within float32 rounding.
+  ``c = (1, -x- / x+)`` to within float32 rounding.
 
 Steps go in chunks of ``CHUNK``; after each the program looks at its lanes' missing values, and the
 first chunk with one is not summed: :func:`closed_prefix` returns the map of the steps summed so
@@ -40,7 +41,7 @@ def walk_constants(decay, noise, obs_var, h, lane_ok, complete):
                                                                            decay.dtype)
     f_hi = f64.to(decay.dtype)
     f_lo = (f64 - f_hi.to(tl.float64)).to(decay.dtype)
-    ratio = tl.maximum(xp64 / tl.maximum(-xm64, 1e-300), 1.0)
+    ratio = tl.maximum(xp64 / tl.maximum(-xm64, 1e-300 * xp64), 1.0)  # x+ / |x-|, at most 1e300
     head_lane = (18.021826694558577 + tl.log(ratio)) / tl.where(nlr64 > 0, nlr64, 1e-300)  # 26 ln 2
     head = tl.max(tl.where(lane_ok, head_lane, 0.0), axis=0)
     closed = tl.min(tl.where(lane_ok, (complete & usable).to(tl.int32), 1), axis=0) == 1
@@ -66,10 +67,10 @@ def closed_chunk(s1, s2, j0, t0, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, hm, hr,
         if HEAD:
             u, omu = one_minus_exp((j0 + k + 1).to(nlr.dtype) * nlr)
             s1 = horner(s1, f_hi, f_lo, omu * info)
-            s2 = horner(s2, f_hi, f_lo, (u * xp - xm) * info)
+            s2 = horner(s2, f_hi, f_lo, (u - xm / xp) * info)
         else:
             s1 = horner(s1, f_hi, f_lo, info)
-            s2 = horner(s2, f_hi, f_lo, -xm * info)
+            s2 = horner(s2, f_hi, f_lo, -(xm / xp) * info)
     return s1, s2, gaps
 
 
