@@ -83,6 +83,18 @@ def test_filter_step_kernel_equals_torch(S, scalar_skip, bias, variance):
     torch.testing.assert_close(state[1], ref[3], **FLOAT32_TOL)
 
 
+def test_steps_write_every_output(poisoned):
+    """Outputs the wrappers allocate start as NaN (the ``poisoned`` fixture): every element is written."""
+    args = filter_inputs(M=45, S=3)
+    got = kla_decode_step(*args, floor=1e-4, variance=True, backend="triton")
+    ref = kla_decode_step(*args, floor=1e-4, variance=True, backend="torch")
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, **FLOAT32_TOL)
+    z, window = args[4], torch.randn(3, 3, 45)
+    out, window_out = conv_step(z, window, torch.randn(45, 4), torch.randn(45), backend="triton")
+    assert torch.isfinite(out).all() and torch.isfinite(window_out).all()
+
+
 def test_filter_step_torch_is_the_block_arithmetic():
     """The torch path in float64: the sensors of :meth:`KLA.sensors` and one token of the
     reference precision recursion (``var = 1/lam``, ``mu = eta/lam``), then skip and gate."""
