@@ -21,8 +21,9 @@ the filter update of the ``[BLOCK_M, S]`` grid of the state in mean form (varian
     out = (y + skip z) silu(gate)
 
 the predict-then-update of the scan (``lam = 1/var``, ``eta = mu/var``), in the form whose state
-only underflows towards its exact limit 0 without process noise. Arithmetic is float32 (float64
-for float64 inputs); every division is by a number ``>= 1`` or by ``softplus + floor > 0``.
+only underflows towards its exact limit 0 without process noise. Arithmetic is float32 (the
+wrappers run float64 in torch operations); every division is by a number ``>= 1`` or by
+``softplus + floor > 0``; ``||k||`` is floored at ``eps``.
 Padding lanes load ``k = q = 0``, ``decay = noise = var = mu = 0`` and stay finite. Each program
 reads its part of the state before writing it, so the state may be updated in place
 (``var_out_ptr == var_ptr``); likewise the conv window.
