@@ -132,3 +132,16 @@ def test_bad_pandas_input_names_the_problem():
         ks.filter(df, theta=0.1, sigma=0.5, obs_var=1.0)
     with pytest.raises(ValueError, match="batch dimensions"):
         ks.filter(_frame(5), theta=np.full((2, 1, 2), 0.1), sigma=0.5, obs_var=1.0)
+
+
+def test_fit_reads_the_index_as_filter_does():
+    df = _frame(40, index=pd.date_range("2024-01-01", periods=40, freq="2D"))
+    with pytest.raises(ValueError, match="time_unit is required"):
+        ks.fit(df, max_iter=3)
+    res = ks.fit(df, time_unit="1D", max_iter=10)
+    ref = ks.fit(df.to_numpy(), times=np.arange(40) * 2.0, max_iter=10)
+    np.testing.assert_array_equal(res.params["theta"], ref.params["theta"])
+    post = res.filter(df)
+    assert post.mean.index.equals(df.index)
+    with pytest.raises(ValueError, match="time_unit"):
+        ks.fit(df.to_numpy(), time_unit="1D")

@@ -45,6 +45,7 @@ import torch
 
 from kalmanscan import tuning
 from kalmanscan.estimation.result import METHOD_NAMES, FitResult, as_numpy
+from kalmanscan.inference.frames import pandas_in
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.estimation.likelihood import POSITIVE as _POSITIVE
 from kalmanscan.estimation.likelihood import Likelihood, gradient_and_hessian, spd_inverse, valid
@@ -60,6 +61,7 @@ _MODEL = ("theta", "sigma", "obs_var", "mean")
 
 
 
+@pandas_in
 def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, mean: Any = 0.0, h: Any = 1.0,
         dt: Any = 1.0, times: Any = None, init_mean: Any = None, init_var: Any = None,
         estimate: str | tuple | list = ("theta", "sigma", "obs_var"), shared: bool = False,
@@ -69,7 +71,8 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
 
     Args:
         y: observations ``(..., T, C)``; NaN = missing. NumPy in gives NumPy params; a tensor gives
-            detached tensors of its dtype on its device.
+            detached tensors of its dtype on its device. A pandas ``DataFrame`` or ``Series`` is read
+            as :func:`kalmanscan.filter` reads it (its index the times, ``time_unit=`` for dates).
         theta, sigma, obs_var, mean, init_mean, init_var: for a name in ``estimate``, the initial
             guess (``None``: a guess from the data; scalars or ``(C,)``, or ``B + (1, C)``, for the
             model parameters, ``B + (C,)`` for ``init_*``); for any other name, the fixed value

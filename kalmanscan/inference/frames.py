@@ -1,5 +1,5 @@
 """pandas in, pandas out for :func:`kalmanscan.filter`, :func:`kalmanscan.smooth` and
-:func:`kalmanscan.forecast`.
+:func:`kalmanscan.forecast`; pandas in for :func:`kalmanscan.fit`.
 
 A ``DataFrame`` is ``y`` of shape ``(T, C)``, one channel per column; a ``Series`` is one channel,
 ``(T, 1)``, named by the series' name. The index gives the times (as a coordinate does in
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FrameLabels", "is_pandas", "read", "write", "table", "pandas_io", "pandas_forecast"]
+__all__ = ["FrameLabels", "is_pandas", "read", "write", "table", "pandas_io", "pandas_in", "pandas_forecast"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,15 +128,36 @@ def pandas_io(fn: Callable[..., Any]) -> Callable[..., Any]:
         if getattr(state, "frame", None) is not None:
             kwargs["state"] = state.to_numpy()
         if not is_pandas(y):
-            if time_unit is not None:
-                raise ValueError("time_unit applies to a pandas y whose index holds dates; with arrays, give "
-                                 "times in model units")
+            _no_time_unit(time_unit)
             return fn(y, **kwargs)
         values, steps, labels = read(y, time_unit, kwargs, origin)
         if labels.unit is not None and state is not None and not origin and getattr(state, "time", None) is not None:
             raise ValueError("state: continue a stream of dates from its Posterior (state=post), which knows the "
                              "first date its times count from; a StreamState holds the times only")
         return write(fn(values, **kwargs, **steps), labels)
+
+    return wrapper
+
+
+def _no_time_unit(time_unit: Any) -> None:
+    """``ValueError`` when a ``time_unit`` comes with arrays (it is for a pandas index)."""
+    if time_unit is not None:
+        raise ValueError("time_unit applies to a pandas y whose index holds dates; with arrays, give times in "
+                         "model units")
+
+
+def pandas_in(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``ks.fit``: a pandas ``y`` is read as :func:`pandas_io` reads it (its index the times,
+    ``time_unit`` for dates), so the fitted ``theta`` and ``sigma`` are per the unit a pandas
+    filter of the same data uses; the result is unchanged."""
+
+    @functools.wraps(fn)
+    def wrapper(y: Any, *, time_unit: Any = None, **kwargs: Any) -> Any:
+        if not is_pandas(y):
+            _no_time_unit(time_unit)
+            return fn(y, **kwargs)
+        values, steps, _ = read(y, time_unit, kwargs)
+        return fn(values, **kwargs, **steps)
 
     return wrapper
 
