@@ -235,29 +235,32 @@ def test_stream_sweep(backend, k):
         check_field(getattr(post, name), getattr(ref_tail, name), c, power, TOL, f"smoothed {name}")
 
 
-@pytest.mark.parametrize("backend", ("cpu", "torch"))
+@pytest.mark.parametrize("backend", ("cpu", "torch", "triton"))
 def test_stream_filter_sweep(backend):
     """:class:`kalmanscan.StreamFilter`, one step per update (its one-step kernels), at ``k`` in
     (-150, -80, 80, 150): every step's moments and the running log-likelihood."""
     kw, ref = reference("static")
     fields = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_obs_var", "logliks")
+    dev = device_of(backend)
     for k in (-150, -80, 80, 150):
         c = 10.0 ** k
         s = scaled(kw, c)
         f = ks.StreamFilter(theta=s["theta"], sigma=s["sigma"], obs_var=s["obs_var"], outputs=fields,
                             backend=backend)
-        steps = [f.update(y_t) for y_t in s["y"]]
+        steps = [f.update(torch.tensor(y_t, device=dev)) for y_t in s["y"]]
         for name, power in FIELDS:
             if name in fields:
-                check_field(np.stack([o[name] for o in steps]), getattr(ref.filtered, name), c, power, TOL, name)
-        check_loglik(SimpleNamespace(loglik=f.loglik, logliks=np.stack([o["logliks"] for o in steps])),
-                     ref, s["y"], c, TOL)
+                got = np.stack([to_np(o[name]) for o in steps])
+                check_field(got, getattr(ref.filtered, name), c, power, TOL, name)
+        logliks = np.stack([to_np(o["logliks"]) for o in steps])
+        check_loglik(SimpleNamespace(loglik=to_np(f.loglik), logliks=logliks), ref, s["y"], c, TOL)
 
 
 def _loss(post, c: float, smoothed: bool) -> torch.Tensor:
     """A scale-free scalar of ``post`` at scale ``c``: the log-likelihood (its shift is constant)
     plus weighted means over ``c`` and variances over ``c^2``."""
-    w = torch.linspace(-1.0, 1.0, post.mean.numel(), dtype=post.mean.dtype).reshape(post.mean.shape)
+    w = torch.linspace(-1.0, 1.0, post.mean.numel(), dtype=post.mean.dtype, device=post.mean.device)
+    w = w.reshape(post.mean.shape)
     loss = post.loglik.sum() + (w * post.mean / c).sum() + (w * w * post.var / (c * c)).sum()
     if smoothed:
         f = post.filtered
