@@ -14,8 +14,8 @@ and columns, and ``loglik`` a ``Series`` over the columns; ``params`` stay NumPy
 and ``Posterior.frame`` holds the labels (:class:`FrameLabels`). A forecast from such a posterior
 has ``DataFrame`` moments indexed by the future times, dates for a date index; its ``times=`` may
 then be dates. A stream of dates continues from its Posterior (``state=post``: its dates count
-from the first chunk's first date). ``Posterior.to_numpy()`` gives the plain arrays. Nothing here imports pandas unless
-the caller's data is pandas (already imported).
+from the first chunk's first date). ``Posterior.to_numpy()`` gives the plain arrays. Nothing here
+imports pandas unless the caller's data is pandas (already imported).
 """
 
 from __future__ import annotations
@@ -124,14 +124,14 @@ def pandas_io(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(y: Any, *, time_unit: Any = None, **kwargs: Any) -> Any:
         state = kwargs.get("state")
-        origin = getattr(state, "frame", None) and state.frame.origin
-        if getattr(state, "frame", None) is not None:
+        before = getattr(state, "frame", None)  # a pandas posterior continued: its labels
+        if before is not None:
             kwargs["state"] = state.to_numpy()
         if not is_pandas(y):
             _no_time_unit(time_unit)
             return fn(y, **kwargs)
-        values, steps, labels = read(y, time_unit, kwargs, origin)
-        if labels.unit is not None and state is not None and not origin and getattr(state, "time", None) is not None:
+        values, steps, labels = read(y, time_unit, kwargs, None if before is None else before.origin)
+        if labels.unit is not None and before is None and getattr(state, "time", None) is not None:
             raise ValueError("state: continue a stream of dates from its Posterior (state=post), which knows the "
                              "first date its times count from; a StreamState holds the times only")
         return write(fn(values, **kwargs, **steps), labels)
