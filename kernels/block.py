@@ -6,6 +6,8 @@
     s = x + y                        (rounded to s's dtype, as the model's residual stream is)
     h = s / sqrt(mean(s^2) + eps) * weight        (float32 arithmetic, rounded once to h's dtype)
 
+(``HAS_Y=False``: the norm of ``x`` alone, ``s`` not written.)
+
 :func:`silu_mul_kernel`: the SwiGLU product of the ``(B, 2 H)`` output of its input projection,
 ``out = SiLU(gate) * up`` with ``gate, up`` its halves (float32 arithmetic, rounded once).
 """
@@ -21,16 +23,17 @@ def add_rms_norm_kernel(
     # dimensions, constants
     N, eps,
     # meta-parameters
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_Y: tl.constexpr,
 ):
     row = tl.program_id(0) * N
     offs = tl.arange(0, BLOCK)
     mask = offs < N
-    x = tl.load(x_ptr + row + offs, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + row + offs, mask=mask, other=0.0).to(tl.float32)
-    s = (x + y).to(s_ptr.dtype.element_ty)
-    tl.store(s_ptr + row + offs, s, mask=mask)
-    s = s.to(tl.float32)
+    s = tl.load(x_ptr + row + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_Y:
+        s += tl.load(y_ptr + row + offs, mask=mask, other=0.0).to(tl.float32)
+        s = s.to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + row + offs, s, mask=mask)
+        s = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(s * s, axis=0) / N + eps)
     weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(h_ptr + row + offs, (s * rstd * weight).to(h_ptr.dtype.element_ty), mask=mask)

@@ -56,12 +56,13 @@ def mixer_step(mixer: nn.Module, x_t: torch.Tensor, state: Any, out: Any = None)
     return y, copy_state(out, state)
 
 
-def residual_norm(x: torch.Tensor, y: torch.Tensor, norm: nn.Module, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(s, norm(s))`` for the residual sum ``s = x + y``: one kernel with ``fused``
-    (:func:`kalmanscan.ops.block.add_rms_norm`)."""
+def residual_norm(x: torch.Tensor, y: torch.Tensor | None, norm: nn.Module,
+                  fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, norm(s))`` for the residual sum ``s = x + y`` (``s = x`` for ``y=None``): one kernel with
+    ``fused`` (:func:`kalmanscan.ops.block.add_rms_norm`)."""
     if fused:
         return add_rms_norm(x, y, norm.weight, norm.eps)
-    s = x + y
+    s = x if y is None else x + y
     return s, rms_norm_step(norm, s)
 
 

@@ -242,7 +242,7 @@ class SequenceModel(nn.Module):
         if fused is None:
             recording = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
             fused = x.is_cuda and x.dtype != torch.float64 and not recording
-        h = rms_norm_step(self.blocks[0].mixer_norm, x)
+        x, h = residual_norm(x, None, self.blocks[0].mixer_norm, fused)
         new_state = []
         for i, (block, s) in enumerate(zip(self.blocks, state)):
             next_norm = self.blocks[i + 1].mixer_norm if i + 1 < len(self.blocks) else self.norm

@@ -1,7 +1,7 @@
 """The elementwise pieces of a sequence model's block for one decoding token, one launch each (the
 kernels of :mod:`kalmanscan.kernels.block`; on the CPU through Triton's interpreter).
 
-    s, h = add_rms_norm(x, y, weight, eps)    s = x + y;  h = RMSNorm(s) * weight
+    s, h = add_rms_norm(x, y, weight, eps)    s = x + y;  h = RMSNorm(s) * weight  (y=None: s = x)
     out = silu_mul(gate_up)                   SiLU(gate) * up of the halves of gate_up (B, 2 H)
 
 The arithmetic of :class:`kalmanscan.nn.common.RMSNorm` after the residual sum and of
@@ -23,16 +23,18 @@ __all__ = ["add_rms_norm", "silu_mul"]
 SILU_BLOCK = 1024
 
 
-def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s, h)``: the residual sum ``s = x + y`` (B, N) in ``x``'s dtype and ``h = s / sqrt(mean(s^2)
-    + eps) * weight`` in ``x``'s dtype."""
-    if x.shape != y.shape or x.ndim != 2 or weight.shape != (x.shape[1],):
-        raise ValueError(f"x, y must be (B, N) of one shape and weight (N,), got {tuple(x.shape)}, "
-                         f"{tuple(y.shape)}, {tuple(weight.shape)}")
-    x, y = x.contiguous(), y.contiguous()
-    s, h = torch.empty_like(x), torch.empty_like(x)
-    add_rms_norm_kernel[(x.shape[0],)](x, y, weight, s, h, x.shape[1], eps, BLOCK=next_power_of_2(x.shape[1]))
+    + eps) * weight`` in ``x``'s dtype; ``y=None``: ``s`` is ``x`` (the norm alone)."""
+    if (y is not None and x.shape != y.shape) or x.ndim != 2 or weight.shape != (x.shape[1],):
+        got = None if y is None else tuple(y.shape)
+        raise ValueError(f"x, y must be (B, N) of one shape and weight (N,), got {tuple(x.shape)}, {got}, "
+                         f"{tuple(weight.shape)}")
+    x = x.contiguous()
+    s, h = (x, torch.empty_like(x)) if y is None else (torch.empty_like(x), torch.empty_like(x))
+    add_rms_norm_kernel[(x.shape[0],)](x, x if y is None else y.contiguous(), weight, s, h, x.shape[1], eps,
+                                       BLOCK=next_power_of_2(x.shape[1]), HAS_Y=y is not None)
     return s, h
 
 

@@ -253,6 +253,9 @@ def test_block_kernels_equal_the_modules(dtype):
     exact = dict(rtol=0, atol=0) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=0)
     torch.testing.assert_close(s, x + y, **exact)
     torch.testing.assert_close(h, norm(x + y), **tol)
+    alone, h = add_rms_norm(x, None, norm.weight, norm.eps)
+    assert alone is x
+    torch.testing.assert_close(h, norm(x), **tol)
     mlp = SwiGLU(24, multiple_of=1, dtype=dtype)                 # hidden width 64
     gate_up = mlp.w_in(torch.randn(3, 24, dtype=dtype)).detach()
     gate, up = gate_up.chunk(2, -1)
