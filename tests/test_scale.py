@@ -8,11 +8,11 @@ precisions by ``c^-2``, and each observed step's log-density shifts by ``-log c`
 ``k`` in -150..150 (the variances ``c^2`` stay normal numbers; past that ``obs_var`` itself
 leaves the range), for float32 across -17..17 (the same for float32). Two problems: scalar
 parameters (the host's path, the cpu backend's static loop) and a rich one (batch dimension,
-per-step ``obs_var``, a random-walk channel, a diffuse channel with a leading gap, missing values,
-irregular times), smoothed and filtered in one call; a continued stream; gradients; and the
-command line. Outputs are NaN-free and infinite exactly where the reference's are (a diffuse
-prior's leading steps). The same tolerances as the rest of the suite (1e-10, and
-:data:`helpers.FLOAT32_BOUND` for float32).
+per-step ``obs_var`` and ``sigma``, a random-walk channel, a diffuse channel with a leading gap,
+missing values, irregular times), smoothed and filtered in one call; a continued stream; the
+one-step StreamFilter; each path of the fused kernels; gradients; and the command line. Outputs
+are NaN-free and infinite exactly where the reference's are (a diffuse prior's leading steps).
+The same tolerances as the rest of the suite (1e-10, and :data:`helpers.FLOAT32_BOUND` for float32).
 """
 
 from __future__ import annotations
@@ -47,20 +47,22 @@ def static_problem():
 
 
 def rich_problem():
-    """Batch 2, T = 23, C = 4: per-step obs_var, channel 1 a random walk, channel 0 diffuse with a
-    leading gap, 10% missing values, irregular times."""
+    """Batch 2, T = 23, C = 4: per-step obs_var and sigma, channel 1 a random walk, channel 0
+    diffuse with a leading gap, 10% missing values, irregular times."""
     rng = np.random.default_rng(1)
     B, T, C = 2, 23, 4
     y = rng.normal(size=(B, T, C)) * 1.5
     y[rng.random(y.shape) < 0.1] = np.nan
     y[:, :3, 0] = np.nan
-    return dict(y=y, theta=np.array([0.3, 0.0, 1.5, 0.05]), sigma=np.array([0.5, 0.8, 1.1, 0.2]),
+    sigma = np.array([0.5, 0.8, 1.1, 0.2]) * rng.uniform(0.7, 1.3, (T, C))
+    return dict(y=y, theta=np.array([0.3, 0.0, 1.5, 0.05]), sigma=sigma,
                 obs_var=rng.uniform(0.1, 2.0, (B, T, C)), mean=np.array([0.5, -1.0, 2.0, 0.0]),
                 h=np.array([1.0, -0.7, 1.3, 2.0]), init_mean=np.array([0.0, 0.3, -0.5, 1.0]),
                 init_var=np.array([np.inf, 0.7, 1.3, 2.0]), times=np.cumsum(rng.uniform(0.2, 2.5, T)))
 
 
 PROBLEMS = {"static": static_problem, "rich": rich_problem}
+STEPPED = ("y", "obs_var", "sigma")  # the rich problem's per-step arrays
 
 
 def scaled(kw: dict, c: float, dtype=np.float64) -> dict:
@@ -208,7 +210,7 @@ def split(kw: dict, cut: int) -> tuple[dict, dict]:
     """The problem ``kw`` (the rich one) as a first chunk of ``cut`` steps and the rest, which
     continues from the first's state (no prior of its own)."""
     def part(sl):
-        return {k: v[sl] if k == "times" else v[..., sl, :] if k in ("y", "obs_var") else v for k, v in kw.items()}
+        return {k: v[sl] if k == "times" else v[..., sl, :] if k in STEPPED else v for k, v in kw.items()}
 
     return part(slice(0, cut)), {k: v for k, v in part(slice(cut, None)).items() if k not in ("init_mean", "init_var")}
 
