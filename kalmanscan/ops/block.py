@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from kalmanscan.kernels.block import add_rms_norm_kernel, silu_mul_kernel
 from kalmanscan.ops.launch import cdiv, next_power_of_2
 
 __all__ = ["add_rms_norm", "silu_mul"]
@@ -31,6 +30,8 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
         got = None if y is None else tuple(y.shape)
         raise ValueError(f"x, y must be (B, N) of one shape and weight (N,), got {tuple(x.shape)}, {got}, "
                          f"{tuple(weight.shape)}")
+    from kalmanscan.kernels.block import add_rms_norm_kernel  # (triton: only where it runs)
+
     x = x.contiguous()
     s, h = (x, torch.empty_like(x)) if y is None else (torch.empty_like(x), torch.empty_like(x))
     add_rms_norm_kernel[(x.shape[0],)](x, x if y is None else y.contiguous(), weight, s, h, x.shape[1], eps,
@@ -42,6 +43,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``SiLU(gate) * up`` (B, H) from ``gate_up = [gate, up]`` (B, 2 H), in its dtype."""
     if gate_up.ndim != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be (B, 2 H), got {tuple(gate_up.shape)}")
+    from kalmanscan.kernels.block import silu_mul_kernel  # (triton: only where it runs)
+
     gate_up = gate_up.contiguous()
     B, H = gate_up.shape[0], gate_up.shape[1] // 2
     out = gate_up.new_empty(B, H)
