@@ -2,7 +2,8 @@
 
 One module per backend, each with ``kla_scan(v, lam_v, k, q, decay, noise, initial_state=None)
 -> (y, y_var, state)``: :mod:`~kalmanscan.ops.kla.reference` (the float64 recursion in mean-and-
-variance form, the oracle, itself checked against 120-digit arithmetic in ``tests/kla_oracle.py``), :mod:`~kalmanscan.ops.kla.torch` (time-parallel scans), :mod:`~kalmanscan.ops.kla.recurrent`
+variance form, the oracle, itself checked against 120-digit arithmetic in ``tests/kla_oracle.py``),
+:mod:`~kalmanscan.ops.kla.torch` (time-parallel scans), :mod:`~kalmanscan.ops.kla.recurrent`
 (token by token in torch operations), :mod:`~kalmanscan.ops.kla.cpu` (compiled loops, the default
 on a CPU) and :mod:`~kalmanscan.ops.kla.triton` (fused kernels); the dispatch and registry
 are in :mod:`~kalmanscan.ops.kla.dispatch`, the fused kernels' ``torch.library`` operators in

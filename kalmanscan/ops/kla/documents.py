@@ -17,6 +17,8 @@ themselves once per document (:func:`offsets`, one read of the offsets).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kalmanscan.ops.kla.state import FilterState
@@ -98,8 +100,9 @@ def offsets(cu_seqlens: torch.Tensor) -> list[int]:
     return cu_seqlens.tolist()
 
 
-def each_document(scan, v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor,
-                  decay: torch.Tensor, noise: torch.Tensor, initial_state: FilterState,
+def each_document(scan: Callable[..., tuple[torch.Tensor, torch.Tensor, FilterState]], v: torch.Tensor,
+                  lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor, noise: torch.Tensor,
+                  initial_state: FilterState,
                   cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, FilterState]:
     """``scan(v, lam_v, k, q, decay, noise, initial_state) -> (y, y_var, state)`` once per document
     (its tokens and its row of ``initial_state``, a :class:`~kalmanscan.ops.kla.state.FilterState`

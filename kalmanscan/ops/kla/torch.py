@@ -6,6 +6,8 @@ oracle of the fused ``"triton"`` backend. See :mod:`kalmanscan.ops.kla` for shap
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kalmanscan.model import merged, mobius
@@ -85,7 +87,7 @@ def kla_scan(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Ten
     return y, y_var, FilterState.from_moments(*final)
 
 
-def segmented(combine):
+def segmented(combine: Callable[[tuple, tuple], tuple]) -> Callable[[tuple, tuple], tuple]:
     """The combine of a segmented scan from ``combine`` (:func:`kalmanscan.model.scan.associative_scan`):
     elements carry a leading bool flag, true where a segment starts, and a combination restarts
     from the later element where that is flagged (associative whenever ``combine`` is)."""

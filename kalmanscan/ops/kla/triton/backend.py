@@ -85,9 +85,11 @@ def kla_scan_triton(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: to
         _check_offsets(config, *v.shape, next_power_of_2(k.shape[-1]), v.device)
     tensors = (v, lam_v, k, q, decay, noise, lam0, eta0)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
-    direct = not save and not torch.compiler.is_compiling() and type(v) is torch.Tensor
-    y, y_var, lam, eta = (forward if direct else kla_scan_fwd)(v, lam_v, k, q, decay, noise, lam0, eta0, save,
-                                                              config.as_ints(), cu_seqlens)[:4]
+    args = (v, lam_v, k, q, decay, noise, lam0, eta0, save, config.as_ints(), cu_seqlens)
+    if not save and not torch.compiler.is_compiling() and type(v) is torch.Tensor:
+        y, y_var, lam, eta = forward(*args, placeholder=torch.empty)[:4]
+    else:
+        y, y_var, lam, eta = kla_scan_fwd(*args)[:4]
     if cu_seqlens is not None:  # an empty document's final state is its initial state
         kept = nonempty(cu_seqlens).view(-1, 1, 1)
         lam = torch.where(kept, lam, 1.0 if lam0 is None else lam0.to(lam.dtype))

@@ -31,7 +31,7 @@ as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as -1).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -236,10 +236,12 @@ def _fake_grad(v, shape, cfg):
 
 def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
             noise: torch.Tensor, lam0: torch.Tensor | None, eta0: torch.Tensor | None, save: bool,
-            config: list[int], cu_seqlens: torch.Tensor | None = None) -> Six:
+            config: list[int], cu_seqlens: torch.Tensor | None = None,
+            placeholder: Callable[..., torch.Tensor] = torch.zeros) -> Six:
     """The fused forward (:mod:`kalmanscan.kernels.kla.fwd`); see the module docstring. The
     implementation of the operator :data:`kla_scan_fwd`, callable directly where no autograd and no
-    tracing is needed (it skips the operator's dispatch)."""
+    tracing is needed (it skips the operator's dispatch; ``placeholder=torch.empty`` then leaves
+    the unused ``(1,)`` outputs unfilled: no launch for them)."""
     cfg = _config(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
     decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
@@ -252,11 +254,11 @@ def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
     n_chunks = max(cdiv(L, cfg.chunk), 1)
     rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
-    y_var = torch.empty_like(y) if cfg.variance else y.new_zeros(1)
+    y_var = torch.empty_like(y) if cfg.variance else placeholder(1, dtype=v.dtype, device=dev)
     lam = torch.empty(rows, *grid, dtype=torch.float32, device=dev)
     eta = torch.empty_like(lam)
-    ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save else lam.new_zeros(1)
-            for _ in range(2)]
+    ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
+            else placeholder(1, dtype=torch.float32, device=dev) for _ in range(2)]
     starts, ends = _boundaries(cu_seqlens, L, dev)
     n_mblocks, block_s = cdiv(M, cfg.block_m), next_power_of_2(S)
     even = cfg.even and filled(M, S, cfg.block_m)
@@ -282,7 +284,12 @@ def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
     return y, y_var, _from_kernels(lam, cfg), _from_kernels(eta, cfg), ckpt[0], ckpt[1]
 
 
-kla_scan_fwd = torch.library.custom_op("kalmanscan::kla_scan_fwd", forward, mutates_args=())
+@torch.library.custom_op("kalmanscan::kla_scan_fwd", mutates_args=())
+def kla_scan_fwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
+                 noise: torch.Tensor, lam0: torch.Tensor | None, eta0: torch.Tensor | None, save: bool,
+                 config: list[int], cu_seqlens: torch.Tensor | None = None) -> Six:
+    """The operator of :func:`forward` (its placeholders zero-filled: every output is defined)."""
+    return forward(v, lam_v, k, q, decay, noise, lam0, eta0, save, config, cu_seqlens)
 
 
 @kla_scan_fwd.register_fake

@@ -1,0 +1,60 @@
+"""The host work of a KLA scan call: the torch operations it dispatches (the fused kernels replaced by
+no-ops, so only the Python and torch work around them counts), and that a call without gradients,
+which skips the operator's dispatch, gives the operator's results."""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kla_helpers import make_inputs
+from kalmanscan.ops.kla import kla_scan
+from kalmanscan.ops.kla.triton import library
+from kalmanscan.ops.kla.triton.backend import kla_scan_triton
+
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Dispatched(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def test_operations_per_call(monkeypatch):
+    """Without gradients: the kernels' wrapper allocates its outputs and nothing else (7
+    allocations, no fill, no copy); the checked call adds one extremum per checked tensor and
+    their stack (on a GPU also their copy back)."""
+    for name in ("kla_fwd_kernel", "kla_piece_map_kernel"):
+        monkeypatch.setattr(library, name, NoLaunch())
+    xs = [x.float() for x in make_inputs(2, 16, 8, 4, device=KERNEL_DEVICE)]
+    with torch.no_grad():
+        for call, budget in ((lambda: kla_scan_triton(*xs), 7), (lambda: kla_scan(*xs, backend="triton"), 11)):
+            call()
+            with Dispatched() as d:
+                call()
+            counted = sum(d.ops.values())
+            assert counted <= budget, dict(d.ops)
+            assert not any("fill" in op or "copy" in op or "zero" in op for op in d.ops), dict(d.ops)
+
+
+def test_call_without_gradients_equals_the_operator():
+    """The wrapper's direct call and the operator: the same launches, bit for bit the same results."""
+    xs = [x.float() for x in make_inputs(2, 37, 5, 3, seed=2, with_state=True, device=KERNEL_DEVICE)]
+    config = library.launch_config(2, 37, 5, xs[0].device).as_ints()
+    with torch.no_grad():
+        direct = kla_scan_triton(*xs)
+        operator = library.kla_scan_fwd(*xs, False, config)[:4]
+    for a, b in zip(direct, operator):
+        assert torch.equal(a, b)
