@@ -34,23 +34,32 @@ def test_dataframe_in_dataframes_out(op):
     _assert_same(post, op(df.to_numpy(), **MODEL), df)
     if op is ks.smooth:
         _assert_same(post.filtered, ks.filter(df.to_numpy(), **MODEL), df)
-    assert "DataFrames" in repr(post)
+    assert "pandas DataFrame" in repr(post)
     for got, want in zip(post.gates(), op(df.to_numpy(), **MODEL).gates()):
         assert got.index.equals(df.index)
         np.testing.assert_array_equal(got.to_numpy(), want)
     np.testing.assert_array_equal(post.to_numpy().mean, op(df.to_numpy(), **MODEL).mean)
 
 
-def test_series_is_one_channel():
+def test_series_is_one_channel_and_gives_series():
     s = pd.Series(np.random.default_rng(1).normal(size=20), name="volume",
                   index=pd.Index(np.arange(1871, 1891), name="year"))
-    post = ks.filter(s, theta=0.0, sigma=1.0, obs_var=2.0, init_var=np.inf)
-    ref = ks.filter(s.to_numpy()[:, None], theta=0.0, sigma=1.0, obs_var=2.0, init_var=np.inf)
-    assert list(post.mean.columns) == ["volume"] and post.mean.index.equals(s.index)
-    np.testing.assert_array_equal(post.mean.to_numpy(), ref.mean)
-    assert post.loglik.index.tolist() == ["volume"]
+    kw = dict(theta=0.0, sigma=1.0, obs_var=2.0, init_var=np.inf)
+    post = ks.smooth(s, **kw)
+    ref = ks.smooth(s.to_numpy()[:, None], **kw)
+    for got, want in ((post.mean, ref.mean), (post.filtered.var, ref.filtered.var), (post.gates()[1], ref.gates()[1])):
+        assert isinstance(got, pd.Series) and got.name == "volume" and got.index.equals(s.index)
+        np.testing.assert_array_equal(got.to_numpy(), want[:, 0])
+    assert post.loglik == ref.loglik[0]
+    np.testing.assert_array_equal(post.to_numpy().var, ref.var)
+    assert post.to_numpy().loglik.shape == (1,)
     fc = ks.forecast(post, steps=2)
-    assert fc.mean.index.tolist() == [1891, 1892] and fc.mean.columns.tolist() == ["volume"]
+    assert isinstance(fc.mean, pd.Series) and fc.mean.index.tolist() == [1891, 1892]
+    np.testing.assert_allclose(fc.obs_var.to_numpy(), ks.forecast(ref, steps=2).obs_var[:, 0], rtol=1e-14)
+    rest = ks.filter(pd.Series([0.5, -0.2], index=[1891, 1892], name="volume"), state=post, theta=0.0,
+                     sigma=1.0, obs_var=2.0)
+    whole = ks.filter(pd.concat([s, pd.Series([0.5, -0.2], index=[1891, 1892])]).rename("volume"), **kw)
+    np.testing.assert_allclose(rest.mean.to_numpy(), whole.mean.to_numpy()[20:], rtol=1e-12)
 
 
 def test_numeric_index_is_the_times():

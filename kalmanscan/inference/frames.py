@@ -10,10 +10,11 @@ labels the rows and the steps are ``dt``. ``times=`` or ``dt=`` given explicitly
 index, which then only labels the rows.
 
 Every ``(T, C)`` field of the result (of ``filtered`` too) is a ``DataFrame`` with ``y``'s index
-and columns, and ``loglik`` a ``Series`` over the columns; ``params`` stay NumPy arrays ``(T, C)``
-and ``Posterior.frame`` holds the labels (:class:`FrameLabels`). A forecast from such a posterior
-has ``DataFrame`` moments indexed by the future times, dates for a date index; its ``times=`` may
-then be dates. A stream of dates continues from its Posterior (``state=post``: its dates count
+and columns, and ``loglik`` a ``Series`` over the columns; for a ``Series`` ``y`` they are a
+``Series`` with its index and name and a number. ``params`` stay NumPy arrays ``(T, C)`` and
+``Posterior.frame`` holds the labels (:class:`FrameLabels`). A forecast from such a posterior has
+its moments so, indexed by the future times, dates for a date index; its ``times=`` may then be
+dates. A stream of dates continues from its Posterior (``state=post``: its dates count
 from the first chunk's first date). ``Posterior.to_numpy()`` gives the plain arrays. Nothing here
 imports pandas unless the caller's data is pandas (already imported).
 """
@@ -33,14 +34,16 @@ __all__ = ["FrameLabels", "is_pandas", "read", "write", "table", "pandas_io", "p
 
 @dataclasses.dataclass(frozen=True)
 class FrameLabels:
-    """What a pandas ``y`` labelled: ``index`` (the rows, ``T``), ``columns`` (the channels, ``C``),
-    and for an index of dates ``origin`` (its first value, time 0) and ``unit`` (the time unit as
-    ``numpy.timedelta64``), else ``None``."""
+    """What a pandas ``y`` labelled: ``index`` (the rows, ``T``), ``columns`` (the channels, ``C``;
+    the name of a ``Series``), for an index of dates ``origin`` (its first value, time 0) and
+    ``unit`` (the time unit as ``numpy.timedelta64``, else ``None``), and whether ``y`` was a
+    ``Series`` (``series``: results are then ``Series`` too)."""
 
     index: Any
     columns: Any
     origin: Any = None
     unit: np.timedelta64 | None = None
+    series: bool = False
 
 
 def is_pandas(x: Any) -> bool:
@@ -69,7 +72,8 @@ def read(y: Any, time_unit: Any, given: dict, origin: Any = None) -> tuple[np.nd
     index = frame.index
     dates = isinstance(index, (pd.DatetimeIndex, pd.TimedeltaIndex))
     explicit = given.get("times") is not None or "dt" in given
-    labels = FrameLabels(index, frame.columns)
+    series = isinstance(y, pd.Series)
+    labels = FrameLabels(index, frame.columns, series=series)
     if explicit or not (dates or pd.api.types.is_numeric_dtype(index.dtype)):
         if time_unit is not None:
             raise ValueError("time_unit applies to a pandas index of dates used as the times; "
@@ -83,7 +87,7 @@ def read(y: Any, time_unit: Any, given: dict, origin: Any = None) -> tuple[np.nd
         unit = parse_time_unit(time_unit)
         origin = index[0] if origin is None else origin
         times = times + (index[0] - origin).to_timedelta64() / unit
-        labels = FrameLabels(index, frame.columns, origin, unit)
+        labels = FrameLabels(index, frame.columns, origin, unit, series)
     return values, {"times": times}, labels
 
 
@@ -100,7 +104,7 @@ def write(post: Any, labels: FrameLabels) -> Any:
         if f.name == "filtered":
             changes[f.name] = write(v, labels)
         elif f.name == "loglik":
-            changes[f.name] = pd.Series(v, index=labels.columns, name="loglik")
+            changes[f.name] = v[0] if labels.series else pd.Series(v, index=labels.columns, name="loglik")
         else:
             if np.ndim(v) != 2:
                 raise ValueError(f"with a pandas y the results are (T, C) tables, but the parameters add batch "
@@ -109,11 +113,15 @@ def write(post: Any, labels: FrameLabels) -> Any:
     return dataclasses.replace(post, **changes)
 
 
-def table(values: np.ndarray, labels: FrameLabels) -> Any:
-    """``values`` ``(T, C)`` as a ``DataFrame`` with the rows and columns of ``labels``."""
+def table(values: np.ndarray, labels: FrameLabels, index: Any = None) -> Any:
+    """``values`` ``(T, C)`` as a ``DataFrame`` with the columns of ``labels`` (a ``Series`` named
+    by its one column for a ``Series`` ``y``) over ``index`` (default: ``labels.index``)."""
     import pandas as pd
 
-    return pd.DataFrame(values, index=labels.index, columns=labels.columns)
+    index = labels.index if index is None else index
+    if labels.series:
+        return pd.Series(values[:, 0], index=index, name=labels.columns[0])
+    return pd.DataFrame(values, index=index, columns=labels.columns)
 
 
 def pandas_io(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,8 +195,7 @@ def pandas_forecast(fn: Callable[..., Any]) -> Callable[..., Any]:
             index = pd.Index(model_times.astype(np.int64))  # integer times (years) stay integer
         else:
             index = pd.Index(model_times)
-        tables = {k: pd.DataFrame(getattr(fc, k), index=index, columns=labels.columns)
-                  for k in ("mean", "var", "obs_mean", "obs_var")}
+        tables = {k: table(np.asarray(getattr(fc, k)), labels, index) for k in ("mean", "var", "obs_mean", "obs_var")}
         return dataclasses.replace(fc, **tables)
 
     return wrapper

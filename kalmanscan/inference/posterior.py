@@ -69,7 +69,8 @@ class Posterior:
       as arrays of the same kind, for forecasting and diagnostics (a :class:`Params` mapping
       from :func:`kalmanscan.filter`: each entry is made on first access);
     - ``frame``: for a pandas ``y``, its labels (:class:`~kalmanscan.inference.frames.FrameLabels`):
-      the ``(T, C)`` fields are then DataFrames, ``loglik`` a Series (:mod:`kalmanscan.inference.frames`).
+      the ``(T, C)`` fields are then DataFrames, ``loglik`` a Series (for a Series ``y``: Series
+      and a number; :mod:`kalmanscan.inference.frames`).
     """
 
     mean: Any
@@ -113,7 +114,7 @@ class Posterior:
         computed = [k for k in names if getattr(self, k) is not None]
         if kind == "smoother":
             computed.append("filtered (the filter's posterior)")
-        arrays = array_kind(some) if self.frame is None else "pandas (T, C) DataFrames, loglik a Series"
+        arrays = array_kind(some) if self.frame is None else f"pandas {type(some).__name__}"
         lines = [f"Posterior ({kind}) of shape (..., T, C) = {shape}, {arrays}",
                  f"  fields: {', '.join(computed)}"]
         skipped = [k for k in names if getattr(self, k) is None]
@@ -149,7 +150,7 @@ class Posterior:
 
     def to_numpy(self) -> "Posterior":
         """A copy with every array converted to NumPy (detached, on the host; pandas fields to
-        their ``(T, C)`` values)."""
+        their ``(T, C)`` values, ``loglik`` to ``(C,)``)."""
         conv = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -161,6 +162,8 @@ class Posterior:
                 v = None
             else:
                 v = _to_numpy(v)
+                if self.frame is not None and self.frame.series:  # a pandas Series y: (T,) fields, a number loglik
+                    v = v.reshape(1) if f.name == "loglik" else v.reshape(-1, 1)
             conv[f.name] = v
         return Posterior(**conv)
 
