@@ -4,6 +4,8 @@ smoother checked against the 60-digit oracle (tests/oracle.py)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import oracle
 import pytest
@@ -12,6 +14,8 @@ import torch
 import kalmanscan as ks
 
 BACKENDS = ("cpu", "torch", "reference")
+# the smoothers' cases on the triton kernels too, where they run on CPU tensors (the interpreter)
+SMOOTHERS = BACKENDS + (("triton",) if os.environ.get("TRITON_INTERPRET") == "1" else ())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -37,7 +41,7 @@ def test_channel_without_noise_beside_a_diffuse_channel_with_gaps(backend):
     assert not np.isnan(post.mean).any() and not np.isnan(post.loglik).any()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SMOOTHERS)
 def test_smoother_through_a_subnormal_predicted_variance(backend):
     # decay exp(-353): the predicted variance a^2 var_0 = 2.4e-310 is subnormal, and the next step
     # has no process noise; the smoothed variance at 0 is the filtered one to 1e-300 relative
@@ -64,7 +68,7 @@ def test_state_of_variance_zero_is_accepted(backend):
     np.testing.assert_allclose(first.loglik + later.loglik, whole.loglik, rtol=1e-15)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SMOOTHERS)
 def test_smoother_of_a_stream_continued_from_a_known_state(backend):
     y = np.array([[0.5], [1.0], [-0.3], [0.2]])
     kw = dict(theta=1e3, sigma=0.0, obs_var=1.0, backend=backend)
@@ -153,7 +157,7 @@ def test_reference_smoother_where_the_textbook_form_cancels():
     kw = dict(theta=1e-3, sigma=1e-4, obs_var=np.array([[1e6], [1e-12], [1e6]]), init_var=1.0)
     decay, noise = ks.ou.discretize(1e-3, 1e-4, 1.0)
     truth = oracle.smooth(y, decay, noise, kw["obs_var"], 1.0, 0.0, 0.0, 1.0)
-    for backend in BACKENDS:
+    for backend in SMOOTHERS:
         post = ks.smooth(y, backend=backend, **kw)
         np.testing.assert_allclose(post.var, truth["smooth_var"], rtol=1e-13, err_msg=backend)
 
@@ -174,3 +178,17 @@ def test_long_series_without_process_noise_smooths(backend, long_without_noise):
     post = ks.smooth(y, backend=backend, **kw)
     np.testing.assert_allclose(post.var, truth["smooth_var"], rtol=1e-12, atol=np.finfo(np.float64).tiny)
     np.testing.assert_allclose(post.mean, truth["smooth_mean"], rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("backend", SMOOTHERS)
+def test_smoother_where_the_decay_underflows_without_noise(backend):
+    # sigma = 0 and theta dt about 600: a^2 var_0 is below the range, the predicted variance 0;
+    # the smoothed belief at step 0 is the filtered one (the next state says nothing of it)
+    y = np.array([[[2.02932667], [1.5015557]], [[0.72390716], [1.55758451]]])
+    kw = dict(theta=np.array([[[1.1774155], [504.408246]], [[7.3275312e-3], [491.922495]]]), sigma=0.0,
+              obs_var=0.34670387, mean=1.96621556, h=1.1137987, times=np.array([0.55843218, 1.32364594]),
+              init_mean=np.array([[-0.73645409], [-0.16290995]]), init_var=np.array([[0.16322223], [0.65161573]]))
+    post = ks.smooth(y, backend=backend, **kw)
+    np.testing.assert_array_equal(post.var[:, 1], [[0.0], [0.0]])
+    np.testing.assert_allclose(post.var[:, 0], post.filtered.var[:, 0], rtol=1e-15)
+    np.testing.assert_allclose(post.mean[:, 0], post.filtered.mean[:, 0], rtol=1e-15)

@@ -4,21 +4,27 @@ Lanes and stretches are those of :mod:`kalmanscan.kernels.filter.steps`. With ``
 filtered centred mean; ``m`` the model's mean parameter) and the next step's transition and
 prediction, step ``t`` of the smoother is the pair of affine maps
 
-    x_t = J_t x_{t+1} + (mu_t - J_t pmu_{t+1}),     v_t = J_t^2 v_{t+1} + var_t q_{t+1} / pv_{t+1}
+    x_t = J_t x_{t+1} + (mu_t - J_t pmu_{t+1}),     r_t = c_t g_{t+1} r_{t+1} + k_t
 
-with ``J_t = a_{t+1} var_t / pv_{t+1}`` (:mod:`kalmanscan.inference.smoothing`); the last step is the constant
-``(mu_{T-1}, var_{T-1})`` and steps past ``T`` are the identity. As the maps act on the pair
-``(x, v)`` with a diagonal matrix ``diag(J, J^2)``, they are the five-number affine maps of
-:mod:`kalmanscan.kernels.filter.bwd` with a zero corner, and time splits the same way:
+with ``J_t = a_{t+1} var_t / pv_{t+1}``, ``k_t = q_{t+1} / pv_{t+1}``, ``c_t = a_{t+1} J_t`` (1 where
+``q_{t+1} = 0``) and ``g_{t+1} = var_{t+1} / pv_{t+1}``: ``r_t = var_s_t / var_t`` is the smoothed
+variance as a ratio (:func:`kalmanscan.ops.filter.torch.smooth`; gains and offsets in ``[0, 1]``),
+and ``var_t r_t`` is stored. A predicted variance below the normal range is read as its limit 0
+(:func:`kalmanscan.ops.filter.torch.rts_gains`: ``J = 0``, ``c = 1`` where ``a > 0`` else 0, ``k =
+1 - c``, ``g = 1``). The last step is the constant ``(mu_{T-1}, 1)`` and steps past ``T`` are the
+identity. As the maps act on the pair ``(x, r)`` with a diagonal matrix ``diag(J, c g)``, they are
+the five-number affine maps of :mod:`kalmanscan.kernels.filter.bwd` with a zero corner, and time
+splits the same way:
 
 1. :func:`rts_agg_kernel` walks each stretch backwards and writes its composed map
    ``agg[b, 0..4, s, c] = (P, 0, P_v, B, B_v)``;
 2. :func:`kalmanscan.kernels.filter.bwd.filter_bwd_carry_kernel` scans them from the last stretch to the
    first, giving the smoothed pair entering each stretch from above;
 3. :func:`rts_kernel` walks each stretch backwards from there and writes the smoothed mean
-   ``x_t + m_t``, variance ``v_t`` and precision ``1 / v_t``.
+   ``x_t + m_t``, variance ``var_t r_t`` and precision ``1 / (var_t r_t)``.
 
-Every term of the variance recursion is non-negative (no cancellation). Arithmetic in the
+Every term of the variance recursion is non-negative (no cancellation), and no product of
+variances or of ``J^2`` (``1 / a^2`` without process noise) is formed. Arithmetic in the
 pointers' dtype.
 """
 
@@ -33,26 +39,41 @@ from kalmanscan.kernels.filter.steps import index, lane_coords, load_param
 def rts_step(t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
              pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
              decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c):
-    """``(J, bm, bv, m_t, mean_t, valid)`` of step ``t``: the maps ``x -> J x + bm``,
-    ``v -> J^2 v + bv`` (constant at ``T - 1``, identity past ``T``), the mean parameter and the
-    filtered mean at ``t``."""
+    """``(J, bm, G, K, var_t, m_t, mean_t, valid)`` of step ``t``: the maps ``x -> J x + bm``,
+    ``r -> G r + K`` (constant at ``T - 1``, identity past ``T``), the filtered variance, the mean
+    parameter and the filtered mean at ``t``."""
     valid = lane_ok & (t < T)
     inner = lane_ok & (t < T - 1)
     m_t = load_param(m_ptr, b, t, c, sm_b, sm_t, sm_c, valid, 0.0)
     mean_t = load_param(mean_ptr, b, t, c, smu_b, smu_t, smu_c, valid, 0.0)
     mu = mean_t - m_t
     var = load_param(var_ptr, b, t, c, svr_b, svr_t, svr_c, valid, 0.0)
+    var_next = load_param(var_ptr, b, t + 1, c, svr_b, svr_t, svr_c, inner, 0.0)
     a = load_param(decay_ptr, b, t + 1, c, sdc_b, sdc_t, sdc_c, inner, 0.0)
     q = load_param(noise_ptr, b, t + 1, c, snz_b, snz_t, snz_c, inner, 0.0)
     pv = load_param(pvar_ptr, b, t + 1, c, spv_b, spv_t, spv_c, inner, 1.0)
     pmu = (load_param(pmean_ptr, b, t + 1, c, spm_b, spm_t, spm_c, inner, 0.0)
            - load_param(m_ptr, b, t + 1, c, sm_b, sm_t, sm_c, inner, 0.0))
-    var_pv = var * rcp(pv)
-    J = a * var_pv
-    J = tl.where(valid, J, 1.0)
+    known = pv >= smallest_normal(pv)
+    ipv = rcp(tl.where(known, pv, 1.0))
+    J = tl.where(known, a * (var * ipv), 0.0)
+    k = tl.where(known, q * ipv, tl.where(a > 0.0, 0.0, 1.0))
+    G = tl.where(known & (q > 0.0), a * J, 1.0 - k) * tl.where(known, var_next * ipv, 1.0)
+    J = tl.where(inner, J, tl.where(valid, 0.0, 1.0))
     bm = tl.where(inner, mu - J * pmu, tl.where(valid, mu, 0.0))
-    bv = tl.where(inner, var_pv * q, tl.where(valid, var, 0.0))
-    return J, bm, bv, m_t, mean_t, valid
+    G = tl.where(inner, G, tl.where(valid, 0.0, 1.0))
+    K = tl.where(inner, k, tl.where(valid, 1.0, 0.0))
+    return J, bm, G, K, var, m_t, mean_t, valid
+
+
+@triton.jit
+def smallest_normal(x):
+    """The smallest normal number of ``x``'s dtype (float32 or float64), as ``x``."""
+    if x.dtype == tl.float32:
+        tiny = 1.1754943508222875e-38
+    else:
+        tiny = 2.2250738585072014e-308
+    return tl.full(x.shape, tiny, x.dtype)
 
 
 @triton.jit
@@ -71,12 +92,11 @@ def rts_agg_kernel(
     zero = tl.zeros((BLOCK,), agg_ptr.dtype.element_ty)
     P, Pv, B, Bv = one, one, zero, zero
     for k in range(0, L):
-        J, bm, bv, m_t, _, valid = rts_step(
+        J, bm, G, K, _, m_t, _, valid = rts_step(
             t0 + L - 1 - k, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
             pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
             decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c)
-        J2 = J * J
-        P, B, Pv, Bv = J * P, J * B + bm, J2 * Pv, J2 * Bv + bv
+        P, B, Pv, Bv = J * P, J * B + bm, G * Pv, G * Bv + K
     base = agg_ptr + b * 5 * NS * C + g
     stride = NS * C
     tl.store(base, P, mask=lane_ok)
@@ -94,22 +114,23 @@ def rts_kernel(
     top_ptr, mean_s_ptr, var_s_ptr, prec_s_ptr, T, C, NS, L, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Walk each stretch backwards from ``top[b, 0/1, s, c]`` (the smoothed centred mean and
-    variance entering from above) and write the smoothed ``mean, var, precision`` ``(B, T, C)``."""
+    variance ratio entering from above) and write the smoothed ``mean, var, precision`` ``(B, T, C)``."""
     b = index(tl.program_id(1), WIDE)
     g, lane_ok, s, c = lane_coords(C, NS, BLOCK)
     t0 = index(s, WIDE) * L
     tbase = top_ptr + b * 2 * NS * C + g
     x = tl.load(tbase, mask=lane_ok, other=0.0)
-    v = tl.load(tbase + NS * C, mask=lane_ok, other=0.0)
+    r = tl.load(tbase + NS * C, mask=lane_ok, other=0.0)
     out = b * T * C + c
     for k in range(0, L):
         t = t0 + L - 1 - k
-        J, bm, bv, m_t, mean_t, valid = rts_step(
+        J, bm, G, K, var, m_t, mean_t, valid = rts_step(
             t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b, svr_t, svr_c,
             pmean_ptr, spm_b, spm_t, spm_c, pvar_ptr, spv_b, spv_t, spv_c,
             decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c)
         x = J * x + bm
-        v = J * J * v + bv
+        r = G * r + K
+        v = var * r
         o = out + t * C
         # at the last step the smoothed mean is the filtered one, stored as it is (x + m_t would
         # round the centring back and forth)
