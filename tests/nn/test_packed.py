@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import KERNEL_DEVICE
 from kalmanscan import nn as ks_nn
-
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LENGTHS = [1, 5, 2, 9]  # a document of one token, several shorter than the conv's width
 
 
@@ -91,6 +90,20 @@ def test_model_packed_equals_separate(backend):
     assert_match(packed, alone, 1e-12)
     for a, b in zip(grads_of(model, packed), grads_of(model, alone)):
         assert_match(a, b, 1e-11)
+
+
+@pytest.mark.gpu
+def test_compiled_layer_packed_on_gpu():
+    """The layer with packed documents under ``torch.compile(fullgraph=True)`` equals eager (the
+    offsets' host checks and the document maps trace without a break)."""
+    layer, x = layer_and_input("triton", dtype=torch.float32, device="cuda")
+    cu = offsets(LENGTHS * 50, "cuda")
+    x = torch.randn(1, int(cu[-1]), 6, device="cuda")
+    compiled = torch.compile(layer, fullgraph=True)
+    eager_out, compiled_out = layer(x, cu_seqlens=cu), compiled(x, cu_seqlens=cu)
+    assert_match(compiled_out, eager_out, 1e-5)
+    for a, b in zip(grads_of(layer, compiled_out), grads_of(layer, eager_out)):
+        assert_match(a, b, 1e-4)
 
 
 def test_model_checks_the_offsets_and_its_mixers():

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kla_oracle
+from helpers import KERNEL_DEVICE
 from kalmanscan.model import mobius
 from kalmanscan.ops.kla import kla_scan
 
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT64_BACKENDS = ("reference", "torch", "recurrent", "cpu")
 
 

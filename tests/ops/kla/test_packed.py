@@ -10,13 +10,13 @@ import dataclasses
 import pytest
 import torch
 
+from helpers import KERNEL_DEVICE
 from kla_helpers import make_inputs, outputs_and_grads, poisoned
 from kalmanscan.ops.kla import FilterState, kla_scan, kla_scan_unchecked
 from kalmanscan.ops.kla.documents import boundaries, token_documents
 from kalmanscan.ops.kla.triton.backend import kla_scan_triton
 from kalmanscan.ops.kla.triton.library import DEFAULT_CONFIG, SPLIT_CONFIG
 
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # document lengths: 1s, odd lengths, an empty one, more than one checkpoint chunk (16 and 64 tokens)
 LENGTHS = [1, 7, 0, 1, 70, 3, 19]
@@ -151,8 +151,9 @@ def test_cu_seqlens_needs_one_row_and_per_document_state():
 
 
 @pytest.mark.parametrize("variance", [True, False])
-def test_packed_triton_interpreter(variance):
-    """The fused kernels (forward, backward) against the float64 reference, one stretch of time."""
+def test_packed_triton(variance):
+    """The fused kernels (forward, backward; the interpreter on a CPU) against the float64
+    reference, with the launch shape the wrapper picks."""
     xs, state, cu = packed_inputs([1, 17, 0, 2, 23], seed=5, device=KERNEL_DEVICE)
 
     def run(a):
@@ -187,3 +188,27 @@ def test_packed_triton_time_split(split):
     ref_out, ref_grads = outputs_and_grads(lambda a: packed("reference", cu.cpu())([x.cpu() for x in a]), xs + state)
     assert_all_close(out, ref_out, 2e-5, "outputs")
     assert_all_close(grads, ref_grads, 2e-4, "gradients")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grad", [False, True])
+def test_packed_compiled_kernels_on_gpu(grad):
+    """Thousands of tokens in documents of 1 to 2048 tokens (the launch the wrapper picks for one
+    row: time split across stretches) against the float64 torch backend's segmented scan, and
+    the final states against one call per document."""
+    lengths = [1, 1000, 3, 517, 1, 2048, 77, 0, 600, 1]
+    xs, state, cu = packed_inputs(lengths, M=64, S=16, seed=7, device="cuda")
+    fn = packed("triton", cu)
+    if grad:
+        out, grads = outputs_and_grads(fn, [x.float() for x in xs + state])
+        ref_out, ref_grads = outputs_and_grads(packed("torch", cu), xs + state)
+        for name, a, b in zip(("v", "lam_v", "k", "q", "decay", "noise", "lam0", "eta0"), grads, ref_grads):
+            assert (a.double() - b).norm() <= 1e-4 * b.norm(), name
+    else:
+        with torch.no_grad():
+            out, ref_out = fn([x.float() for x in xs + state]), packed("torch", cu)(xs + state)
+        alone = separate("triton", cu)([x.float() for x in xs + state])
+        for a, b in zip(out[2:], alone[2:]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(out, ref_out):
+        assert (a.double() - b).norm() <= 1e-5 * b.norm()
