@@ -154,3 +154,20 @@ def test_fit_reads_the_index_as_filter_does():
     assert post.mean.index.equals(df.index)
     with pytest.raises(ValueError, match="time_unit"):
         ks.fit(df.to_numpy(), time_unit="1D")
+
+
+def test_diagnostics_and_plots_take_pandas_posteriors_and_data():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    df = _frame(40, index=pd.date_range("2024-01-01", periods=40, freq="D"))
+    for y in (df, df["level"]):
+        post = ks.filter(y, time_unit="1D", theta=0.1, sigma=0.5, obs_var=1.0)
+        arrays = df.to_numpy()[:, :np.ndim(y)]  # (T, 2), or (T, 1) for the Series
+        ref = ks.filter(arrays, dt=1.0, theta=0.1, sigma=0.5, obs_var=1.0)
+        assert ks.diagnostics.report(post, y).mean_nis == ks.diagnostics.report(ref, arrays).mean_nis
+        np.testing.assert_array_equal(ks.diagnostics.pit(post, y), ks.diagnostics.pit(ref, arrays))
+        for draw in (lambda: ks.plot.belief_band(post, y=y), lambda: ks.plot.nis(post, y),
+                     lambda: ks.plot.reliability(post, y), lambda: ks.plot.pit_histogram(post, y),
+                     lambda: ks.plot.gates(post)):
+            matplotlib.pyplot.close(draw().figure)

@@ -29,6 +29,7 @@ import numpy as np
 from scipy import special, stats
 
 from kalmanscan.diagnostics import state_errors
+from kalmanscan.inference.frames import columns, is_pandas
 from kalmanscan.types import ArrayLike
 
 if TYPE_CHECKING:
@@ -44,11 +45,13 @@ KS_EXACT = 10_000  # observed values up to which the PIT test's p-value is exact
 
 
 def numpy_post(post: Posterior) -> Posterior:
-    """``post`` with NumPy arrays (a torch-backed :class:`~kalmanscan.Posterior` converted)."""
-    return post.to_numpy() if hasattr(post.mean, "detach") else post
+    """``post`` with NumPy arrays (a torch-backed or pandas :class:`~kalmanscan.Posterior` converted)."""
+    return post.to_numpy() if hasattr(post.mean, "detach") or getattr(post, "frame", None) is not None else post
 
 
 def _aligned(name, x, shape):
+    if is_pandas(x):  # a Series is one channel, as ks.filter reads it
+        x = columns(x)
     arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")

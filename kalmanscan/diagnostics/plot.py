@@ -17,6 +17,7 @@ from scipy import stats
 from kalmanscan import diagnostics
 
 from kalmanscan.diagnostics import state_errors
+from kalmanscan.inference.frames import columns, is_pandas
 from kalmanscan.types import ArrayLike
 
 
@@ -40,6 +41,8 @@ def _axes(ax, figsize=_FIGSIZE):
 
 
 def _np(x):
+    if is_pandas(x):  # a Series (of a Series y's posterior, or y) is one channel, as ks.filter reads it
+        return columns(x)
     return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 

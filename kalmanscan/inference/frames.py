@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FrameLabels", "is_pandas", "read", "write", "table", "pandas_io", "pandas_in", "pandas_forecast"]
+__all__ = ["FrameLabels", "is_pandas", "read", "columns", "write", "table", "pandas_io", "pandas_in", "pandas_forecast"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +89,12 @@ def read(y: Any, time_unit: Any, given: dict, origin: Any = None) -> tuple[np.nd
         times = times + (index[0] - origin).to_timedelta64() / unit
         labels = FrameLabels(index, frame.columns, origin, unit, series)
     return values, {"times": times}, labels
+
+
+def columns(x: Any) -> np.ndarray:
+    """A pandas ``Series`` or ``DataFrame`` as a float64 ``(T, C)`` array (a ``Series`` is one
+    channel, as :func:`read` reads it; missing values NaN)."""
+    return x.to_numpy(np.float64, na_value=np.nan).reshape(len(x), -1)
 
 
 def write(post: Any, labels: FrameLabels) -> Any:
