@@ -335,7 +335,9 @@ class KLA(nn.Module):
         squared output weights; it ignores the projections' own uncertainty.
         """
         runner = None if torch.compiler.is_compiling() else _FORWARD.get()
-        if runner is not None and id(self) in runner[0] and cu_seqlens is None:
+        if runner is not None and id(self) in runner[0]:
+            if cu_seqlens is not None:
+                raise ValueError("cu_seqlens: packed documents are not taken by a forward_with runner")
             return runner[1](self, x, state, return_variance)
         self.check_input(x, 3, "x")
         if cu_seqlens is not None:

@@ -9,6 +9,7 @@ import torch
 
 from helpers import KERNEL_DEVICE
 from kalmanscan import nn as ks_nn
+from kalmanscan.nn.layer import forward_with
 LENGTHS = [1, 5, 2, 9]  # a document of one token, several shorter than the conv's width
 
 
@@ -76,6 +77,8 @@ def test_layer_refuses_a_state_and_bad_offsets():
         layer(torch.cat([x, x]), cu_seqlens=cu)
     with pytest.raises(ValueError, match="cu_seqlens"):
         layer(x, cu_seqlens=cu.long())
+    with forward_with(lambda *args: None, [layer]), pytest.raises(ValueError, match="cu_seqlens"):
+        layer(x, cu_seqlens=cu)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
