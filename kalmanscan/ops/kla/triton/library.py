@@ -1,10 +1,10 @@
 """The fused KLA kernels as ``torch.library`` operators, so ``torch.compile`` traces through a
 call without a graph break and a training step around it can be captured in a CUDA graph.
 
-    kalmanscan::kla_scan_fwd(v, lam_v, k, q, decay, noise, lam0?, eta0?, save, config)
+    kalmanscan::kla_scan_fwd(v, lam_v, k, q, decay, noise, lam0?, eta0?, save, config, cu_seqlens?)
         -> (y, y_var, lam, eta, ckpt_lam, ckpt_eta)
     kalmanscan::kla_scan_bwd(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta,
-                             gy, gy_var, glam, geta, config)
+                             gy, gy_var, glam, geta, config, lam0?, eta0?, cu_seqlens?)
         -> (gv, glam_v, gk, gq, gdecay, gnoise, glam0, geta0)
 
 Each has a fake (meta) implementation giving its outputs' shapes and dtypes from its inputs'
@@ -26,6 +26,13 @@ pipelined: docs/performance.md, "Why v in bf16 was slower"); with
 gradient is not read), which saves its arithmetic and its traffic in both directions; the
 autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
 as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as -1).
+
+Packed documents (``cu_seqlens``, int32 ``(N + 1,)``, :mod:`kalmanscan.ops.kla.documents`):
+``B = 1``; ``lam0``, ``eta0``, ``lam``, ``eta``, ``glam``, ``geta``, ``glam0``, ``geta0`` have one
+row per document, ``(N, M, S)``; the kernels read the per-token ``starts``/``ends`` built from the
+offsets on the device. An empty document's rows are left to the caller (its final state is its
+initial state: :func:`kalmanscan.ops.kla.triton.backend.kla_scan_triton`); the backward gives it
+zero initial-state gradients.
 """
 
 from __future__ import annotations
