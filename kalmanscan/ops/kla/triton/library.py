@@ -198,11 +198,14 @@ def _config(values: Sequence[int]) -> KLAConfig:
     return found
 
 
-def _boundaries(cu_seqlens, L, device):
+def _boundaries(cu_seqlens, L, unread):
     """The kernels' per-token ``starts``, ``ends`` (:func:`kalmanscan.ops.kla.documents.boundaries`);
-    without documents a placeholder the kernels do not read."""
-    if cu_seqlens is None or L == 0:
-        placeholder = torch.empty(1, dtype=torch.int32, device=device)
+    without documents the tensor ``unread`` in their place (the kernels do not read it: no
+    allocation), and an int32 placeholder for documents without tokens."""
+    if cu_seqlens is None:
+        return unread, unread
+    if L == 0:
+        placeholder = torch.empty(1, dtype=torch.int32, device=unread.device)
         return placeholder, placeholder
     return boundaries(cu_seqlens, L)
 
@@ -266,7 +269,7 @@ def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
     eta = torch.empty_like(lam)
     ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
             else placeholder(1, dtype=torch.float32, device=dev) for _ in range(2)]
-    starts, ends = _boundaries(cu_seqlens, L, dev)
+    starts, ends = _boundaries(cu_seqlens, L, decay32)
     n_mblocks, block_s = cdiv(M, cfg.block_m), next_power_of_2(S)
     even = cfg.even and filled(M, S, cfg.block_m)
     n_pieces, piece_len = pieces(cfg.pieces, cfg.block_m, cfg.chunk, B, L, M, dev)
@@ -351,7 +354,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     glam0, geta0 = (new(rows, *grid, **f32) for _ in range(2))
     has_init = lam0 is not None
     state0 = [_to_kernels(x, cfg) if has_init else decay32 for x in (lam0, eta0)]
-    starts, ends = _boundaries(cu_seqlens, L, dev)
+    starts, ends = _boundaries(cu_seqlens, L, decay32)
     varlen = cu_seqlens is not None
 
     if n_pieces > 1:  # the adjoint maps of stretches 1 .. n_pieces - 1
