@@ -192,3 +192,19 @@ def test_smoother_where_the_decay_underflows_without_noise(backend):
     np.testing.assert_array_equal(post.var[:, 1], [[0.0], [0.0]])
     np.testing.assert_allclose(post.var[:, 0], post.filtered.var[:, 0], rtol=1e-15)
     np.testing.assert_allclose(post.mean[:, 0], post.filtered.mean[:, 0], rtol=1e-15)
+
+
+def test_smoother_gradients_where_the_predicted_variance_is_zero():
+    # sigma = 0 and decays exp(-1000) = 0 and exp(-400): predicted variances 0 from step 1 on;
+    # the cpu adjoint follows the forward's limit and equals autograd through the torch scans
+    grads = []
+    for backend in ("cpu", "torch"):
+        y = torch.tensor([[0.5, 0.1], [1.0, 0.3], [-0.3, np.nan], [0.2, 0.4]], dtype=torch.float64, requires_grad=True)
+        theta = torch.tensor([1e3, 400.0], dtype=torch.float64, requires_grad=True)
+        obs_var = torch.tensor([1.0, 0.5], dtype=torch.float64, requires_grad=True)
+        post = ks.smooth(y, theta=theta, sigma=0.0, obs_var=obs_var, init_var=1.0, backend=backend)
+        (post.mean.sum() + post.var.sum() + post.loglik.sum()).backward()
+        grads.append([x.grad for x in (y, theta, obs_var)])
+        assert all(torch.isfinite(g).all() for g in grads[-1]), backend
+    for cpu_grad, torch_grad in zip(*grads):
+        torch.testing.assert_close(cpu_grad, torch_grad, rtol=1e-12, atol=1e-300)

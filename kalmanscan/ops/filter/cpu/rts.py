@@ -30,7 +30,8 @@ def rts_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarr
     so no product of two variances leaves the dtype's range, and a predicted variance of 0 (no
     process noise) is read as its limit (:func:`kalmanscan.ops.filter.torch.rts_gains`: ``J = 0``,
     ``c = 1`` where ``a > 0``, ``c = 0`` where ``a = 0``, ``g = 1``). The adjoint differentiates the
-    textbook form: the same function of the inputs wherever ``q > 0``.
+    textbook form: the same function of the inputs wherever ``q > 0``; at a predicted variance of 0
+    it follows the limit (nothing flows past the step).
     """
     mean_, var_, pmean_, pvar_, decay_, noise_ = ins
     o_mean, o_var, o_prec = outs
@@ -134,6 +135,16 @@ def rts_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndar
                 q = noise_[base[S_NOISE, j] + t1 * t_noise]
                 pv = pvar_[base[S_PVAR, j] + t1 * t_pvar]
                 pm = pmean_[base[S_PMEAN, j] + t1 * t_pmean]
+                if pv == zero:  # the forward's limit: J = 0 and var_s = var rho, the chain cut here
+                    cm[j] = zero
+                    cv[j] = zero
+                    g_var[o] = gv * var_s[o] / v if v > zero else gv
+                    g_pmean[o + C] = zero
+                    g_pvar[o + C] = zero
+                    if per_step:
+                        g_decay[o + C] = zero
+                        g_noise[o + C] = zero
+                    continue
                 ipv = k[ONE] / pv
                 vp = v * ipv
                 J = a * vp
