@@ -81,6 +81,10 @@ def test_dates_need_a_time_unit_and_count_in_it():
     post = ks.filter(df, time_unit="1D", **MODEL)
     ref = ks.filter(df.to_numpy(), times=[0.0, 1, 3, 7, 8], **MODEL)
     _assert_same(post, ref, df)
+    zoned = df.set_axis(dates.tz_localize("Europe/Paris"))  # time zones: the times of the UTC instants
+    _assert_same(ks.filter(zoned, time_unit="1D", **MODEL), ref, zoned)
+    assert ks.forecast(ks.filter(zoned, time_unit="1D", **MODEL), steps=1).mean.index[0] == zoned.index[-1] + \
+        pd.Timedelta("1D")
     hours = ks.filter(df, time_unit="h", **MODEL)
     np.testing.assert_allclose(hours.params["times"][:, 0], [0.0, 24, 72, 168, 192])
     with pytest.raises(ValueError, match="time_unit"):
@@ -160,6 +164,8 @@ def test_diagnostics_and_plots_take_pandas_posteriors_and_data():
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     df = _frame(40, index=pd.date_range("2024-01-01", periods=40, freq="D"))
     for y in (df, df["level"]):
         post = ks.filter(y, time_unit="1D", theta=0.1, sigma=0.5, obs_var=1.0)
@@ -170,4 +176,4 @@ def test_diagnostics_and_plots_take_pandas_posteriors_and_data():
         for draw in (lambda: ks.plot.belief_band(post, y=y), lambda: ks.plot.nis(post, y),
                      lambda: ks.plot.reliability(post, y), lambda: ks.plot.pit_histogram(post, y),
                      lambda: ks.plot.gates(post)):
-            matplotlib.pyplot.close(draw().figure)
+            plt.close(draw().figure)

@@ -82,7 +82,8 @@ def read(y: Any, time_unit: Any, given: dict, origin: Any = None) -> tuple[np.nd
     if dates and time_unit is None:
         raise ValueError("time_unit is required for a pandas index of dates (for example time_unit='1D' or 'h'; "
                          "theta and sigma are then per that unit), or give dt= for regular steps")
-    times, _ = times_from_coord(index.to_numpy(), time_unit, "index")
+    stamps = index.tz_convert(None) if getattr(index, "tz", None) is not None else index  # UTC, as the CLI reads
+    times, _ = times_from_coord(stamps.to_numpy(), time_unit, "index")
     if dates:
         unit = parse_time_unit(time_unit)
         origin = index[0] if origin is None else origin
