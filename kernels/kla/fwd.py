@@ -46,7 +46,7 @@ def kla_fwd_kernel(
     L, M, S, n_chunks, piece_len, n_pieces,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_INIT: tl.constexpr, SAVE: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
-    STATES_FIRST: tl.constexpr, VAR: tl.constexpr, EVEN: tl.constexpr, VARLEN: tl.constexpr,
+    STATES_FIRST: tl.constexpr, VAR: tl.constexpr, EVEN: tl.constexpr, VARLEN: tl.constexpr = False,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)

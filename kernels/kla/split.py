@@ -36,7 +36,7 @@ def kla_piece_map_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, decay_ptr, noise_ptr, maps_ptr, lam0_ptr, eta0_ptr, starts_ptr,
     L, M, S, piece_len, n_pieces,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, STATES_FIRST: tl.constexpr, EVEN: tl.constexpr,
-    HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_INIT: tl.constexpr = False, VARLEN: tl.constexpr = False,
 ):
     pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, a2, noise, row_m, row_s = kla_tile(
         decay_ptr, noise_ptr, L, M, S, BLOCK_M, BLOCK_S, STATES_FIRST, EVEN)
