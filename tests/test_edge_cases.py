@@ -208,3 +208,19 @@ def test_smoother_gradients_where_the_predicted_variance_is_zero():
         assert all(torch.isfinite(g).all() for g in grads[-1]), backend
     for cpu_grad, torch_grad in zip(*grads):
         torch.testing.assert_close(cpu_grad, torch_grad, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("dt", [300.0, 353.0])
+def test_smoother_gradients_through_a_tiny_predicted_variance(dt):
+    # predicted variances 2e-264 and 2.4e-310 (subnormal): pred_var^2 underflows, so a quotient
+    # differentiated as -g x / y^2 gave NaN; the smoothed belief at step 0 is the filtered one,
+    # N(y_0 / (1 + R), R / (1 + R)), whose var + mean has the derivatives 1 / (1 + R) in y_0 and
+    # (1 - y_0) / (1 + R)^2 in R = obs_var
+    for backend in ("cpu", "torch"):
+        y = torch.tensor([[0.5], [1.0]], dtype=torch.float64, requires_grad=True)
+        obs_var = torch.tensor(1e-3, dtype=torch.float64, requires_grad=True)
+        post = ks.smooth(y, theta=1.0, sigma=torch.tensor([[1.0], [0.0]], dtype=torch.float64), obs_var=obs_var,
+                         init_var=1.0, times=np.array([0.0, dt]), backend=backend)
+        (post.var[0].sum() + post.mean[0].sum()).backward()
+        np.testing.assert_allclose(y.grad.numpy()[:, 0], [1.0 / 1.001, 0.0], rtol=1e-12, atol=1e-100)
+        np.testing.assert_allclose(obs_var.grad.item(), 0.5 / 1.001**2, rtol=1e-12)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["reciprocal"]
+__all__ = ["reciprocal", "quotient"]
 
 
 class _Reciprocal(torch.autograd.Function):
@@ -37,3 +37,27 @@ def reciprocal(x: torch.Tensor) -> torch.Tensor:
     if not (x.requires_grad and torch.is_grad_enabled()):
         return 1.0 / x
     return _Reciprocal.apply(x)
+
+
+class _Quotient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        r = x / y
+        ctx.save_for_backward(y, r)
+        return r
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, r = ctx.saved_tensors
+        return quotient(g, y), -quotient(g * r, y)
+
+
+def quotient(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x / y`` elementwise (the same values), with the gradients ``g / y`` and ``-(g (x / y)) / y``:
+    torch's ``-g x / y^2`` forms ``y^2``, which underflows for ``y`` below ``1.5e-154`` (float64) and
+    overflows above ``1e154``, though ``x / y`` and the gradient are representable (module docstring);
+    ``y`` may be subnormal, where ``1 / y`` itself overflows. Differentiable again the same way; a
+    plain division where nothing tracks the gradient."""
+    if not (torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)):
+        return x / y
+    return _Quotient.apply(x, y)

@@ -16,7 +16,7 @@ import math
 import torch
 
 from kalmanscan.model import merged, mobius, ou
-from kalmanscan.model.reciprocal import reciprocal
+from kalmanscan.model.reciprocal import quotient, reciprocal
 from kalmanscan.problem.problem import Problem
 from kalmanscan.model.scan import associative_scan
 
@@ -149,8 +149,8 @@ def rts_gains(a: torch.Tensor, q: torch.Tensor, var: torch.Tensor,
     quotients take safe denominators, so no branch left out puts a NaN in the gradient."""
     known = pred_var > 0
     pv = torch.where(known, pred_var, torch.ones_like(pred_var))
-    J = torch.where(known, a * var / pv, torch.zeros_like(pv))
-    k = torch.where(known, q / pv, (a <= 0).to(J.dtype))
+    J = torch.where(known, quotient(a * var, pv), torch.zeros_like(pv))
+    k = torch.where(known, quotient(q, pv), (a <= 0).to(J.dtype))
     return J, k, torch.where(known & (q > 0), a * J, 1.0 - k)
 
 
@@ -176,7 +176,7 @@ def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.
     var, pred_var = f["var"], f["pred_var"][..., 1:, :]
     _, k, c = rts_gains(f["decay"][..., 1:, :], f["noise"][..., 1:, :], var[..., :-1, :], pred_var)
     normal = pred_var >= torch.finfo(pred_var.dtype).tiny
-    g = torch.where(normal, var[..., 1:, :] / torch.where(normal, pred_var, torch.ones_like(pred_var)), 1.0)
+    g = torch.where(normal, quotient(var[..., 1:, :], torch.where(normal, pred_var, torch.ones_like(pred_var))), 1.0)
     elems = (torch.cat([c * g, last[0]], -2), torch.cat([k, torch.ones_like(last[0])], -2))
     _, rho = associative_scan(mobius.affine_compose, elems, dim=-2, reverse=True)
     var_s = var * rho

@@ -145,15 +145,14 @@ def rts_backward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndar
                         g_decay[o + C] = zero
                         g_noise[o + C] = zero
                     continue
-                ipv = k[ONE] / pv
-                vp = v * ipv
+                vp = v / pv  # divisions, not 1 / pv: that overflows for a subnormal pv
                 J = a * vp
                 bJ = gm * (mean_s[o + C] - pm) + two * gv * J * var_s[o + C]
                 cm[j] = gm * J
                 cv[j] = gv * J * J
-                g_var[o] = (gv * q + bJ * a) * ipv
+                g_var[o] = (gv * q + bJ * a) / pv
                 g_pmean[o + C] = -gm * J
-                g_pvar[o + C] = -(gv * vp * q + bJ * J) * ipv
+                g_pvar[o + C] = -(gv * vp * q + bJ * J) / pv
                 if per_step:
                     g_decay[o + C] = bJ * vp
                     g_noise[o + C] = gv * vp
