@@ -21,9 +21,14 @@ terms through ``g_d = -(ge mu decay + gl) lam rho^2`` in which the two adjoints 
 variance's adjoint over ``lam^2``: their relative error grows like ``eps lam`` and is bounded by about
 ``10 eps (1 + lam_max)``, ``lam_max`` the largest precision after the first token (at most
 ``max(1/noise, lam0 / decay^2) + sum phi``; ``eps = 2^-23``; measured 3e-5 to 5e-5 at noise 1e-3,
-against an exact oracle, ``tests/ops/kla/test_oracle.py``). The other gradients, and the initial state's at
-initial precisions from 1e-12 to 1e12, keep float32's accuracy. Where these two must be exact at
-small noise, the cpu backend (mean form) has no such term.
+against an exact oracle, ``tests/ops/kla/test_oracle.py``). Without process noise and with a large initial
+precision the bound exceeds 1: at ``lam0 = 1e12``, ``noise = 0`` the noise gradient has no correct
+digit (-9.7e4 against 34.5). The other gradients, and the initial state's at initial precisions
+from 1e-12 to 1e12, keep float32's accuracy. Where these two must be exact at small noise or
+large precisions, the cpu backend (mean form) has no such term. (Carrying ``gs = gl + ge mu``
+instead of ``gl`` would remove the cancellation: ``g_d = -(gs lam_{t-1} + ge (decay eta_{t-1} phi
+- lam_{t-1} b) / lam_t) rho^2``, ``gs <- decay^2 rho^2 (gs + ge (decay mu_{t-1} phi - b) / lam_t)``,
+sources ``gs -= gy_var (q / lam_t)^2``, at one more reciprocal a filter and token.)
 """
 
 from __future__ import annotations
