@@ -67,12 +67,14 @@ def dispatched(monkeypatch):
     return mode
 
 
-# (backend, outputs, parameters) -> most torch operations per call (measured: 20, 17, 168, 681, 46, 29, 156).
+# (backend, outputs, parameters) -> most torch operations per call (measured: 20, 17, 186, 681, 46, 29, 177;
+# with parameters as tensors about 20 of them check that the stationary variance and the process noise
+# fit the dtype and that the result is finite).
 # On a GPU the triton cases dispatch more (measured 25, 22, 208: each host value goes to the device
 # through page-locked memory, y's check is a reduction beside the kernels): GPU_BOUNDS.
-BOUNDS = {("triton", None, "host"): 23, ("triton", ("mean", "var"), "host"): 20, ("triton", None, "tensor"): 185,
+BOUNDS = {("triton", None, "host"): 23, ("triton", ("mean", "var"), "host"): 20, ("triton", None, "tensor"): 205,
           ("torch", None, "host"): 750, ("cpu", None, "host"): 55, ("cpu", ("mean", "var"), "host"): 36,
-          ("cpu", None, "tensor"): 175}
+          ("cpu", None, "tensor"): 195}
 GPU_BOUNDS = {("triton", None, "host"): 28, ("triton", ("mean", "var"), "host"): 25, ("triton", None, "tensor"): 225}
 
 

@@ -6,15 +6,12 @@ a diffuse prior or a filter without process noise found by the read runs the cal
 value still raises ``ValueError`` naming its argument (or the state it came from).
 """
 
-import importlib
-
 import pytest
 import torch
 
 import kalmanscan as ks
 from kalmanscan.problem.prepare import GUESSED, prepare
-
-filtering = importlib.import_module("kalmanscan.inference.filtering")  # run_problem: both entry points' backend call
+from kalmanscan.ops.filter.triton import backend as triton_backend
 
 T, C = 23, 3
 
@@ -38,14 +35,15 @@ def test_prepare_defers_only_for_the_triton_backend():
 
 
 def counted(monkeypatch):
+    """The problems the triton backend runs (both entry points call the plan's backend)."""
     calls = []
-    run = filtering.run_backend
+    run = triton_backend.filter
 
-    def spy(p, backend):
+    def spy(p):
         calls.append(p)
-        return run(p, backend)
+        return run(p)
 
-    monkeypatch.setattr(filtering, "run_backend", spy)
+    monkeypatch.setattr(triton_backend, "filter", spy)
     return calls
 
 

@@ -49,7 +49,6 @@ from kalmanscan.inference.frames import pandas_in
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.estimation.likelihood import POSITIVE as _POSITIVE
 from kalmanscan.estimation.likelihood import Likelihood, gradient_and_hessian, spd_inverse, valid
-from kalmanscan.ops.filter import resolve_backend
 from kalmanscan.estimation.optimize import adam, lbfgs, lbfgs_numpy
 
 
@@ -57,6 +56,8 @@ __all__ = ["fit", "FitResult", "ESTIMABLE"]
 
 ESTIMABLE = ("theta", "sigma", "obs_var", "mean", "init_mean", "init_var")
 _MODEL = ("theta", "sigma", "obs_var", "mean")
+_PLACEHOLDERS = dict(theta=1.0, sigma=1.0, obs_var=1.0, mean=0.0)
+"""Values an estimated model parameter holds in the prepared problem until its guess replaces it."""
 
 
 
@@ -123,14 +124,19 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         raise ValueError(f"shared must be True or False, got {shared!r}")
 
     numpy_in = not isinstance(y, torch.Tensor)
-    y_t = _as_y(y)  # its shape and the steps (h, dt, times) checked as ks.filter does, before the guesses
-    prepare(y_t, theta=1.0, sigma=1.0, obs_var=1.0, h=h, dt=dt, times=times, init_var=1.0, check_y=False)
+    y_t = _as_y(y)
     batch, C = tuple(y_t.shape[:-2]), y_t.shape[-1]
     Cp = 1 if shared else C
     values = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, init_mean=init_mean, init_var=init_var)
     for k in _MODEL:
         if k not in estimate and values[k] is None:
             raise ValueError(f"{k} is required when it is not estimated")
+    fixed = {k: v for k, v in values.items() if k not in estimate and v is not None}
+    # y, the steps and the fixed values checked once, as ks.filter checks them, before the guesses;
+    # the estimated names hold placeholders until the guesses replace them (Likelihood.of_problem)
+    placeholders = {**_PLACEHOLDERS, **({"init_var": 1.0} if "init_var" in estimate else {})}
+    p = prepare(y_t, **{**placeholders, **fixed}, h=h, dt=dt, times=times, backend=backend)
+    settings = dict(h=h, dt=dt, times=times, backend=backend)
     observed = (~torch.isnan(y_t)).to(y_t.dtype).sum(-2)
     n_group = observed.sum(-1, keepdim=True) if shared else observed
     identified = n_group >= len(estimate)
@@ -138,8 +144,6 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         _check_constant(y_t, identified, shared)
     guess = _guesses(y_t, values, estimate, batch, Cp, h, dt, times)
     scale = _data_scale(y_t, batch, Cp)
-    fixed = {k: v for k, v in values.items() if k not in estimate and v is not None}
-    settings = dict(h=h, dt=dt, times=times, backend=backend)
 
     def natural(u):
         out = {}
@@ -147,7 +151,7 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             out[k] = guess[k] * torch.exp(u[k]) if k in _POSITIVE else guess[k] + scale * u[k]
         return out
 
-    lik = Likelihood(y_t, fixed, guess, h=h, dt=dt, times=times, backend=backend)
+    lik = Likelihood.of_problem(p, tuple(fixed), guess)
     weight = 1.0 / torch.clamp(n_group, min=1.0)
     infinite = torch.tensor(math.inf, dtype=y_t.dtype, device=y_t.device)
 
@@ -169,8 +173,7 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             for v, chunk in zip(u.values(), torch.split(torch.from_numpy(x), [v.numel() for v in u.values()])):
                 v.copy_(chunk.reshape(v.shape))
     elif method == "lbfgs":
-        graphed = (tuning.current().fit_graphs and resolve_backend(backend, y_t.device) == "triton" and y_t.is_cuda
-                   and not lik.p.diffuse)
+        graphed = tuning.current().fit_graphs and p.backend == "triton" and y_t.is_cuda and not lik.p.diffuse
         captured = (lambda: objective(u, graphed=True)) if graphed else None
         converged, n_iter, message = lbfgs(objective, u, max_iter, tol, progress, captured=captured)
     else:

@@ -38,7 +38,8 @@ import torch
 from kalmanscan.model import mobius, ou
 from kalmanscan.inference.diffuse import finite_problem, run_finite, set_leading
 from kalmanscan.problem.prepare import prepare
-from kalmanscan.ops.filter import resolve_backend, run_backend
+from kalmanscan.problem.problem import Problem
+from kalmanscan.ops.filter.dispatch import get_backend
 from kalmanscan.estimation.cpu_objective import NumpyLikelihood
 from kalmanscan.types import ArrayLike
 
@@ -63,24 +64,47 @@ class Likelihood:
     without a synchronisation). The sum over time is accumulated in float64 and returned in
     ``y``'s dtype. Differentiable with respect to ``nat``. ``numpy``: the NumPy evaluation of the
     same function on the ``"cpu"`` backend in float64 (``None`` elsewhere), used when no
-    gradient is recorded.
+    gradient is recorded. :meth:`of_problem` makes one from a problem already prepared (what
+    :func:`kalmanscan.fit` does: it prepares once).
     """
 
     def __init__(self, y: torch.Tensor, fixed: dict, start: dict[str, torch.Tensor], *, h: ArrayLike = 1.0,
                  dt: ArrayLike = 1.0, times: ArrayLike | None = None, backend: str = "auto"):
-        self.names = tuple(start)
-        self.fixed, self.h, self.dt, self.times, self.backend = dict(fixed), h, dt, times, backend
         kw = {**fixed, **{k: v if k.startswith("init_") else _static(v) for k, v in start.items()}}
-        self.p = prepare(y, **kw, h=h, dt=dt, times=times, backend=backend)
+        self._setup(prepare(y, **kw, h=h, dt=dt, times=times, backend=backend), tuple(fixed), start)
+
+    @classmethod
+    def of_problem(cls, p: Problem, fixed: Sequence[str], start: dict[str, torch.Tensor]) -> Likelihood:
+        """The likelihood of the prepared problem ``p`` (its plan's backend), ``fixed`` naming the
+        fields given by the caller and ``start`` the estimated names' values (each ``B + (Cp,)``,
+        checked by the caller), which replace ``p``'s fields; nothing is validated again."""
+        lik = cls.__new__(cls)
+        lik._setup(p, tuple(fixed), start)
+        return lik
+
+    def _setup(self, p: Problem, fixed: tuple[str, ...], start: dict[str, torch.Tensor]) -> None:
+        self.names, self.fixed = tuple(start), fixed
         self.stationary_init = "init_var" not in fixed and "init_var" not in start
         self.mean_init = "init_mean" not in fixed and "init_mean" not in start
-        self.batch = tuple(y.shape[:-2])
-        if tuple(self.p.shape[:-2]) != self.batch:
+        self.batch = tuple(p.y.shape[:-2])
+        if tuple(p.shape[:-2]) != self.batch:
             raise ValueError(f"fixed parameters must not add batch dimensions to y's {self.batch}")
+        self.p = self._with(p, start)
         finite_problem(self.p)  # a diffuse prior's errors surface here, before any optimiser
-        lean = (resolve_backend(backend, y.device) == "cpu" and self.p.dtype == torch.float64
-                and min(self.p.shape) > 0)
+        lean = self.p.backend == "cpu" and self.p.dtype == torch.float64 and min(self.p.shape) > 0
         self.numpy = NumpyLikelihood(self.p, self.names, self.stationary_init, self.mean_init) if lean else None
+
+    def _with(self, p: Problem, nat: dict[str, torch.Tensor], **changes) -> Problem:
+        """``p`` with the estimated fields at ``nat`` (and the initial belief that follows them)."""
+        fields = {k: _static(v) for k, v in nat.items()}
+        if self.stationary_init and ("theta" in fields or "sigma" in fields):
+            theta = fields.get("theta", p.theta[..., :1, :])
+            sigma = fields.get("sigma", p.sigma[..., :1, :])
+            fields["init_var"] = ou.stationary_var(theta, sigma)
+        if self.mean_init and "mean" in fields:
+            fields["init_mean"] = fields["mean"]
+        moved = "theta" in fields or "sigma" in fields  # the decay and noise, and so no_noise, change
+        return dataclasses.replace(p, **fields, no_noise=None if moved else p.no_noise, **changes)
 
     def __call__(self, nat: dict[str, torch.Tensor], graphed: bool = False) -> torch.Tensor:
         """``graphed``: no host decision on the values (for a CUDA graph's capture,
@@ -89,21 +113,14 @@ class Likelihood:
         if self.numpy is not None and not (torch.is_grad_enabled() and any(v.requires_grad for v in nat.values())):
             ll, _ = self.numpy.evaluate({k: v.detach().numpy() for k, v in nat.items()})
             return torch.from_numpy(ll)
-        fields = {k: _static(v) for k, v in nat.items()}
-        if self.stationary_init and ("theta" in fields or "sigma" in fields):
-            theta = fields.get("theta", self.p.theta[..., :1, :])
-            sigma = fields.get("sigma", self.p.sigma[..., :1, :])
-            fields["init_var"] = ou.stationary_var(theta, sigma)
-        if self.mean_init and "mean" in fields:
-            fields["init_mean"] = fields["mean"]
-        moved = "theta" in fields or "sigma" in fields  # the decay and noise, and so no_noise, change
-        p = dataclasses.replace(self.p, **fields, no_noise=None if moved else self.p.no_noise, outputs=("logliks",))
+        p = self._with(self.p, nat, outputs=("logliks",))
+        moved = "theta" in nat or "sigma" in nat
         lacking = None
         if graphed and moved:
             lacking = mobius.lacks_noise(*p.decay_noise())
             p = dataclasses.replace(p, no_noise=False)
         finite, diffuse = finite_problem(p, split=p.y.device.type == "cpu")  # as ks.filter
-        logliks = run_finite(finite, diffuse, lambda q: run_backend(q, self.backend))["logliks"]
+        logliks = run_finite(finite, diffuse, get_backend(p.backend).filter)["logliks"]
         if diffuse is not None:
             logliks = set_leading(logliks, diffuse.upto, 0.0, p.shape)
         logliks = torch.broadcast_to(logliks, p.shape)
@@ -128,9 +145,10 @@ class Likelihood:
         """The same likelihood computed in float64 (itself when it already is)."""
         if self.p.dtype == torch.float64:
             return self
-        start = {k: getattr(self.p, k)[..., 0, :].double() for k in self.names}
-        return Likelihood(self.p.y.double(), self.fixed, start, h=self.h, dt=self.dt, times=self.times,
-                          backend=self.backend)
+        tensors = {f.name: getattr(self.p, f.name) for f in dataclasses.fields(self.p)}
+        wide = {k: x.double() for k, x in tensors.items() if isinstance(x, torch.Tensor) and x.is_floating_point()}
+        p = dataclasses.replace(self.p, **wide, derived=None, no_noise=None)
+        return Likelihood.of_problem(p, self.fixed, {k: getattr(p, k)[..., 0, :] for k in self.names})
 
 
 def _static(v: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 from kalmanscan.model import mobius
 from kalmanscan.problem.problem import Problem
 from kalmanscan.ops import host_memory
+from kalmanscan.ops.filter.dispatch import backend_tensors
 from kalmanscan.model.scan import associative_scan
 from kalmanscan.inference.stream import predict
 
@@ -131,8 +132,9 @@ def finite_problem(p: Problem, split: bool = False) -> tuple[Problem, Diffuse | 
 
 
 def run_finite(finite: Problem, d: Diffuse | None, run: Callable[[Problem], dict]) -> dict:
-    """The backend's result (``run`` of a problem) on :func:`finite_problem`'s ``finite`` form,
-    made with ``split=True``.
+    """The backend's result (``run`` of a problem, a backend's ``filter``) on :func:`finite_problem`'s
+    ``finite`` form, made with ``split=True``, as tensors of the compute dtype
+    (:func:`kalmanscan.ops.filter.dispatch.backend_tensors`).
 
     Identity transitions into the leading steps would make ``theta, sigma`` per step over the
     whole series, and every step would take the backends' per-step path. Where ``finite_problem``
@@ -144,7 +146,7 @@ def run_finite(finite: Problem, d: Diffuse | None, run: Callable[[Problem], dict
     also returns ``mean`` and ``var``, which the second needs.
     """
     if d is None or d.hold is None:
-        return run(finite)
+        return backend_tensors(run(finite), finite)
     shape, T, W = finite.shape, finite.shape[-2], d.window
 
     def steps(a: int, b: int, **kw) -> Problem:
@@ -157,13 +159,14 @@ def run_finite(finite: Problem, d: Diffuse | None, run: Callable[[Problem], dict
     window = shape[:-2] + (W, shape[-1])
     held = {k: torch.where(d.hold, 0.0, torch.broadcast_to(getattr(finite, k), window)) for k in ("theta", "sigma")}
     outputs = None if finite.outputs is None else tuple(dict.fromkeys((*finite.outputs, "mean", "var")))
-    head = run(steps(0, W, outputs=outputs, **held))
+    head = backend_tensors(run(steps(0, W, outputs=outputs, **held)), finite)
     decay, noise = (x[..., W:W + 1, :] if x.shape[-2] == T else x for x in finite.decay_noise())
     level = torch.broadcast_to(finite.mean, shape)
     deviation = head["mean"][..., W - 1:W, :] - level[..., W - 1:W, :]
     init_mean, init_var = predict(level[..., W:W + 1, :], decay, noise, deviation, head["var"][..., W - 1:W, :])
     out = {}
-    for k, x in run(steps(W, T, init_mean=init_mean, init_var=init_var, diffuse=False)).items():
+    tail = steps(W, T, init_mean=init_mean, init_var=init_var, diffuse=False)
+    for k, x in backend_tensors(run(tail), finite).items():
         if k == "loglik":
             out[k] = head[k] + x
         else:  # two copies into memory that is cheap to touch first (kalmanscan.ops.host_memory)

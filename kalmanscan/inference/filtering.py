@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 
 import numpy as np
@@ -11,15 +11,16 @@ import torch
 
 from kalmanscan.inference.diffuse import Diffuse, diffuse_witness, finite_problem, restore, run_finite
 from kalmanscan.problem.checks import decide_y
-from kalmanscan.problem.prepare import GUESSED, Problem, host_parameters, prepare
-from kalmanscan.ops.filter import run_backend
+from kalmanscan.problem.prepare import GUESSED, prepare
+from kalmanscan.problem.problem import OUTPUTS, Problem
+from kalmanscan.ops.filter.dispatch import get_backend
 from kalmanscan.inference.frames import pandas_io
 from kalmanscan.inference.posterior import Params, Posterior
 from kalmanscan.inference.stream import StreamState, as_prior, continue_problem, mark, naming_state
 from kalmanscan.types import ArrayLike
 
 
-__all__ = ["filter", "make_posterior", "sum_time", "run_problem", "confirmed", "OUTPUTS"]
+__all__ = ["filter", "make_posterior", "sum_time", "attempts", "confirmed", "OUTPUTS"]
 
 @pandas_io
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
@@ -71,7 +72,9 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
             element read) queued before the kernels and read back once they are queued: the
             call's one synchronisation, which waits for the reduction, not for the kernels (with
             parameters given as device tensors, it is read with their checks, once the kernels
-            are queued). On a CPU it is one reduction of the result. ``False`` skips it: no
+            are queued). On a CPU it is one reduction of the result. A result read that way
+            which is not finite though ``y`` is (a log-likelihood of ``-inf``: an observation
+            too far from its prediction for the dtype) is an error too. ``False`` skips it: no
             synchronisation, and an ``inf`` in ``y`` shows as a non-finite result instead of an
             error. The parameters are checked either way.
 
@@ -80,7 +83,9 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     and the observation at ``t`` (index 0 has no transition).
 
     Raises:
-        ValueError: naming the argument, for bad values or shapes (see :mod:`kalmanscan.problem.prepare`).
+        ValueError: naming the argument, for bad values or shapes (see :mod:`kalmanscan.problem.prepare`),
+            and naming the parameter and the limit where a derived quantity (the stationary
+            variance, the process noise, a value in y's dtype) overflows (:mod:`kalmanscan.problem.bounds`).
     """
     # With parameters checked on the host, y's inf check is decided once the kernels are queued
     # (checks.decide_y): for a large y on a GPU the triton backend queues it with its kernels and
@@ -91,13 +96,15 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # it is read once the kernels are queued (confirmed), the facts that pick the kernels' path
     # (a diffuse prior, no process noise) assumed until then and the call run again, checked
     # first, when they differ; on the other backends before the kernels.
-    wanted = _check_outputs(outputs)
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
-    params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
-    late = check_finite and host_parameters(params, times, init_mean, init_var)
-    p, finite, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
-                                          backend, state, check_finite, late, None if outputs is None else wanted)
+    args = dict(y=y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
+                init_mean=init_mean, init_var=init_var, backend=backend, outputs=outputs)
+    for p, finite, diffuse in attempts(args, state, check_finite):
+        out = run_finite(finite, diffuse, get_backend(p.backend).filter)
+        if confirmed(p, state):
+            break
+    wanted = OUTPUTS if p.outputs is None else p.outputs
     queued = out.pop("y_check", None)
     if diffuse is not None:
         out = restore(p, diffuse, out)
@@ -108,36 +115,36 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
         out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
     post = make_posterior(p, out, diffuse=diffuse)
-    if late:
+    if p.y_late:
         decide_y(p.y, queued, diffuse_witness(witness, finite, diffuse))
+    elif check_finite and witness is not None and not p.y.is_cuda:  # (y checked already; no wait on the host)
+        decide_y(p.y, None, diffuse_witness(witness, finite, diffuse))
     return post if state is None else mark(post, state)
 
 
-def run_problem(args: dict, backend: str, state: StreamState | None, check_finite: bool, late: bool,
-                outputs: tuple | None = None) -> tuple[Problem, Problem, Diffuse | None, dict]:
-    """``(p, finite, diffuse, out)``: the problem :func:`~kalmanscan.problem.prepare.prepare` makes of
-    ``args`` (continuing ``state``, asking for ``outputs``), its finite form and diffuse part
-    (:func:`~kalmanscan.inference.diffuse.finite_problem`) and the backend's result. With ``late`` (the
-    parameters checked on the host) ``y``'s check is left to the caller, the triton backend asked
-    to queue it with its kernels; else it joins the parameters' checks, which on the triton backend
-    are read once the kernels are queued (:func:`confirmed`): a read that refutes the facts
-    assumed until then runs the call again, checked first."""
+def attempts(args: dict, state: StreamState | None,
+             check_finite: bool) -> Iterator[tuple[Problem, Problem, Diffuse | None]]:
+    """``(p, finite, diffuse)`` for each run of a call: the problem and plan
+    :func:`~kalmanscan.problem.prepare.prepare` makes of ``args`` (the keywords of :func:`filter`;
+    continuing ``state``), its finite form and diffuse part
+    (:func:`~kalmanscan.inference.diffuse.finite_problem`), which the caller runs on the plan's
+    backend (:func:`~kalmanscan.inference.diffuse.run_finite`) and stops after once
+    :func:`confirmed`. With the parameters checked on the host (:attr:`Problem.y_late`) ``y``'s
+    check is left to the caller, the triton backend asked to queue it with its kernels; else it
+    joins the parameters' checks, which on the triton backend are read once the kernels are
+    queued: a read that refutes the facts assumed until then asks for a second run, checked first.
+    (A generator: its frame is not on the stack while the backend runs.)"""
     for defer in (True, False):
         with naming_state(state):
-            p = prepare(**args, backend=backend, check_y=check_finite and not late, defer=defer)
+            p = prepare(**args, check_y=check_finite, late_y=True, defer=defer)
         if state is not None:
             p = continue_problem(p, state)
-        if outputs is not None:
-            p = dataclasses.replace(p, outputs=outputs)
         # on a CPU the per-step path costs the loops an exp and an expm1 per element; on a GPU the
         # two runs' joined copies would move more memory than the per-step parameters: not timed
         finite, diffuse = finite_problem(p, split=p.y.device.type == "cpu")
-        if late and diffuse is None:  # the triton backend may queue y's check with its kernels
+        if p.y_late and diffuse is None:  # the triton backend may queue y's check with its kernels
             finite = dataclasses.replace(finite, y_check=True)
-        out = run_finite(finite, diffuse, lambda q: run_backend(q, backend))
-        if confirmed(p, state):
-            break
-    return p, finite, diffuse, out
+        yield p, finite, diffuse
 
 
 def confirmed(p: Problem, state: StreamState | None = None) -> bool:
@@ -149,22 +156,6 @@ def confirmed(p: Problem, state: StreamState | None = None) -> bool:
     with naming_state(state):
         facts = p.pending.decide()
     return all(facts[k] == GUESSED[k] for k in facts)
-
-
-OUTPUTS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
-           "pred_obs_var", "logliks", "loglik", "missing")
-
-
-def _check_outputs(outputs) -> tuple:
-    """The fields to compute for ``outputs`` (``"loglik"`` brings ``"logliks"``)."""
-    if outputs is None:
-        return OUTPUTS
-    if isinstance(outputs, str) or not all(isinstance(k, str) for k in outputs):
-        raise ValueError(f"outputs must be a sequence of field names from {OUTPUTS}, got {outputs!r}")
-    unknown = sorted(set(outputs) - set(OUTPUTS))
-    if unknown or not outputs:
-        raise ValueError(f"outputs must name fields from {OUTPUTS}, got {outputs!r}")
-    return tuple(k for k in OUTPUTS if k in outputs or (k == "logliks" and "loglik" in outputs))
 
 
 def _read_only(x):

@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kalmanscan.inference.diffuse import diffuse_witness, restore, smooth_leading
+from kalmanscan.inference.diffuse import diffuse_witness, restore, run_finite, smooth_leading
 from kalmanscan.problem.checks import decide_y
 from kalmanscan.inference.frames import pandas_io
-from kalmanscan.inference.filtering import make_posterior, run_problem, sum_time
-from kalmanscan.problem.prepare import host_parameters
-from kalmanscan.ops.filter import get_backend, resolve_backend
+from kalmanscan.inference.filtering import attempts, confirmed, make_posterior, sum_time
+from kalmanscan.ops.filter.dispatch import get_backend
 from kalmanscan.inference.stream import StreamState, as_prior, mark
 from kalmanscan.types import ArrayLike
 
@@ -54,15 +53,17 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # y's inf check as ks.filter's: decided once the kernels are queued when the parameters are
     # checked on the host (checks.decide_y), else joined with their checks, read once the triton
     # backend's kernels are queued (before the kernels on the other backends).
-    params = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt)
-    late = check_finite and host_parameters(params, times, init_mean, init_var)
-    p, finite, diffuse, out = run_problem(dict(y=y, **params, times=times, init_mean=init_mean, init_var=init_var),
-                                          backend, state, check_finite, late)
+    args = dict(y=y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
+                init_mean=init_mean, init_var=init_var, backend=backend)
+    for p, finite, diffuse in attempts(args, state, check_finite):
+        out = run_finite(finite, diffuse, get_backend(p.backend).filter)
+        if confirmed(p, state):
+            break
     queued = out.pop("y_check", None)
     shape = p.shape
     full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
     mean_param = torch.broadcast_to(p.mean, shape)
-    mean_s, var_s, precision_s = get_backend(resolve_backend(backend, p.y.device)).smooth(full, mean_param)
+    mean_s, var_s, precision_s = get_backend(p.backend).smooth(full, mean_param)
     if finite.no_process_noise() and not bool(
             (torch.isfinite(mean_s) & torch.isfinite(var_s)).all()):
         raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
@@ -75,6 +76,8 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         out["loglik"] = sum_time(out["logliks"])
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
     post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
-    if late:
+    if p.y_late:
         decide_y(p.y, queued, diffuse_witness(out["loglik"], finite, diffuse))
+    elif check_finite and not p.y.is_cuda:  # (y checked already; no wait on the host)
+        decide_y(p.y, None, diffuse_witness(out["loglik"], finite, diffuse))
     return post if state is None else mark(post, state)

@@ -35,11 +35,16 @@ class Registry:
         """``"auto"`` and every registered name."""
         return ("auto", *self._modules)
 
-    def module(self, name: str) -> ModuleType:
-        """The module of the backend ``name`` (imported on first use)."""
+    def known(self, name: str) -> str:
+        """``name`` when it is registered; else ``ValueError`` naming ``backend`` (the one check of
+        a backend's name)."""
         if name not in self._modules:
             raise ValueError(f"backend must be one of {list(self.names())}, got {name!r}")
-        module = self._modules[name]
+        return name
+
+    def module(self, name: str) -> ModuleType:
+        """The module of the backend ``name`` (imported on first use)."""
+        module = self._modules[self.known(name)]
         if isinstance(module, str):  # kept once imported: torch.compile traces a lookup, not an import
             module = self._modules[name] = importlib.import_module(module)
         return module

@@ -21,7 +21,7 @@ import torch
 from kalmanscan.types import ArrayLike
 
 __all__ = ["Checks", "Pending", "Flag", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead",
-           "queue_y_sum", "decide_y"]
+           "queue_y_sum", "decide_y", "NOT_FINITE"]
 
 
 class Flag(NamedTuple):
@@ -151,14 +151,25 @@ def finite_sum(x: torch.Tensor) -> bool:
     return math.isfinite(float(x.detach().sum()))
 
 
+NOT_FINITE = ("the filter's result is not finite though y and the parameters are: a log-likelihood of -inf "
+              "(an observation so far from its prediction that its squared standardised distance passes {dtype}'s "
+              "largest value, {limit:.4g}); express y, sigma and obs_var in a larger unit, or check obs_var and "
+              "mean")
+"""The error for a non-finite result from finite inputs (:func:`check_y_by_result`)."""
+
+
 def check_y_by_result(y: torch.Tensor, witness: torch.Tensor) -> None:
     """``y``'s inf check from a result it reaches: an ``inf`` in ``y`` makes ``witness`` (the
     log-likelihood summed over time, or the last filtered mean; with a diffuse prior plus the
     finite problem's initial mean, which a diffuse channel's first observation sets) non-finite,
     so ``y`` is searched only when ``witness`` is not finite. One read of ``witness``: the call's
-    one synchronisation, made last so that the device works while the host assembles the result."""
+    one synchronisation, made last so that the device works while the host assembles the result.
+    A ``witness`` that is not finite though ``y`` holds no ``inf`` (the log-likelihood ``-inf`` of
+    an observation too far out for the dtype) is an error too (:data:`NOT_FINITE`)."""
     if not finite_sum(witness):
         check_no_inf(y)
+        raise ValueError(NOT_FINITE.format(dtype=str(y.dtype).removeprefix("torch."),
+                                           limit=float(torch.finfo(y.dtype).max)))
 
 
 class Ahead:

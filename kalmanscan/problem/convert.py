@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kalmanscan.problem.bounds import narrowing_message
 from kalmanscan.types import ArrayLike
 
 __all__ = ["on_host", "host_array", "to_device", "broadcast_param", "broadcast_init"]
@@ -22,13 +23,18 @@ def on_host(x: ArrayLike | None) -> bool:
 
 
 def host_array(name: str, x: ArrayLike, np_dtype: type) -> np.ndarray:
-    """``x`` as a NumPy array of the compute dtype (then float64, exactly): what the kernels see."""
+    """``x`` as a NumPy array of the compute dtype (then float64, exactly): what the kernels see.
+    ``ValueError`` naming ``name`` when a finite value overflows the compute dtype."""
     if isinstance(x, torch.Tensor):
         x = x.detach().to(torch.float64).numpy()
     arr = np.asarray(x)
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    return arr.astype(np_dtype, copy=False).astype(np.float64, copy=False)
+    with np.errstate(over="ignore"):
+        out = arr.astype(np_dtype, copy=False)
+    if out.dtype != arr.dtype and arr.dtype.kind == "f" and (np.isinf(out) & np.isfinite(arr)).any():
+        raise ValueError(narrowing_message(name, np_dtype))
+    return out.astype(np.float64, copy=False)
 
 
 def to_device(x: torch.Tensor, device: torch.device, copy: bool = False) -> torch.Tensor:

@@ -13,19 +13,23 @@ Nothing the caller passed is modified: the tensors made here are new or read-onl
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from kalmanscan.model import mobius, ou
-from kalmanscan.ops.filter.dispatch import backend_names, resolve_backend
+from kalmanscan.ops.filter.dispatch import resolve_backend
+from kalmanscan.ops.filter.torch import compact
 from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device
-from kalmanscan.problem.bounds import BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, PARAMS, requirement, within
+from kalmanscan.problem.bounds import (BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, NOISE_OVERFLOW, PARAMS,
+                                       STATIONARY_OVERFLOW, narrowing_message, overflow_message, requirement, within)
 from kalmanscan.problem.checks import Checks, queue_y_check
 from kalmanscan.problem.convert import broadcast_init, broadcast_param, host_array, on_host, to_device
-from kalmanscan.problem.problem import Problem
+from kalmanscan.problem.problem import Problem, wanted_outputs
 from kalmanscan.types import ArrayLike
 
 
@@ -54,10 +58,16 @@ def _compute_dtype(y):
 
 def _to_tensor(name, x, dtype, device):
     if isinstance(x, torch.Tensor):
-        return x.to(device=device, dtype=dtype)
+        out = x.to(device=device, dtype=dtype)
+        if x.dtype.itemsize > dtype.itemsize and x.dtype.is_floating_point and bool(
+                (torch.isinf(out) & torch.isfinite(x.detach().to(device))).any()):  # (one read; a rare call)
+            raise ValueError(narrowing_message(name, dtype))
+        return out
     arr = np.asarray(x)
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    if dtype == torch.float32 and arr.dtype == np.float64:
+        host_array(name, arr, np.float32)  # a finite value past float32's range is refused, not made inf
     if arr.dtype != np.float64 and not (arr.dtype == np.float32 and dtype == torch.float32):
         arr = arr.astype(np.float64)
     elif any(s < 0 for s in arr.strides):  # torch takes no negative strides: copy reversed views
@@ -70,8 +80,17 @@ def _to_tensor(name, x, dtype, device):
 def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
             h: ArrayLike = 1.0, dt: ArrayLike = 1.0, times: ArrayLike | None = None,
             init_mean: ArrayLike | None = None, init_var: ArrayLike | None = None, backend: str = "auto",
-            check_y: bool = True, defer: bool = False) -> Problem:
-    """Validate and broadcast the filter's inputs; see the module docstring for the rules.
+            outputs: Sequence[str] | None = None, check_y: bool = True, late_y: bool = False,
+            defer: bool = False) -> Problem:
+    """Validate and broadcast the filter's inputs and resolve the call's plan; see the module
+    docstring for the rules. Every name, value, shape and bound is checked here, once: the
+    returned :class:`Problem` is what every backend trusts.
+
+    The plan: :attr:`Problem.backend`, the registered backend ``backend`` stands for on ``y``'s
+    device (``ValueError`` naming ``backend`` for an unknown one); :attr:`Problem.outputs`, the
+    fields ``outputs`` asks for (:func:`~kalmanscan.problem.problem.wanted_outputs`); where the
+    parameters were checked (:attr:`Problem.derived` from the host, :attr:`Problem.y_late`) and the
+    path's facts (``diffuse``, ``no_noise``).
 
     When every parameter is a scalar or ``(C,)`` on the host (Python numbers, NumPy, CPU tensors
     without gradient) and ``times`` is not given, they are checked with NumPy and reach ``y``'s
@@ -80,18 +99,19 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     ``y``'s device, and checks on device tensors are decided together in one synchronisation. The
     inf check on ``y`` is one reduction (one synchronisation on a device). ``check_y=False`` skips
     it; the caller must then call :func:`check_no_inf` itself, e.g. only when the log-likelihood
-    comes out non-finite (an ``inf`` in ``y`` always makes it so). With ``defer`` on the triton
-    backend, the checks on device tensors are not read here: they are queued
-    (:attr:`Problem.pending`, facts assumed as :data:`GUESSED`) for the caller to decide once its
-    kernels are queued, and to run the call again if the facts read differ.
+    comes out non-finite (an ``inf`` in ``y`` always makes it so). With ``late_y``, when the
+    parameters are checked on the host, ``y``'s check is left to the caller
+    (:attr:`Problem.y_late`: :func:`kalmanscan.problem.checks.decide_y` once the kernels are
+    queued). With ``defer`` on the triton backend, the checks on device tensors are not read here:
+    they are queued (:attr:`Problem.pending`, facts assumed as :data:`GUESSED`) for the caller to
+    decide once its kernels are queued, and to run the call again if the facts read differ.
     """
-    if backend not in backend_names():
-        raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
     if (y.dtype == torch.bool) if isinstance(y, torch.Tensor) else (np.asarray(y).dtype.kind == "b"):
         raise ValueError("y must be numeric observations, got booleans (convert them to float first "
                          "if 0/1 values are really meant)")
-    dtype, out_dtype = _compute_dtype(y)
     device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
+    plan = dict(backend=resolve_backend(backend, device), outputs=wanted_outputs(outputs))
+    dtype, out_dtype = _compute_dtype(y)
     numpy_out = not isinstance(y, torch.Tensor)
     y_t = _to_tensor("y", y, dtype, device)
     if y_t.ndim < 2:
@@ -104,8 +124,10 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         if vals[name] is None:
             raise ValueError(f"{name} is required")
     if host_parameters(vals, times, init_mean, init_var):
-        p = _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype)
-        if check_y:
+        p = _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype, plan)
+        if check_y and late_y:
+            p.y_late = True
+        elif check_y:
             checks = Checks()
             queue_y_check(checks, y_t)
             checks.decide()
@@ -113,7 +135,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     checks = Checks()
     if check_y:
         queue_y_check(checks, y_t)
-    triton = resolve_backend(backend, device) == "triton"
+    triton = plan["backend"] == "triton"
     given = dict(vals, init_mean=init_mean, init_var=init_var)
     if static_on_device(y_t, given, times):
         p, facts = prepare_static(y_t, given, checks, numpy_out, out_dtype)
@@ -121,8 +143,7 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         if triton:
             checks.fact("no_noise", facts["no_noise"])
         p.pending, facts = (checks.queue(), GUESSED) if defer and triton else (None, checks.decide())
-        p.diffuse, p.no_noise = facts["diffuse"], facts.get("no_noise")
-        return p
+        return dataclasses.replace(p, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"), **plan)
     params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in PARAMS}
     times_t = None
     if times is not None:
@@ -143,6 +164,8 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         checks.require(NEEDS_INIT_VAR_THETA, torch.all(theta0.detach() != 0))
         checks.require(NEEDS_INIT_VAR_SIGMA, torch.all((sigma0.detach() != 0) | (theta0.detach() == 0)))
         init_v = ou.stationary_var(theta0, sigma0)
+        # (inf where theta = 0, which the check before refuses first)
+        checks.require(overflow_message(STATIONARY_OVERFLOW, dtype), torch.all(torch.isfinite(init_v.detach())))
     else:
         init_v = _init_param("init_var", init_var, dtype, _home(init_var))
         checks.add("init_var", init_v, lambda v: v > 0, "> 0 (or inf: a diffuse prior)")
@@ -155,18 +178,33 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
         shape = broadcast_init(name, shape, tuple(p.shape))
     with torch.no_grad():
         checks.fact("diffuse", torch.isinf(init_v.detach()).any())
+        trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
+        home = trans[0].device if len({x.device for x in trans}) == 1 else device
+        theta_h, sigma_h, dt_h = (to_device(x, home) for x in trans)
+        # the noise sigma^2 dt phi(2 theta dt), phi in (0, 1], is formed from sigma^2 dt: finite with it
+        checks.require(overflow_message(NOISE_OVERFLOW, dtype), torch.all(torch.isfinite(sigma_h * sigma_h * dt_h)))
         if triton:  # it picks its path by this fact
-            trans = [params[k].detach() for k in ("theta", "sigma", "dt")]
-            home = trans[0].device if len({x.device for x in trans}) == 1 else device
-            checks.fact("no_noise", mobius.lacks_noise(*ou.discretize(*(to_device(x, home) for x in trans))))
+            checks.fact("no_noise", mobius.lacks_noise(*ou.discretize(theta_h, sigma_h, dt_h)))
     if defer and triton:  # read once the kernels are queued; until then the common facts are assumed
         pending, facts = checks.queue(), GUESSED
     else:
         pending, facts = None, checks.decide()
     moved = {k: to_device(v, device) for k, v in params.items()}
-    return Problem(y=y_t, init_mean=to_device(init_m, device), init_var=to_device(init_v, device), shape=shape,
-                   numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"),
-                   times=None if times_t is None else to_device(times_t, device), pending=pending, **moved)
+    p = Problem(y=y_t, init_mean=to_device(init_m, device), init_var=to_device(init_v, device), shape=shape,
+                numpy_out=numpy_out, out_dtype=out_dtype, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"),
+                times=None if times_t is None else to_device(times_t, device), pending=pending, **plan, **moved)
+    return _compacted(p)
+
+
+def _compacted(p: Problem) -> Problem:
+    """``p`` with each parameter that needs a gradient and is a broadcast view (an expanded
+    per-step ``theta``) cut to size 1 along its broadcast dimensions
+    (:func:`kalmanscan.ops.filter.torch.compact`): the backends' backward passes then sum its
+    adjoint once, and autograd takes it to the view's base."""
+    cut = {k: compact(x) for k in (*PARAMS, "init_mean", "init_var", "times")
+           if isinstance(x := getattr(p, k), torch.Tensor) and x.requires_grad}
+    cut = {k: x for k, x in cut.items() if x is not getattr(p, k)}
+    return dataclasses.replace(p, **cut) if cut else p
 
 
 _DERIVED = ("decay", "noise", "lam0", "eta0")
@@ -180,7 +218,7 @@ def host_parameters(values: dict, times: ArrayLike | None, init_mean: ArrayLike 
     return times is None and all(on_host(x) for x in (*values.values(), init_mean, init_var))
 
 
-def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Problem:
+def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype, plan) -> Problem:
     """:func:`prepare` for parameters that are scalars or ``(C,)`` on the host (the common call):
     checked with NumPy (no torch operation, no synchronisation), the derived ``decay, noise,
     lam0, eta0`` computed in float64, and everything moved to ``y``'s device in one copy of one
@@ -205,7 +243,7 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype) -> Probl
     fields = dict(zip(PARAMS + ("init_mean", "init_var") + _DERIVED, packed))
     derived = {k: fields.pop(k) for k in _DERIVED}
     p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, diffuse=diffuse,
-                no_noise=no_noise, **fields)
+                no_noise=no_noise, **plan, **fields)
     p.derived = dict(derived, **{"from": {k: getattr(p, k) for k in PARAMS + ("init_mean", "init_var")}})
     return p
 
@@ -257,11 +295,9 @@ def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
     rows = np.empty((12, C))
     for i, name in enumerate(PARAMS):
         rows[i] = arrs[name]
-    good = np.isfinite(rows[:6]).all(1)
-    nonneg, positive = (rows[:6] >= 0).all(1), (rows[:6] > 0).all(1)
-    for i, (name, bound) in enumerate(BOUNDS.items()):
-        if not (good[i] and (bound is None or (nonneg if bound == ">= 0" else positive)[i])):
-            raise ValueError(f"{name} must be {requirement(bound)}")
+    for i, name in enumerate(PARAMS):
+        if not within(rows[i], BOUNDS[name]).all():
+            raise ValueError(f"{name} must be {requirement(BOUNDS[name])}")
     theta, sigma, obs_var, mean, h, dt = rows[:6]
     if inits["init_var"] is None:
         if not (theta != 0).all():
@@ -270,6 +306,8 @@ def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
             raise ValueError(NEEDS_INIT_VAR_SIGMA)
         with np.errstate(divide="ignore", over="ignore"):
             rows[7] = (sigma * sigma / (2.0 * theta)).astype(np_dtype)
+        if not np.isfinite(rows[7]).all():  # (inf where theta = 0 is refused above)
+            raise ValueError(overflow_message(STATIONARY_OVERFLOW, np_dtype))
     else:
         rows[7] = inits["init_var"]
         if not (rows[7] > 0).all():
@@ -277,7 +315,10 @@ def _host_rows(y_t, vals, init_mean, init_var) -> tuple:
     rows[6] = mean if inits["init_mean"] is None else inits["init_mean"]
     if not np.isfinite(rows[6]).all():
         raise ValueError("init_mean must be finite")
-    rows[8], rows[9] = ou.discretize(theta, sigma, dt)
+    with np.errstate(over="ignore"):
+        rows[8], rows[9] = ou.discretize(theta, sigma, dt)
+        if not np.isfinite(rows[9].astype(np_dtype)).all():
+            raise ValueError(overflow_message(NOISE_OVERFLOW, np_dtype))
     with np.errstate(divide="ignore"):
         rows[10] = 1.0 / rows[7]
     rows[11] = rows[10] * (rows[6] - mean)

@@ -1,8 +1,10 @@
-"""The filter's validated inputs, the one type every backend reads: :class:`Problem`, made by
-:func:`kalmanscan.problem.prepare.prepare`."""
+"""The filter's validated inputs and resolved plan, the one type every backend reads and trusts:
+:class:`Problem`, made by :func:`kalmanscan.problem.prepare.prepare`; and the output fields a call
+may ask for (:data:`OUTPUTS`, checked once by :func:`wanted_outputs`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,12 +14,34 @@ from kalmanscan.model import mobius, ou
 from kalmanscan.model.reciprocal import reciprocal
 from kalmanscan.problem.checks import Pending
 
-__all__ = ["Problem"]
+__all__ = ["Problem", "OUTPUTS", "wanted_outputs"]
+
+OUTPUTS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
+           "pred_obs_var", "logliks", "loglik", "missing")
+"""The fields of a filter's :class:`~kalmanscan.Posterior` that ``outputs=`` may name."""
+
+
+def wanted_outputs(outputs: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The fields to compute for ``outputs`` in :data:`OUTPUTS`' order (``"loglik"`` brings
+    ``"logliks"``), ``None`` for all; ``ValueError`` naming ``outputs`` for anything else."""
+    if outputs is None:
+        return None
+    if isinstance(outputs, str) or not all(isinstance(k, str) for k in outputs):
+        raise ValueError(f"outputs must be a sequence of field names from {OUTPUTS}, got {outputs!r}")
+    unknown = sorted(set(outputs) - set(OUTPUTS))
+    if unknown or not outputs:
+        raise ValueError(f"outputs must name fields from {OUTPUTS}, got {outputs!r}")
+    return tuple(k for k in OUTPUTS if k in outputs or (k == "logliks" and "loglik" in outputs))
 
 
 @dataclass
 class Problem:
-    """Validated inputs as torch tensors of the compute dtype, broadcastable to ``shape``.
+    """Validated inputs as torch tensors of the compute dtype, broadcastable to ``shape``, and the
+    plan of the call: every backend trusts it (no backend checks a value, a name or a shape again).
+
+    ``backend``: the registered backend that runs it (``"auto"`` resolved for ``y``'s device).
+    ``y_late``: the parameters were checked on the host and ``y``'s inf check was left to the
+    caller (:func:`kalmanscan.problem.checks.decide_y`, once the kernels are queued).
 
     Facts decided with the checks (no further synchronisation): ``diffuse``, whether any
     ``init_var`` is inf (:mod:`kalmanscan.inference.diffuse`); ``no_noise``, whether some filter with
@@ -53,6 +77,8 @@ class Problem:
     diffuse: bool = False
     no_noise: bool | None = None
     outputs: tuple | None = None
+    backend: str = "torch"
+    y_late: bool = False
     derived: dict | None = field(default=None, repr=False)
     y_check: bool = False
     pending: Pending | None = field(default=None, repr=False)

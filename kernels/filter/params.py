@@ -8,10 +8,13 @@ the rows ``init_var`` (as used: ``sigma^2 / (2 theta)`` where not given),
 ``decay, noise`` (:func:`kalmanscan.kernels.filter.steps.ou_transition`, as
 :func:`kalmanscan.model.ou.discretize`) and ``lam0 = 1 / init_var``, ``eta0 = lam0 (init_mean - mean)``,
 and :data:`NFLAGS` flags (1 = holds), in this order: each of the six parameters finite and
-within its bound (``theta, sigma >= 0``; ``obs_var, dt > 0``), ``init_mean`` finite, ``init_var >
-0`` (NaN fails), ``theta != 0`` and ``sigma != 0 or theta = 0`` wherever ``init_var`` is not given
-(the stationary law exists and is not a point), a diffuse prior somewhere (``init_var = inf``),
-and a decaying channel whose noise is below ``bound`` (:func:`kalmanscan.model.mobius.lacks_noise`).
+within its bound (the constants ``B_THETA .. B_DT``, from the bounds table
+:func:`kalmanscan.problem.bounds.kernel_codes`: 0 finite, 1 ``>= 0``, 2 ``> 0``), ``init_mean``
+finite, ``init_var > 0`` (NaN fails), ``theta != 0`` and ``sigma != 0 or theta = 0`` wherever
+``init_var`` is not given (the stationary law exists and is not a point), a diffuse prior
+somewhere (``init_var = inf``), a decaying channel whose noise is below ``bound``
+(:func:`kalmanscan.model.mobius.lacks_noise`), the stationary variance finite in the rows' dtype
+wherever it is ``init_var``'s default and ``theta > 0``, and the noise finite in the rows' dtype.
 """
 
 import triton
@@ -19,17 +22,31 @@ import triton.language as tl
 
 from kalmanscan.kernels.filter.steps import ou_transition
 
-NFLAGS = tl.constexpr(12)
+NFLAGS = tl.constexpr(14)
+
+
+@triton.jit
+def within(x, CODE: tl.constexpr):
+    """``x`` finite and within the bound of code ``CODE`` (0 none, 1 ``>= 0``, 2 ``> 0``), as int32."""
+    ok = tl.abs(x) < float("inf")
+    if CODE == 1:
+        ok = ok & (x >= 0)
+    if CODE == 2:
+        ok = ok & (x > 0)
+    return ok.to(tl.int32)
 
 
 @triton.jit
 def param_rows_kernel(p_ptr, rows_ptr, flags_ptr, C, bound,
+                      B_THETA: tl.constexpr, B_SIGMA: tl.constexpr, B_OBS: tl.constexpr, B_MEAN: tl.constexpr,
+                      B_H: tl.constexpr, B_DT: tl.constexpr,
                       GIVEN_MEAN: tl.constexpr, GIVEN_VAR: tl.constexpr, BLOCK: tl.constexpr):
     """One program over ``C`` in blocks of ``BLOCK`` channels: ``p`` is ``(8, C)``, ``rows``
     ``(5, C)`` (``init_var, decay, noise, lam0, eta0``), ``flags`` ``(NFLAGS,)`` int8 (1 = holds)."""
     one = tl.full([BLOCK], 1, tl.int32)
     f_theta, f_sigma, f_obs, f_mean, f_h, f_dt = one, one, one, one, one, one
     f_m0, f_v0, f_nz, f_pt, diffuse = one, one, one, one, one * 0
+    f_sv, f_q = one, one
     smallest = tl.full([BLOCK], 1.0, tl.float64)
     for start in range(0, C, BLOCK):
         c = start + tl.arange(0, BLOCK)
@@ -40,12 +57,12 @@ def param_rows_kernel(p_ptr, rows_ptr, flags_ptr, C, bound,
         mean = tl.load(p_ptr + 3 * C + c, mask=ok, other=0.0).to(tl.float64)
         h = tl.load(p_ptr + 4 * C + c, mask=ok, other=1.0).to(tl.float64)
         dt = tl.load(p_ptr + 5 * C + c, mask=ok, other=1.0).to(tl.float64)
-        f_theta = tl.minimum(f_theta, ((tl.abs(theta) < float("inf")) & (theta >= 0)).to(tl.int32))
-        f_sigma = tl.minimum(f_sigma, ((tl.abs(sigma) < float("inf")) & (sigma >= 0)).to(tl.int32))
-        f_obs = tl.minimum(f_obs, ((obs_var < float("inf")) & (obs_var > 0)).to(tl.int32))
-        f_mean = tl.minimum(f_mean, (tl.abs(mean) < float("inf")).to(tl.int32))
-        f_h = tl.minimum(f_h, (tl.abs(h) < float("inf")).to(tl.int32))
-        f_dt = tl.minimum(f_dt, ((dt < float("inf")) & (dt > 0)).to(tl.int32))
+        f_theta = tl.minimum(f_theta, within(theta, B_THETA))
+        f_sigma = tl.minimum(f_sigma, within(sigma, B_SIGMA))
+        f_obs = tl.minimum(f_obs, within(obs_var, B_OBS))
+        f_mean = tl.minimum(f_mean, within(mean, B_MEAN))
+        f_h = tl.minimum(f_h, within(h, B_H))
+        f_dt = tl.minimum(f_dt, within(dt, B_DT))
         if GIVEN_MEAN:
             m0 = tl.load(p_ptr + 6 * C + c, mask=ok, other=0.0).to(tl.float64)
             f_m0 = tl.minimum(f_m0, (tl.abs(m0) < float("inf")).to(tl.int32))
@@ -63,6 +80,9 @@ def param_rows_kernel(p_ptr, rows_ptr, flags_ptr, C, bound,
         smallest = tl.minimum(smallest, tl.where(ok & (decay < 1), noise, 1.0))
         dtype = rows_ptr.dtype.element_ty
         v0 = v0.to(dtype).to(tl.float64)  # the variance as reported; lam0 from it, in float64
+        if not GIVEN_VAR:
+            f_sv = tl.minimum(f_sv, ((v0 < float("inf")) | (theta == 0) | ~ok).to(tl.int32))
+        f_q = tl.minimum(f_q, ((noise.to(dtype).to(tl.float64) < float("inf")) | ~ok).to(tl.int32))
         lam0 = 1.0 / tl.where(v0 > 0, v0, 1.0)
         tl.store(rows_ptr + c, v0.to(dtype), mask=ok)
         tl.store(rows_ptr + C + c, decay.to(dtype), mask=ok)
@@ -74,3 +94,5 @@ def param_rows_kernel(p_ptr, rows_ptr, flags_ptr, C, bound,
         tl.store(flags_ptr + i, tl.min(flags[i], 0).to(tl.int8))
     tl.store(flags_ptr + 10, tl.max(diffuse, 0).to(tl.int8))
     tl.store(flags_ptr + 11, (tl.min(smallest, 0) < bound).to(tl.int8))
+    tl.store(flags_ptr + 12, tl.min(f_sv, 0).to(tl.int8))
+    tl.store(flags_ptr + 13, tl.min(f_q, 0).to(tl.int8))

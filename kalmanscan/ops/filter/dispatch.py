@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from types import ModuleType
 
 import numpy as np
@@ -12,7 +11,8 @@ import torch
 from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.registry import Registry
 
-__all__ = ["register_backend", "unregister_backend", "backend_names", "resolve_backend", "get_backend", "run_backend"]
+__all__ = ["register_backend", "unregister_backend", "backend_names", "resolve_backend", "get_backend", "run_backend",
+           "backend_tensors"]
 
 _REGISTRY = Registry({"reference": "kalmanscan.ops.filter.reference", "torch": "kalmanscan.ops.filter.torch",
                       "triton": "kalmanscan.ops.filter.triton.backend", "cpu": "kalmanscan.ops.filter.cpu.backend"})
@@ -40,9 +40,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     stands for itself."""
     if backend == "auto":
         return "triton" if device.type == "cuda" else "cpu" if device.type == "cpu" else "torch"
-    if backend not in backend_names():
-        raise ValueError(f"backend must be one of {list(backend_names())}, got {backend!r}")
-    return backend
+    return _REGISTRY.known(backend)
 
 
 def get_backend(name: str) -> ModuleType:
@@ -50,30 +48,15 @@ def get_backend(name: str) -> ModuleType:
     return _REGISTRY.module(name)
 
 
-def run_backend(p: Problem, backend: str) -> dict:
-    """Run the backend ``backend`` stands for on a validated problem; results as tensors of the
-    compute dtype on ``p``'s device."""
-    out = get_backend(resolve_backend(backend, p.y.device)).filter(_compacted(p))
-    return {k: _as_tensor(v, p) for k, v in out.items()}
+def run_backend(p: Problem, backend: str | None = None) -> dict:
+    """Run the backend of ``p``'s plan (:attr:`Problem.backend`), or the one ``backend`` stands
+    for, on a validated problem; results as tensors of the compute dtype on ``p``'s device."""
+    name = p.backend if backend is None else resolve_backend(backend, p.y.device)
+    return backend_tensors(get_backend(name).filter(p), p)
 
 
-def _as_tensor(v, p: Problem):
-    if isinstance(v, np.ndarray):
-        return torch.as_tensor(v, device=p.y.device).to(p.dtype)
-    return v
-
-
-_PARAMETERS = ("theta", "sigma", "obs_var", "mean", "h", "dt", "init_mean", "init_var", "times")
-
-
-def _compacted(p: Problem) -> Problem:
-    """``p`` with each parameter that needs a gradient and is a broadcast view (an expanded
-    per-step ``theta``) cut to size 1 along its broadcast dimensions
-    (:func:`kalmanscan.ops.filter.torch.compact`): the backends' backward passes then sum its
-    adjoint once, and autograd takes it to the view's base."""
-    from kalmanscan.ops.filter.torch import compact
-
-    cut = {k: compact(x) for k in _PARAMETERS
-           if isinstance(x := getattr(p, k, None), torch.Tensor) and x.requires_grad}
-    cut = {k: x for k, x in cut.items() if x is not getattr(p, k)}
-    return dataclasses.replace(p, **cut) if cut else p
+def backend_tensors(out: dict, p: Problem) -> dict[str, torch.Tensor]:
+    """A backend's fields as tensors of the compute dtype on ``p``'s device (a registered backend
+    may return NumPy arrays)."""
+    return {k: torch.as_tensor(v, device=p.y.device).to(p.dtype) if isinstance(v, np.ndarray) else v
+            for k, v in out.items()}

@@ -15,6 +15,7 @@ from helpers import KERNEL_DEVICE, NAMES, Launches, config, forward_views, prepa
 import kalmanscan as ks
 from kalmanscan.ops.filter import torch as torch_backend
 from kalmanscan.ops.filter.triton import backend as triton
+from kalmanscan.ops.filter.triton import walks
 
 FOURS = config(min_stretch=4, target_lanes=1 << 30)
 
@@ -69,13 +70,13 @@ def test_absent_cotangents_gradients_equal_torch_autograd(fields, T, cfg, per_st
     """A loss on some outputs only: the backward gets the others' cotangents as None, reads none of
     them (one stretch, and several), and the gradients stay exact."""
     seen = []
-    backward = triton.filter_backward
+    backward = walks.filter_backward
 
     def spy(views, init, mu, lam, cot, config):
         seen.append(tuple(g is not None for g in cot))
         return backward(views, init, mu, lam, cot, config)
 
-    monkeypatch.setattr(triton, "filter_backward", spy)
+    monkeypatch.setattr(walks, "filter_backward", spy)
     rng = np.random.default_rng(90 + T + per_step)
     y, kw = random_problem(rng, T, C=3, batch=(2,), per_step=per_step, times=per_step, missing=0.15)
     weights = {k: torch.tensor(rng.normal(size=(2, T, 3)), device=KERNEL_DEVICE) for k in fields}
@@ -144,8 +145,8 @@ TILE_BWD_FIELDS = [("mean",), ("logliks",), ("mean", "var", "logliks", "pred_mea
 @pytest.fixture
 def tile_launches(monkeypatch):
     """The counted launches of the tile backward's apply kernel."""
-    launches = Launches(triton.filter_tile_bwd_kernel)
-    monkeypatch.setattr(triton, "filter_tile_bwd_kernel", launches)
+    launches = Launches(walks.filter_tile_bwd_kernel)
+    monkeypatch.setattr(walks, "filter_tile_bwd_kernel", launches)
     return launches
 
 

@@ -22,7 +22,8 @@ import torch
 
 from kalmanscan.model import mobius, ou
 from kalmanscan.problem.checks import Checks, Flag
-from kalmanscan.problem.bounds import BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, PARAMS, requirement
+from kalmanscan.problem.bounds import (BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, NOISE_OVERFLOW, PARAMS,
+                                       STATIONARY_OVERFLOW, kernel_codes, overflow_message, requirement)
 from kalmanscan.problem.convert import broadcast_init, broadcast_param, host_array, on_host, to_device
 from kalmanscan.problem.problem import Problem
 from kalmanscan.types import ArrayLike
@@ -73,12 +74,15 @@ def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: b
     block = torch.stack([rows[k] for k in _ROWS])
     derived = torch.empty(5, C, dtype=dtype, device=device)
     flags = torch.empty(NFLAGS, dtype=torch.int8, device=device)
-    param_rows_kernel[(1,)](block.detach(), derived, flags, C, mobius.noise_bound(dtype),
+    codes = dict(zip(("B_THETA", "B_SIGMA", "B_OBS", "B_MEAN", "B_H", "B_DT"), kernel_codes()))
+    param_rows_kernel[(1,)](block.detach(), derived, flags, C, mobius.noise_bound(dtype), **codes,
                             GIVEN_MEAN="init_mean" in given, GIVEN_VAR="init_var" in given, BLOCK=_BLOCK)
-    for i, (name, bound) in enumerate(BOUNDS.items()):
-        checks.require(f"{name} must be {requirement(bound)}", Flag(flags, i))
+    for i, name in enumerate(PARAMS):
+        checks.require(f"{name} must be {requirement(BOUNDS[name])}", Flag(flags, i))
     for i, message in ((8, NEEDS_INIT_VAR_THETA), (9, NEEDS_INIT_VAR_SIGMA),
-                       (7, "init_var must be > 0 (or inf: a diffuse prior)"), (6, "init_mean must be finite")):
+                       (12, overflow_message(STATIONARY_OVERFLOW, dtype)),
+                       (7, "init_var must be > 0 (or inf: a diffuse prior)"), (6, "init_mean must be finite"),
+                       (13, overflow_message(NOISE_OVERFLOW, dtype))):
         checks.require(message, Flag(flags, i))
     row = block.view(len(_ROWS), 1, C).unbind(0)
     fields = dict(zip(PARAMS, row))
