@@ -26,7 +26,7 @@ overhead, the fair comparison of the kernels; rows carry ``"cuda_graph": true``.
 fla autotunes every kernel on first use (minutes per shape); with ``KALMANSCAN_FLA_FIRST_CONFIG=1``
 each fla kernel takes the first of its autotuning configs (seconds; values do not depend on the
 config), e.g. ``KALMANSCAN_FLA_FIRST_CONFIG=1 python -m benchmarks run model --out model.json``.
-The switch (:mod:`kalmanscan.nn.baselines.gla`) applies while fla is imported, so the numbers for
+The switch (:mod:`benchmarks.fla_first`) applies while fla is imported, so the numbers for
 GLA are those of an untuned first config (a lower bound on its speed).
 
 Variants of the KLA model give A/Bs of the scan in one process: ``kla_y_var``, every layer's
@@ -51,6 +51,7 @@ import time
 import torch
 
 from benchmarks.common import commit, launched_with, overrides, save, shape_list
+from benchmarks.fla_first import import_fla
 from kalmanscan.nn import SequenceModel
 from kalmanscan.nn import layer as kla_layer
 from kalmanscan.ops.kla.triton.library import KLAConfig
@@ -209,6 +210,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None):
     args = parser().parse_args(argv)
+    import_fla()  # first configs under KALMANSCAN_FLA_FIRST_CONFIG=1, before the GLA mixer imports fla
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     shapes = SHAPES if args.shapes is None else shape_list(args.shapes)
     if args.quick:

@@ -68,6 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import commit
+from benchmarks.fla_first import import_fla
 from kalmanscan.nn.init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
 
 from .calibration import autocast, variance_calibration
@@ -368,6 +369,7 @@ def run_label(args) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    import_fla()  # first configs under KALMANSCAN_FLA_FIRST_CONFIG=1, before the GLA mixer imports fla
     deadline = None if args.stop_after is None else time.perf_counter() + args.stop_after
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto"
                           else args.device)

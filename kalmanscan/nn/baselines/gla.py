@@ -1,10 +1,10 @@
 """Gated linear attention (Yang et al. 2023; the ``"gla"`` mixer): fla's ``chunk_gla`` on CUDA when
 installed, else a chunked torch form.
 
-fla autotunes each kernel on first use (minutes per shape on a fresh machine); fla keeps the
-timings on disk (its ``FLA_CACHE_RESULTS``, on by default where fla supports it), so later
-processes on the machine start at once. This module leaves fla and Triton as they are: it patches
-neither's functions.
+fla autotunes each kernel on first use (minutes per shape on a fresh machine). This module
+leaves fla and Triton as they are: it patches neither. The benchmark and evidence harnesses may
+import fla with its first configs beforehand (``KALMANSCAN_FLA_FIRST_CONFIG=1``,
+``benchmarks/fla_first.py``), which this module then finds imported.
 """
 
 from __future__ import annotations

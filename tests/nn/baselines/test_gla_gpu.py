@@ -4,8 +4,7 @@ Skipped where there is no CUDA device, no fla, or the kernels run under ``TRITON
 (as in CI); on the GPU machine: ``TRITON_INTERPRET=0 python -m pytest tests/nn/baselines/test_gla_gpu.py``.
 fla's float32 kernels multiply in TF32 (10-bit mantissa, relative rounding ~5e-4 per product),
 so outputs and gradients are compared to ``TF32_BOUND``, not to float32 rounding. fla autotunes
-its kernels on first use: allow minutes for a fresh machine (fla keeps the timings on disk for
-the next run).
+its kernels on first use: allow minutes for a fresh machine.
 So run, on an H200 (2026-12-01, fla-core 0.6.0), every case passed: output, final state and every gradient within
 1.9e-3 of the fallback at L = 1, 63 and 200, with and without the short conv, and the training
 test. Without the switch, fla-core 0.6 tunes for minutes per shape and caches the results under
