@@ -224,3 +224,18 @@ def test_smoother_gradients_through_a_tiny_predicted_variance(dt):
         (post.var[0].sum() + post.mean[0].sum()).backward()
         np.testing.assert_allclose(y.grad.numpy()[:, 0], [1.0 / 1.001, 0.0], rtol=1e-12, atol=1e-100)
         np.testing.assert_allclose(obs_var.grad.item(), 0.5 / 1.001**2, rtol=1e-12)
+
+
+@pytest.mark.parametrize("smooth", [False, True])
+def test_gradient_in_y_under_a_diffuse_prior(smooth):
+    # only y needs a gradient: the torch filter's variance, saved for the mean's backward, must
+    # not be the tensor the diffuse restore then writes in place (it was: "modified by an inplace
+    # operation"); the gradient equals the cpu backend's adjoint
+    grads = []
+    for backend in ("torch", "cpu"):
+        y = torch.tensor([[0.3, np.nan], [1.0, 0.2], [-0.5, 0.1]], dtype=torch.float64, requires_grad=True)
+        post = (ks.smooth if smooth else ks.filter)(y, theta=0.5, sigma=1.0, obs_var=0.5, init_var=np.inf,
+                                                    backend=backend)
+        (post.mean.sum() + post.loglik.sum()).backward()
+        grads.append(y.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-15)

@@ -71,7 +71,10 @@ def filter(p: Problem) -> dict:
     G, W = associative_scan(mobius.affine_compose, (mobius.mean_gate(a, pred_var, phi), b * var), dim=-2)
     mu_c = G * mu0 + W
     pred_mu_c = a * torch.cat([mu0, mu_c[..., :-1, :]], -2)
-    return finish(p, mu_c, reciprocal(var), pred_mu_c, pred_var, missing, decay, noise, var=var)
+    # b * var saved var for the backward; a var needing no gradient may be written in place by the
+    # caller (the diffuse restore), so it gets its own copy then
+    reported = var.clone() if b.requires_grad and not var.requires_grad and torch.is_grad_enabled() else var
+    return finish(p, mu_c, reciprocal(var), pred_mu_c, pred_var, missing, decay, noise, var=reported)
 
 
 def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.Tensor, pred_var: torch.Tensor,
