@@ -1,15 +1,14 @@
 """Time split of the KLA backward: the affine map each stretch applies to the adjoints, in one
 forward walk with no scratch.
 
-Walking backwards, token ``t`` maps the adjoints ``a = (gl, ge)`` of the state after it to those of
-the state before it by ``a <- J_t (a + s_t)`` (:mod:`kalmanscan.kernels.kla.bwd`), with the upper
-triangular ``J_t = [[j11, j12], [0, j22]]``,
+Walking backwards, token ``t`` maps the adjoints ``a = (gs, ge)`` of the state after it
+(:mod:`kalmanscan.kernels.kla.bwd`: ``gs = gl + ge mu``) to those of the state before it by
+``a <- J_t (a + s_t)``, with the upper triangular ``J_t = [[j11, j12], [0, j22]]``,
 
-    j11 = rho - noise lam_{t-1} rho^2 = decay^2 rho^2,   j12 = -noise decay eta_{t-1} rho^2,   j22 = rho decay,
+    j11 = decay^2 rho^2,   j12 = j11 (decay mu_{t-1} phi - b) / lam_t,   j22 = rho decay,
 
-(``rho (decay^2 + noise lam_{t-1}) = 1``; the second form has no cancellation) and the output
-sources ``s_t = (s_l, s_e)``, ``s_e = gy q / lam_t``, ``s_l = -(gy q eta_t + gy_var q^2) / lam_t^2
-= -s_e mu_t - gy_var (q / lam_t)^2`` with ``mu_t = eta_t / lam_t`` (without ``VAR``, no ``gy_var``
+(``phi = lam_v k^2``, ``b = lam_v v k``; no entry cancels) and the output sources ``s_t = (s_s,
+s_e)``, ``s_e = gy q / lam_t``, ``s_s = -gy_var (q / lam_t)^2`` (without ``VAR``, no ``gy_var``
 term). None of
 these depends on the adjoints, so a stretch ``t0 .. t1`` maps the adjoint entering it (from later
 tokens) to the one leaving it by
@@ -25,8 +24,10 @@ The two orders compute the same map; they differ only in the rounding of the pro
 
 Packed documents (``VARLEN``): the walk resets the state at documents' starts as the forward did,
 and where a document ends at ``t`` the adjoint after ``t`` is that document's final-state
-cotangent ``g`` alone, not what comes from later tokens: ``h += Q g`` and ``Q = 0`` from there on
-(a stretch holding a document's end gives a constant map).
+cotangent ``g = (glam + geta mu_t, geta)`` alone, not what comes from later tokens: ``h += Q g``
+and ``Q = 0`` from there on (a stretch holding a document's end gives a constant map). The last
+stretch's map takes the final state's cotangents as ``(glam, geta)``: ``G`` times ``[[1, mu_L],
+[0, 1]]``, so every program carries ``(gs, ge)`` from the end.
 
 Grid ``(B, ceil(M / BLOCK_M), n_pieces - 1)`` over stretches ``1 .. n_pieces - 1`` (stretch 0's
 map is never needed); output ``maps[b, piece, 5] = (G11, G12, G22, h1, h2)``, float32 per-filter blocks.
@@ -60,6 +61,7 @@ def kla_adjoint_map_kernel(
     one = tl.full(mask.shape, 1.0, tl.float32)
     zero = tl.zeros(mask.shape, tl.float32)
     q11, q12, q22, h1, h2 = one, zero, one, zero, zero
+    inv = rcp(lam)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         lv, lvv, kt, qt = kla_token(v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, t, M, S, mask_m, mask_s)
         gy = tl.load(gy_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
@@ -67,19 +69,18 @@ def kla_adjoint_map_kernel(
             gyv = tl.load(gy_var_ptr + row_m + t * M, mask=mask_m, other=0.0).to(tl.float32)
         if VARLEN:
             lam, eta = kla_reset(lam, eta, lam0_ptr, eta0_ptr, starts_ptr, t, ms, mask, MS, HAS_INIT)
-        eta_p = eta
+            inv = rcp(lam)
+        mu_p = eta * inv
         lam, eta, rho = kla_step_rho(lam, eta, decay, a2, noise, lv, lvv, kt, STATES_FIRST)
-        rho2 = rho * rho
-        j11 = a2 * rho2
-        j12 = -noise * decay * eta_p * rho2
-        j22 = rho * decay
         inv = rcp(lam)
+        j11 = a2 * (rho * rho)
+        j12 = j11 * ((decay * mu_p) * outer(lv, kt * kt, STATES_FIRST) - outer(lvv, kt, STATES_FIRST)) * inv
+        j22 = rho * decay
         s_e = outer(gy, qt, STATES_FIRST) * inv
         q12 = q11 * j12 + q12 * j22
         q11 = q11 * j11
         q22 = q22 * j22
-        # q11 s_l + q12 s_e with s_l = -s_e mu (mu = eta / lam) and, with VAR, - gy_var (q / lam)^2
-        h1 += s_e * (q12 - q11 * (eta * inv))
+        h1 += q12 * s_e  # q11 s_s + q12 s_e with s_s = - gy_var (q / lam)^2 (with VAR)
         if VAR:
             q_inv = per_s(qt, STATES_FIRST) * inv
             h1 -= q11 * per_m(gyv, STATES_FIRST) * (q_inv * q_inv)
@@ -89,11 +90,13 @@ def kla_adjoint_map_kernel(
             last = d >= 0
             gl = tl.load(glam_ptr + d * MS + ms, mask=mask & last, other=0.0)
             ge = tl.load(geta_ptr + d * MS + ms, mask=mask & last, other=0.0)
-            h1 = tl.where(last, h1 + q11 * gl + q12 * ge, h1)
+            h1 = tl.where(last, h1 + q11 * (gl + ge * (eta * inv)) + q12 * ge, h1)
             h2 = tl.where(last, h2 + q22 * ge, h2)
             q11 = tl.where(last, zero, q11)
             q12 = tl.where(last, zero, q12)
             q22 = tl.where(last, zero, q22)
+    if pid_p == n_pieces - 1:  # the last stretch takes the final lam's cotangent: gs = gl + ge mu
+        q12 += q11 * (eta * inv)
     at = maps_ptr + ((pid_b * n_pieces + pid_p) * 5) * MS + ms
     tl.store(at, q11, mask=mask)
     tl.store(at + MS, q12, mask=mask)

@@ -230,11 +230,12 @@ def kla_store_row(x_ptr, y_ptr, x, y, rows_ptr, t, ms, mask, MS):
 
 
 @triton.jit
-def kla_load_row(x, y, x_ptr, y_ptr, rows_ptr, t, ms, mask, MS):
-    """Packed documents: ``(x, y)`` replaced by row ``d = rows[t]`` of two per-document tensors
-    where ``d >= 0`` (the final state's cotangents at a document's last token); else unchanged."""
+def kla_adjoint_row(gs, ge, mu, glam_ptr, geta_ptr, rows_ptr, t, ms, mask, MS):
+    """Packed documents: where document ``d = rows[t]`` ends at token ``t``, the carried adjoints
+    ``(gs, ge)`` replaced by its final state's cotangents ``(glam + geta mu, geta)`` (row ``d``,
+    ``mu`` the state's mean after ``t``); else unchanged."""
     d = kla_row(rows_ptr, t, mask)
     last = d >= 0
-    xd = tl.load(x_ptr + d * MS + ms, mask=mask & last, other=0.0)
-    yd = tl.load(y_ptr + d * MS + ms, mask=mask & last, other=0.0)
-    return tl.where(last, xd, x), tl.where(last, yd, y)
+    gl_d = tl.load(glam_ptr + d * MS + ms, mask=mask & last, other=0.0)
+    ge_d = tl.load(geta_ptr + d * MS + ms, mask=mask & last, other=0.0)
+    return tl.where(last, gl_d + ge_d * mu, gs), tl.where(last, ge_d, ge)

@@ -15,20 +15,17 @@ gradients for ``v, lam_v, k, q, decay, noise`` and the initial state.
 Arithmetic is float32 whatever the input dtype; ``y``/``y_var`` come back in ``v``'s dtype, the
 final state ``(lam, eta)`` in float32, gradients in each input's dtype.
 
-Accuracy bound. The kernels carry the precision ``lam`` (up to ``1/noise`` plus the observations'
-``phi = lam_v k^2``) and its adjoints ``gl``, ``ge``. The noise and decay gradients sum per-token
-terms through ``g_d = -(ge mu decay + gl) lam rho^2`` in which the two adjoints cancel down to the
-variance's adjoint over ``lam^2``: their relative error grows like ``eps lam`` and is bounded by about
-``10 eps (1 + lam_max)``, ``lam_max`` the largest precision after the first token (at most
-``max(1/noise, lam0 / decay^2) + sum phi``; ``eps = 2^-23``; measured 3e-5 to 5e-5 at noise 1e-3,
-against an exact oracle, ``tests/ops/kla/test_oracle.py``). Without process noise and with a large initial
-precision the bound exceeds 1: at ``lam0 = 1e12``, ``noise = 0`` the noise gradient has no correct
-digit (-9.7e4 against 34.5). The other gradients, and the initial state's at initial precisions
-from 1e-12 to 1e12, keep float32's accuracy. Where these two must be exact at small noise or
-large precisions, the cpu backend (mean form) has no such term. (Carrying ``gs = gl + ge mu``
-instead of ``gl`` would remove the cancellation: ``g_d = -(gs lam_{t-1} + ge (decay eta_{t-1} phi
-- lam_{t-1} b) / lam_t) rho^2``, ``gs <- decay^2 rho^2 (gs + ge (decay mu_{t-1} phi - b) / lam_t)``,
-sources ``gs -= gy_var (q / lam_t)^2``, at one more reciprocal a filter and token.)
+Accuracy. The kernels carry the precision ``lam`` (up to ``1/noise`` plus the observations'
+``phi = lam_v k^2``) and, in the backward, the adjoints ``(gs, ge)`` (:mod:`kalmanscan.kernels.kla.bwd`:
+the precision's adjoint ``gl`` would cancel against ``ge mu`` where ``lam`` is large). For a loss on
+``y`` and ``y_var`` every gradient keeps float32's accuracy, at initial precisions from 1e-12 to
+1e12 and without process noise (``tests/ops/kla/test_oracle.py``). A loss on the returned final
+state reaches the kernels as the cotangents of ``(lam, eta)``; read as ``state.var``, ``state.mu``
+(computed from them), its mean's part arrives as ``glam = -g_mu mu / lam`` and ``geta = g_mu /
+lam``, which cancel in ``gs = glam + geta mu``: the decay and noise gradients then carry a
+relative error up to about ``10 eps (1 + lam_max)``, ``lam_max`` the largest precision after the
+first token (``eps = 2^-23``; measured 1e-5 at noise 1e-3; without noise at ``lam0 = 1e12`` the
+bound exceeds 1: -6.8e4 against 34.5). The cpu backend (mean form) has no such term.
 """
 
 from __future__ import annotations
