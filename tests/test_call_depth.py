@@ -110,3 +110,24 @@ def test_triton_backend_is_at_most_six_calls_away(kernel_launches, grad):
         if grad and not any(f.startswith("inference.filtering:") for f in frames):
             continue  # the backward's launches come from autograd's engine, not from ks.filter
         check_path(frames)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fit_prepares_once(monkeypatch, dtype):
+    """``ks.fit`` validates its inputs once (and its float64 standard errors of float32 data widen
+    that problem instead of preparing another)."""
+    from kalmanscan.estimation import fitting, likelihood
+    from kalmanscan.problem import prepare as prepare_module
+
+    calls = []
+    prepare = prepare_module.prepare
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(fitting, "prepare", counted)
+    monkeypatch.setattr(likelihood, "prepare", counted)
+    y = np.random.default_rng(2).normal(size=(40, 2)).astype(dtype)
+    result = ks.fit(y, estimate=("theta", "sigma", "obs_var"), mean=0.0, backend="torch", max_iter=5, progress=False)
+    assert len(calls) == 1 and np.isfinite(result.loglik).all()

@@ -8,7 +8,7 @@ and runs the backend's filter asking for the per-step log-likelihoods alone (no 
 compiled adjoint on the CPU, the fused kernels on CUDA, the scans' autograd on the torch
 backend). Evaluations add no device synchronisation of their own; on the triton backend the
 filter decides whether the parameters leave some filter without process noise (one small
-read-back, :meth:`kalmanscan.problem.prepare.Problem.no_process_noise`, per evaluation where ``theta`` or
+read-back, :meth:`kalmanscan.problem.problem.Problem.no_process_noise`, per evaluation where ``theta`` or
 ``sigma`` is estimated), and a diffuse prior locates each channel's first observation
 (:func:`kalmanscan.inference.diffuse.finite_problem`).
 

@@ -7,7 +7,7 @@ Every backend is a module with the same functions and signatures:
     summary(p: Problem) -> 7 tensors   # merged-form product of p's steps (kalmanscan.model.merged);
                                        # optional: kalmanscan.distributed needs it
 
-``p`` is a validated :class:`kalmanscan.problem.prepare.Problem`; the dict holds ``mean, var, precision,
+``p`` is a validated :class:`kalmanscan.problem.problem.Problem`; the dict holds ``mean, var, precision,
 pred_mean, pred_var, pred_precision, pred_obs_mean, pred_obs_var, logliks, decay, noise,
 missing`` (NumPy arrays are accepted and converted), and optionally ``loglik``, the sum of
 ``logliks`` over time ``(..., C)``, where the backend sums it as it goes (the triton walks).

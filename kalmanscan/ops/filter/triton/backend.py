@@ -106,7 +106,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
 
 def initial_state(p: Problem) -> torch.Tensor:
     """``init`` of the kernels, ``(B, 2, C)`` contiguous: the initial precision and information
-    mean of every series (:meth:`kalmanscan.problem.prepare.Problem.initial_info`)."""
+    mean of every series (:meth:`kalmanscan.problem.problem.Problem.initial_info`)."""
     shape = p.shape
     B, C = math.prod(shape[:-2]), shape[-1]
     lam0, eta0 = p.initial_info()
