@@ -55,7 +55,6 @@ from kalmanscan.ops import host_memory
 from kalmanscan.ops.cpu_threads import run_loop
 from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.filter.torch import adjoint_to, compact
-from kalmanscan.ops.filter.cpu.summary import summary
 
 __all__ = ["filter", "smooth", "summary", "stream_step", "stream_step_arrays", "layout", "FIELDS", "POSTERIOR",
            "INPUTS", "SMOOTH_INPUTS"]
@@ -400,3 +399,32 @@ def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor | None = None) -
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         return _Smooth.apply(shape, *(compact(x) for x in inputs))
     return _rts_forward(inputs, shape)
+
+
+def summary(p: Problem) -> tuple[torch.Tensor, ...]:
+    """The merged-form product of every step of ``p`` with no transition at step 0: 7 tensors
+    ``(..., 1, C)`` in ``p``'s dtype (computed in float64), the contract of the backends'
+    ``summary`` (:mod:`kalmanscan.ops.filter`), forward only, composed in the compiled loop of
+    :mod:`kalmanscan.ops.filter.cpu.summary` (imported, with numba, on the first call). ``p`` must
+    be on the CPU."""
+    from kalmanscan.ops.filter.cpu import summary as cpu_summary
+
+    shape = p.shape
+    T, C = shape[-2], shape[-1]
+    batch = shape[:-2]
+    n = math.prod(batch) * C
+    with torch.no_grad():
+        decay, noise = p.decay_noise()
+        missing = torch.isnan(p.y)
+        r = 1.0 / p.obs_var
+        phi = torch.where(missing, 0.0, p.h * p.h * r)
+        b = torch.where(missing, 0.0, p.h * r * (torch.where(missing, 0.0, p.y) - p.h * p.mean))
+
+        def flat(x):
+            x = torch.broadcast_to(x.to(torch.float64), shape)
+            return np.ascontiguousarray(torch.movedim(x, -2, 0).reshape(T, n).numpy())
+
+        out = np.empty((7, n))
+        cpu_summary.product(flat(decay), flat(noise), flat(phi), flat(b), out)
+    res = torch.from_numpy(out).to(p.dtype).reshape((7,) + batch + (C,))
+    return tuple(x.unsqueeze(-2) for x in res.unbind(0))

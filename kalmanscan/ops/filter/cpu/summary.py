@@ -1,5 +1,5 @@
-"""The ``"cpu"`` backend's ``summary``: a stretch of filter steps as its 7-number merged-form
-product (:mod:`kalmanscan.model.merged`), composed step by step in a compiled loop per series.
+"""The compiled loop of the ``"cpu"`` backend's ``summary``: a stretch of filter steps as its
+7-number merged-form product (:mod:`kalmanscan.model.merged`), composed step by step per series.
 
 The step of index ``t`` is ``[[A, B, 0], [C, D, 0], [b C, b D, a]]`` with ``(A, B, C, D) = (1 + q
 phi, a^2 phi, q, a^2)`` (``phi = h^2 / obs_var`` and ``b = h (y - h mean) / obs_var``, both 0
@@ -15,17 +15,14 @@ from __future__ import annotations
 import math
 
 import numba
-import numpy as np
-import torch
 
 from kalmanscan.ops.cpu_threads import PARALLEL
-from kalmanscan.problem.problem import Problem
 
-__all__ = ["summary"]
+__all__ = ["product"]
 
 
 @numba.njit(parallel=PARALLEL, cache=True, nogil=True)
-def _product(decay, noise, phi, b, out):  # pragma: no cover (compiled)
+def product(decay, noise, phi, b, out):  # pragma: no cover (compiled)
     """``out[:, c]`` = the product of the steps of series ``c`` (``(T, n)`` inputs, ``(7, n)`` out)."""
     T, n = phi.shape
     for c in numba.prange(n):
@@ -49,28 +46,3 @@ def _product(decay, noise, phi, b, out):  # pragma: no cover (compiled)
             E, F, G = math.ldexp(nE, shift), math.ldexp(nF, shift), math.ldexp(nG, shift)
         out[0, c], out[1, c], out[2, c], out[3, c] = A, B, C, D
         out[4, c], out[5, c], out[6, c] = E, F, G
-
-
-def summary(p: Problem) -> tuple[torch.Tensor, ...]:
-    """The merged-form product of every step of ``p`` with no transition at step 0: 7 tensors
-    ``(..., 1, C)`` in ``p``'s dtype (computed in float64), the contract of the backends'
-    ``summary`` (:mod:`kalmanscan.ops.filter`). ``p`` must be on the CPU."""
-    shape = p.shape
-    T, C = shape[-2], shape[-1]
-    batch = shape[:-2]
-    n = math.prod(batch) * C
-    with torch.no_grad():
-        decay, noise = p.decay_noise()
-        missing = torch.isnan(p.y)
-        r = 1.0 / p.obs_var
-        phi = torch.where(missing, 0.0, p.h * p.h * r)
-        b = torch.where(missing, 0.0, p.h * r * (torch.where(missing, 0.0, p.y) - p.h * p.mean))
-
-        def flat(x):
-            x = torch.broadcast_to(x.to(torch.float64), shape)
-            return np.ascontiguousarray(torch.movedim(x, -2, 0).reshape(T, n).numpy())
-
-        out = np.empty((7, n))
-        _product(flat(decay), flat(noise), flat(phi), flat(b), out)
-    res = torch.from_numpy(out).to(p.dtype).reshape((7,) + batch + (C,))
-    return tuple(x.unsqueeze(-2) for x in res.unbind(0))
