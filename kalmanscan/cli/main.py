@@ -96,7 +96,7 @@ def _demo(args) -> int:
 class _Data:
     """The input series as a DataArray plus its NumPy view ``y (T, C)`` and model ``times``."""
 
-    def __init__(self, args):
+    def __init__(self, args, lazy: bool = False):
         import kalmanscan as ks
         from kalmanscan.cli import io
 
@@ -109,7 +109,8 @@ class _Data:
                              "theta is then per that unit")
         self.time_unit = None if args.dt is not None else args.time_unit
         self.dt = args.dt
-        self.y, self.times = ks.xr.to_numpy(self.source(), self.dim, time_unit=self.time_unit)
+        self.y, self.times = (None, None) if lazy else ks.xr.to_numpy(self.source(), self.dim,
+                                                                       time_unit=self.time_unit)
         self.labels = io.channel_labels(self.da, self.dim)
         self.datetime = coord is not None and coord.dtype.kind in "mM" and args.dt is None
 
@@ -229,6 +230,12 @@ def _check_constant(data, n_params, shared):
 
 def _model(args, data) -> dict:
     """NumPy keywords of the model (``theta, sigma, obs_var, ...``) from flags, --params or --fit."""
+    return {k: data.flat(k, v) for k, v in _model_params(args, data).items()}
+
+
+def _model_params(args, data) -> dict:
+    """The model's keywords for ``ks.xr`` (scalars or DataArrays over the non-time dims) from
+    flags, --params or --fit."""
     import kalmanscan as ks
     from kalmanscan.cli import io
 
@@ -251,7 +258,7 @@ def _model(args, data) -> dict:
     missing = [f"--{k.replace('_', '-')}" for k in ("theta", "sigma", "obs_var") if k not in params]
     if missing:
         raise ValueError(f"the model needs {', '.join(missing)} (or --params FILE from 'kalmanscan fit', or --fit)")
-    return {k: data.flat(k, v) for k, v in params.items()}
+    return params
 
 
 def _read_and_run(args, step, op):
@@ -270,6 +277,8 @@ def _run_filter(args, smooth: bool) -> int:
     from kalmanscan.cli import io
 
     _check_outputs(args)
+    if io.file_format(args.input) == "zarr":
+        return _run_chunked(args, smooth)
     with _stages(args, 3) as step:
         data, post = _read_and_run(args, step, ks.smooth if smooth else ks.filter)
         ds = ks.xr.to_dataset(post, data.source(), data.dim, time_unit=data.time_unit, level=args.level)
@@ -288,6 +297,49 @@ def _run_filter(args, smooth: bool) -> int:
           f"{data.y.shape[1]} channel(s), {ds.attrs['time_unit']}")
     rows = [[lab, str(int(np.isnan(data.y[:, c]).sum())), f"{post.loglik[c]:.6g}", f"{post.mean[-1, c]:.6g}",
              f"+/- {band[c]:.4g}"] for c, lab in enumerate(data.labels)]
+    for line in table(["channel", "missing", "loglik", "last mean", f"{args.level:.0%} band"], rows[:MAX_ROWS]):
+        print(line)
+    if len(rows) > MAX_ROWS:
+        print(f"  ... and {len(rows) - MAX_ROWS} more channels")
+    _wrote(args.output, args.plot)
+    return 0
+
+
+def _run_chunked(args, smooth: bool) -> int:
+    """``filter``/``smooth`` of a Zarr store chunk by chunk (``ks.xr`` on its dask chunks, along
+    time too): nothing but one block a task is held in memory; the result goes to a Zarr output
+    with the same chunks, and the summary is read back from it."""
+    import xarray as xr
+
+    import kalmanscan as ks
+    from kalmanscan.cli import io
+
+    if args.fit or args.plot:
+        raise ValueError("--fit and --plot need the record in memory; a Zarr input is filtered chunk by chunk "
+                         "(give the model as flags or --params, and plot from the output)")
+    if not args.output or io.file_format(args.output, "output") != "zarr":
+        raise ValueError("a Zarr input is filtered chunk by chunk into a Zarr output: give -o OUT.zarr")
+    with _stages(args, 3) as step:
+        step("read")
+        data = _Data(args, lazy=True)
+        step("model")
+        params = _model_params(args, data)
+        steps = {} if data.dt is None else {"dt": data.dt}
+        op = ks.xr.smooth if smooth else ks.xr.filter
+        step("write")
+        ds = op(data.source(), data.dim, time_unit=data.time_unit, level=args.level, backend=args.backend,
+                **params, **steps)
+        io.write_dataset(ds, args.output, data.dim)
+    with xr.open_zarr(args.output) as out:
+        last = out.isel({data.dim: -1})
+        loglik, mean, var = (np.ravel(last[k].values) for k in ("loglik", "mean", "var"))
+        z = out.attrs["z"]
+        unit = out.attrs["time_unit"]
+    missing = np.ravel(data.da.isnull().sum(data.dim).values)
+    print(f"{'smoothed' if smooth else 'filtered'} {args.input}: T = {data.da.sizes[data.dim]}, "
+          f"{len(data.labels)} channel(s), {unit}, chunk by chunk")
+    rows = [[lab, str(int(missing[c])), f"{loglik[c]:.6g}", f"{mean[c]:.6g}", f"+/- {z * np.sqrt(var[c]):.4g}"]
+            for c, lab in enumerate(data.labels)]
     for line in table(["channel", "missing", "loglik", "last mean", f"{args.level:.0%} band"], rows[:MAX_ROWS]):
         print(line)
     if len(rows) > MAX_ROWS:

@@ -149,6 +149,7 @@ def _problem(y, arrays, times, before, names, static):
     step into its first time from the previous chunk's last one."""
     fy, flat, _ = _flat(y, arrays, names)
     kw = _kwargs(flat, static, None, False)
+    kw.pop("backend", None)
     if times is not None:
         kw["dt"] = _steps(times, before)
     return prepare(torch.from_numpy(fy), **kw, init_var=1.0, backend="torch"), flat
@@ -200,11 +201,11 @@ def _filter_from(y, arrays, times, before, carry, names, static, fields):
 def _link(y, arrays, times, before, carry, last, names, static) -> np.ndarray:
     """Chunk ``i >= 1``'s RTS link ``(4, n)`` (:func:`kalmanscan.inference.stretches.rts_link`)."""
     fy, flat, _ = _flat(y, arrays, names)
-    kw = _kwargs(flat, static, None, False)
+    kw = {**_kwargs(flat, static, None, False), "backend": "torch"}
     if times is not None:  # the steps as dt, so that the decay and noise at index 0 are the transition's
         kw["dt"] = _steps(times, before)
         carry = dataclasses.replace(carry, time=None)
-    post = ks_filter(fy, **kw, state=carry, backend="torch")
+    post = ks_filter(fy, **kw, state=carry)
     t = {k: torch.from_numpy(np.array(np.broadcast_to(v, post.mean.shape)))
          for k, v in dict(mean=post.mean, var=post.var, pred_mean=post.pred_mean, pred_var=post.pred_var,
                           decay=post.params["decay"], noise=post.params["noise"]).items()}
