@@ -98,16 +98,17 @@ def kernel_launches(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("grad", [False, True])
-def test_triton_backend_is_at_most_six_calls_away(kernel_launches, grad):
+@pytest.mark.parametrize("fn, grad", [(ks.filter, False), (ks.filter, True), (ks.smooth, False)],
+                         ids=["filter", "filter-grad", "smooth"])
+def test_triton_backend_is_at_most_six_calls_away(kernel_launches, fn, grad):
     y = torch.randn(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     sigma = torch.tensor(0.7, dtype=torch.float64, requires_grad=grad)
-    post = ks.filter(y, theta=0.3, sigma=sigma, obs_var=0.4, backend="triton")
+    post = fn(y, theta=0.3, sigma=sigma, obs_var=0.4, backend="triton")
     if grad:
         post.loglik.sum().backward()
     assert kernel_launches
     for frames in kernel_launches:
-        if grad and not any(f.startswith("inference.filtering:") for f in frames):
+        if grad and not any(f.startswith("inference.filtering:filter") for f in frames):
             continue  # the backward's launches come from autograd's engine, not from ks.filter
         check_path(frames)
 
