@@ -125,8 +125,9 @@ def _targets(node: ast.Import | ast.ImportFrom, here: str, is_package: bool, mod
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports, at module level or inside a function (imports
-    under ``if TYPE_CHECKING:`` never run and are left out)."""
+    """Module -> the package's modules it imports, at module level or inside a function, by a
+    statement or ``importlib.import_module`` of a literal name (imports under ``if TYPE_CHECKING:``
+    never run and are left out)."""
     modules = _package_modules()
     graph = {}
     for name, path in modules.items():
@@ -137,6 +138,10 @@ def import_graph() -> dict[str, set[str]]:
         graph[name] = {t for node in ast.walk(tree)
                        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in typing_only
                        for t in _targets(node, name, path.name == "__init__.py", modules)} - {name}
+        graph[name] |= {node.args[0].value for node in ast.walk(tree)  # importlib.import_module("a.b")
+                        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module")
+                        and node.args and isinstance(node.args[0], ast.Constant)
+                        and node.args[0].value in modules} - {name}
     return graph
 
 
@@ -177,3 +182,26 @@ def test_no_import_cycles():
     """No cycle among the package's imports, those inside functions counted."""
     cycles = find_cycles(import_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_names_each_cycle_once():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert find_cycles(graph) == [["a", "b", "c", "a"], ["d", "e", "d"]]
+
+
+def test_function_local_imports_are_edges(tmp_path, monkeypatch):
+    """An import inside a function counts; one under ``TYPE_CHECKING`` does not."""
+    pkg = tmp_path / "kalmanscan"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from kalmanscan.sub import b\n")
+    (pkg / "sub" / "a.py").write_text("def f():\n    from kalmanscan.sub.b import g\n")
+    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                      "    from kalmanscan.sub import a\nimport kalmanscan.sub.a\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "KERNELS", tmp_path / "none")
+    graph = import_graph()
+    assert graph["kalmanscan.sub.a"] == {"kalmanscan.sub.b"}
+    assert graph["kalmanscan.sub.b"] == {"kalmanscan.sub.a"}
+    assert graph["kalmanscan.sub"] == {"kalmanscan.sub.b"}
+    assert find_cycles(graph) == [["kalmanscan.sub.a", "kalmanscan.sub.b", "kalmanscan.sub.a"]]
