@@ -16,6 +16,9 @@ class Registry:
     def __init__(self, built_in: dict[str, str | ModuleType]):
         self._modules = dict(built_in)
         self._built_in = tuple(built_in)
+        # The names apart from the modules: a module imported on first use changes its entry, and
+        # torch.compile, which guards what a traced check reads, would then trace the check again.
+        self._names = tuple(built_in)
 
     def register(self, name: str, module: str | ModuleType) -> None:
         """Add (or replace) the backend ``name``."""
@@ -24,21 +27,23 @@ class Registry:
         if not isinstance(module, (str, ModuleType)):
             raise ValueError(f"module must be a module or its import path, got {module!r}")
         self._modules[name] = module
+        self._names = tuple(self._modules)
 
     def unregister(self, name: str) -> None:
         """Remove a backend added by :meth:`register` (the built-in ones stay)."""
         if name in self._built_in:
             raise ValueError(f"name: the built-in backend {name!r} cannot be removed")
         self._modules.pop(name, None)
+        self._names = tuple(self._modules)
 
     def names(self) -> tuple[str, ...]:
         """``"auto"`` and every registered name."""
-        return ("auto", *self._modules)
+        return ("auto", *self._names)
 
     def known(self, name: str) -> str:
         """``name`` when it is registered; else ``ValueError`` naming ``backend`` (the one check of
         a backend's name)."""
-        if name not in self._modules:
+        if name not in self._names:
             raise ValueError(f"backend must be one of {list(self.names())}, got {name!r}")
         return name
 

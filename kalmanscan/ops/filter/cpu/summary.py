@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import numba
+import numpy as np
 
 from kalmanscan.ops.cpu_threads import PARALLEL
 
@@ -22,7 +23,7 @@ __all__ = ["product"]
 
 
 @numba.njit(parallel=PARALLEL, cache=True, nogil=True)
-def product(decay, noise, phi, b, out):  # pragma: no cover (compiled)
+def product(decay: np.ndarray, noise: np.ndarray, phi: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out[:, c]`` = the product of the steps of series ``c`` (``(T, n)`` inputs, ``(7, n)`` out)."""
     T, n = phi.shape
     for c in numba.prange(n):
