@@ -71,7 +71,7 @@ def this_checkout():
     return kernels
 
 
-POINTER_TYPES = {"loglik_sum_ptr": "*fp64"}
+POINTER_TYPES = {"loglik_sum_ptr": "*fp64", "starts_ptr": "*i32", "ends_ptr": "*i32"}
 """Pointer arguments whose element type is not float32 in a float32 launch."""
 
 
@@ -210,6 +210,12 @@ def kernels(fc=None, cfg=None):
         "filter_bwd_mean": (filter_bwd_kernel, dict(bwd, HAS_G_LAM=False, HAS_G_PM=False, HAS_G_PV=False),
                             fc.num_warps),
         "kla_fwd_variants": (kla_fwd_kernel, dict(kla_fwd, HAS_INIT=True, SAVE=True), cfg.num_warps),
+        # packed documents (cu_seqlens): the state reset and stored per document, time split too
+        "kla_fwd_varlen": (kla_fwd_kernel, dict(split_fwd, HAS_INIT=True, VARLEN=True), split.num_warps),
+        "kla_bwd_varlen": (kla_bwd_kernel, dict(split_bwd, HAS_INIT=True, VARLEN=True), split.bwd_num_warps),
+        "kla_adjoint_map_varlen": (kla_adjoint_map_kernel, dict(split_bwd, HAS_INIT=True, VARLEN=True),
+                                   split.bwd_num_warps),
+        "kla_piece_map_varlen": (kla_piece_map_kernel, dict(split_fwd, HAS_INIT=True, VARLEN=True), split.num_warps),
     }
 
 

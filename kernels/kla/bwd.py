@@ -204,6 +204,9 @@ def kla_bwd_kernel(
     tl.store(gdecay_part_ptr + part_ms, gdecay, mask=mask)
     tl.store(gnoise_part_ptr + part_ms, gnoise, mask=mask)
     if not VARLEN:
-        if pid_p == 0:  # (lam, eta) is the initial state
+        if pid_p == 0:  # the first chunk's checkpoint is the initial state
+            first = pid_b * n_chunks * MS + ms
+            lam = tl.load(ckpt_lam_ptr + first, mask=mask, other=1.0)
+            eta = tl.load(ckpt_eta_ptr + first, mask=mask, other=0.0)
             tl.store(glam0_ptr + state, gs - ge * (eta * rcp(lam)), mask=mask)
             tl.store(geta0_ptr + state, ge, mask=mask)
