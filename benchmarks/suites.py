@@ -94,6 +94,9 @@ SUITES = {s.name: s for s in (
     Suite("decode", "benchmarks.bench_decode",
           "decoding one token a step (KLA, attention, GLA) from a CUDA graph, beside the bytes it must move",
           "GPU", (Run(),), out="--json"),
+    Suite("lean", "benchmarks.bench_lean",
+          "the default ks.filter (moments and log-likelihood written, the rest derived when read) against a "
+          "NumPy loop; its peak memory", "CPU", (Run(gpu=False),)),
     Suite("timechunks", "benchmarks.bench_timechunks",
           "a record larger than the workers' memory, chunked along time on a local dask cluster", "CPU"),
 )}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 
 
 import numpy as np
 import torch
 
+from kalmanscan.inference import derived
 from kalmanscan.inference.diffuse import Diffuse, diffuse_witness, finite_problem, restore, run_finite
 from kalmanscan.problem.checks import decide_y
 from kalmanscan.problem.prepare import GUESSED, prepare
@@ -20,7 +22,13 @@ from kalmanscan.inference.stream import StreamState, as_prior, continue_problem,
 from kalmanscan.types import ArrayLike
 
 
-__all__ = ["filter", "make_posterior", "sum_time", "attempts", "confirmed", "OUTPUTS"]
+__all__ = ["filter", "make_posterior", "sum_time", "attempts", "confirmed", "OUTPUTS", "LEAN"]
+
+LEAN = ("mean", "var", "logliks", "loglik")
+"""The outputs :func:`filter` asks its backend for: the filtered moments and the log-likelihood's
+sum (the per-step terms only where the backend cannot sum without them; the first two alone when
+the log-likelihood is not wanted); the other fields are derived from them on first access
+(:mod:`kalmanscan.inference.derived`)."""
 
 @pandas_io
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
@@ -58,10 +66,12 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
             a name added by :func:`kalmanscan.ops.filter.register_backend`.
 
         outputs: the fields to compute, a subset of :data:`OUTPUTS` (``None``: all). The others
-            are ``None`` in the result (``"loglik"`` needs the per-step ``logliks`` and keeps them;
-            ``"missing"`` is the 0/1 flag in ``params``). On the triton backend without gradients
-            the kernels write only these (e.g. ``("mean", "var")``: 12 bytes per element in
-            float32 instead of 44); the other backends compute everything and drop the rest.
+            are ``None`` in the result (``"loglik"`` brings the per-step ``logliks``; ``"missing"``
+            is the 0/1 flag in ``params``). The backend writes the filtered mean and variance and
+            sums the log-likelihood when it is wanted (:data:`LEAN`); every other field is derived
+            from them on its first access, all wanted ones in one pass, and kept
+            (:mod:`kalmanscan.inference.derived`): a call whose mean and variance alone are read
+            pays for those.
         state: continue a stream from a previous call's ``post.state`` (a :class:`StreamState`)
             or its Posterior: the prior is the state's prediction through this chunk's transition
             into step 0 (``dt`` at index 0, or ``times[0] - state.time``; with ``state`` index 0
@@ -101,20 +111,20 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     args = dict(y=y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
                 init_mean=init_mean, init_var=init_var, backend=backend, outputs=outputs)
     for p, finite, diffuse in attempts(args, state, check_finite):
-        out = run_finite(finite, diffuse, get_backend(p.backend).filter)
+        # the backend writes the moments and the log-likelihood; the other fields are derived when read
+        wanted = OUTPUTS if p.outputs is None else p.outputs
+        lean = dataclasses.replace(finite, outputs=LEAN if "logliks" in wanted else LEAN[:2])
+        out = run_finite(lean, diffuse, get_backend(p.backend).filter)
         if confirmed(p, state):
             break
-    wanted = OUTPUTS if p.outputs is None else p.outputs
     queued = out.pop("y_check", None)
-    if diffuse is not None:
-        out = restore(p, diffuse, out)
     if "logliks" in wanted and "loglik" not in out:  # the fused kernels sum it as they go
-        out["loglik"] = sum_time(out["logliks"])
+        out["loglik"] = sum_time(out["logliks"])  # (the finite problem's steps before a diffuse channel's
+    out = {k: out[k] for k in ("mean", "var", "loglik", "decay", "noise") if k in out}  # first observation add 0)
+    if diffuse is not None:
+        out = {**restore(p, diffuse, out), **{k: out[k] for k in ("loglik",) if k in out}}
     witness = out["loglik"] if "logliks" in wanted else out["mean"][..., -1, :] if "mean" in wanted else None
-    if outputs is not None:
-        kept = {k: out.get(k) for k in ("decay", "noise", "loglik") if k in out}
-        out = {**{k: out.get(k) if k in wanted else None for k in OUTPUTS if k != "loglik"}, **kept}
-    post = make_posterior(p, out, diffuse=diffuse)
+    post = make_posterior(p, out, diffuse=diffuse, derive=wanted)
     if p.y_late:
         decide_y(p.y, queued, diffuse_witness(witness, finite, diffuse))
     elif check_finite and witness is not None and not p.y.is_cuda:  # (y checked already; no wait on the host)
@@ -167,8 +177,12 @@ def _read_only(x):
 
 
 def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior | None = None,
-                   diffuse: Diffuse | None = None) -> Posterior:
-    """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind."""
+                   diffuse: Diffuse | None = None, derive: Sequence[str] = ()) -> Posterior:
+    """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind. The fields
+    of :data:`~kalmanscan.inference.derived.DERIVED` and ``missing`` named in ``derive`` are
+    derived from ``out``'s filtered ``mean`` and ``var`` (restored where ``diffuse``) on the first
+    access to any of them, in one pass (:func:`kalmanscan.inference.derived.derive`), and kept; the
+    other fields of :data:`OUTPUTS` not in ``derive`` are then ``None``."""
     shape = p.shape
     out = dict(out)
     loglik = out.pop("loglik", None)
@@ -176,6 +190,11 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
         return p.output(v if tuple(v.shape) == shape else torch.broadcast_to(v, shape))
 
     lazily = ("decay", "noise", "missing")
+    deferred = tuple(k for k in derived.DERIVED if k in derive)
+    if derive:
+        moments = out["mean"], out["var"]
+        fields = functools.cache(lambda: derived.derive(p, *moments, diffuse))
+        out.update({k: out.get(k) if k in derive else None for k in ("mean", "var", *derived.DERIVED, "missing")})
     conv = {k: None if v is None else full(v) for k, v in out.items() if k not in lazily}
     # The parameters, times and counts are made when read (Params): most callers read none.
     # NumPy parameters come back read-only: they may be views of the caller's arrays.
@@ -183,6 +202,8 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
     for k in lazily:
         v = out.get(k)
         lazy[k] = (lambda v=v: None if v is None else full(v))
+    if "missing" in derive:
+        lazy["missing"] = lambda: full(fields()["missing"])
     for k in ("init_mean", "init_var"):
         lazy[k] = lambda k=k: _read_only(p.output(getattr(p, k).expand(shape[:-2] + (1, shape[-1]))[..., 0, :]))
     lazy["times"] = lambda: _read_only(_times(p))
@@ -195,7 +216,10 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
         loglik = None if out.get("logliks") is None else p.output(sum_time(out["logliks"]))
     else:
         loglik = p.output(loglik)
-    return Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
+    post = Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
+    if deferred:
+        post.defer(deferred, lambda: {k: full(fields()[k]) for k in deferred})
+    return post
 
 
 def _n_diffuse(p: Problem, diffuse: Diffuse | None):

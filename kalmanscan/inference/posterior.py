@@ -61,6 +61,8 @@ class Posterior:
       (at ``t = 0`` the initial belief);
     - ``pred_obs_mean, pred_obs_var``: the one-step predictive law of ``y_t``;
     - ``logliks``: ``log p(y_t | y_1..y_{t-1})``, 0 where ``y_t`` is missing; ``loglik`` its sum;
+    - from :func:`kalmanscan.filter`, the fields other than ``mean, var, loglik`` are derived from
+      those on the first access to any of them, in one pass, and kept (:meth:`defer`);
     - fields left out by ``ks.filter(..., outputs=...)`` are ``None`` (the repr lists them);
     - ``filtered``: for a smoother, the filter's posterior it was computed from (else ``None``);
     - ``params``: the broadcast model inputs (``theta, sigma, obs_var, mean, h, dt, decay, noise``,
@@ -87,6 +89,40 @@ class Posterior:
     filtered: "Posterior | None" = field(default=None, repr=False)
     frame: Any = field(default=None, repr=False)
 
+    def defer(self, names: tuple[str, ...], derive: Callable[[], dict]) -> "Posterior":
+        """Leave the fields ``names`` to ``derive`` (no arguments, returning a dict of them), called
+        on the first access to any of them, its values then kept: ``self``, its fields ``names``
+        unset until then."""
+        for k in names:
+            self.__dict__.pop(k, None)
+        self.__dict__["_deferred"] = (tuple(names), derive)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        deferred = self.__dict__.get("_deferred")
+        if deferred is None or name not in deferred[0]:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._settle()
+        return self.__dict__[name]
+
+    def _settle(self) -> None:
+        """Derive the deferred fields (:meth:`defer`) now, if any are left."""
+        deferred = self.__dict__.pop("_deferred", None)
+        if deferred is not None:
+            names, derive = deferred
+            values = derive()
+            self.__dict__.update({k: values[k] for k in names})
+
+    def __getstate__(self) -> dict:
+        self._settle()
+        return self.__dict__
+
+    def _known(self, name: str) -> bool:
+        """Whether field ``name`` is computed or deferred (not left out by ``outputs=``)."""
+        if name in self.__dict__:
+            return self.__dict__[name] is not None
+        return name in self.__dict__.get("_deferred", ((),))[0]
+
     @property
     def std(self) -> Any:
         """Standard deviation of the (filtered or smoothed) belief."""
@@ -109,15 +145,15 @@ class Posterior:
     def __repr__(self) -> str:
         kind = "smoother" if self.filtered is not None else "filter"
         names = [f.name for f in fields(self) if f.name not in ("params", "filtered", "frame")]
-        some = next((getattr(self, k) for k in names if getattr(self, k) is not None), None)
+        some = next((self.__dict__[k] for k in names if self.__dict__.get(k) is not None), None)  # none derived
         shape = tuple(getattr(some, "shape", ()))
-        computed = [k for k in names if getattr(self, k) is not None]
+        computed = [k for k in names if self._known(k)]
         if kind == "smoother":
             computed.append("filtered (the filter's posterior)")
         arrays = array_kind(some) if self.frame is None else f"pandas {type(some).__name__}"
         lines = [f"Posterior ({kind}) of shape (..., T, C) = {shape}, {arrays}",
                  f"  fields: {', '.join(computed)}"]
-        skipped = [k for k in names if getattr(self, k) is None]
+        skipped = [k for k in names if not self._known(k)]
         if skipped:
             lines.append(f"  not computed (outputs=): {', '.join(skipped)}")
         if self.loglik is not None:

@@ -1,0 +1,111 @@
+"""The default ``ks.filter`` call (the backend writes the filtered mean and variance and the
+log-likelihood's sum; the other fields are derived when read) beside a plain NumPy loop over time,
+vectorised over series, that writes the mean and variance and sums the log-likelihood, in one
+process on the CPU. A script, not a test.
+
+    python -m benchmarks run lean [--out lean.json] [--repeat 3] [--shapes 10000x1000,1000000x10]
+
+For each shape ``(T, C)`` of float64 data (``C`` series of ``T`` steps, static parameters): the
+median of ``--repeat`` wall times after one warm-up call of the default call, of the call with every
+field read, and of the NumPy loop (``speedup``: loop over default call); then the peak resident
+memory beyond the input of a default call whose ``mean`` and ``var`` are read (``/proc`` peak RSS,
+reset before the call), over the bytes of the mean and variance (``memory_ratio``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+import kalmanscan as ks
+from benchmarks.common import shape_list, shapes_parser, wall_times, write_shape_rows
+
+SHAPES = [(10_000, 1000), (1_000_000, 10)]
+PARAMS = dict(theta=0.3, sigma=1.0, obs_var=0.5)
+DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks")
+
+
+def numpy_loop(y: np.ndarray, theta: float, sigma: float, obs_var: float) -> tuple[np.ndarray, ...]:
+    """The covariance-form filter of ``y`` ``(T, C)`` from the stationary prior, a loop over time
+    vectorised over series: ``(mean, var, loglik)``, ``(T, C)``, ``(T, C)``, ``(C,)``."""
+    T, C = y.shape
+    a = math.exp(-theta)
+    q = sigma * sigma * -math.expm1(-2 * theta) / (2 * theta)
+    mean, var = np.empty_like(y), np.empty_like(y)
+    z, P = np.zeros(C), np.full(C, sigma * sigma / (2 * theta))
+    loglik = np.zeros(C)
+    log2pi = math.log(2 * math.pi)
+    for t in range(T):
+        if t:
+            z = a * z
+            P = a * a * P + q
+        S = P + obs_var
+        v = y[t] - z
+        z = z + P / S * v
+        P = P * (obs_var / S)
+        mean[t], var[t] = z, P
+        loglik -= 0.5 * (log2pi + np.log(S) + v * v / S)
+    return mean, var, loglik
+
+
+def _rss(field: str) -> int:
+    """``VmHWM`` or ``VmRSS`` of this process in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_beyond(fn) -> int:
+    """Peak resident bytes while ``fn()`` runs beyond those before it (the peak reset first)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _rss("VmRSS")
+    fn()
+    return _rss("VmHWM") - before
+
+
+def median_ms(fn, repeat: int) -> float:
+    return 1e3 * float(np.median(wall_times(fn, repeat)))
+
+
+def row(T: int, C: int, repeat: int) -> dict:
+    y = np.random.default_rng(0).normal(size=(T, C))
+
+    def default():
+        post = ks.filter(y, **PARAMS)
+        return post.mean, post.var, post.loglik
+
+    def every():
+        post = ks.filter(y, **PARAMS)
+        return [getattr(post, k) for k in DERIVED]
+
+    out = dict(T=T, C=C, default_ms=median_ms(default, repeat), every_field_ms=median_ms(every, repeat),
+               numpy_loop_ms=median_ms(lambda: numpy_loop(y, **PARAMS), repeat))
+    out["speedup"] = out["numpy_loop_ms"] / out["default_ms"]
+    moments = 2 * y.nbytes
+    out["peak_beyond_input_mb"] = peak_beyond(default) / 1e6
+    out["memory_ratio"] = out["peak_beyond_input_mb"] * 1e6 / moments
+    return out
+
+
+def parser():
+    """The command line: ``--out`` (JSON file), ``--repeat`` and ``--shapes`` (``TxC,...``)."""
+    ap = shapes_parser(__doc__.splitlines()[0], repeat=3)
+    ap.add_argument("--shapes", default=None, help="TxC,... (default 10000x1000,1000000x10)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    shapes = SHAPES if args.shapes is None else shape_list(args.shapes)
+    if not os.path.exists("/proc/self/clear_refs"):
+        raise SystemExit("bench_lean reads peak memory from /proc (Linux)")
+    return write_shape_rows(args, shapes, row)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The fields of a filter's :class:`~kalmanscan.Posterior` that follow from its filtered mean and
+variance, the parameters and ``y``, derived in one vectorised pass (:func:`derive`).
+
+A default :func:`kalmanscan.filter` call has its backend write only the filtered mean and variance
+and sum the log-likelihood; the others are made from them on first access. With the centred
+filtered mean ``z_t = mean_t - m_t`` (``m`` the OU mean level) and ``(a_t, q_t)`` the transition
+into step ``t``:
+
+    pred_mean_t = m_t + a_t z_{t-1},   pred_var_t = a_t^2 var_{t-1} + q_t   (t >= 1)
+    pred_mean_0 = init_mean,           pred_var_0 = init_var               (the prior of step 0)
+    pred_obs_mean = h pred_mean,       pred_obs_var = S = h^2 pred_var + obs_var
+    logliks_t = -(log(2 pi) + log S_t + v_t^2 / S_t) / 2,   v_t = (y_t - h_t m_t) - h_t a_t z_{t-1}
+
+(0 where ``y_t`` is missing), ``precision = 1 / var`` and ``pred_precision = 1 / pred_var``: the
+operations of the covariance-form backends, in torch ops on the problem's tensors (differentiable).
+A continued stream's prior is already the state's prediction into step 0
+(:func:`kalmanscan.inference.stream.continue_problem`). With a diffuse prior the moments come from
+:func:`kalmanscan.inference.diffuse.restore` (``var = inf`` before a channel's first observation)
+and the fields the diffuse prior leaves undefined up to it are set as ``restore`` sets them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from kalmanscan.inference.diffuse import Diffuse, restore
+from kalmanscan.model import ou
+from kalmanscan.model.reciprocal import reciprocal
+from kalmanscan.problem.problem import Problem
+
+__all__ = ["DERIVED", "derive"]
+
+DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks")
+"""The Posterior fields :func:`derive` makes (and ``missing``, a parameter)."""
+
+
+def _next(x: torch.Tensor) -> torch.Tensor:
+    """A per-step value at steps ``1..T-1`` (a static one as it is)."""
+    return x if x.shape[-2] == 1 else x[..., 1:, :]
+
+
+def _as_numpy_values(x: torch.Tensor, values) -> torch.Tensor:
+    """``x`` (a CPU tensor) with the values ``values`` (a NumPy array of its shape) and its gradient."""
+    fixed = torch.from_numpy(np.asarray(values)).to(x.dtype)
+    return fixed + (x - x.detach()) if x.requires_grad else fixed
+
+
+def _transitions(p: Problem, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(decay, noise)`` per step in ``dtype``, differentiable. On the CPU their values are NumPy's
+    :func:`kalmanscan.model.ou.discretize` (an element's value does not depend on where it sits in
+    the array, as with torch's vectorised ``exp`` and its scalar tail it may: the same series laid
+    out otherwise, or static ``dt`` and the same steps given as ``times``, give the same bits)."""
+    a, q = ou.discretize(p.theta, p.sigma, p.dt)
+    if p.y.device.type != "cpu":
+        return a.to(dtype), q.to(dtype)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        values = ou.discretize(*(x.detach().numpy() for x in (p.theta, p.sigma, p.dt)))
+    return tuple(_as_numpy_values(x, v).to(dtype) for x, v in zip((a, q), values))
+
+
+def _log(x: torch.Tensor) -> torch.Tensor:
+    """``log x``, differentiable; on the CPU NumPy's values (position-independent, as :func:`_transitions`)."""
+    if x.device.type != "cpu":
+        return torch.log(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.log(x.detach().numpy())
+    return _as_numpy_values(torch.log(x) if x.requires_grad else x, values)
+
+
+def derive(p: Problem, mean: torch.Tensor, var: torch.Tensor,
+           diffuse: Diffuse | None = None) -> dict[str, torch.Tensor]:
+    """The :data:`DERIVED` fields and ``missing`` as ``p.shape`` tensors of the compute dtype, from
+    the filtered ``mean`` and ``var`` (``p.shape``, the backend's, restored where ``diffuse``)."""
+    shape, dtype = p.shape, mean.dtype
+    level, h, obs_var = (x.to(dtype) for x in (p.mean, p.h, p.obs_var))
+    a, q = _transitions(p, dtype)
+    z = mean - level
+    zp_next = _next(a) * z[..., :-1, :]
+    prior = shape[:-2] + (1, shape[-1])
+    zp0 = torch.broadcast_to(p.init_mean.to(dtype) - level[..., :1, :], prior)
+    zp = torch.cat([zp0, torch.broadcast_to(zp_next, shape[:-2] + (shape[-2] - 1, shape[-1]))], -2)
+    pred_var = torch.cat([torch.broadcast_to(p.init_var.to(dtype), prior),
+                          torch.broadcast_to(_next(a) * _next(a) * var[..., :-1, :] + _next(q),
+                                             shape[:-2] + (shape[-2] - 1, shape[-1]))], -2)
+    pred_mean = zp + level
+    S = h * h * pred_var + obs_var
+    missing = torch.isnan(p.y)
+    y_obs = torch.where(missing, torch.zeros((), dtype=dtype, device=mean.device), p.y.to(dtype))
+    v = (y_obs - h * level) - h * zp  # centred: no cancellation against a large offset
+    ll = -0.5 * ((math.log(2 * math.pi) + _log(S)) + v * v * reciprocal(S))
+    out = dict(precision=reciprocal(var), pred_mean=pred_mean, pred_var=pred_var,
+               pred_precision=reciprocal(pred_var), pred_obs_mean=h * pred_mean, pred_obs_var=S,
+               logliks=torch.where(missing, torch.zeros((), dtype=dtype, device=mean.device), ll),
+               missing=missing.to(dtype))
+    out = {k: torch.broadcast_to(x, shape) for k, x in out.items()}
+    if diffuse is not None:
+        out = restore(p, diffuse, out)
+    return {k: out[k] for k in (*DERIVED, "missing")}

@@ -1,0 +1,128 @@
+"""A default ``ks.filter`` call has its backend write the filtered moments and the log-likelihood;
+the other Posterior fields are derived on first access (kalmanscan.inference.derived). Each is
+compared with the reference backend's, which computes every field in its own loop."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import kalmanscan as ks
+from kalmanscan.problem.problem import OUTPUTS
+
+DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks")
+FIELDS = ("mean", "var", *DERIVED, "loglik")
+
+
+def _case(name, rng, T=63, C=4):
+    y = rng.normal(size=(2, T, C)) + 3.0
+    y[0, 5:9, 1] = np.nan
+    y[1, 0:3, 2] = np.nan
+    y[:, T // 2, 3] = np.nan
+    kw = dict(theta=np.abs(rng.normal(size=C)) + 0.1, sigma=rng.uniform(0.5, 1.5, size=C), obs_var=0.4, mean=2.5)
+    if name == "diffuse":
+        kw["init_var"] = np.array([np.inf, 1.0, np.inf, 2.0])
+    if name == "per_step":
+        kw.update(dt=rng.uniform(0.5, 1.5, size=(T, C)), obs_var=rng.uniform(0.2, 0.6, size=(T, C)),
+                  h=rng.uniform(0.5, 1.5, size=(T, C)), mean=rng.normal(size=(T, C)))
+    if name == "diffuse_per_step":
+        kw.update(init_var=np.array([np.inf, 1.0, np.inf, 2.0]), theta=rng.uniform(0.1, 1.0, size=(T, C)))
+    return y, kw
+
+
+def _assert_fields(got, want, rtol, atol):
+    for k in FIELDS:
+        a, b = np.asarray(getattr(got, k), np.float64), np.asarray(getattr(want, k), np.float64)
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=k)
+    np.testing.assert_array_equal(np.asarray(got.params["missing"]), np.asarray(want.params["missing"]))
+    np.testing.assert_array_equal(np.asarray(got.n_diffuse), np.asarray(want.n_diffuse))
+
+
+@pytest.mark.parametrize("case", ["static", "diffuse", "per_step", "diffuse_per_step"])
+@pytest.mark.parametrize("backend", ["cpu", "torch", "reference"])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_derived_fields_match_reference(case, backend, kind):
+    rng = np.random.default_rng(abs(hash((case, backend, kind))) % 2**32)
+    y, kw = _case(case, rng)
+    want = ks.filter(y, **kw, backend="reference", outputs=OUTPUTS)
+    yin = y if kind == "numpy" else torch.as_tensor(y)
+    got = ks.filter(yin, **kw, backend=backend)
+    assert "_deferred" in got.__dict__  # nothing derived before it is read
+    for k in DERIVED:
+        assert isinstance(getattr(got, k), np.ndarray if kind == "numpy" else torch.Tensor)
+    _assert_fields(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["static", "diffuse", "per_step"])
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_float32_as_every_output(case, backend):
+    rng = np.random.default_rng(7)
+    y, kw = _case(case, rng)
+    y32 = y.astype(np.float32)
+    want = ks.filter(y32, **kw, backend=backend, outputs=OUTPUTS)
+    got = ks.filter(y32, **kw, backend=backend)
+    assert got.pred_var.dtype == np.float32 and got.logliks.dtype == np.float32
+    _assert_fields(got, want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(got.loglik, want.loglik)  # the backend's sum, not re-derived
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_continued_stream(backend):
+    rng = np.random.default_rng(3)
+    y, kw = _case("static", rng, T=40)
+    whole = ks.filter(y, **kw, backend="reference", outputs=OUTPUTS)
+    first = ks.filter(y[:, :17], **kw, backend=backend)
+    second = ks.filter(y[:, 17:], **kw, backend=backend, state=first.state)
+    for k in DERIVED:
+        np.testing.assert_allclose(getattr(second, k), getattr(whole, k)[:, 17:], rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+def test_outputs_still_limit():
+    y, kw = _case("static", np.random.default_rng(1))
+    post = ks.filter(y, **kw, outputs=("mean", "pred_var"))
+    assert post.var is None and post.logliks is None and post.pred_var is not None
+    assert "_deferred" not in post.__dict__
+
+
+def test_cached_and_copied():
+    y, kw = _case("diffuse", np.random.default_rng(2))
+    post = ks.filter(y, **kw)
+    text = repr(post)
+    assert "_deferred" in post.__dict__ and "pred_var" in text and "not computed" not in text
+    assert post.pred_var is post.pred_var
+    again = copy.copy(ks.filter(y, **kw))
+    assert "_deferred" not in again.__dict__
+    np.testing.assert_array_equal(again.logliks, post.logliks)
+
+
+def test_torch_device_dtype_and_graph():
+    y, kw = _case("static", np.random.default_rng(4))
+    yt = torch.tensor(y, requires_grad=True)
+    post = ks.filter(yt, **kw)
+    for k in DERIVED:
+        x = getattr(post, k)
+        assert x.dtype == torch.float64 and x.device == yt.device and x.requires_grad, k
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("case", ["static", "diffuse"])
+def test_gradients_of_derived_fields(backend, case):
+    rng = np.random.default_rng(5)
+    y = torch.tensor(rng.normal(size=(1, 7, 2)))
+    y[0, 3, 1] = float("nan")
+    theta = torch.tensor([0.4, 1.1], dtype=torch.float64, requires_grad=True)
+    sigma = torch.tensor([0.8, 1.2], dtype=torch.float64, requires_grad=True)
+    obs_var = torch.tensor([0.3, 0.5], dtype=torch.float64, requires_grad=True)
+    init_var = torch.tensor([np.inf, 1.5], dtype=torch.float64) if case == "diffuse" else None
+    weights = {k: torch.tensor(rng.normal(size=(1, 7, 2))) for k in DERIVED}
+
+    def f(theta, sigma, obs_var):
+        post = ks.filter(y, theta=theta, sigma=sigma, obs_var=obs_var, init_var=init_var, backend=backend)
+        terms = []
+        for k in DERIVED:
+            x = getattr(post, k)
+            terms.append((torch.where(torch.isfinite(x), x, 0.0) * weights[k]).sum())
+        return torch.stack(terms)
+
+    assert torch.autograd.gradcheck(f, (theta, sigma, obs_var))
