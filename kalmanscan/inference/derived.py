@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from kalmanscan.inference.diffuse import Diffuse, restore
-from kalmanscan.model import ou
 from kalmanscan.model.reciprocal import reciprocal
 from kalmanscan.problem.problem import Problem
 
@@ -42,41 +40,38 @@ def _next(x: torch.Tensor) -> torch.Tensor:
     return x if x.shape[-2] == 1 else x[..., 1:, :]
 
 
-def _as_numpy_values(x: torch.Tensor, values) -> torch.Tensor:
-    """``x`` (a CPU tensor) with the values ``values`` (a NumPy array of its shape) and its gradient."""
-    fixed = torch.from_numpy(np.asarray(values)).to(x.dtype)
-    return fixed + (x - x.detach()) if x.requires_grad else fixed
-
-
-def _transitions(p: Problem, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(decay, noise)`` per step in ``dtype``, differentiable. On the CPU their values are NumPy's
-    :func:`kalmanscan.model.ou.discretize` (an element's value does not depend on where it sits in
-    the array, as with torch's vectorised ``exp`` and its scalar tail it may: the same series laid
-    out otherwise, or static ``dt`` and the same steps given as ``times``, give the same bits)."""
-    a, q = ou.discretize(p.theta, p.sigma, p.dt)
-    if p.y.device.type != "cpu":
-        return a.to(dtype), q.to(dtype)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        values = ou.discretize(*(x.detach().numpy() for x in (p.theta, p.sigma, p.dt)))
-    return tuple(_as_numpy_values(x, v).to(dtype) for x, v in zip((a, q), values))
-
-
-def _log(x: torch.Tensor) -> torch.Tensor:
-    """``log x``, differentiable; on the CPU NumPy's values (position-independent, as :func:`_transitions`)."""
-    if x.device.type != "cpu":
-        return torch.log(x)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = np.log(x.detach().numpy())
-    return _as_numpy_values(torch.log(x) if x.requires_grad else x, values)
-
-
 def derive(p: Problem, mean: torch.Tensor, var: torch.Tensor,
            diffuse: Diffuse | None = None) -> dict[str, torch.Tensor]:
     """The :data:`DERIVED` fields and ``missing`` as ``p.shape`` tensors of the compute dtype, from
-    the filtered ``mean`` and ``var`` (``p.shape``, the backend's, restored where ``diffuse``)."""
+    the filtered ``mean`` and ``var`` (``p.shape``, the backend's, restored where ``diffuse``).
+
+    On the CPU the values come from one compiled pass with the forward loops' operations
+    (:func:`kalmanscan.ops.filter.cpu.backend.derived_fields`), the gradient, where one is
+    tracked, from the torch ops of :func:`_torch_fields`; elsewhere the torch ops alone."""
+    tracked = torch.is_grad_enabled() and any(
+        x.requires_grad for x in (mean, var, p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h, p.init_mean,
+                                  p.init_var))
+    if p.y.device.type != "cpu" or mean.dtype not in (torch.float32, torch.float64):
+        out = _torch_fields(p, mean, var)
+    else:
+        from kalmanscan.ops.filter.cpu.backend import derived_fields
+
+        with torch.no_grad():
+            out = derived_fields(p, mean.detach(), var.detach())
+        if tracked:
+            graph = _torch_fields(p, mean, var)
+            out = {k: v if not graph[k].requires_grad else v + (graph[k] - graph[k].detach())
+                   for k, v in out.items()}
+    if diffuse is not None:
+        out = restore(p, diffuse, out)
+    return {k: out[k] for k in (*DERIVED, "missing")}
+
+
+def _torch_fields(p: Problem, mean: torch.Tensor, var: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The fields of :func:`derive` (before the diffuse window is set) in torch ops, differentiable."""
     shape, dtype = p.shape, mean.dtype
     level, h, obs_var = (x.to(dtype) for x in (p.mean, p.h, p.obs_var))
-    a, q = _transitions(p, dtype)
+    a, q = (x.to(dtype) for x in p.decay_noise())
     z = mean - level
     zp_next = _next(a) * z[..., :-1, :]
     prior = shape[:-2] + (1, shape[-1])
@@ -90,12 +85,9 @@ def derive(p: Problem, mean: torch.Tensor, var: torch.Tensor,
     missing = torch.isnan(p.y)
     y_obs = torch.where(missing, torch.zeros((), dtype=dtype, device=mean.device), p.y.to(dtype))
     v = (y_obs - h * level) - h * zp  # centred: no cancellation against a large offset
-    ll = -0.5 * ((math.log(2 * math.pi) + _log(S)) + v * v * reciprocal(S))
+    ll = -0.5 * ((math.log(2 * math.pi) + torch.log(S)) + v * v * reciprocal(S))
     out = dict(precision=reciprocal(var), pred_mean=pred_mean, pred_var=pred_var,
                pred_precision=reciprocal(pred_var), pred_obs_mean=h * pred_mean, pred_obs_var=S,
                logliks=torch.where(missing, torch.zeros((), dtype=dtype, device=mean.device), ll),
                missing=missing.to(dtype))
-    out = {k: torch.broadcast_to(x, shape) for k, x in out.items()}
-    if diffuse is not None:
-        out = restore(p, diffuse, out)
-    return {k: out[k] for k in (*DERIVED, "missing")}
+    return {k: torch.broadcast_to(x, shape) for k, x in out.items()}

@@ -56,8 +56,8 @@ from kalmanscan.ops.cpu_threads import run_loop
 from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.filter.torch import adjoint_to, compact
 
-__all__ = ["filter", "smooth", "summary", "stream_step", "stream_step_arrays", "layout", "FIELDS", "POSTERIOR",
-           "INPUTS", "SMOOTH_INPUTS"]
+__all__ = ["filter", "smooth", "summary", "derived_fields", "DERIVED", "stream_step", "stream_step_arrays", "layout",
+           "FIELDS", "POSTERIOR", "INPUTS", "SMOOTH_INPUTS"]
 
 # The forward's outputs in the loops' order (cpu_loops.O_MEAN .. O_MISS).
 FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
@@ -323,6 +323,29 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
     else:
         out, _ = _forward(inputs, p.shape, fields)
     out["decay"], out["noise"] = decay, noise
+    return out
+
+
+DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks",
+           "missing")
+
+
+def derived_fields(p: Problem, mean: torch.Tensor, var: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The :data:`DERIVED` fields of ``p``'s filter from its filtered ``mean`` and ``var`` (CPU
+    tensors broadcastable to ``p.shape``, the compute dtype) as contiguous ``p.shape`` tensors, in
+    one compiled pass (:mod:`kalmanscan.ops.filter.cpu.derive`); not differentiable."""
+    from kalmanscan.ops.filter.cpu import derive as cpu_derive
+
+    dtype = _check(p)
+    L = _loops()[0]
+    B, T, C = _dims(p.shape)
+    inputs = tuple(getattr(p, k) for k in INPUTS) + (mean, var)
+    arrays, boff, tstride, cstride = layout(inputs, p.shape, dtype)
+    out = {k: host_memory.empty(p.shape, p.dtype) for k in DERIVED}
+    if B:
+        run_loop(cpu_derive.derive_fields, B * C, B * C * T, arrays, boff, tstride, cstride,
+                 tuple(_flat(out[k]) for k in DERIVED), L.constants(dtype), T, C, _block(B, C),
+                 bool(tstride[[L.THETA, L.SIGMA, L.DT]].any()))
     return out
 
 
