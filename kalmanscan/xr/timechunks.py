@@ -140,7 +140,7 @@ def _state(post) -> dict:
 def _filter_first(y, arrays, times, before, names, static, fields=None):
     """Chunk 0 filtered from the prior: ``(its fields or None, its last belief)``."""
     fy, flat, batch = _flat(y, arrays, names)
-    post = ks_filter(fy, **_kwargs(flat, static, times, True))
+    post = ks_filter(fy, **_kwargs(flat, static, times, True), outputs=_outputs(fields))
     return (None if fields is None else _unflat(post, fields, batch, y.dtype)), _state(post)
 
 
@@ -194,8 +194,13 @@ def _carries(state0: dict, parts: list[dict]) -> list[StreamState]:
 def _filter_from(y, arrays, times, before, carry, names, static, fields):
     """Chunk ``i >= 1`` filtered from the belief at the end of chunk ``i - 1``."""
     fy, flat, batch = _flat(y, arrays, names)
-    post = ks_filter(fy, **_kwargs(flat, static, times, False), state=carry)
+    post = ks_filter(fy, **_kwargs(flat, static, times, False), state=carry, outputs=_outputs(fields))
     return _unflat(post, fields, batch, y.dtype)
+
+
+def _outputs(fields: Sequence[str] | None) -> tuple[str, ...]:
+    """The filter's outputs a chunk needs: ``fields`` and the mean and variance its last belief is."""
+    return tuple(dict.fromkeys(("mean", "var", *(fields or ()))))
 
 
 def _link(y, arrays, times, before, carry, last, names, static) -> np.ndarray:
