@@ -2,7 +2,7 @@
 under several configurations at the model's two shapes (B=8, L=2048 and B=2, L=8192; M=1024, S=16,
 float32), queued (:func:`benchmarks.common.timed`), each configuration's outputs and gradients
 against the first's (float32 rounding only), and the forward's share of the FP32 rate measured at
-the start of the run (``bench_kla.FWD_FP32_OPS`` per state update, as ``kla_layouts``).
+the start of the run (``bench_kla.FWD_FP32_OPS`` per state update).
 
     python -m benchmarks.probes.kla_pieces --out kla_pieces.json
     python -m benchmarks.probes.kla_pieces --out stages.json --configs="-;stages=1;stages=1,bwd_stages=1" --repeat 2
