@@ -26,9 +26,9 @@ __all__ = ["filter", "make_posterior", "sum_time", "attempts", "confirmed", "OUT
 
 LEAN = ("mean", "var", "logliks", "loglik")
 """The outputs :func:`filter` asks its backend for: the filtered moments and the log-likelihood's
-sum (the per-step terms only where the backend cannot sum without them; the first two alone when
-the log-likelihood is not wanted); the other fields are derived from them on first access
-(:mod:`kalmanscan.inference.derived`)."""
+sum (without the per-step terms where the backend sums without them, its module's ``SUMS_LOGLIK``;
+the first two alone when the log-likelihood is not wanted); the other fields are derived from
+them on first access (:mod:`kalmanscan.inference.derived`)."""
 
 @pandas_io
 def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLike, mean: ArrayLike = 0.0,
@@ -113,8 +113,10 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     for p, finite, diffuse in attempts(args, state, check_finite):
         # the backend writes the moments and the log-likelihood; the other fields are derived when read
         wanted = OUTPUTS if p.outputs is None else p.outputs
-        lean = dataclasses.replace(finite, outputs=LEAN if "logliks" in wanted else LEAN[:2])
-        out = run_finite(lean, diffuse, get_backend(p.backend).filter)
+        backend = get_backend(p.backend)
+        ask = (LEAN[:2] if "logliks" not in wanted else ("mean", "var", "loglik")
+               if getattr(backend, "SUMS_LOGLIK", False) else LEAN)
+        out = run_finite(dataclasses.replace(finite, outputs=ask), diffuse, backend.filter)
         if confirmed(p, state):
             break
     queued = out.pop("y_check", None)
@@ -177,12 +179,15 @@ def _read_only(x):
 
 
 def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior | None = None,
-                   diffuse: Diffuse | None = None, derive: Sequence[str] = ()) -> Posterior:
+                   diffuse: Diffuse | None = None, derive: Sequence[str] = (),
+                   derive_from: Posterior | None = None) -> Posterior:
     """Wrap a backend's result dict into a :class:`Posterior` in the caller's array kind. The fields
     of :data:`~kalmanscan.inference.derived.DERIVED` and ``missing`` named in ``derive`` are
     derived from ``out``'s filtered ``mean`` and ``var`` (restored where ``diffuse``) on the first
     access to any of them, in one pass (:func:`kalmanscan.inference.derived.derive`), and kept; the
-    other fields of :data:`OUTPUTS` not in ``derive`` are then ``None``."""
+    other fields of :data:`OUTPUTS` not in ``derive`` are then ``None``. ``derive_from`` (a
+    smoother's filtered posterior): the fields of ``DERIVED`` but ``precision``, and ``missing``,
+    are its own, read from it on first access."""
     shape = p.shape
     out = dict(out)
     loglik = out.pop("loglik", None)
@@ -191,6 +196,8 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
 
     lazily = ("decay", "noise", "missing")
     deferred = tuple(k for k in derived.DERIVED if k in derive)
+    shared = () if derive_from is None else tuple(k for k in derived.DERIVED if k != "precision")
+    out.update(dict.fromkeys(shared))
     if derive:
         moments = out["mean"], out["var"]
         fields = functools.cache(lambda: derived.derive(p, *moments, diffuse))
@@ -204,6 +211,8 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
         lazy[k] = (lambda v=v: None if v is None else full(v))
     if "missing" in derive:
         lazy["missing"] = lambda: full(fields()["missing"])
+    if derive_from is not None:
+        lazy["missing"] = lambda: derive_from.params["missing"]
     for k in ("init_mean", "init_var"):
         lazy[k] = lambda k=k: _read_only(p.output(getattr(p, k).expand(shape[:-2] + (1, shape[-1]))[..., 0, :]))
     lazy["times"] = lambda: _read_only(_times(p))
@@ -219,6 +228,8 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
     post = Posterior(logliks=logliks, loglik=loglik, params=params, filtered=filtered, **conv)
     if deferred:
         post.defer(deferred, lambda: {k: full(fields()[k]) for k in deferred})
+    if shared:
+        post.defer(shared, lambda: {k: getattr(derive_from, k) for k in shared})
     return post
 
 

@@ -16,6 +16,7 @@ the reference a float64 loop, triton fused reverse walks (without gradients), cp
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,8 +24,10 @@ import torch
 from kalmanscan.inference.diffuse import diffuse_witness, restore, run_finite, smooth_leading
 from kalmanscan.problem.checks import decide_y
 from kalmanscan.inference.frames import pandas_io
-from kalmanscan.inference.filtering import attempts, confirmed, make_posterior, sum_time
+from kalmanscan.inference import derived
+from kalmanscan.inference.filtering import LEAN, attempts, confirmed, make_posterior, sum_time
 from kalmanscan.ops.filter.dispatch import get_backend
+from kalmanscan.problem.problem import OUTPUTS
 from kalmanscan.inference.stream import StreamState, as_prior, mark
 from kalmanscan.types import ArrayLike
 
@@ -56,26 +59,36 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     args = dict(y=y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,
                 init_mean=init_mean, init_var=init_var, backend=backend)
     for p, finite, diffuse in attempts(args, state, check_finite):
-        out = run_finite(finite, diffuse, get_backend(p.backend).filter)
+        backend = get_backend(p.backend)  # the filter's moments and log-likelihood, as ks.filter asks
+        ask = ("mean", "var", "loglik") if getattr(backend, "SUMS_LOGLIK", False) else LEAN
+        out = run_finite(dataclasses.replace(finite, outputs=ask), diffuse, backend.filter)
         if confirmed(p, state):
             break
     queued = out.pop("y_check", None)
+    if "loglik" not in out:  # the fused kernels sum it as they go
+        out["loglik"] = sum_time(out["logliks"])
+    out = {k: out[k] for k in ("mean", "var", "loglik", "decay", "noise")}
     shape = p.shape
-    full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "pred_mean", "pred_var", "decay", "noise")}
+    # the predictions the smoother reads, derived on the finite problem (in a diffuse channel's
+    # window, replaced below, they need not follow its identity transitions)
+    pred = derived.derive(finite, torch.broadcast_to(out["mean"], shape), torch.broadcast_to(out["var"], shape))
+    full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "decay", "noise")}
+    full.update(pred_mean=pred["pred_mean"], pred_var=pred["pred_var"])
+    del pred
     mean_param = torch.broadcast_to(p.mean, shape)
-    mean_s, var_s, precision_s = get_backend(p.backend).smooth(full, mean_param)
+    mean_s, var_s, precision_s = backend.smooth(full, mean_param)
+    del full
     if finite.no_process_noise() and not bool(
             (torch.isfinite(mean_s) & torch.isfinite(var_s)).all()):
         raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
                          "noise the smoother's gain is 1/decay and its backward recursion leaves the "
                          "floating-point range (ks.filter handles sigma = 0)")
     if diffuse is not None:
-        out = restore(p, diffuse, out)
+        out = {**restore(p, diffuse, out), "loglik": out["loglik"]}
         mean_s, var_s, precision_s = smooth_leading(p, diffuse, out, mean_s, var_s, precision_s)
-    if "loglik" not in out:  # the fused kernels sum it as they go
-        out["loglik"] = sum_time(out["logliks"])
+    filtered = make_posterior(p, out, diffuse=diffuse, derive=OUTPUTS)
     smoothed = dict(out, mean=mean_s, var=var_s, precision=precision_s)
-    post = make_posterior(p, smoothed, filtered=make_posterior(p, out), diffuse=diffuse)
+    post = make_posterior(p, smoothed, filtered=filtered, diffuse=diffuse, derive_from=filtered)
     if p.y_late:
         decide_y(p.y, queued, diffuse_witness(out["loglik"], finite, diffuse))
     elif check_finite and not p.y.is_cuda:  # (y checked already; no wait on the host)

@@ -157,7 +157,9 @@ def _dims(shape):
 
 
 def _forward(inputs, shape, fields=FIELDS, save_zc=False):
-    """Run the forward loop; returns ``({field: tensor of shape}, zc or None)``."""
+    """Run the forward loop; returns ``({field: tensor of shape}, zc or None)``; ``"loglik"`` among
+    ``fields``: also each series' log-likelihood summed over time in float64 by the loop, ``(..., C)``
+    in the compute dtype (no per-step terms written for it)."""
     L = _loops()[0]
     dtype = _np_dtype(inputs[0].dtype)
     B, T, C = _dims(shape)
@@ -168,13 +170,16 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     placeholder = np.zeros(1, dtype)
     outs = tuple(_flat(out[k]) if k in out else placeholder for k in names)
     write = np.array([k in out for k in names])
+    llsum = np.zeros(B * C, np.float64) if "loglik" in wanted else None
     trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
     if B and (trans_step or tstride[[L.OBS_VAR, L.MEAN, L.H]].any()):
         run_loop(L.filter_forward, B * C, B * C * T, arrays, boff, tstride, cstride, outs, write,
-                 L.constants(dtype), T, C, _block(B, C), trans_step)
+                 L.constants(dtype), T, C, _block(B, C), trans_step, llsum)
     elif B:
         run_loop(L.filter_static, B * C, B * C * T, arrays, boff, tstride, cstride, outs, write,
-                 L.constants(dtype), T, C, _block(B, C))
+                 L.constants(dtype), T, C, _block(B, C), llsum)
+    if llsum is not None:
+        out["loglik"] = torch.from_numpy(llsum.reshape(shape[:-2] + (C,))).to(inputs[0].dtype)
     zc = out.pop("zc", None)
     return out, zc
 
@@ -306,25 +311,36 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
     Differentiable with respect to ``y``, every parameter and the initial belief (once: see the
     module docstring). ``outputs``, a subset of :data:`FIELDS` (default: those of ``p.outputs``,
     all when that is ``None``), writes only those fields (with gradients, also the variance and
-    centred mean the backward reads); the dict then holds those and ``decay, noise``.
+    centred mean the backward reads); the dict then holds those and ``decay, noise``. ``"loglik"``
+    among them (or among ``p.outputs`` without ``"logliks"``) adds each series' log-likelihood
+    summed over time in float64, ``(..., C)`` (:data:`SUMS_LOGLIK`).
     """
     _check(p)
     if outputs is None and p.outputs is not None:
         outputs = [k for k in FIELDS if k in p.outputs]
+        outputs += ["loglik"] if "loglik" in p.outputs and "logliks" not in p.outputs else []
     fields = FIELDS if outputs is None else tuple(outputs)
-    unknown = set(fields) - set(FIELDS)
+    unknown = set(fields) - {*FIELDS, "loglik"}
     if unknown:
-        raise ValueError(f"outputs must be among {FIELDS}, got {sorted(unknown)}")
+        raise ValueError(f"outputs must be among {FIELDS} or 'loglik', got {sorted(unknown)}")
     inputs = tuple(getattr(p, k) for k in INPUTS)
     decay, noise = p.decay_noise()
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
-        fields = tuple(k for k in FIELDS if k in fields)
+        fields = tuple(k for k in FIELDS if k in fields or (k == "logliks" and "loglik" in fields))
         out = dict(zip(fields, _Filter.apply(p.shape, fields, *inputs)))
+        if "loglik" in (outputs or ()):
+            out["loglik"] = out["logliks"].sum(-2, dtype=torch.float64).to(p.dtype)
+            if "logliks" not in outputs:
+                del out["logliks"]
     else:
         out, _ = _forward(inputs, p.shape, fields)
     out["decay"], out["noise"] = decay, noise
     return out
 
+
+SUMS_LOGLIK = True
+"""``"loglik"`` among the outputs without ``"logliks"``: the loops sum each series' log-likelihood
+(float64) and write no per-step terms for it (:func:`kalmanscan.filter` asks for it so)."""
 
 DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks",
            "missing")

@@ -157,8 +157,10 @@ def flags(write: np.ndarray) -> tuple[bool, ...]:
 
 @njit(inline="always")
 def write_step(outs: tuple[np.ndarray, ...], w: tuple[bool, ...], o: int, zf: float, Pf: float, iPf: float, zp: float,
-               Pp: float, iPp: float, h: float, m: float, S: float, ll: float, miss: bool, k: np.ndarray) -> None:
-    """Write a step's outputs flagged in ``w`` (:func:`flags`) at element ``o``."""
+               Pp: float, iPp: float, h: float, m: float, S: float, ll: float, miss: bool, k: np.ndarray,
+               sums: bool, acc: np.ndarray, j: int) -> None:
+    """Write a step's outputs flagged in ``w`` (:func:`flags`) at element ``o``; with ``sums`` add
+    its log-likelihood to lane ``j``'s float64 sum ``acc[j]``."""
     if w[O_MEAN]:
         outs[O_MEAN][o] = zf + m
     if w[O_VAR]:
@@ -181,22 +183,26 @@ def write_step(outs: tuple[np.ndarray, ...], w: tuple[bool, ...], o: int, zf: fl
         outs[O_MISS][o] = k[ONE] if miss else k[ZERO]
     if w[O_ZC]:
         outs[O_ZC][o] = zf
+    if sums:
+        acc[j] += ll
 
 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")
 def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
-                   outs: tuple[np.ndarray, ...],
-                   write: np.ndarray, k: np.ndarray, T: int, C: int, W: int, trans_step: bool) -> None:
+                   outs: tuple[np.ndarray, ...], write: np.ndarray, k: np.ndarray, T: int, C: int, W: int,
+                   trans_step: bool, llsum: np.ndarray | None = None) -> None:
     """The filter over every series; writes the outputs flagged in ``write`` (see module doc).
 
     ``ins``: 9 input arrays (order ``Y .. INIT_VAR``); ``outs``: 11 output arrays (``O_MEAN ..
     O_ZC``, the last the centred filtered mean the backward reads), each ``(B T C,)`` where
-    ``write`` is set, else a placeholder. ``trans_step``: theta, sigma or dt vary along time (else
+    ``write`` is set, else a placeholder; ``llsum``, when given, ``(B C,)`` float64: each series'
+    log-likelihood summed over time (in order, in float64). ``trans_step``: theta, sigma or dt vary along time (else
     decay and noise are computed once per series). Any parameter may vary along time; with every
     one static :func:`filter_static` is the faster loop (the same bits).
     """
     y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
     w = flags(write)
+    sums = llsum is not None
     t_y, t_th, t_si, t_dt = tstride[Y], tstride[THETA], tstride[SIGMA], tstride[DT]
     t_R, t_m, t_h = tstride[OBS_VAR], tstride[MEAN], tstride[H]
     N = boff.shape[0] * C
@@ -207,6 +213,7 @@ def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nd
         z = np.empty(n, k.dtype)
         P = np.empty(n, k.dtype)
         A, Q = static_transitions(th_, si_, dt_, base, n, trans_step, k)
+        acc = np.zeros(n, np.float64)
         for j in range(n):
             z[j] = im_[base[INIT_MEAN, j]] - m_[base[MEAN, j]]
             P[j] = iv_[base[INIT_VAR, j]]
@@ -227,7 +234,10 @@ def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nd
                 zf, ll = mean_terms(y, zp, h, m, K, lS, iS, miss, k)
                 z[j] = zf
                 P[j] = Pf
-                write_step(outs, w, obase[j] + t * C, zf, Pf, iPf, zp, Pp, iPp, h, m, S, ll, miss, k)
+                write_step(outs, w, obase[j] + t * C, zf, Pf, iPf, zp, Pp, iPp, h, m, S, ll, miss, k, sums, acc, j)
+        if llsum is not None:
+            for j in range(n):
+                llsum[s0 + j] = acc[j]
 
 
 @njit(inline="always")
@@ -324,7 +334,7 @@ def put_loglik(out: np.ndarray, o: int, v: np.ndarray, terms: np.ndarray, p: int
 @njit(inline="always")
 def steady_run(y_: np.ndarray, y0: int, t_y: int, outs: tuple[np.ndarray, ...], w: tuple[bool, ...], o0: int, C: int,
                t: int, T: int, z: np.ndarray, P: np.ndarray, par: np.ndarray, terms: np.ndarray, zp: np.ndarray,
-               v: np.ndarray, k: np.ndarray) -> int:
+               v: np.ndarray, k: np.ndarray, sums: bool, acc: np.ndarray) -> int:
     """Steps ``t, t + 1, ..`` of a task whose lanes are all :func:`periodic`, each as loops over the
     lanes, one store each (``y`` of lane ``j`` at ``y0 + t t_y + j``, its outputs at ``o0 + t C + j``;
     ``terms[t % 2]`` the cached variance terms of step ``t``, from :func:`settle`): the operations
@@ -353,6 +363,9 @@ def steady_run(y_: np.ndarray, y0: int, t_y: int, outs: tuple[np.ndarray, ...], 
             z[j] = zp[j] + terms[p, K_K, j] * v[j]
         if w[O_LL]:
             put_loglik(outs[O_LL], o, v, terms, p, mh, n)
+        if sums:
+            for j in range(n):
+                acc[j] += mh * (terms[p, K_LS, j] + v[j] * v[j] * terms[p, K_IS, j])
         if w[O_MEAN]:
             put_mean(outs[O_MEAN], o, z, par, n)
         if w[O_PMEAN]:
@@ -382,7 +395,8 @@ def steady_run(y_: np.ndarray, y0: int, t_y: int, outs: tuple[np.ndarray, ...], 
 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")
 def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
-                  outs: tuple[np.ndarray, ...], write: np.ndarray, k: np.ndarray, T: int, C: int, W: int) -> None:
+                  outs: tuple[np.ndarray, ...], write: np.ndarray, k: np.ndarray, T: int, C: int, W: int,
+                  llsum: np.ndarray | None = None) -> None:
     """:func:`filter_forward` where only ``y`` varies along time (same arguments, same bits).
 
     Each lane's parameters are read once. An observed step whose incoming variance equals one of
@@ -396,6 +410,7 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
     """
     y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
     w = flags(write)
+    sums = llsum is not None
     t_y = tstride[Y]
     N = boff.shape[0] * C
     for task in prange((N + W - 1) // W):
@@ -411,6 +426,7 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
         terms = np.empty((2, 9, n), k.dtype)  # a steady task's cached terms of even and odd steps
         zp_ = np.empty(n, k.dtype)  # steady_run's predicted means and innovations
         v_ = np.empty(n, k.dtype)
+        acc = np.zeros(n, np.float64)  # the lanes' log-likelihood sums (llsum)
         for j in range(n):
             par[2, j] = R_[base[OBS_VAR, j]]
             par[3, j] = h_[base[H, j]]
@@ -449,8 +465,11 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
                 z[j] = zf
                 P[j] = Pf
                 steady = steady and not miss and periodic(cache, j, Pf)
-                write_step(outs, w, obase[j] + t * C, zf, Pf, iPf, zp, Pp, iPp, h, m, S, ll, miss, k)
+                write_step(outs, w, obase[j] + t * C, zf, Pf, iPf, zp, Pp, iPp, h, m, S, ll, miss, k, sums, acc, j)
             t += 1
             if steady and t < T:
                 settle(cache, P, terms, t, n)
-                t = steady_run(y_, base[Y, 0], t_y, outs, w, obase[0], C, t, T, z, P, par, terms, zp_, v_, k)
+                t = steady_run(y_, base[Y, 0], t_y, outs, w, obase[0], C, t, T, z, P, par, terms, zp_, v_, k, sums, acc)
+        if llsum is not None:
+            for j in range(n):
+                llsum[s0 + j] = acc[j]
