@@ -126,3 +126,28 @@ def test_gradients_of_derived_fields(backend, case):
         return torch.stack(terms)
 
     assert torch.autograd.gradcheck(f, (theta, sigma, obs_var))
+
+
+@pytest.mark.parametrize("case", ["static", "per_step"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cpu_loops_sum_the_loglik_without_writing_the_terms(case, dtype):
+    from kalmanscan.ops.filter.cpu import backend as cpu
+    from kalmanscan.problem.prepare import prepare
+
+    y, kw = _case(case, np.random.default_rng(8))
+    p = prepare(y=y.astype(dtype), **kw)
+    out = cpu.filter(p, outputs=("mean", "var", "loglik"))
+    assert "logliks" not in out and out["loglik"].shape == (2, 4) and out["loglik"].dtype == p.dtype
+    terms = cpu.filter(p, outputs=("logliks",))["logliks"].double().sum(-2)
+    np.testing.assert_allclose(out["loglik"].double(), terms, rtol=1e-6 if dtype == np.float32 else 1e-13)
+
+
+@pytest.mark.parametrize("case", ["static", "diffuse"])
+def test_smoother_shares_the_filters_derived_fields(case):
+    y, kw = _case(case, np.random.default_rng(9))
+    post, filt = ks.smooth(y, **kw), ks.filter(y, **kw)
+    for k in FIELDS:
+        np.testing.assert_array_equal(getattr(post.filtered, k), getattr(filt, k), err_msg=k)
+    for k in DERIVED[1:]:
+        assert getattr(post, k) is getattr(post.filtered, k), k
+    np.testing.assert_array_equal(post.params["missing"], filt.params["missing"])
