@@ -38,11 +38,27 @@ def launchers() -> list[tuple[object, str]]:
     return [(m, name) for m in modules for name in vars(m) if name.endswith("_kernel")]
 
 
+_INPUTS: set[int] = set()
+"""Storage addresses of the probe's own inputs, which a stand-in kernel leaves alone."""
+
+
 class _NoLaunch:
-    """Stands for a Triton kernel: ``kernel[grid](...)`` does nothing."""
+    """Stands for a Triton kernel: ``kernel[grid](...)`` launches nothing; it zeroes its floating
+    tensor arguments other than the probe's inputs (the buffers the kernel would have written), so
+    that the call's check of its result (finite from finite inputs) passes."""
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+        return _zero_outputs
+
+
+def _zero_outputs(*args, **kwargs):
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.untyped_storage().data_ptr() not in _INPUTS:
+            x.zero_()
+
+
+def _inputs(*tensors: torch.Tensor) -> None:
+    _INPUTS.update(x.untyped_storage().data_ptr() for x in tensors)
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -60,6 +76,7 @@ def per_call_us(fn, calls: int) -> float:
 
 def filter_rows(calls: int) -> dict:
     y = torch.randn(64, 8)
+    _inputs(y)
     kw = dict(theta=0.3, sigma=0.5, obs_var=0.2, backend="triton")
     p = prepare(y, **kw)
     out = filter_triton.filter(p)
@@ -80,6 +97,7 @@ def kla_rows(calls: int) -> dict:
     v, lam_v = torch.randn(B, L, M, generator=g), torch.rand(B, L, M, generator=g) + 0.5
     k = torch.nn.functional.normalize(torch.randn(B, L, S, generator=g), dim=-1)
     decay, noise = torch.rand(M, S, generator=g) * 0.5 + 0.45, torch.rand(M, S, generator=g) * 0.1 + 0.01
+    _inputs(v, lam_v, k, decay, noise)
     with torch.no_grad():
         return {
             "ks.nn.kla_scan": per_call_us(lambda: ks.nn.kla_scan(v, lam_v, k, k, decay, noise, backend="triton"),
