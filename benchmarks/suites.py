@@ -52,7 +52,7 @@ SUITES = {s.name: s for s in (
                   Run(("--sweep-only", "--sweep-split", "--sweep-shapes", "4096x32768,64x1048576,16384x8192")))),
     Suite("api", "benchmarks.bench_api",
           "the public ks.filter, ks.smooth and kla_scan calls beside their kernels: queued, alone, fixed cost",
-          "GPU", (Run(),)),
+          "GPU", (Run(), Run(("--shapes", "5")))),
     Suite("filter_api", "benchmarks.bench_filter_api",
           "ks.filter and ks.smooth end to end against their kernels and the bytes they must move", "GPU", (Run(),)),
     Suite("cpu", "benchmarks.bench_cpu",
