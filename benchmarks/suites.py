@@ -98,7 +98,9 @@ SUITES = {s.name: s for s in (
           "the default ks.filter (moments and log-likelihood written, the rest derived when read) against a "
           "NumPy loop; its peak memory", "CPU", (Run(gpu=False),)),
     Suite("timechunks", "benchmarks.bench_timechunks",
-          "a record larger than the workers' memory, chunked along time on a local dask cluster", "CPU"),
+          "a record larger than the workers' memory, chunked along time on a local dask cluster", "CPU",
+          (Run(("--workers", "2", "--memory-limit", "1GiB", "--channels", "64", "--steps", "6500000",
+                "--chunk-steps", "25000"), gpu=False),)),
 )}
 
 
