@@ -292,17 +292,23 @@ def _run_filter(args, smooth: bool) -> int:
         if args.plot:
             step("plot")
             plot_bands(post, data, ds.attrs["z"], args.level, args.plot)
-    band = ds.attrs["z"] * np.sqrt(post.var[-1])
     print(f"{'smoothed' if smooth else 'filtered'} {args.input}: T = {data.y.shape[0]}, "
           f"{data.y.shape[1]} channel(s), {ds.attrs['time_unit']}")
-    rows = [[lab, str(int(np.isnan(data.y[:, c]).sum())), f"{post.loglik[c]:.6g}", f"{post.mean[-1, c]:.6g}",
-             f"+/- {band[c]:.4g}"] for c, lab in enumerate(data.labels)]
+    _summary(args, data.labels, np.isnan(data.y).sum(0), post.loglik, post.mean[-1],
+             ds.attrs["z"] * np.sqrt(post.var[-1]))
+    return 0
+
+
+def _summary(args, labels, missing, loglik, mean, band) -> None:
+    """The per-channel table a filter or smoother prints (at most :data:`MAX_ROWS` rows), then
+    what was written."""
+    rows = [[lab, str(int(missing[c])), f"{loglik[c]:.6g}", f"{mean[c]:.6g}", f"+/- {band[c]:.4g}"]
+            for c, lab in enumerate(labels)]
     for line in table(["channel", "missing", "loglik", "last mean", f"{args.level:.0%} band"], rows[:MAX_ROWS]):
         print(line)
     if len(rows) > MAX_ROWS:
         print(f"  ... and {len(rows) - MAX_ROWS} more channels")
     _wrote(args.output, args.plot)
-    return 0
 
 
 def _run_chunked(args, smooth: bool) -> int:
@@ -338,13 +344,7 @@ def _run_chunked(args, smooth: bool) -> int:
     missing = np.ravel(data.da.isnull().sum(data.dim).values)
     print(f"{'smoothed' if smooth else 'filtered'} {args.input}: T = {data.da.sizes[data.dim]}, "
           f"{len(data.labels)} channel(s), {unit}, chunk by chunk")
-    rows = [[lab, str(int(missing[c])), f"{loglik[c]:.6g}", f"{mean[c]:.6g}", f"+/- {z * np.sqrt(var[c]):.4g}"]
-            for c, lab in enumerate(data.labels)]
-    for line in table(["channel", "missing", "loglik", "last mean", f"{args.level:.0%} band"], rows[:MAX_ROWS]):
-        print(line)
-    if len(rows) > MAX_ROWS:
-        print(f"  ... and {len(rows) - MAX_ROWS} more channels")
-    _wrote(args.output, args.plot)
+    _summary(args, data.labels, missing, loglik, mean, z * np.sqrt(var))
     return 0
 
 
