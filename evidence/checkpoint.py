@@ -3,7 +3,8 @@
 A checkpoint is one ``torch.save`` file: ``args`` (the arguments that shape the run, compared on
 resume), ``finished``, and either the paused state (``model``, ``optimizer``, the training
 stream's position ``data``, the torch and CUDA random states, and ``done``: step, best, history,
-last loss, wall time) or, once finished, the run's ``record`` and final ``model``.
+gradient norms, last loss, wall time) or, once finished, the run's ``record`` and final ``model``.
+A checkpoint written before the gradient norms were recorded resumes with them starting empty.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def load_checkpoint(path: str, args, lr: float) -> dict | None:
 
 def training_state(opt, batches, device: torch.device, done: dict) -> dict:
     """What a paused run needs beside its weights to go on exactly: the optimizer, the data
-    stream's position, the random states, and ``done`` (step, best, history, last loss, wall time)."""
+    stream's position, the random states, and ``done`` (step, best, history, gradient norms, last
+    loss, wall time)."""
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return {"optimizer": opt.state_dict(), "data": batches.state_dict(),
             "torch_rng": torch.get_rng_state(), "cuda_rng": cuda_rng, "done": done}
@@ -54,14 +56,14 @@ def training_state(opt, batches, device: torch.device, done: dict) -> dict:
 
 def restore(saved: dict, model, opt, batches, device: torch.device) -> dict:
     """Load a paused checkpoint into ``model``, ``opt``, ``batches`` and the random states;
-    returns its ``done``."""
+    returns its ``done`` (with empty gradient-norm lists where the checkpoint predates them)."""
     model.load_state_dict(saved["model"])
     opt.load_state_dict(saved["optimizer"])
     batches.load_state_dict(saved["data"])
     torch.set_rng_state(saved["torch_rng"])
     if device.type == "cuda" and saved["cuda_rng"] is not None:
         torch.cuda.set_rng_state(saved["cuda_rng"], device)
-    return saved["done"]
+    return {"grad_norms": [], "mixer_grad_norms": [], **saved["done"]}
 
 
 def should_pause(args, steps_here: int, deadline: float | None) -> bool:

@@ -19,6 +19,9 @@ prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
 * ``mad``: the six MAD tasks at their baseline settings, d_model 128, 2 x [mixer, SwiGLU],
   learning rates {1e-4, 5e-4, 1e-3}.
 * ``ou``: KLA with the OU vs the zero-order-hold discretisation at depths 2, 4, 8 on one task.
+* ``mqar_control``: the positive control of the MQAR result at T = 2048 (GLA at chance): the same
+  GLA on easier settings at that length, and the failing runs re-run briefly for their gradient
+  norms, see :func:`mqar_control`.
 
 Every mixer gets the same budget and the same learning rates (``MIXER_SPECS``; ``kla_noise0`` is
 KLA with the process noise fixed at 0, its gated-linear-attention limit; ``gla_conv`` is GLA with
@@ -154,11 +157,55 @@ def mqar_protocol(lengths=(512, 2048), kv_pairs=(64, 128), widths=(64, 128),
                             for d in widths]:
         b = zoology_batch(T) if batch is None else batch
         n = max(1, ZOOLOGY_SEQUENCES // b) if steps is None else steps
-        argv = ["--task", "mqar", "--len", str(T), "--kv-pairs", str(kv), "--vocab", str(vocab),
-                "--filler", filler, "--layers", str(layers), "--d-model", str(d), *_spec(mixer),
+        argv = [*_mqar_task_args(T, kv, vocab, filler, layers, d), *_spec(mixer),
                 *_common(n, lrs, seed, time_limit, b)]
         v = "" if vocab == 8192 else f"_v{vocab}"
         runs.append(Run(f"mqar_T{T}_kv{kv}{v}_d{d}_{mixer}_s{seed}", argv))
+    return runs
+
+
+def _mqar_task_args(length, kv, vocab, filler, layers, width) -> list:
+    return ["--task", "mqar", "--len", str(length), "--kv-pairs", str(kv), "--vocab", str(vocab),
+            "--filler", filler, "--layers", str(layers), "--d-model", str(width)]
+
+
+# GLA's recorded MQAR runs at T = 2048 (2 layers, zero filler), at chance for 30,000 steps in both seeds
+MQAR_FAILING = {"length": 2048, "kv": 64, "vocab": 256, "width": 128, "batch": 32, "lr": 1e-3, "seeds": (1, 2)}
+
+
+def mqar_control(kv_pairs=(8, 16), widths=(128, 256), mixers=("gla_conv_k2",), steps=3000,
+                 failing_steps=2000, lrs=(1e-3,), seed=1, batch=32, vocab=256) -> list:
+    """Is GLA's flat loss on MQAR at T = 2048 the layer's, or a broken training path?
+
+    The recorded runs (``MQAR_FAILING``: 64 pairs, vocabulary 256, d_model 128, 2 layers, batch 32,
+    rate 1e-3, zero filler; GLA with KLA's width-4 conv and ``expand_k=2``) kept the loss at
+    ln 128 = 4.852, the loss of a model that ignores the context, from step 500 to 30,000 in both
+    seeds. Two kinds of run answer the question, all at T = 2048 with the zero filler:
+
+    * controls: each of ``mixers`` on easier settings, every (``kv_pairs``, ``widths``) pair (fewer
+      pairs; d_model 256 quadruples GLA's state, ``D^2 / 2`` floats a layer at ``expand_k=2``),
+      ``steps`` steps, seed ``seed``. Accuracy rising above ``1 / kv`` (what a model that knows only
+      which values the context holds reaches; chance is 1/128) shows the path teaches GLA there;
+    * the failing configuration itself, seeds 1 and 2, on a ``failing_steps``-step schedule (the
+      flat line began by step 500 on schedules of 5,000 and 30,000 steps alike): its record carries
+      the gradient norms, of the whole model and of each layer's mixer, at every evaluation
+      (:mod:`evidence.train`), finite and non-zero if the gradient reaches the layer.
+
+    Sizing: the recorded runs took 0.071 s a step as four processes sharing an H200; the six default
+    runs sharing one GPU (``--parallel 6``) at about 0.1 s a step fit in about six minutes.
+    """
+    f = MQAR_FAILING
+    runs = []
+    for mixer in mixers:
+        for kv, width in [(kv, width) for kv in kv_pairs for width in widths]:
+            argv = [*_mqar_task_args(f["length"], kv, vocab, "zero", 2, width), *_spec(mixer),
+                    *_common(steps, lrs, seed, None, batch)]
+            runs.append(Run(f"mqar_control_T{f['length']}_kv{kv}_v{vocab}_d{width}_{mixer}_s{seed}", argv))
+        for failing_seed in f["seeds"]:
+            argv = [*_mqar_task_args(f["length"], f["kv"], f["vocab"], "zero", 2, f["width"]), *_spec(mixer),
+                    *_common(failing_steps, (f["lr"],), failing_seed, None, f["batch"])]
+            label = f"mqar_failing_T{f['length']}_kv{f['kv']}_v{f['vocab']}_d{f['width']}_{mixer}_s{failing_seed}"
+            runs.append(Run(label, argv))
     return runs
 
 
@@ -260,10 +307,15 @@ def _unfinished(result: dict) -> bool:
 
 
 def _status(result: dict) -> str:
-    """A launched run's outcome in a word or two: its best token accuracy, and whether it paused."""
+    """A launched run's outcome in a few words: its best token accuracy, the last gradient norms
+    recorded (whole model; each layer's mixer), and whether it paused."""
     if "best_token_acc" not in result:
         return result.get("stopped", "failed")
-    return f"{result['best_token_acc']}" + (", paused" if _unfinished(result) else "")
+    norms = [(r["grad_norms"][-1][1], r["mixer_grad_norms"][-1][1:]) for r in result["runs"]
+             if r.get("grad_norms")]
+    shown = "".join(f", grad norm {total:.3g} (mixers {', '.join(f'{n:.3g}' for n in mixers)})"
+                    for total, mixers in norms)
+    return f"{result['best_token_acc']}{shown}" + (", paused" if _unfinished(result) else "")
 
 
 def with_kla_options(runs, options) -> list:
@@ -272,7 +324,8 @@ def with_kla_options(runs, options) -> list:
     return [Run(r.label, [*r.argv, *extra]) if "kla" in r.argv else r for r in runs]
 
 
-PROTOCOLS = {"a5": a5_min_depth, "mqar": mqar_protocol, "mad": mad_protocol, "ou": ou_ablation}
+PROTOCOLS = {"a5": a5_min_depth, "mqar": mqar_protocol, "mad": mad_protocol, "ou": ou_ablation,
+             "mqar_control": mqar_control}
 
 
 def main(argv=None) -> list:
@@ -290,7 +343,7 @@ def main(argv=None) -> list:
     p.add_argument("--vocab", type=int, default=None, help="mqar: vocabulary size (default 8192)")
     p.add_argument("--filler", choices=("random", "zero"), default=None,
                    help="mqar: tokens between the queries (default zero, as Zoology's paper)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="the protocol's default if omitted (0; mqar_control 1)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds per learning rate per run")
     p.add_argument("--no-control", action="store_true",
                    help="a5: leave out the controls (Z60, and the GRU on A5)")

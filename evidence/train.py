@@ -47,8 +47,11 @@ holds the arguments that shape the run (all but ``--checkpoint``, ``--stop-after
 
 Output: one JSON with the config, seed, commit, device, and per learning rate the best
 validation token accuracy with the sequence, mean per-sequence and macro accuracies at that
-evaluation, the steps run, why training stopped, a history of (step, loss, accuracy), and for
-models with KLA layers the calibration checks of :mod:`evidence.calibration` on the final model
+evaluation, the steps run, why training stopped, a history of (step, loss, accuracy), the
+gradient's 2-norm before clipping at each evaluation (``grad_norms``: [step, norm of the whole
+model]; ``mixer_grad_norms``: [step, norm of layer 0's mixer, layer 1's, ...]: a mixer whose
+gradient is zero shows as zero there however the rest of the model trains), and for models with KLA
+layers the calibration checks of :mod:`evidence.calibration` on the final model
 (its output variance against its errors, and the toolkit's diagnostics of its last KLA layer's
 filters).
 """
@@ -250,8 +253,6 @@ def schedule_progress(step: int, steps: int, elapsed: float, time_limit: float |
     return max(step / steps, by_time)
 
 
-
-
 @torch.no_grad()
 def evaluate(model, x_test, y_test, batch: int, device, amp: bool, num_classes: int) -> dict:
     """Accuracies (see :class:`evidence.tasks.Scores`) of argmax predictions on the test set."""
@@ -265,6 +266,25 @@ def evaluate(model, x_test, y_test, batch: int, device, amp: bool, num_classes: 
         scores.update(logits.argmax(-1), y)
     model.train()
     return scores.result()
+
+
+def mixer_modules(model: torch.nn.Module) -> list:
+    """Each layer's sequence mixer (the ``mixer`` of every :class:`kalmanscan.nn.model.Block`), in order."""
+    from kalmanscan.nn.model import Block
+
+    return [m.mixer for m in model.modules() if isinstance(m, Block)]
+
+
+def grad_norms_of(modules) -> list:
+    """The 2-norm of each module's current gradient, as 0-d tensors on the gradients' device (read
+    them with ``.item()`` when needed: no synchronisation here); 0 for a module without gradients."""
+    return [torch.nn.utils.get_total_norm([p.grad for p in m.parameters() if p.grad is not None])
+            for m in modules]
+
+
+def significant(x: float, digits: int = 6) -> float:
+    """``x`` rounded to ``digits`` significant digits (gradient norms span many decades)."""
+    return float(f"{x:.{digits}g}")
 
 
 def train_one(task, args, lr: float, device: torch.device, test_data, deadline=None) -> dict:
@@ -283,10 +303,13 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
     threshold = task.threshold if args.threshold is None else args.threshold
     amp = not args.no_amp
     batches = train_batches(task, args.seed, args.batch)
-    done = {"step": 0, "best": {"token_acc": -1.0}, "history": [], "loss": float("nan"), "wall_s": 0.0}
+    mixers = mixer_modules(model)
+    done = {"step": 0, "best": {"token_acc": -1.0}, "history": [], "loss": float("nan"), "wall_s": 0.0,
+            "grad_norms": [], "mixer_grad_norms": []}
     if saved is not None:
         done = restore(saved, model, opt, batches, device)
     best, history, loss_val = done["best"], done["history"], done["loss"]
+    grad_norms, mixer_grad_norms = done["grad_norms"], done["mixer_grad_norms"]
     stop, step = "steps", done["step"]
     start = time.perf_counter()
     bar = None
@@ -303,6 +326,9 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        out_of_time = args.time_limit is not None and time.perf_counter() - start > args.time_limit
+        evaluating = step % args.eval_every == 0 or step == last or out_of_time
+        layer_norms = grad_norms_of(mixers) if evaluating else None     # before clipping; read below
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         if not torch.isfinite(grad_norm):  # a non-finite loss gives a non-finite gradient too
             stop, loss_val = "nonfinite", loss.item()
@@ -313,11 +339,12 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
         opt.step()
         if bar is not None:
             bar.update(1)
-        out_of_time = args.time_limit is not None and time.perf_counter() - start > args.time_limit
-        if step % args.eval_every == 0 or step == last or out_of_time:
+        if evaluating:
             loss_val = loss.item()
             metrics = evaluate(model, *test_data, args.batch, device, amp, task.vocab_size)
             history.append([step, round(loss_val, 5), round(metrics["token_acc"], 5)])
+            grad_norms.append([step, significant(grad_norm.item())])
+            mixer_grad_norms.append([step, *(significant(n.item()) for n in layer_norms)])
             if metrics["token_acc"] > best["token_acc"]:
                 best = {**metrics, "step": step}
             if bar is not None:
@@ -344,11 +371,14 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
         "wall_s": round(wall_s, 2),
         "n_params": sum(p.numel() for p in model.parameters()),
         "history": history,
+        "grad_norms": grad_norms,
+        "mixer_grad_norms": mixer_grad_norms,
         "calibration": variance_calibration(model, *test_data, args.batch, device, amp)
         if task.head == "lm" and stop not in ("nonfinite", "paused") else None,
     }
     if args.checkpoint:
-        done = {"step": step, "best": best, "history": history, "loss": loss_val, "wall_s": wall_s}
+        done = {"step": step, "best": best, "history": history, "loss": loss_val, "wall_s": wall_s,
+                "grad_norms": grad_norms, "mixer_grad_norms": mixer_grad_norms}
         rest = training_state(opt, batches, device, done) if stop == "paused" else {"record": record}
         save_checkpoint(args.checkpoint, {"args": run_identity(args, lr), "finished": stop != "paused",
                                           "model": model.state_dict(), **rest})

@@ -2,13 +2,14 @@
 launcher, pause and resume of runs, the schedule, the tables and plots, and the calibration check."""
 
 import json
+import math
 
 import numpy as np
 import pytest
 import torch
 
 from evidence import calibration, plots, protocols, train
-from evidence.tasks import make_task, validation_set
+from evidence.tasks import IGNORE, make_task, train_batches, validation_set
 from evidence.tasks.mad import mad_task
 from kalmanscan.diagnostics.calibration import report
 from kalmanscan.nn import KLA, layer_filters
@@ -98,7 +99,7 @@ def test_mqar_protocol_vocab_option(capsys):
     assert all("--task mqar --len 256 --kv-pairs 32 --vocab 256 --filler zero" in x for x in lines)
 
 
-def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
+def test_launch_smoke_run_on_cpu_and_failures(tmp_path, capsys):
     """End to end: a 3-step KLA run with a two-rate sweep, launched as a process, writes its JSON."""
     argv = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
             "--d-state", "4", "--steps", "3", "--batch", "4", "--eval-every", "2",
@@ -110,6 +111,7 @@ def test_launch_smoke_run_on_cpu_and_failures(tmp_path):
     assert [r["lr"] for r in saved["runs"]] == [1e-3, 3e-3]
     assert all(r["steps_run"] == 3 and r["stopped"] == "steps" for r in saved["runs"])
     assert 0 <= saved["best_token_acc"] <= 1 and saved["config"]["seed"] == 0
+    assert "grad norm" in capsys.readouterr().err                          # the launch's summary line
     bad = protocols.launch([protocols.Run("bad", argv)] * 2, str(tmp_path / "b"), parallel=2,
                            poll_s=0.1, python="false")               # an interpreter that fails
     assert all(r["returncode"] != 0 for r in bad) and (tmp_path / "b" / "bad.log").exists()
@@ -135,6 +137,7 @@ def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     resumed = run("part", *part)
     assert resumed["stopped"] == "steps" and resumed["steps_run"] == 7
     assert resumed["history"] == whole["history"] == plain["history"] and len(whole["history"]) == 4
+    assert [n[0] for n in resumed["grad_norms"]] == [n[0] for n in resumed["mixer_grad_norms"]] == [2, 4, 6, 7]
     drop = lambda r: {k: v for k, v in r.items() if k != "wall_s"}          # noqa: E731
     assert drop(resumed) == drop(whole) == drop(plain)
     saved = [torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in ("whole", "part")]
@@ -142,6 +145,72 @@ def test_paused_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert saved[0]["model"].keys() == saved[1]["model"].keys()
     assert all(torch.equal(saved[0]["model"][k], saved[1]["model"][k]) for k in saved[0]["model"])
     assert run("part", *part) == resumed                                     # finished: no training
+
+
+TINY_GLA_MQAR = ["--task", "mqar", "--len", "63", "--kv-pairs", "4", "--vocab", "32", "--filler", "zero",
+                 "--mixer", "gla", "--mixer-opt", "d_conv=4", "--mixer-opt", "expand_k=2", "--layers", "2",
+                 "--d-model", "16", "--batch", "4", "--eval-size", "8", "--device", "cpu", "--no-progress"]
+
+
+def test_gradient_norms_are_the_pre_clip_norms_at_each_evaluation(tmp_path):
+    """The recorded norms are those of the step's gradient before clipping, of the whole model and
+    of each layer's mixer, recomputed here from the same seed and batch; finite and non-zero."""
+    out = str(tmp_path / "r.json")
+    run = train.main([*TINY_GLA_MQAR, "--steps", "5", "--eval-every", "2", "--out", out])["runs"][0]
+    assert [n[0] for n in run["grad_norms"]] == [n[0] for n in run["mixer_grad_norms"]] == [2, 4, 5]
+    assert all(len(n) == 3 and all(0 < v < math.inf for v in n[1:]) for n in run["mixer_grad_norms"])
+    assert all(0 < n[1] < math.inf for n in run["grad_norms"])
+    first = train.main([*TINY_GLA_MQAR, "--steps", "1", "--out", str(tmp_path / "one.json")])["runs"][0]
+    args = train.parse_args([*TINY_GLA_MQAR, "--steps", "1"])
+    task = train.task_from_args(args)
+    torch.manual_seed(args.seed)
+    model = train.build_model(task, args)
+    x, y = (torch.from_numpy(a) for a in next(train_batches(task, args.seed, args.batch)))
+    torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE).backward()
+    total = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    mixers = [torch.nn.utils.get_total_norm([p.grad for p in b.mixer.parameters()]) for b in model.blocks]
+    assert total > 1                                                        # so clipping did act
+    assert first["grad_norms"] == [[1, pytest.approx(total.item(), rel=1e-5)]]
+    assert first["mixer_grad_norms"] == [[1, *(pytest.approx(n.item(), rel=1e-5) for n in mixers)]]
+
+
+def test_checkpoint_without_gradient_norms_still_resumes(tmp_path):
+    """A paused checkpoint written before the norms were recorded goes on, recording from there."""
+    ck = tmp_path / "ck.pt"
+    train.main([*TINY_A5, "--checkpoint", str(ck), "--stop-after-steps", "3", "--out", str(tmp_path / "a.json")])
+    state = torch.load(ck, weights_only=True)
+    assert state["done"]["grad_norms"] == [[2, pytest.approx(state["done"]["grad_norms"][0][1])]]
+    for key in ("grad_norms", "mixer_grad_norms"):
+        del state["done"][key]
+    torch.save(state, ck)
+    resumed = train.main([*TINY_A5, "--checkpoint", str(ck), "--out", str(tmp_path / "b.json")])["runs"][0]
+    assert resumed["stopped"] == "steps" and len(resumed["history"]) == 4
+    assert [n[0] for n in resumed["grad_norms"]] == [n[0] for n in resumed["mixer_grad_norms"]] == [4, 6, 7]
+
+
+def test_mqar_control_protocol(capsys):
+    """The control lists GLA on easier settings at T = 2048 and the recorded failing runs, each a
+    valid checkpointed ``evidence.train`` command."""
+    protocols.main(["mqar_control", "--checkpoint-dir", "ck", "--stop-after", "330", "--out-dir", "out",
+                    "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6 and all("--len 2048 " in x and "--mixer gla --mixer-opt d_conv=4 --mixer-opt expand_k=2 "
+                                   in x and x.endswith(" --stop-after 330") for x in lines)
+    controls = [x for x in lines if "mqar_control_T2048" in x]
+    failing = [x for x in lines if "mqar_failing_T2048" in x]
+    assert {(x.split("--kv-pairs ")[1].split()[0], x.split("--d-model ")[1].split()[0]) for x in controls} == {
+        ("8", "128"), ("8", "256"), ("16", "128"), ("16", "256")}
+    assert all("--steps 3000 --seed 1 --batch 32" in x for x in controls)
+    assert ["--seed 1" in failing[0], "--seed 2" in failing[1]] == [True, True]
+    assert all("--kv-pairs 64 --vocab 256 --filler zero --layers 2 --d-model 128" in x and "--steps 2000" in x
+               and "--batch 32 --lrs 0.001" in x for x in failing)
+    protocols.main(["mqar_control", "--kv-pairs", "4", "--widths", "64", "--steps", "500", "--seed", "3",
+                    "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "--kv-pairs 4 " in lines[0] and "--steps 500 --seed 3" in lines[0]
+    assert "--steps 2000 --seed 1" in lines[1]                             # the failing runs stay as recorded
+    with pytest.raises(ValueError, match="depths"):
+        protocols.main(["mqar_control", "--depths", "2", "--dry-run"])
 
 
 def test_checkpoint_argument_checks(tmp_path):
