@@ -174,13 +174,13 @@ MQAR_FAILING = {"length": 2048, "kv": 64, "vocab": 256, "width": 128, "batch": 3
 
 
 def mqar_control(kv_pairs=(8, 16), widths=(128, 256), mixers=("gla_conv_k2",), steps=3000,
-                 failing_steps=2000, lrs=(1e-3,), seed=1, batch=32, vocab=256) -> list:
+                 failing_steps=2000, reference="kla", lrs=(1e-3,), seed=1, batch=32, vocab=256) -> list:
     """Is GLA's flat loss on MQAR at T = 2048 the layer's, or a broken training path?
 
     The recorded runs (``MQAR_FAILING``: 64 pairs, vocabulary 256, d_model 128, 2 layers, batch 32,
     rate 1e-3, zero filler; GLA with KLA's width-4 conv and ``expand_k=2``) kept the loss at
     ln 128 = 4.852, the loss of a model that ignores the context, from step 500 to 30,000 in both
-    seeds. Two kinds of run answer the question, all at T = 2048 with the zero filler:
+    seeds. Three kinds of run answer the question, all at T = 2048 with the zero filler:
 
     * controls: each of ``mixers`` on easier settings, every (``kv_pairs``, ``widths``) pair (fewer
       pairs; d_model 256 quadruples GLA's state, ``D^2 / 2`` floats a layer at ``expand_k=2``),
@@ -189,23 +189,28 @@ def mqar_control(kv_pairs=(8, 16), widths=(128, 256), mixers=("gla_conv_k2",), s
     * the failing configuration itself, seeds 1 and 2, on a ``failing_steps``-step schedule (the
       flat line began by step 500 on schedules of 5,000 and 30,000 steps alike): its record carries
       the gradient norms, of the whole model and of each layer's mixer, at every evaluation
-      (:mod:`evidence.train`), finite and non-zero if the gradient reaches the layer.
+      (:mod:`evidence.train`), finite and non-zero if the gradient reaches the layer;
+    * ``reference`` (a mixer that solved it, ``None`` for none) in the failing configuration, seed 1,
+      the same schedule: the size of a live mixer's gradient on the same plateau (KLA's loss stayed
+      near ln 128 until about step 1,000 in both recorded seeds).
 
-    Sizing: the recorded runs took 0.071 s a step as four processes sharing an H200; the six default
-    runs sharing one GPU (``--parallel 6``) at about 0.1 s a step fit in about six minutes.
+    Sizing: the recorded runs took 0.071 s a step (GLA; KLA 0.058) as four processes sharing an
+    H200; the seven default runs sharing one GPU (``--parallel 7``) at about 0.1 s a step fit in
+    about six minutes.
     """
     f = MQAR_FAILING
+    failing_args = _mqar_task_args(f["length"], f["kv"], f["vocab"], "zero", 2, f["width"])
+    failing_label = f"T{f['length']}_kv{f['kv']}_v{f['vocab']}_d{f['width']}"
     runs = []
     for mixer in mixers:
         for kv, width in [(kv, width) for kv in kv_pairs for width in widths]:
             argv = [*_mqar_task_args(f["length"], kv, vocab, "zero", 2, width), *_spec(mixer),
                     *_common(steps, lrs, seed, None, batch)]
             runs.append(Run(f"mqar_control_T{f['length']}_kv{kv}_v{vocab}_d{width}_{mixer}_s{seed}", argv))
-        for failing_seed in f["seeds"]:
-            argv = [*_mqar_task_args(f["length"], f["kv"], f["vocab"], "zero", 2, f["width"]), *_spec(mixer),
-                    *_common(failing_steps, (f["lr"],), failing_seed, None, f["batch"])]
-            label = f"mqar_failing_T{f['length']}_kv{f['kv']}_v{f['vocab']}_d{f['width']}_{mixer}_s{failing_seed}"
-            runs.append(Run(label, argv))
+    failing = [("failing", mixer, s) for mixer in mixers for s in f["seeds"]]
+    for kind, mixer, s in failing + ([("reference", reference, f["seeds"][0])] if reference else []):
+        argv = [*failing_args, *_spec(mixer), *_common(failing_steps, (f["lr"],), s, None, f["batch"])]
+        runs.append(Run(f"mqar_{kind}_{failing_label}_{mixer}_s{s}", argv))
     return runs
 
 

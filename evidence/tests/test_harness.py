@@ -194,20 +194,22 @@ def test_mqar_control_protocol(capsys):
     protocols.main(["mqar_control", "--checkpoint-dir", "ck", "--stop-after", "330", "--out-dir", "out",
                     "--dry-run"])
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 6 and all("--len 2048 " in x and "--mixer gla --mixer-opt d_conv=4 --mixer-opt expand_k=2 "
-                                   in x and x.endswith(" --stop-after 330") for x in lines)
+    assert len(lines) == 7 and all("--len 2048 " in x and x.endswith(" --stop-after 330") for x in lines)
+    gla = "--mixer gla --mixer-opt d_conv=4 --mixer-opt expand_k=2 "
     controls = [x for x in lines if "mqar_control_T2048" in x]
     failing = [x for x in lines if "mqar_failing_T2048" in x]
+    (reference,) = [x for x in lines if "mqar_reference_T2048" in x]
+    assert all(gla in x for x in controls + failing) and "--mixer kla " in reference and "--seed 1 " in reference
     assert {(x.split("--kv-pairs ")[1].split()[0], x.split("--d-model ")[1].split()[0]) for x in controls} == {
         ("8", "128"), ("8", "256"), ("16", "128"), ("16", "256")}
     assert all("--steps 3000 --seed 1 --batch 32" in x for x in controls)
     assert ["--seed 1" in failing[0], "--seed 2" in failing[1]] == [True, True]
     assert all("--kv-pairs 64 --vocab 256 --filler zero --layers 2 --d-model 128" in x and "--steps 2000" in x
-               and "--batch 32 --lrs 0.001" in x for x in failing)
+               and "--batch 32 --lrs 0.001" in x for x in failing + [reference])
     protocols.main(["mqar_control", "--kv-pairs", "4", "--widths", "64", "--steps", "500", "--seed", "3",
                     "--dry-run"])
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3 and "--kv-pairs 4 " in lines[0] and "--steps 500 --seed 3" in lines[0]
+    assert len(lines) == 4 and "--kv-pairs 4 " in lines[0] and "--steps 500 --seed 3" in lines[0]
     assert "--steps 2000 --seed 1" in lines[1]                             # the failing runs stay as recorded
     with pytest.raises(ValueError, match="depths"):
         protocols.main(["mqar_control", "--depths", "2", "--dry-run"])
