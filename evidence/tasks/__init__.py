@@ -3,6 +3,7 @@
     make_task("a5", seq_len=64)                       # group word problems: a5, s5, a4xz5, z60
     make_task("mqar", seq_len=512, num_kv_pairs=64)   # Zoology-style MQAR
     make_task("fuzzy_recall")                          # the MAD suite at its baseline settings
+    load_corpus()                                      # byte-level text: the Python stdlib's source
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from .base import IGNORE, Scores, Task, draw, split_of, split_rng, validation_se
 from .groups import GROUPS, group_task
 from .mad import MAD_BASELINES, mad_task
 from .mqar import mqar_task
+from .text import TextCorpus, TrainWindows, eval_windows, load_corpus
 
 TASKS = (*GROUPS, "mqar", *MAD_BASELINES)
 
@@ -38,6 +40,6 @@ def make_task(name: str, seq_len: int | None = None, **options) -> Task:
 
 
 __all__ = [
-    "IGNORE", "MAD_BASELINES", "Scores", "TASKS", "Task", "draw", "make_task", "split_of",
-    "split_rng", "validation_set", "train_batches",
+    "IGNORE", "MAD_BASELINES", "Scores", "TASKS", "Task", "TextCorpus", "TrainWindows", "draw", "eval_windows",
+    "load_corpus", "make_task", "split_of", "split_rng", "validation_set", "train_batches",
 ]
