@@ -142,7 +142,10 @@ def pick_device(name: str) -> torch.device:
 def train_step(model, opt, window: np.ndarray, device, amp: bool):
     """One AdamW step on a uint8 ``(batch, seq_len + 1)`` window; ``(loss, grad_norm)`` as device
     tensors (nothing read back). The caller sets the rate first."""
-    tokens = torch.from_numpy(window).to(device, non_blocking=True).long()
+    tokens = torch.from_numpy(window)
+    if device.type == "cuda":
+        tokens = tokens.pin_memory()              # an asynchronous copy: the host does not wait
+    tokens = tokens.to(device, non_blocking=True).long()
     with autocast(device, amp):
         logits = model(tokens[:, :-1])
     loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
