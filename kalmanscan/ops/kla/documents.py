@@ -89,9 +89,16 @@ def boundaries(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torc
 
 def token_documents(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(doc, first)``: each token's document, int64 ``(total,)``, and whether it is its
-    document's first token, bool ``(total,)`` (device operations only)."""
+    document's first token, bool ``(total,)`` (device operations only; an empty document is
+    nobody's: the tokens at a shared offset belong to the last document starting there).
+
+    ``doc`` is the number of offsets at or below ``t``, less one. The search runs over the whole
+    offsets tensor, not the view ``cu_seqlens[1:]``: Inductor's Triton lowering of
+    ``searchsorted`` has read a sliced sorted sequence from its storage's start
+    (https://github.com/pytorch/pytorch/issues/182343), which put every token in the next
+    document under ``torch.compile`` on a GPU."""
     t = torch.arange(total, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    doc = torch.searchsorted(cu_seqlens[1:], t, right=True)
+    doc = torch.searchsorted(cu_seqlens, t, right=True) - 1
     return doc, t == cu_seqlens[doc]
 
 

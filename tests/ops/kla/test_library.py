@@ -75,6 +75,28 @@ def test_opcheck_backward(config, v_dtype):
     torch.library.opcheck(kla_scan_bwd, bwd_args)
 
 
+def test_opcheck_packed_documents():
+    """Both operators with ``cu_seqlens`` (documents of 1, 4, 0 and 2 tokens, one row) and a
+    per-document initial state, the grid turned: the fakes' shapes and strides, the autograd
+    registration and the schema (no input mutated) as the implementations give them, every
+    output defined (an empty document's final state is its initial state)."""
+    config = TINY_S
+    xs = scan_inputs(8)
+    cu = torch.tensor([0, 1, 5, 5, 7], dtype=torch.int32, device=KERNEL_DEVICE)
+    g = torch.Generator().manual_seed(9)
+    lam0, eta0 = (0.5 + torch.rand(4, M, S, generator=g)).to(KERNEL_DEVICE), torch.randn(4, M, S, generator=g).to(
+        KERNEL_DEVICE)
+    args = (*(x[:1] for x in xs[:4]), *xs[4:6], lam0, eta0, True, config.as_ints(), cu)
+    args = tuple(x.requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in args)
+    torch.library.opcheck(kla_scan_fwd, args)
+    ckpt_lam, ckpt_eta = (x.detach() for x in kla_scan_fwd(*args)[4:])
+    grads = [torch.randn(*shape, generator=g).to(KERNEL_DEVICE) for shape in ((1, L, M), (1, L, M), (4, M, S),
+                                                                                (4, M, S))]
+    detached = [x.detach() if isinstance(x, torch.Tensor) else x for x in args]
+    torch.library.opcheck(kla_scan_bwd, (*detached[:6], ckpt_lam, ckpt_eta, *grads, config.as_ints(), *detached[6:8],
+                                         cu))
+
+
 def test_per_filter_gradients_reach_leaves_in_their_layout():
     """With the grid turned (``states_first``) the backward returns the gradients of ``decay``,
     ``noise``, ``lam0`` and ``eta0`` as views in the kernels' ``(..., S, M)`` layout (no copy); the

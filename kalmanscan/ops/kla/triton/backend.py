@@ -38,7 +38,6 @@ from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
 from kalmanscan.model import merged
 from kalmanscan.ops.launch import cdiv, next_power_of_2
-from kalmanscan.ops.kla.documents import nonempty
 from kalmanscan.ops.kla.triton.library import (DEFAULT_CONFIG, KLAConfig, filled, forward, kla_scan_fwd, launch_config,
                                                pieces, scratch_elements)
 from kalmanscan.ops.kla.state import FilterState
@@ -92,10 +91,6 @@ def kla_scan_triton(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: to
         y, y_var, lam, eta = forward(*args, placeholder=torch.empty)[:4]
     else:
         y, y_var, lam, eta = kla_scan_fwd(*args)[:4]
-    if cu_seqlens is not None:  # an empty document's final state is its initial state
-        kept = nonempty(cu_seqlens).view(-1, 1, 1)
-        lam = torch.where(kept, lam, 1.0 if lam0 is None else lam0.to(lam.dtype))
-        eta = torch.where(kept, eta, 0.0 if eta0 is None else eta0.to(eta.dtype))
     return y, y_var if config.variance else None, lam, eta
 
 

@@ -30,9 +30,8 @@ as a list of ints (:meth:`KLAConfig.as_ints`, ``None`` fields as -1).
 Packed documents (``cu_seqlens``, int32 ``(N + 1,)``, :mod:`kalmanscan.ops.kla.documents`):
 ``B = 1``; ``lam0``, ``eta0``, ``lam``, ``eta``, ``glam``, ``geta``, ``glam0``, ``geta0`` have one
 row per document, ``(N, M, S)``; the kernels read the per-token ``starts``/``ends`` built from the
-offsets on the device. An empty document's rows are left to the caller (its final state is its
-initial state: :func:`kalmanscan.ops.kla.triton.backend.kla_scan_triton`); the backward gives it
-zero initial-state gradients.
+offsets on the device. An empty document's final state is its initial state (``lam = 1, eta = 0``
+without one), and its initial state's gradients are its final state's cotangents.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from kalmanscan.kernels.kla.bwd import kla_bwd_kernel
 from kalmanscan.kernels.kla.fwd import kla_fwd_kernel
 from kalmanscan.kernels.kla.split import kla_piece_map_kernel
 
-from kalmanscan.ops.kla.documents import boundaries
+from kalmanscan.ops.kla.documents import boundaries, nonempty
 from kalmanscan.ops.launch import cdiv, config_from_ints, config_ints, next_power_of_2
 
 __all__ = ["kla_scan_fwd", "kla_scan_bwd", "forward", "KLAConfig", "DEFAULT_CONFIG", "SPLIT_CONFIG", "launch_config",
@@ -210,6 +209,30 @@ def _boundaries(cu_seqlens, L, unread):
     return boundaries(cu_seqlens, L)
 
 
+def _final_state(rows, grid, state0, cu_seqlens, device):
+    """The forward's final-state outputs ``(lam, eta)``, ``(rows, *grid)`` float32: left for the
+    kernel to write, except with packed documents, where they start as the initial state ``state0``
+    (kernel layout; ``None``: ``lam = 1, eta = 0``): the kernel writes the rows of the documents
+    with tokens, and an empty document's final state is its initial state."""
+    f32 = dict(dtype=torch.float32, device=device)
+    if cu_seqlens is None:
+        return torch.empty(rows, *grid, **f32), torch.empty(rows, *grid, **f32)
+    if state0 is None:
+        return torch.ones(rows, *grid, **f32), torch.zeros(rows, *grid, **f32)
+    return state0[0].clone(), state0[1].clone()
+
+
+def _initial_state_grads(B, grid, glam, geta, cu_seqlens, device):
+    """The backward's initial-state gradients ``(glam0, geta0)`` before its kernel: left for it to
+    write, except with packed documents, where an empty document's rows are its final state's
+    cotangents (its final state is its initial state) and the others' are zero until the kernel
+    writes them at each document's first token."""
+    if cu_seqlens is None:
+        return (torch.empty(B, *grid, dtype=torch.float32, device=device) for _ in range(2))
+    empty = (~nonempty(cu_seqlens)).view(-1, *(1 for _ in grid))
+    return torch.where(empty, glam, 0.0), torch.where(empty, geta, 0.0)
+
+
 def _n_chunks(L, chunk):
     return torch.sym_max((L + chunk - 1) // chunk, 1)
 
@@ -265,8 +288,7 @@ def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
     rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     y = torch.empty(B, L, M, dtype=v.dtype, device=dev)
     y_var = torch.empty_like(y) if cfg.variance else placeholder(1, dtype=v.dtype, device=dev)
-    lam = torch.empty(rows, *grid, dtype=torch.float32, device=dev)
-    eta = torch.empty_like(lam)
+    lam, eta = _final_state(rows, grid, state0 if has_init else None, cu_seqlens, dev)
     ckpt = [torch.empty(B, n_chunks, *grid, dtype=torch.float32, device=dev) if save
             else placeholder(1, dtype=torch.float32, device=dev) for _ in range(2)]
     starts, ends = _boundaries(cu_seqlens, L, decay32)
@@ -325,7 +347,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     tensor inputs from those of its first four outputs, ``gv`` and ``glam_v`` in ``v``'s and
     ``lam_v``'s dtypes (rounded once from float32 in the kernel), the others in float32; see the
     module docstring. Packed documents: the forward's ``cu_seqlens`` and initial state (read to
-    recompute the documents' starts); an empty document's initial-state gradients are 0 here."""
+    recompute the documents' starts)."""
     cfg = _config(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
     decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
@@ -349,10 +371,8 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     gq_part = torch.empty(B, L, n_mblocks, S, **f32)
     gdecay_part = torch.empty(B, n_pieces, *grid, **f32)
     gnoise_part = torch.empty(B, n_pieces, *grid, **f32)
-    rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    new = torch.empty if cu_seqlens is None else torch.zeros
-    glam0, geta0 = (new(rows, *grid, **f32) for _ in range(2))
     has_init = lam0 is not None
+    glam0, geta0 = _initial_state_grads(B, grid, glam, geta, cu_seqlens, dev)
     state0 = [_to_kernels(x, cfg) if has_init else decay32 for x in (lam0, eta0)]
     starts, ends = _boundaries(cu_seqlens, L, decay32)
     varlen = cu_seqlens is not None
