@@ -34,7 +34,7 @@ from kalmanscan.ops.kla.step import conv_step, kla_decode_step
 from kalmanscan.nn.common import (causal_conv, init_log_dt, init_log_rates, inner_width, l2_normalize, positive_ints,
                                   scan_dtype)
 from kalmanscan.nn.init import DEFAULT_INIT, init_scheme, initial_log_sigma, obs_var_bias
-from kalmanscan.nn.packed import document_conv
+from kalmanscan.nn.packed import document_conv, document_windows
 
 __all__ = ["KLA", "KLAState", "forward_with"]
 
@@ -243,11 +243,14 @@ class KLA(nn.Module):
         ``v, lam_v`` (B, L, M), ``k, q`` (B, L, S) the scan's inputs (:func:`kla_scan`) in the scan
         dtype: filter ``(m, s)`` observes ``v[m]`` through the gain ``k[s]`` with precision ``lam_v[m]``.
         With ``cu_seqlens`` (packed documents, ``B = 1``) the conv stays within each document
-        (:func:`kalmanscan.nn.packed.document_conv`) and ``window`` is ``None``.
+        (:func:`kalmanscan.nn.packed.document_conv`); ``window`` is then ``(N, d_conv - 1, M)``, one
+        per document, and the new one each document's after its last token (``window=None``: each
+        document starts from zeros, and the new window is ``None``).
         """
         z, gate = self.in_proj(x).chunk(2, -1)
         if cu_seqlens is not None:
-            z, window = document_conv(z, self.conv, cu_seqlens), None
+            z, window = (document_conv(z, self.conv, cu_seqlens, window),
+                         None if window is None else document_windows(z, cu_seqlens, window))
         else:
             if window is None:
                 window = z.new_zeros(z.shape[0], self.d_conv - 1, self.d_inner)
@@ -315,7 +318,10 @@ class KLA(nn.Module):
 
         ``cu_seqlens``: packed documents (fla's convention, :mod:`kalmanscan.ops.kla.documents`):
         ``x`` is ``(1, total, D)``, int32 offsets ``(N + 1,)``; each document's output is what it
-        would get alone (the conv and the filters restart at its first token), without ``state``.
+        would get alone (the conv and the filters restart at its first token). A ``state`` then has
+        one row per document (``init_state(N)``, or a previous packed call's): each document
+        continues its own row, and the new state holds each document's state after its last token
+        (an empty document's is its own), as one call per document with its row would give.
         Its values are not read here (no synchronisation): the caller gives valid offsets
         (:meth:`kalmanscan.nn.SequenceModel.forward` checks them once).
 
@@ -341,9 +347,10 @@ class KLA(nn.Module):
             return runner[1](self, x, state, return_variance)
         self.check_input(x, 3, "x")
         if cu_seqlens is not None:
-            check_cu_seqlens(cu_seqlens, x)
-            if state is not None:
-                raise ValueError("cu_seqlens: packed documents start from the initial state; give no state")
+            documents = check_cu_seqlens(cu_seqlens, x)
+            if state is not None and (state.var.shape[0] != documents or state.conv.shape[0] != documents):
+                raise ValueError(f"state: packed documents take one state row per document, {documents} "
+                                 f"(cu_seqlens), got {state.var.shape[0]}")
         z, gate, window, (v, lam_v, k, q) = self.observe(x, None if state is None else state.conv, cu_seqlens)
         decay, noise = self.discretized()
         initial = None if state is None else FilterState.from_moments(state.var, state.mu)

@@ -73,12 +73,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, state: Any = None,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
-        if cu_seqlens is not None:  # packed documents (SequenceModel.forward)
-            x = x + self.mixer(self.mixer_norm(x), cu_seqlens=cu_seqlens)
-        elif state is None:
-            x = x + self.mixer(self.mixer_norm(x))
+        packed = {} if cu_seqlens is None else dict(cu_seqlens=cu_seqlens)  # SequenceModel.forward checked it
+        if state is None:
+            x = x + self.mixer(self.mixer_norm(x), **packed)
         else:
-            y, state = self.mixer(self.mixer_norm(x), state=state)
+            y, state = self.mixer(self.mixer_norm(x), state=state, **packed)
             x = x + y
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -180,9 +179,7 @@ class SequenceModel(nn.Module):
         extra = {} if capacity is None else dict(capacity=capacity)
         return [b.mixer.init_state(batch, device=device, **_accepted(b.mixer.init_state, extra)) for b in self.blocks]
 
-    def _check_packed(self, tokens: torch.Tensor, state: list | None, cu_seqlens: torch.Tensor) -> None:
-        if state is not None:
-            raise ValueError("cu_seqlens: packed documents start from the initial state; give no state")
+    def _check_packed(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
         refusing = [n for n, b in zip(self.mixer_names, self.blocks)
                     if "cu_seqlens" not in inspect.signature(b.mixer.forward).parameters]
         if refusing:
@@ -203,13 +200,15 @@ class SequenceModel(nn.Module):
         ``tokens`` ``(1, total)`` holds ``N`` documents end to end, int32 offsets ``(N + 1,)``;
         every document's logits are those it gets alone. Checked here once (one read of the
         offsets: ``ValueError`` naming ``cu_seqlens``); every mixer must take ``cu_seqlens`` (KLA's
-        does), and no ``state`` is given.
+        does). A ``state`` then has one row per document (``init_state(N)``, or a previous packed
+        call's): each document continues its own row, and the returned state holds every
+        document's state after its last token (its rows can be decoded from by :meth:`step`).
         """
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape (B, L), got {tuple(tokens.shape)}")
         self._check_state(state)
         if cu_seqlens is not None:
-            self._check_packed(tokens, state, cu_seqlens)
+            self._check_packed(tokens, cu_seqlens)
         x = self.embedding(tokens)
         new_state = None if state is None else []
         for i, block in enumerate(self.blocks):

@@ -1,6 +1,7 @@
 """Packed documents through the KLA layer and the sequence model: one call over documents laid end
-to end (``cu_seqlens``) equals one call per document, outputs and every parameter's gradient; the
-causal conv reads nothing of an earlier document."""
+to end (``cu_seqlens``) equals one call per document, outputs and every parameter's gradient, also
+with a state of one row per document (its gradients too); the causal conv reads nothing of an
+earlier document."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from helpers import KERNEL_DEVICE
 from kalmanscan import nn as ks_nn
-from kalmanscan.nn.layer import forward_with
+from kalmanscan.nn.layer import KLAState, forward_with
 LENGTHS = [1, 5, 2, 9]  # a document of one token, several shorter than the conv's width
 
 
@@ -68,10 +69,59 @@ def test_conv_stays_within_a_document():
     assert not torch.equal(a[:, 6:8], b[:, 6:8])
 
 
+STATE_LENGTHS = [1, 5, 0, 2, 9]  # with an empty document, whose state passes through
+
+
+def document_states(layer, n, seed=4):
+    """A random per-document :class:`KLAState` (``n`` rows) in the layer's dtypes, as leaves."""
+    g = torch.Generator().manual_seed(seed)
+    M, S, K = layer.d_inner, layer.d_state, layer.d_conv
+    dtype, device = layer.log_dt.dtype, layer.log_dt.device
+    parts = (torch.randn(n, K - 1, M, generator=g, dtype=torch.float64),
+             0.2 + torch.rand(n, M, S, generator=g, dtype=torch.float64),
+             torch.randn(n, M, S, generator=g, dtype=torch.float64))
+    return KLAState(*(t.to(dtype=dtype, device=device).requires_grad_() for t in parts))
+
+
+def with_state_grads(layer, state, out, new):
+    """Every parameter's and initial-state tensor's gradient of a fixed functional of the output
+    and the new state."""
+    g = torch.Generator().manual_seed(3)
+    loss = sum((t.double() * torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.device)).sum()
+               for t in (out, *new))
+    return torch.autograd.grad(loss, [*layer.parameters(), *state], allow_unused=True)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch", "reference", "triton"])
+def test_layer_packed_with_states_equals_separate(backend):
+    """Each document continues its own row of the state (conv window, variance, mean) and ends in
+    its own row of the new state: equal to one call per document with its row, the output, the
+    new state and the gradients of every parameter and of the initial state."""
+    fused = backend == "triton"
+    device, dtype = (KERNEL_DEVICE, torch.float32) if fused else ("cpu", torch.float64)
+    layer, _ = layer_and_input(backend, dtype=dtype, device=device)
+    cu = offsets(STATE_LENGTHS, device)
+    x = torch.randn(1, sum(STATE_LENGTHS), 6, dtype=dtype, device=device)
+    state = document_states(layer, len(STATE_LENGTHS))
+    out, new = layer(x, state, cu_seqlens=cu)
+    outs, news = [], []
+    for d, (a, b) in enumerate(zip(cu.tolist()[:-1], cu.tolist()[1:])):
+        row = KLAState(*(t[d:d + 1] for t in state))
+        y, n = layer(x[:, a:b], row) if b > a else (x[:, a:b], row)
+        outs.append(y)
+        news.append(n)
+    alone = torch.cat(outs, 1), KLAState(*(torch.cat(ts) for ts in zip(*news)))
+    tol = 2e-5 if fused else 1e-12
+    for a, b in zip((out, *new), (alone[0], *alone[1])):
+        assert_match(a, b, tol)
+    for a, b in zip(with_state_grads(layer, state, out, new), with_state_grads(layer, state, *alone)):
+        assert_match(a, b, 1e-4 if fused else 1e-11)
+
+
 def test_layer_refuses_a_state_and_bad_offsets():
     layer, x = layer_and_input("cpu")
     cu = offsets(LENGTHS)
-    with pytest.raises(ValueError, match="cu_seqlens"):
+    with pytest.raises(ValueError, match="state: packed documents take one state row per document, 4"):
         layer(x, layer.init_state(1), cu_seqlens=cu)
     with pytest.raises(ValueError, match="cu_seqlens"):
         layer(torch.cat([x, x]), cu_seqlens=cu)
@@ -93,6 +143,41 @@ def test_model_packed_equals_separate(backend):
     assert_match(packed, alone, 1e-12)
     for a, b in zip(grads_of(model, packed), grads_of(model, alone)):
         assert_match(a, b, 1e-11)
+
+
+def test_model_packed_with_state_equals_separate():
+    """A model's prefill of packed documents from a state of one row per document (each layer's)
+    equals one call per document: logits, every layer's new state, every parameter's gradient;
+    the rows then decode as a batch of ``N`` (:meth:`SequenceModel.step`) as each alone would."""
+    torch.manual_seed(2)
+    model = ks_nn.SequenceModel(11, 8, 2, d_state=3, backend="cpu").double()
+    lengths = [3, 1, 0, 6]
+    tokens = torch.randint(0, 11, (1, sum(lengths)))
+    cu = offsets(lengths)
+    N = len(lengths)
+    start = [document_states(b.mixer, N, seed=i) for i, b in enumerate(model.blocks)]
+    logits, state = model(tokens, start, cu_seqlens=cu)
+    offs = cu.tolist()
+    alone_logits, alone_states = [], []
+    for d in range(N):
+        rows = [KLAState(*(t[d:d + 1] for t in s)) for s in start]
+        lo, hi = offs[d], offs[d + 1]
+        out, rows = model(tokens[:, lo:hi], rows) if hi > lo else (torch.zeros(1, 0, 11, dtype=torch.float64), rows)
+        alone_logits.append(out)
+        alone_states.append(rows)
+    assert_match(logits, torch.cat(alone_logits, 1), 1e-12)
+    for i, layer_state in enumerate(state):
+        for a, b in zip(layer_state, zip(*(rows[i] for rows in alone_states))):
+            assert_match(a, torch.cat(b), 1e-12)
+    for a, b in zip(grads_of(model, logits), grads_of(model, torch.cat(alone_logits, 1))):
+        assert_match(a, b, 1e-11)
+    with torch.no_grad():
+        next_tokens = torch.randint(0, 11, (N,))
+        stepped, _ = model.step(next_tokens, [KLAState(*(t.detach() for t in s)) for s in state])
+        for d in range(N):
+            one, _ = model.step(next_tokens[d:d + 1], [KLAState(*(t.detach() for t in s))
+                                                       for s in alone_states[d]])
+            assert_match(stepped[d:d + 1], one, 1e-12)
 
 
 @pytest.mark.gpu
