@@ -52,11 +52,12 @@ def test_time_chunks_equal_the_in_memory_call(op, chunks):
     assert lazy["mean"].chunksizes["time"] == da.chunk(chunks).chunksizes["time"]  # no rechunk along time
     with dask.config.set(scheduler="sync"):
         lazy = lazy.compute()
-    for name in ("mean", "var", "loglik", "logliks", "pred_mean", "pred_var", "lower"):
+    for name in ("mean", "var", "loglik", "logliks", "pred_mean", "pred_var", "pred_obs_mean", "pred_obs_var", "lower"):
         assert not np.isnan(lazy[name].values).any(), name
         np.testing.assert_allclose(lazy[name].values, eager[name].values, rtol=1e-11, atol=1e-13, err_msg=name)
     if op == "smooth":
-        np.testing.assert_allclose(lazy["filtered_var"].values, eager["filtered_var"].values, rtol=1e-11)
+        for name in ("filtered_mean", "filtered_var"):
+            np.testing.assert_allclose(lazy[name].values, eager[name].values, rtol=1e-11, atol=1e-13, err_msg=name)
 
 
 def test_no_task_holds_more_than_one_time_chunk():

@@ -20,15 +20,21 @@ with the smoothed belief at its last step entered as a pseudo-observation there:
 belief is the filtered one times the likelihood of the later data, a Gaussian in the state, so
 ``ks.smooth`` of the chunk with that likelihood joined to its last observation is the smoother of
 the whole record on the chunk (diffuse priors, gaps and per-step parameters handled by
-``ks.smooth`` itself).
+``ks.smooth`` itself). The join needs the filtered belief at the chunk's last step, which the
+prefix gives; the smoother's task filters its chunk once (inside ``ks.smooth``), its filtered
+fields being that filter's but at the joined last step, where one step is filtered from the
+prediction into it.
 
 Tasks per chunk of series: ``n`` filters, ``n - 1`` summaries and one prefix for the filter; the
-smoother adds ``n - 1`` link filters, one suffix and ``n`` smoothers. Memory per task: one block.
+smoother adds ``n - 1`` link filters, one suffix and ``n`` smoothers. Memory per task: one block
+(a chunk of ``y``) and its results: for the smoother about 14 blocks of working memory in float64
+beside its output of 9 fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -85,8 +91,9 @@ def moments(op_name: str, y: dsa.Array, params: dict[str, tuple[dsa.Array, bool]
                                          static=static) for i in range(1, n)]
             ended = dask.delayed(_suffix)(links)
             ends = [ended[i] for i in range(n - 1)] + [None]
-            outs = [dask.delayed(_smooth_chunk)(**chunk(i), carry=carries[i], end=ends[i], names=per_step,
-                                                static=static, fields=fields) for i in range(n)]
+            beliefs = carries[1:] + [None]  # the filtered belief at each chunk's last step
+            outs = [dask.delayed(_smooth_chunk)(**chunk(i), carry=carries[i], end=ends[i], belief=beliefs[i],
+                                                names=per_step, static=static, fields=fields) for i in range(n)]
         shape_b = tuple(y.chunks[d][b[d]] for d in range(len(b)))
         for i in range(n):
             shape = shape_b + (int(y.chunks[-1][i]), nf)
@@ -112,13 +119,23 @@ def _flat(y: np.ndarray, arrays: dict, names: dict) -> tuple[np.ndarray, dict, t
 
 
 def _unflat(post, fields: Sequence[str], batch: tuple, dtype) -> np.ndarray:
-    """The posterior's ``fields`` ``(T, n)`` stacked as ``batch + (T, len(fields))``."""
-    T = post.mean.shape[0]
-    out = np.empty(batch + (T, len(fields)), dtype=dtype)
-    for i, name in enumerate(fields):
-        value = getattr(post.filtered, name[len("filtered_"):]) if name.startswith("filtered_") else getattr(post, name)
-        out[..., i] = np.broadcast_to(value, (T, out[..., 0].size // T if T else 0)).T.reshape(batch + (T,))
+    """The filter's posterior's ``fields`` ``(T, n)`` stacked as ``batch + (T, len(fields))``."""
+    out = np.empty(batch + (post.mean.shape[0], len(fields)), dtype=dtype)
+    _write(out, fields, fields, lambda name: getattr(post, name))
     return out
+
+
+def _write(out: np.ndarray, fields: Sequence[str], names: Sequence[str], value, last=None) -> None:
+    """Write ``value(name)`` ``(T, n)`` for each of ``names`` into its column of ``out`` ``batch +
+    (T, len(fields))``; with ``last`` (a filter's posterior ``(1, n)``) the last step's from
+    ``last`` (the same field, ``filtered_`` left out)."""
+    batch, T = out.shape[:-2], out.shape[-2]
+    n = math.prod(batch)
+    for name in names:
+        i = fields.index(name)
+        out[..., i] = np.broadcast_to(value(name), (T, n)).T.reshape(batch + (T,))
+        if last is not None:
+            out[..., -1, i] = np.broadcast_to(getattr(last, name.removeprefix("filtered_")), (1, n))[0].reshape(batch)
 
 
 def _kwargs(flat: dict, static: dict, times, first: bool) -> dict:
@@ -234,31 +251,50 @@ def _suffix(links: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
     return ends[::-1]
 
 
-def _smooth_chunk(y, arrays, times, before, carry, end, names, static, fields):
+def _smooth_chunk(y, arrays, times, before, carry, end, belief, names, static, fields):
     """Chunk ``i`` smoothed given all the data: its own observations plus, at its last step,
-    the likelihood of the later chunks' (``end``: the smoothed belief there)."""
+    the likelihood of the later chunks' (``end``: the smoothed belief there; ``belief``: the
+    filtered one, from the prefix). The chunk is filtered once, inside ``ks.smooth`` on the joined
+    data: its filtered fields are that filter's at every step but the last, and at the last the
+    unjoined filter's (:func:`_last_step`)."""
     fy, flat, batch = _flat(y, arrays, names)
     kw = _kwargs(flat, static, times, carry is None)
     state = {} if carry is None else {"state": carry}
-    filtered = ks_filter(fy, **kw, **state)
-    if end is not None:
-        fy, kw = _join_later_data(fy, kw, filtered, end)
-    post = ks_smooth(fy, **kw, **state)
-    post.filtered = filtered
-    for name in ("pred_mean", "pred_var", "pred_obs_mean", "pred_obs_var", "logliks"):
-        setattr(post, name, getattr(filtered, name))
-    return _unflat(post, fields, batch, y.dtype)
+    joined = end is not None
+    y_joined, kw_joined = _join_later_data(fy, kw, belief, end) if joined else (fy, kw)
+    post = ks_smooth(y_joined, **kw_joined, **state)
+    del y_joined, kw_joined
+    out = np.empty(batch + (fy.shape[0], len(fields)), dtype=y.dtype)
+    own = [name for name in fields if name in ("mean", "var")]
+    _write(out, fields, own, functools.partial(getattr, post))
+    filtered = post.filtered
+    del post  # the smoothed moments are written: freed before the filter's fields are derived
+    last = _last_step(fy, kw, filtered) if joined else None
+    _write(out, fields, [name for name in fields if name not in own],
+           lambda name: getattr(filtered, name.removeprefix("filtered_")), last)
+    return out
 
 
-def _join_later_data(fy: np.ndarray, kw: dict, filtered, end) -> tuple[np.ndarray, dict]:
+def _last_step(fy: np.ndarray, kw: dict, filtered):
+    """The unjoined filter's posterior ``(1, n)`` at the chunk's last step: that observation
+    filtered from the prediction into it (``filtered``'s, which the join does not change)."""
+    T = fy.shape[0]
+    step = {k: v[-1:] if (k == "times" or np.ndim(v) == 2) and v is not None else v for k, v in kw.items()}
+    level = np.broadcast_to(kw.get("mean", 0.0), (T, fy.shape[1]))[-1]
+    pred_mean, pred_var = filtered.pred_mean[-1], filtered.pred_var[-1]
+    prior = dict(init_mean=np.where(np.isinf(pred_var), level, pred_mean), init_var=pred_var)
+    return ks_filter(fy[-1:], **{**step, **prior})
+
+
+def _join_later_data(fy: np.ndarray, kw: dict, belief: StreamState, end) -> tuple[np.ndarray, dict]:
     """``(y, kwargs)`` whose last observation also carries the later data's likelihood of the
     state there: ``N(x; m_b, v_b)`` with ``1/v_b = 1/var_s - 1/var_f`` and ``m_b/v_b = mean_s/var_s
-    - mean_f/var_f`` (smoothed = filtered x later data's likelihood), joined to ``y_T = h x +
-    N(0, obs_var)`` as one observation of ``x`` (gain 1) with precision ``h^2/obs_var + 1/v_b``.
-    Where the later data add nothing (``1/v_b = 0``) or the filtered variance is 0 the step is
-    left as it is."""
+    - mean_f/var_f`` (smoothed = filtered x later data's likelihood; the filtered ``belief`` at the
+    last step), joined to ``y_T = h x + N(0, obs_var)`` as one observation of ``x`` (gain 1) with
+    precision ``h^2/obs_var + 1/v_b``. Where the later data add nothing (``1/v_b = 0``) or the
+    filtered variance is 0 the step is left as it is."""
     s_mean, s_var = end
-    f_mean, f_var = filtered.mean[-1], filtered.var[-1]
+    f_mean, f_var = np.asarray(belief.mean), np.asarray(belief.var)
     with np.errstate(divide="ignore", invalid="ignore"):
         info = np.maximum(1.0 / s_var - 1.0 / f_var, 0.0)
         shift = s_mean / s_var - f_mean / f_var
