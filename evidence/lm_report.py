@@ -14,7 +14,9 @@ Equal wall-clock: runs that share a GPU take longer than alone, so time is estim
 ``tokens / tokens_per_s`` with each model's throughput timed alone (``python -m evidence.lm
 throughput``; without it, each run's own training tokens/s). The budget is the time the fastest
 model took for its whole token budget; every model's held-out bits per byte is read on its curve
-(against tokens, linear between evaluations) at the tokens it trains in that time. A model cut
+(against tokens, linear between evaluations) at the tokens it trains in that time. The curve is
+the periodic evaluation's, on the fixed held-out subset that every run shares, not the whole
+split of the "end" column: the two columns differ a little even for the fastest model. A model cut
 short there has not finished its learning-rate decay, so the column favours the fast model; it
 answers "which model is better per second of this budget", not "per second of its own schedule".
 """
@@ -106,8 +108,8 @@ def main_markdown(main: list, throughput: dict) -> str:
         return "no finished runs"
     speed = rates(models, throughput)
     budget, at = equal_time(models, speed)
-    lines = ["| model | params | seeds | held-out bpb (end) | held-out bpb at equal time "
-             f"({budget:.0f} s) | tokens/s | AUROC variance / confidence |",
+    lines = ["| model | params | seeds | held-out bpb (end) | subset bpb at equal time "
+             f"({budget:.3g} s) | tokens/s | AUROC variance / confidence |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for m, runs in sorted(models.items(), key=lambda kv: np.mean([r["final_bpb"] for r in kv[1]])):
         lines.append(f"| {m} | {runs[0]['n_params'] / 1e6:.2f}M | {len(runs)} | "
