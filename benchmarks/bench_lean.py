@@ -1,15 +1,26 @@
 """The default ``ks.filter`` call (the backend writes the filtered mean and variance and the
 log-likelihood's sum; the other fields are derived when read) beside a plain NumPy loop over time,
 vectorised over series, that writes the mean and variance and sums the log-likelihood, in one
-process on the CPU. A script, not a test.
+process on the CPU; on the GPU beside the triton kernels that write the mean and variance alone.
+A script, not a test.
 
     python -m benchmarks run lean [--out lean.json] [--repeat 3] [--shapes 10000x1000,1000000x10]
+    python -m benchmarks run lean --device cuda [--out lean_gpu.json] [--shapes 32768x4096]
 
-For each shape ``(T, C)`` of float64 data (``C`` series of ``T`` steps, static parameters): the
-median of ``--repeat`` wall times after one warm-up call of the default call, of the call with every
-field read, and of the NumPy loop (``speedup``: loop over default call); then the peak resident
-memory beyond the input of a default call whose ``mean`` and ``var`` are read (``/proc`` peak RSS,
-reset before the call), over the bytes of the mean and variance (``memory_ratio``).
+CPU, for each shape ``(T, C)`` of float64 data (``C`` series of ``T`` steps, static parameters):
+the median of ``--repeat`` wall times after one warm-up call of the default call, of the call with
+every field read, and of the NumPy loop (``speedup``: loop over default call); then the peak
+resident memory beyond the input of a default call whose ``mean`` and ``var`` are read (``/proc``
+peak RSS, reset before the call), over the bytes of the mean and variance (``memory_ratio``).
+
+GPU (``--device cuda``), float32, the GPU's time per call (``triton.testing.do_bench``, calls back
+to back): the default call reading ``mean``, ``var`` and ``loglik`` (``default_ms``; also without
+``y``'s inf check, ``unchecked_ms``, and with every field read, ``every_field_ms``), the forward
+kernels writing the mean and variance alone (``moments_ms``) and with the log-likelihood's sum
+(``lean_kernels_ms``); ``ratio`` is ``default_ms / moments_ms`` (target at most 1.1). The DRAM
+limit is the bytes the call must move, ``y`` read once and the mean and variance written (12 bytes
+a step-channel), at the device-to-device copy bandwidth measured in the same run
+(``fraction_of_copy``: that floor over ``default_ms``).
 """
 
 from __future__ import annotations
@@ -18,11 +29,15 @@ import math
 import os
 
 import numpy as np
+import torch
 
 import kalmanscan as ks
-from benchmarks.common import shape_list, shapes_parser, wall_times, write_shape_rows
+from benchmarks.common import copy_bandwidth, shape_list, shapes_parser, wall_times, write_shape_rows
+from benchmarks.common import median_ms as device_ms
+from kalmanscan.problem.prepare import prepare
 
 SHAPES = [(10_000, 1000), (1_000_000, 10)]
+GPU_SHAPES = [(32_768, 4096)]
 PARAMS = dict(theta=0.3, sigma=1.0, obs_var=0.5)
 DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks")
 
@@ -92,16 +107,52 @@ def row(T: int, C: int, repeat: int) -> dict:
     return out
 
 
+def gpu_row(T: int, C: int, repeat: int) -> dict:
+    """The GPU row of ``(T, C)`` float32 data (``repeat`` unused: ``do_bench`` picks its count)."""
+    from kalmanscan.ops.filter.triton import backend as triton_backend  # triton: imported for the GPU alone
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    y = torch.randn(T, C, device="cuda", generator=g)
+    kw = dict(theta=torch.rand(C, device="cuda", generator=g) + 0.05, sigma=0.5, obs_var=0.3)
+
+    def default(**options):
+        post = ks.filter(y, **kw, **options)
+        return post.mean, post.var, post.loglik
+
+    def every():
+        post = ks.filter(y, **kw)
+        return [getattr(post, k) for k in DERIVED]
+
+    p = prepare(y, backend="triton", **kw)
+    views, init = triton_backend.kernel_views(p), triton_backend.initial_state(p)
+    out = dict(T=T, C=C, device=torch.cuda.get_device_name(), default_ms=device_ms(default),
+               unchecked_ms=device_ms(lambda: default(check_finite=False)), every_field_ms=device_ms(every),
+               moments_ms=device_ms(lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var"))),
+               lean_kernels_ms=device_ms(lambda: triton_backend.filter_forward(views, init,
+                                                                               posterior=("mean", "var", "loglik"))))
+    out["ratio"] = out["default_ms"] / out["moments_ms"]
+    out["copy_gb_s"] = copy_bandwidth()
+    out["floor_ms"] = 12 * T * C / out["copy_gb_s"] / 1e6
+    out["fraction_of_copy"] = out["floor_ms"] / out["default_ms"]
+    return out
+
+
 def parser():
-    """The command line: ``--out`` (JSON file), ``--repeat`` and ``--shapes`` (``TxC,...``)."""
+    """The command line: ``--out`` (JSON file), ``--repeat``, ``--shapes`` (``TxC,...``) and
+    ``--device``."""
     ap = shapes_parser(__doc__.splitlines()[0], repeat=3)
-    ap.add_argument("--shapes", default=None, help="TxC,... (default 10000x1000,1000000x10)")
+    ap.add_argument("--shapes", default=None, help="TxC,... (default 10000x1000,1000000x10; on cuda 32768x4096)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu: against the NumPy loop; cuda: against the mean-and-variance kernels")
     return ap
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
-    shapes = SHAPES if args.shapes is None else shape_list(args.shapes)
+    gpu = args.device == "cuda"
+    shapes = (GPU_SHAPES if gpu else SHAPES) if args.shapes is None else shape_list(args.shapes)
+    if gpu:
+        return write_shape_rows(args, shapes, gpu_row)
     if not os.path.exists("/proc/self/clear_refs"):
         raise SystemExit("bench_lean reads peak memory from /proc (Linux)")
     return write_shape_rows(args, shapes, row)

@@ -161,7 +161,7 @@ def walk_outputs(lam, eta, t0, L, T, C, b, c, lane_ok, y_ptr, sy_b, sy_t, sy_c, 
                  SUM_LOGLIK: tl.constexpr):
     """Walk steps ``t0 .. t0 + L - 1`` from the state ``(lam, eta)``, writing the outputs
     (:func:`kalmanscan.kernels.filter.steps.emit_step`). Returns the sum of the steps'
-    log-likelihoods in float64 with ``SUM_LOGLIK`` (``POSTERIOR`` bit 256 set), else zeros."""
+    log-likelihoods in float64 with ``SUM_LOGLIK`` (``POSTERIOR`` bit 256 or 1024 set), else zeros."""
     out = b * T * C + c
     end = tl.minimum(t0 + L, T)
     total = tl.zeros_like(lam).to(tl.float64)
@@ -300,9 +300,9 @@ def filter_fwd_kernel(
 ):
     """Walk each lane's stretch from ``start`` and write the outputs ``(B, T, C)``
     (which ones, and how, is :func:`kalmanscan.kernels.filter.steps.emit_step`'s contract).
-    With ``SUM_LOGLIK`` (and ``POSTERIOR`` bit 256) each lane's stretch also adds its
-    log-likelihoods in float64 into ``loglik_sum[b, s, c]`` (``(B, NS, C)``), so the sum over time
-    needs no pass over the per-step values."""
+    With ``SUM_LOGLIK`` (and ``POSTERIOR`` bit 256, or 1024: computed, not stored) each lane's
+    stretch also adds its log-likelihoods in float64 into ``loglik_sum[b, s, c]`` (``(B, NS, C)``),
+    so the sum over time needs no pass over the per-step values, nor those values written."""
     params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
               obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
     b, g, lane_ok, s, c, t0, decay_s, noise_s, obs_var_s, mean_s, h_s = lane_setup(C, NS, L, params, BLOCK, WIDE)

@@ -216,7 +216,8 @@ def emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid,
     before a step determines, from its centred mean ``pred_mu`` and variance ``pred_var``:
     ``pred_mean`` (4), ``pred_var`` (8), ``pred_precision`` (32), the predictive law of ``y``
     (64, 128), the log-likelihood (256; 0 where ``y`` is missing) and the missing flag (512).
-    Returns the step's log-likelihood with 256 set (0 where ``y`` is missing), else zeros."""
+    Returns the step's log-likelihood with 256 or 1024 set (0 where ``y`` is missing), else zeros:
+    bit 1024 computes it for the caller's sum over time without storing it."""
     pred_obs_var = h * h * pred_var + obs_var
     loglik = tl.zeros_like(pred_var)
     if POSTERIOR & 4:
@@ -229,11 +230,12 @@ def emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid,
         tl.store(pred_obs_mean_ptr + o, h * (pred_mu + mean), mask=valid)
     if POSTERIOR & 128:
         tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
-    if POSTERIOR & 256:
+    if POSTERIOR & (256 | 1024):
         innov = yc - h * pred_mu
         loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
         loglik = tl.where(observed, loglik, 0.0)
-        tl.store(loglik_ptr + o, loglik, mask=valid)
+        if POSTERIOR & 256:
+            tl.store(loglik_ptr + o, loglik, mask=valid)
     if POSTERIOR & 512:
         tl.store(missing_ptr + o, tl.where(observed, 0.0, 1.0), mask=valid)
     return loglik
@@ -247,7 +249,7 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
               POSTERIOR: tl.constexpr):
     """Write step ``t``'s outputs at offset ``o`` from the state ``(lam, eta)`` before it; returns the
     state after it (:func:`info_step`) and the step's log-likelihood (zeros unless the
-    ``POSTERIOR`` bit 256 is set).
+    ``POSTERIOR`` bit 256 or 1024 is set).
 
     Centred moments (``POSTERIOR`` off): ``mu = eta / lam`` (filtered centred mean), ``lam``
     (filtered precision), ``pred_mu = decay mu_prev`` and ``pred_var = decay^2 / lam_prev + noise``
@@ -255,7 +257,8 @@ def emit_step(lam, eta, decay, noise, observed, yc, phi, info, obs_var, mean, h,
 
     With ``POSTERIOR`` (a bit mask of the fields to write, in pointer order: 1 mean, 2 precision,
     4 pred_mean, 8 pred_var, 16 var, 32 pred_precision, 64 pred_obs_mean, 128 pred_obs_var,
-    256 logliks, 512 missing; 0 for the centred moments) the filter result of
+    256 logliks, 512 missing, and 1024: the log-likelihood computed, not stored, for a sum over
+    time; 0 for the centred moments) the filter result of
     :func:`kalmanscan.ops.filter.torch.finish`, those fields only: ``mu_ptr``
     and ``pred_mu_ptr`` receive the uncentred means ``mu + mean`` and ``pred_mu + mean``,
     ``lam_ptr`` the precision, ``pred_var_ptr`` the predicted variance, and the other pointers

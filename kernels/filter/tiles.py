@@ -193,6 +193,26 @@ def filter_tile_agg_kernel(
 
 
 @triton.jit
+def tile_outputs(lams, etas, inputs, o, outs, total, WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr,
+                 WRITE_PRED: tl.constexpr, POSTERIOR: tl.constexpr, ROW: tl.constexpr, SUM_LOGLIK: tl.constexpr):
+    """A tile's outputs at the offsets ``o`` (``[NT, ROW]``) from the states before its steps
+    (``lams``, ``etas``: ``ROW`` columns of ``[NT]``) and its step inputs (:func:`tile_inputs`),
+    written through the ten pointers ``outs`` in kernel order
+    (:func:`kalmanscan.kernels.filter.steps.emit_step`). Returns ``total`` plus, with ``SUM_LOGLIK``,
+    the tile's log-likelihoods at steps before ``T``, each taken to float64 before it is added."""
+    valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = inputs
+    (mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr,
+     loglik_ptr, missing_ptr) = outs
+    _, _, loglik = emit_step(join_columns(lams, ROW), join_columns(etas, ROW), decay, noise, observed, yc, phi, info,
+                             obs_var, mean, h, o, valid, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr,
+                             pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
+                             WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+    if SUM_LOGLIK:
+        total += tl.sum(tl.sum(tl.where(valid, loglik, 0.0).to(tl.float64), axis=1), axis=0)
+    return total
+
+
+@triton.jit
 def filter_tile_fwd_kernel(
     y_ptr, sy_b, sy_t, sy_c, theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c,
     dt_ptr, sdt_b, sdt_t, sdt_c, obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c,
@@ -202,13 +222,16 @@ def filter_tile_fwd_kernel(
     TRANS_STEP: tl.constexpr, OBS_STEP: tl.constexpr,
     WRITE_MU: tl.constexpr, WRITE_LAM: tl.constexpr, WRITE_PRED: tl.constexpr, POSTERIOR: tl.constexpr,
     TILE: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr, CLOSED: tl.constexpr,
+    loglik_sum_ptr=None, SUM_LOGLIK: tl.constexpr = False,
 ):
     """Stretch ``program_id(0)`` of series ``program_id(1)`` from ``start[b, :, s, c]``: the outputs
     ``(B, T, C)`` of :func:`kalmanscan.kernels.filter.steps.emit_step`, a tile at a time: the state before
     every step (``[NT, ROW]``, each row walked from the state before it), then the tile's outputs.
     A stretch whose ``fast[b C + c, s]`` is 1 (``CLOSED``: the aggregate pass found it complete)
     takes each row's first precision in closed form and scans the mean's affine maps
-    (:func:`kalmanscan.kernels.filter.tiles_closed.closed_tile_states`)."""
+    (:func:`kalmanscan.kernels.filter.tiles_closed.closed_tile_states`). With ``SUM_LOGLIK`` (and
+    ``POSTERIOR`` bit 256 or 1024) the stretch's log-likelihoods, summed in float64, go to
+    ``loglik_sum[b, s, c]`` (``(B, NS, C)``), as the walks' do."""
     tl.static_assert(TILE % ROW == 0)
     params = (theta_ptr, sth_b, sth_t, sth_c, sigma_ptr, ssg_b, ssg_t, ssg_c, dt_ptr, sdt_b, sdt_t, sdt_c,
               obs_var_ptr, sov_b, sov_t, sov_c, mean_ptr, smn_b, smn_t, smn_c, h_ptr, sh_b, sh_t, sh_c)
@@ -218,12 +241,15 @@ def filter_tile_fwd_kernel(
     lam = tl.load(sbase)
     eta = tl.load(sbase + NS * C)
     out = b * T * C + c
+    outs = (mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr, pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr,
+            loglik_ptr, missing_ptr)
     rows = tl.arange(0, TILE // ROW)
     first = rows == 0
     last = rows == TILE // ROW - 1
     before = tl.maximum(rows - 1, 0)
     steps = rows[:, None] * ROW + tl.arange(0, ROW)[None, :]
     fast = tl.zeros([], tl.int32)
+    total = tl.zeros([], tl.float64)
     if CLOSED and not TRANS_STEP and not OBS_STEP:
         fast = tl.load(fast_ptr + (b * C + c) * NS + s)
     if fast != 0:
@@ -232,21 +258,19 @@ def filter_tile_fwd_kernel(
         phi_s = h_s / obs_var_s * h_s
         for r in range(R):
             t = t0 + r * TILE + steps
-            valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-                t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
+            inputs = tile_inputs(t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
+            info = inputs[6]  # (valid, decay, noise, observed, yc, phi, info, ...): the information only
             lam_rows = closed_power(lam, (r * TILE + rows * ROW).to(lam.dtype), xp, var_star, nlr, c_lam, c_var)
             lams, etas, eta_end = closed_tile_states(lam_rows, eta, decay_s, noise_s, phi_s, row_columns(info, ROW),
                                                      first, before, ROW)
-            emit_step(join_columns(lams, ROW), join_columns(etas, ROW), decay, noise, observed, yc, phi, info,
-                      obs_var, mean, h, out + t * C, valid, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr,
-                      pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
-                      WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+            total = tile_outputs(lams, etas, inputs, out + t * C, outs, total, WRITE_MU, WRITE_LAM, WRITE_PRED,
+                                 POSTERIOR, ROW, SUM_LOGLIK)
             eta = pick(eta_end, last)
     else:
         for r in range(R):
             t = t0 + r * TILE + steps
-            valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = tile_inputs(
-                t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
+            inputs = tile_inputs(t, T, b, c, y_ptr, sy_b, sy_t, sy_c, params, statics, TRANS_STEP, OBS_STEP)
+            valid, decay, noise, observed, yc, phi, info, obs_var, mean, h = inputs
             d = row_columns(decay, ROW)
             n = row_columns(noise, ROW)
             ph = row_columns(phi, ROW)
@@ -261,9 +285,9 @@ def filter_tile_fwd_kernel(
                 lams = lams + (lam_r,)
                 etas = etas + (eta_r,)
                 lam_r, eta_r = info_step(lam_r, eta_r, d[j], n[j], ph[j], inf[j])
-            emit_step(join_columns(lams, ROW), join_columns(etas, ROW), decay, noise, observed, yc, phi, info,
-                      obs_var, mean, h, out + t * C, valid, mu_ptr, lam_ptr, pred_mu_ptr, pred_var_ptr, var_ptr,
-                      pred_prec_ptr, pred_obs_mean_ptr, pred_obs_var_ptr, loglik_ptr, missing_ptr,
-                      WRITE_MU, WRITE_LAM, WRITE_PRED, POSTERIOR)
+            total = tile_outputs(lams, etas, inputs, out + t * C, outs, total, WRITE_MU, WRITE_LAM, WRITE_PRED,
+                                 POSTERIOR, ROW, SUM_LOGLIK)
             lam = pick(lam_r, last)
             eta = pick(eta_r, last)
+    if SUM_LOGLIK:
+        tl.store(loglik_sum_ptr + b * NS * C + s * C + c, total)

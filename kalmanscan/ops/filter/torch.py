@@ -88,6 +88,8 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
     Shared by the torch and triton backends so both report identical derived quantities. Only the
     fields of ``p.outputs`` (all when ``None``) are formed, with ``decay`` and ``noise``: a
     log-likelihood alone (:mod:`kalmanscan.estimation.likelihood`) costs no full-size operation for the rest.
+    ``"loglik"`` among them adds the log-likelihood summed over time, ``(..., C)`` (in float64,
+    returned in the compute dtype; differentiable), as the triton backend's kernels sum it.
     """
     every = p.outputs is None
     wanted = set() if every else set(p.outputs)
@@ -107,14 +109,16 @@ def finish(p: Problem, mu_c: torch.Tensor, lam: torch.Tensor, pred_mu_c: torch.T
         out["pred_precision"] = reciprocal(pred_var)
     if every or "pred_obs_mean" in wanted:
         out["pred_obs_mean"] = (h * (pred_mu_c + mean)).expand(p.shape)
-    if every or wanted & {"pred_obs_var", "logliks"}:
+    if every or wanted & {"pred_obs_var", "logliks", "loglik"}:
         pred_obs_var = h * h * pred_var + p.obs_var
         out["pred_obs_var"] = pred_obs_var.expand(p.shape)
-    if every or "logliks" in wanted:
+    if every or wanted & {"logliks", "loglik"}:
         y_obs = torch.where(missing, torch.zeros_like(p.y), p.y)
         innov = (y_obs - h * mean) - h * pred_mu_c  # centred: no cancellation against a large offset
         ll = -0.5 * (math.log(2 * math.pi) + torch.log(pred_obs_var) + innov * innov * reciprocal(pred_obs_var))
         out["logliks"] = torch.where(missing, torch.zeros_like(ll), ll).expand(p.shape)
+    if "loglik" in wanted:
+        out["loglik"] = out["logliks"].sum(-2, dtype=torch.float64).to(p.dtype)
     if every or "missing" in wanted:
         out["missing"] = missing.to(p.dtype)
     return out

@@ -52,7 +52,7 @@ from kalmanscan.ops.filter.triton.walks import (OBS, ORDER, POSTERIOR, TRANS, ag
 
 __all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan", "uses_tiles",
            "replayed", "flat", "kernel_views", "check_device", "step_flags", "initial_state",
-           "stream_step", "FilterConfig", "DEFAULT_CONFIG", "POSTERIOR", "posterior_mask"]
+           "stream_step", "FilterConfig", "DEFAULT_CONFIG", "POSTERIOR", "posterior_mask", "SUMS_LOGLIK"]
 
 
 def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
@@ -61,6 +61,9 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
 
     Differentiable with respect to ``y``, every parameter and the initial belief. When nothing
     needs a gradient, one kernel pass writes every field of the result (no torch passes after it).
+    ``"loglik"`` among ``p.outputs`` adds the log-likelihood summed over time, ``(..., C)``, in
+    ``y``'s dtype (accumulated in float64); without ``"logliks"`` the kernels write no per-step
+    terms for it (:data:`SUMS_LOGLIK`).
     A problem with no process noise where ``decay < 1`` (``sigma = 0``, or a noise below
     :data:`kalmanscan.model.mobius.NO_NOISE`) runs on the torch backend instead: its precision grows like
     ``decay^(-2t)``, past the range of the kernels, which carry it (see :mod:`kalmanscan.model.mobius`).
@@ -78,7 +81,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
 
     y_check = p.y_check and p.y.numel() > tuning.current().y_by_result and not torch.compiler.is_compiling()
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
-        fields = POSTERIOR if p.outputs is None else tuple(k for k in POSTERIOR if k in p.outputs)
+        fields = POSTERIOR if p.outputs is None else tuple(k for k in (*POSTERIOR, "loglik") if k in p.outputs)
         if torch.compiler.is_compiling():  # one opaque operator for the compiler (library module docstring)
             values = filter_posterior(*inputs, init, list(shape), config.as_ints(), posterior_mask(fields))
             return {**dict(zip(fields, values)), "decay": decay, "noise": noise}
@@ -102,6 +105,12 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     missing = torch.isnan(p.y)
     out = torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
     return out if queued is None else {**out, "y_check": queued}
+
+
+SUMS_LOGLIK = True
+"""``"loglik"`` among the outputs without ``"logliks"``: the kernels sum each series'
+log-likelihood (float64) and write no per-step terms for it (:func:`kalmanscan.filter` asks for it
+so: a default call writes the filtered mean and variance alone)."""
 
 
 def initial_state(p: Problem) -> torch.Tensor:

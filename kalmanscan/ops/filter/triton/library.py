@@ -21,7 +21,9 @@ parameters vary along time, :func:`kalmanscan.ops.filter.triton.step_flags`) and
 (:meth:`~kalmanscan.ops.filter.triton.config.FilterConfig.as_ints`). ``filter_posterior`` is the forward
 without gradients that writes the Posterior's fields directly (those of the bit mask ``mask``, in
 the order of :data:`kalmanscan.ops.filter.triton.POSTERIOR`, each of ``shape``): what
-``ks.filter`` runs under ``torch.compile`` when nothing needs a gradient, so the compiler sees one
+``ks.filter`` runs under ``torch.compile`` when nothing needs a gradient (with the mask's bit of
+``"loglik"``, :data:`~kalmanscan.ops.filter.triton.walks.LOGLIK_SUM`, also the log-likelihood's
+sum over time ``(..., C)``, after the fields), so the compiler sees one
 operator that writes only its outputs rather than tracing the kernel launches themselves (a
 compiled call that traced them changed the caller's ``theta``).
 
@@ -99,17 +101,26 @@ def filter_posterior(y: Tensor, theta: Tensor, sigma: Tensor, dt: Tensor, obs_va
     views = _views((y, theta, sigma, dt, obs_var, mean, h), shape)
     fields = _fields(mask)
     out = walks.filter_forward(views, init.contiguous(), config=FilterConfig.from_ints(config),
-                                        posterior=fields, out_shape=tuple(shape), loglik_sum=False)
-    return [out[k] for k in fields]  # (the operator returns the fields: its caller sums the log-likelihood)
+                               posterior=fields, out_shape=tuple(shape), loglik_sum=False)
+    if "loglik" in out:
+        out["loglik"] = out["loglik"].reshape(_summed(shape))
+    return [out[k] for k in fields]
 
 
 @filter_posterior.register_fake
 def _(y, theta, sigma, dt, obs_var, mean, h, init, shape, config, mask):
-    return [y.new_empty(shape) for _ in _fields(mask)]
+    return [y.new_empty(_summed(shape) if k == "loglik" else shape) for k in _fields(mask)]
 
 
 def _fields(mask: int) -> tuple[str, ...]:
-    return tuple(k for i, k in enumerate(walks.POSTERIOR) if mask >> i & 1)
+    """The names of ``mask``'s bits: :data:`~kalmanscan.ops.filter.triton.POSTERIOR`'s, then
+    ``"loglik"`` (:data:`~kalmanscan.ops.filter.triton.walks.LOGLIK_SUM`)."""
+    return tuple(k for i, k in enumerate((*walks.POSTERIOR, "loglik")) if mask >> i & 1)
+
+
+def _summed(shape: list[int]) -> list[int]:
+    """The shape of a sum over time, ``(..., C)``, of a problem of ``shape``."""
+    return [*shape[:-2], shape[-1]]
 
 
 def _setup_context(ctx, inputs, output):

@@ -26,7 +26,8 @@ from kalmanscan.ops.filter.triton.config import DEFAULT_CONFIG, FilterConfig
 
 __all__ = ["plan", "flat", "tile_plan", "uses_tiles", "kernel_views", "kernel_args", "time_varying", "step_flags",
            "launch", "fwd_opts", "agg_opts", "check_device", "POSTERIOR", "filter_forward", "posterior_mask",
-           "replayed", "filter_backward", "ORDER", "TRANS", "OBS", "ONE_BLOCK_OUTPUTS", "REPLAY_ELEMENTS"]
+           "replayed", "filter_backward", "ORDER", "TRANS", "OBS", "ONE_BLOCK_OUTPUTS", "REPLAY_ELEMENTS",
+           "LOGLIK_SUM"]
 
 TRANS = ("theta", "sigma", "dt")
 OBS = ("obs_var", "mean", "h")
@@ -126,6 +127,9 @@ def check_device(y: torch.Tensor) -> None:
 
 POSTERIOR = ("mean", "precision", "pred_mean", "pred_var", "var", "pred_precision", "pred_obs_mean",
              "pred_obs_var", "logliks", "missing")  # in the kernel's pointer order
+LOGLIK_SUM = 1 << len(POSTERIOR)
+"""The kernels' ``POSTERIOR`` bit of ``"loglik"``, the log-likelihood's sum over time alone: each
+step's term computed and summed in the kernel, none written (:func:`posterior_mask`)."""
 
 
 def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
@@ -142,10 +146,12 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     eta0 = lam0 (init_mean - mean_0)``. Only the named centred outputs are written; with
     ``posterior`` (``True``: all, or a collection of names) the fields of :data:`POSTERIOR`
     instead (those of :func:`kalmanscan.ops.filter.torch.finish`, in one pass), only those named.
-    With ``"logliks"`` among them and ``loglik_sum`` the walks also return ``"loglik"``, the sum
-    over time ``(B, C)``: each stretch's sum accumulated in float64 by the kernel, the stretches
-    summed after it, in ``y``'s dtype (the tiles leave it out). ``one_block``: small outputs may
-    share one allocation (:func:`_outputs`; not for an operator's returns, which must not alias).
+    With ``"loglik"`` among them, or ``"logliks"`` and ``loglik_sum``, the forward also returns
+    ``"loglik"``, the sum over time ``(B, C)``: each stretch's sum accumulated in float64 by the
+    kernel, the stretches summed after it, in ``y``'s dtype; ``"loglik"`` without ``"logliks"``
+    writes no per-step terms (:data:`LOGLIK_SUM`: a default call pays for the mean and variance and
+    this sum). ``one_block``: small outputs may share one allocation (:func:`_outputs`; not for an
+    operator's returns, which must not alias).
     ``y_check``: also ``"y_check"``, ``y``'s inf check queued with the kernels
     (:class:`kalmanscan.problem.checks.Ahead`): with stretches, the sum of the stretch products' ``e1, e2``
     read after the aggregate pass (an ``inf`` in ``y`` leaves its stretch's ``e1`` or ``e2`` inf or
@@ -155,7 +161,9 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     """
     if posterior is True:
         posterior = POSTERIOR
-    posterior = tuple(k for k in POSTERIOR if k in posterior) if posterior else ()
+    fields = bool(posterior)  # the Posterior's fields (or its log-likelihood's sum), not the centred moments
+    sums = fields and ("loglik" in posterior or (loglik_sum and "logliks" in posterior))
+    posterior = tuple(k for k in POSTERIOR if fields and k in posterior)
     y = views["y"]
     B, T, C = y.shape
     tiles = uses_tiles(T, C, config)
@@ -168,14 +176,13 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     else:
         ns, r = plan(B, T, C, config)
         grid, opts = launch(B, T, C, ns, config)
-        opts.update(fwd_opts(config, posterior))
+        opts.update(fwd_opts(config, fields))
         agg_kernel, fwd_kernel = filter_agg_kernel, filter_fwd_kernel
     more = {} if tiles else agg_opts(config, opts["BLOCK"])
     dtype, dev = y.dtype, y.device
     args = kernel_args(views)
     flags = dict(TRANS_STEP=time_varying(views, TRANS), OBS_STEP=time_varying(views, OBS))
-    mask = posterior_mask(posterior)
-    sum_loglik = loglik_sum and "logliks" in posterior and fwd_kernel is filter_fwd_kernel
+    mask = posterior_mask(posterior) | (LOGLIK_SUM if sums else 0)
     # the aggregate kernel is launched before the outputs are allocated: the device starts sooner
     init = init.contiguous()
     from_agg = y_check and ns > 1 and agg_kernel is filter_agg_kernel
@@ -192,12 +199,12 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
             queued = checks.Ahead(torch.sum(agg[:, 4:6], dtype=torch.float64))
         filter_carry_kernel[(B * C,)](agg, init, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                       num_warps=config.carry_warps)
-    out, pointers, write = _outputs(y, outputs, posterior, out_shape, one_block)
-    partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev) if sum_loglik else None
-    if sum_loglik:
+    out, pointers, write = _outputs(y, outputs, posterior, fields, out_shape, one_block)
+    partial = torch.empty(B, ns, C, dtype=torch.float64, device=dev) if sums else None
+    if sums:
         opts.update(loglik_sum_ptr=partial, SUM_LOGLIK=True)
     fwd_kernel[grid](*args, start, *fast, *pointers, T, C, ns, r, **flags, **write, POSTERIOR=mask, **opts)
-    result = {k: out[k] for k in (posterior or outputs)}
+    result = {k: out[k] for k in (posterior if fields else outputs)}
     if partial is not None:
         result["loglik"] = (partial[:, 0] if ns == 1 else partial.sum(1)).to(dtype)
     if queued is not None:
@@ -206,8 +213,10 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
 
 
 def posterior_mask(fields: Iterable[str]) -> int:
-    """The kernels' ``POSTERIOR`` bit mask of ``fields`` (names of :data:`POSTERIOR`)."""
-    return sum(1 << i for i, k in enumerate(POSTERIOR) if k in fields)
+    """The kernels' ``POSTERIOR`` bit mask of ``fields`` (names of :data:`POSTERIOR`, and
+    ``"loglik"``: :data:`LOGLIK_SUM`)."""
+    fields = tuple(fields)
+    return sum(1 << i for i, k in enumerate(POSTERIOR) if k in fields) | (LOGLIK_SUM if "loglik" in fields else 0)
 
 
 ONE_BLOCK_OUTPUTS = 1 << 22
@@ -216,26 +225,30 @@ REPLAY_ELEMENTS = 1 << 22
 
 def replayed(shape: Sequence[int], fields: Sequence[str], config: FilterConfig = DEFAULT_CONFIG) -> bool:
     """Whether a forward call without gradients (its problem's ``shape`` and the ``fields`` it
-    writes) goes through :mod:`kalmanscan.ops.filter.triton.replay`: its outputs fit in one block
-    (:data:`ONE_BLOCK_OUTPUTS` elements), or it is a few long series (the tiles, :func:`uses_tiles`)
-    of at most :data:`REPLAY_ELEMENTS` elements, whose launches take the host longer than the
-    kernels take the device (at ``2^24`` steps replay gained nothing, docs/performance.md)."""
+    writes) goes through :mod:`kalmanscan.ops.filter.triton.replay`: its per-step outputs fit in
+    one block (:data:`ONE_BLOCK_OUTPUTS` elements), or it is a few long series (the tiles,
+    :func:`uses_tiles`) of at most :data:`REPLAY_ELEMENTS` elements, whose launches take the host
+    longer than the kernels take the device (at ``2^24`` steps replay gained nothing,
+    docs/performance.md)."""
     n = math.prod(shape)
-    return len(fields) * n <= ONE_BLOCK_OUTPUTS or (uses_tiles(shape[-2], shape[-1], config) and n <= REPLAY_ELEMENTS)
+    per_step = sum(k in POSTERIOR for k in fields)
+    return per_step * n <= ONE_BLOCK_OUTPUTS or (uses_tiles(shape[-2], shape[-1], config) and n <= REPLAY_ELEMENTS)
 
 
-def _outputs(y, outputs, posterior, out_shape=None, one_block=False):
+def _outputs(y, outputs, posterior, fields, out_shape=None, one_block=False):
     """``(out, pointers, flags)`` of the forward kernels: the ``(B, T, C)`` output tensors, the ten
     output pointers in kernel order (``y``'s for those not written, never written through) and
-    the ``WRITE_*`` flags. The predicted mean and variance are written together (one flag), so
-    asking for one allocates both. With ``one_block``, fields of at most :data:`ONE_BLOCK_OUTPUTS`
-    elements in all share one allocation (views of it: a small call's fixed cost; a field kept
-    alone keeps the others' memory, at most that many elements)."""
+    the ``WRITE_*`` flags: the fields of :data:`POSTERIOR` named in ``posterior`` when ``fields``
+    (possibly none: a log-likelihood summed alone), else the centred ``outputs``. The predicted mean and
+    variance are written together (one flag), so asking for one allocates both. With
+    ``one_block``, fields of at most :data:`ONE_BLOCK_OUTPUTS` elements in all share one
+    allocation (views of it: a small call's fixed cost; a field kept alone keeps the others'
+    memory, at most that many elements)."""
     B, T, C = y.shape
     like = dict(dtype=y.dtype, device=y.device)
-    names_all = POSTERIOR if posterior else ("mu", "lam", "pred_mu", "pred_var")
-    wanted = set(posterior if posterior else outputs)
-    if not posterior and wanted & {"pred_mu", "pred_var"}:
+    names_all = POSTERIOR if fields else ("mu", "lam", "pred_mu", "pred_var")
+    wanted = set(posterior if fields else outputs)
+    if not fields and wanted & {"pred_mu", "pred_var"}:
         wanted |= {"pred_mu", "pred_var"}
     names = [k for k in names_all if k in wanted]
     shape = tuple(out_shape or (B, T, C))
@@ -244,7 +257,7 @@ def _outputs(y, outputs, posterior, out_shape=None, one_block=False):
     else:
         out = {k: torch.empty(shape, **like) for k in names}
     dummy = y  # the pointer of a field not written: never written through (its flag is off)
-    pointers = [out.get(k, dummy) for k in names_all] + ([] if posterior else [dummy] * 6)
+    pointers = [out.get(k, dummy) for k in names_all] + ([] if fields else [dummy] * 6)
     return out, pointers, dict(WRITE_MU="mu" in out, WRITE_LAM="lam" in out, WRITE_PRED="pred_mu" in out)
 
 
