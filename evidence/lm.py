@@ -5,7 +5,7 @@
         --stop-after 540
     python -m evidence.lm throughput --models attention,kla,gla,kla_hybrid,gla_hybrid --steps 20
     python -m evidence.lm protocol --out-dir benchmarks/results/text --checkpoint-dir ck/text \
-        --stop-after 540 --parallel 8 [--sweep] [--dry-run]
+        --stop-after 540 --parallel 4 [--sweep] [--dry-run]
 
 Data: :mod:`evidence.tasks.text` (train windows by ``(seed, step)``, fixed held-out windows).
 Models: :mod:`evidence.lm_models` (about 20M parameters each, within 5% of one another).
@@ -108,10 +108,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--out-dir", default=os.path.join("benchmarks", "results", "text"))
     r.add_argument("--checkpoint-dir", default=None)
     r.add_argument("--stop-after", type=float, default=None, metavar="SECONDS")
-    r.add_argument("--parallel", type=int, default=8)
+    r.add_argument("--parallel", type=int, default=4,
+                   help="processes at once (a 20M model at 16 x 2048 may hold 10 GiB or more: see throughput's "
+                        "peak_mem_gib)")
     r.add_argument("--sweep", action="store_true", help=f"the rate sweep ({SWEEP_FRACTION:g} of the schedule)")
     r.add_argument("--lr", type=float, default=1e-3, help="the shared rate of the main runs")
     r.add_argument("--tokens", type=float, default=100e6)
+    r.add_argument("--models", default=None, help="comma list: only these models' runs")
+    r.add_argument("--sweep-lrs", default=",".join(f"{lr:g}" for lr in SWEEP_LRS), help="the sweep's rates")
     r.add_argument("--extra", default="", help="more train arguments for every run, one string")
     r.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
@@ -349,22 +353,30 @@ class LMRun(Run):
         return [python, "-m", "evidence.lm", "train", *self.train_argv(out_dir, **options)]
 
 
-def text_runs(sweep: bool, lr: float, tokens: float, extra=()) -> list:
-    """The sweep (``SWEEP_LRS`` on ``SWEEP_MODELS``, the first ``SWEEP_FRACTION`` of the schedule,
-    seed 0) or the main runs (``MAIN_SEEDS`` per model at ``lr``), the slowest models first."""
+def text_runs(sweep: bool, lr: float, tokens: float, extra=(), models=None, sweep_lrs=SWEEP_LRS) -> list:
+    """The sweep (``sweep_lrs`` on ``SWEEP_MODELS``, the first ``SWEEP_FRACTION`` of the schedule,
+    seed 0) or the main runs (``MAIN_SEEDS`` per model at ``lr``, the slow KLA models first);
+    ``models``: only these."""
+    unknown = sorted(set(models or ()) - set(LM_MODELS))
+    if unknown:
+        raise ValueError(f"models must be among {sorted(LM_MODELS)}, got {unknown}")
     common = ["--tokens", f"{tokens:g}", *extra]
     if sweep:
+        cells = [(m, r) for m in SWEEP_MODELS for r in sweep_lrs if models is None or m in models]
         return [LMRun(f"text_sweep_{m}_lr{r:g}_s0",
                       ["--model", m, "--seed", "0", "--lr", f"{r:g}", "--tokens-fraction", f"{SWEEP_FRACTION:g}",
                        *common])
-                for m in SWEEP_MODELS for r in SWEEP_LRS]
-    order = [(m, s) for s in range(max(MAIN_SEEDS.values())) for m in MAIN_SEEDS if s < MAIN_SEEDS[m]]
+                for m, r in cells]
+    order = [(m, s) for s in range(max(MAIN_SEEDS.values())) for m in MAIN_SEEDS
+             if s < MAIN_SEEDS[m] and (models is None or m in models)]
     return [LMRun(f"text_{m}_s{s}", ["--model", m, "--seed", str(s), "--lr", f"{lr:g}", *common])
             for m, s in order]
 
 
 def protocol(args) -> list:
-    runs = text_runs(args.sweep, args.lr, args.tokens, shlex.split(args.extra))
+    models = None if args.models is None else args.models.split(",")
+    sweep_lrs = [float(v) for v in args.sweep_lrs.split(",")]
+    runs = text_runs(args.sweep, args.lr, args.tokens, shlex.split(args.extra), models, sweep_lrs)
     if args.stop_after is not None and args.checkpoint_dir is None:
         raise ValueError("--stop-after needs --checkpoint-dir")
     resume = {"checkpoint_dir": args.checkpoint_dir, "stop_after": args.stop_after}

@@ -113,5 +113,11 @@ def test_protocol_dry_run_lists_the_runs(capsys, tmp_path):
     assert all("--lr 0.002" in c and "--tokens-fraction" not in c for c in main)
     labels = [c.split("--out ")[1].split()[0] for c in main]
     assert len(set(labels)) == 8 and labels[0].endswith("text_kla_s0.json")
+    lm.main(["protocol", "--dry-run", "--models", "kla,gla", "--out-dir", str(tmp_path)])
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3
+    lm.main(["protocol", "--sweep", "--dry-run", "--sweep-lrs", "1e-3", "--out-dir", str(tmp_path)])
+    assert len(capsys.readouterr().out.strip().splitlines()) == len(lm.SWEEP_MODELS)
+    with pytest.raises(ValueError, match="models"):
+        lm.main(["protocol", "--dry-run", "--models", "mamba"])
     with pytest.raises(ValueError, match="checkpoint-dir"):
         lm.main(["protocol", "--dry-run", "--stop-after", "5"])
