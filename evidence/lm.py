@@ -9,9 +9,9 @@
 
 Data: :mod:`evidence.tasks.text` (train windows by ``(seed, step)``, fixed held-out windows).
 Models: :mod:`evidence.lm_models` (about 20M parameters each, within 5% of one another).
-Training: ``steps = tokens // (batch * seq_len)``; AdamW (``evidence.train.param_groups``: no
-decay on 1-D parameters or log-rates), linear warm-up then cosine decay to 0 over those steps
-(``evidence.train.lr_factor``), bf16 autocast on CUDA, gradient clipping at 1.
+Training: ``steps = tokens // (batch * seq_len)``; AdamW (betas 0.9, 0.95; ``--wd`` on matrices
+only, ``evidence.train.param_groups``), linear warm-up over ``--warmup`` of the steps then cosine
+decay to 0 (``evidence.train.lr_factor``), bf16 autocast on CUDA, gradient clipping at 1.
 ``--tokens-fraction f`` keeps the schedule of the whole budget and stops after its first
 ``ceil(f * steps)`` steps: the rate sweep compares rates on the start of the real schedule.
 No host synchronisation between evaluations: the loss and gradient norm are summed on the device
