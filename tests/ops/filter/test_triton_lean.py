@@ -180,3 +180,18 @@ def test_operator_returns_the_sum():
     eager = triton.filter(dataclasses.replace(p, outputs=LEAN))
     torch.testing.assert_close(loglik, eager["loglik"], rtol=0, atol=0)
     torch.testing.assert_close(mean, eager["mean"], rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 1000, 64), (5000, 1)], ids=["walks-15stretches", "tiles"])
+def test_default_call_on_the_gpu(shape, asked):
+    """The compiled kernels: the default call asks for the lean outputs, gets no per-step terms,
+    and every field equals the reference's (float64), on the walks and on the tiles."""
+    rng = np.random.default_rng(4)
+    y, kw = random_problem(rng, shape[-2], C=shape[-1], batch=shape[:-2], missing=0.05)
+    ref = ks.filter(y, backend="reference", **kw)
+    t = problem_tensors(kw, torch.float64, device="cuda")
+    post = ks.filter(torch.tensor(y, device="cuda"), backend="triton", **t)
+    assert [outputs for outputs, _ in asked] == [LEAN] and "logliks" not in asked[0][1]
+    err, errs = posterior_error(post, ref, FIELDS)
+    assert err < 1e-10, errs
