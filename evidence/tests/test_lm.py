@@ -50,6 +50,7 @@ def test_every_model_decodes(name):
     torch.manual_seed(0)
     model = build_lm(name, d_model=64, layers=4)
     assert model.mixer_names == list(LM_MODELS[name].pattern * 4)[:4]
+    assert all(b.mixer.d_conv == 4 for b in model.blocks if b.mixer.__class__.__name__ != "CausalAttention")
     data = np.frombuffer(b"def f(x):\n    return x\n" * 8, dtype=np.uint8)
     out = lm.samples(model, data, 0, 16, 5, torch.device("cpu"))
     assert len(out) == lm.SAMPLE_PROMPTS and all(len(s["prompt"]) == 16 for s in out)
