@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from kalmanscan import tuning
+from kalmanscan.estimation import chunked
 from kalmanscan.estimation.result import METHOD_NAMES, FitResult, as_numpy
 from kalmanscan.inference.frames import pandas_in
 from kalmanscan.problem.prepare import prepare
@@ -74,6 +75,10 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         y: observations ``(..., T, C)``; NaN = missing. NumPy in gives NumPy params; a tensor gives
             detached tensors of its dtype on its device. A pandas ``DataFrame`` or ``Series`` is read
             as :func:`kalmanscan.filter` reads it (its index the times, ``time_unit=`` for dates).
+            A dask array chunked along time (or a DataArray of one, read positionally) is fitted
+            one time chunk at a time, holding one chunk
+            and the beliefs at the chunk boundaries (:mod:`kalmanscan.estimation.chunked`; float64,
+            on the CPU; fixed per-step values and ``times`` may be dask arrays too).
         theta, sigma, obs_var, mean, init_mean, init_var: for a name in ``estimate``, the initial
             guess (``None``: a guess from the data; scalars or ``(C,)``, or ``B + (1, C)``, for the
             model parameters, ``B + (C,)`` for ``init_*``); for any other name, the fixed value
@@ -124,8 +129,14 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         raise ValueError(f"shared must be True or False, got {shared!r}")
 
     numpy_in = not isinstance(y, torch.Tensor)
-    y_t = _as_y(y)
-    batch, C = tuple(y_t.shape[:-2]), y_t.shape[-1]
+    data = chunked.as_record(y)
+    record = data is not None  # a dask array: one time chunk at a time (kalmanscan.estimation.chunked)
+    y = data if record else y
+    y_t = None if record else _as_y(y)
+    shape = tuple(y.shape if record else y_t.shape)
+    batch, C = shape[:-2], shape[-1]
+    like = dict(dtype=torch.float64, device=torch.device("cpu")) if record else dict(dtype=y_t.dtype,
+                                                                                      device=y_t.device)
     Cp = 1 if shared else C
     values = dict(theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, init_mean=init_mean, init_var=init_var)
     for k in _MODEL:
@@ -135,15 +146,16 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
     # y, the steps and the fixed values checked once, as ks.filter checks them, before the guesses;
     # the estimated names hold placeholders until the guesses replace them (Likelihood.of_problem)
     placeholders = {**_PLACEHOLDERS, **({"init_var": 1.0} if "init_var" in estimate else {})}
-    p = prepare(y_t, **{**placeholders, **fixed}, h=h, dt=dt, times=times, backend=backend)
+    p = None if record else prepare(y_t, **{**placeholders, **fixed}, h=h, dt=dt, times=times, backend=backend)
     settings = dict(h=h, dt=dt, times=times, backend=backend)
-    observed = (~torch.isnan(y_t)).to(y_t.dtype).sum(-2)
+    stats = chunked.statistics(y, torch.float64) if record else _statistics(y_t)
+    observed = stats["observed"]
     n_group = observed.sum(-1, keepdim=True) if shared else observed
     identified = n_group >= len(estimate)
     if "obs_var" in estimate:
-        _check_constant(y_t, identified, shared)
-    guess = _guesses(y_t, values, estimate, batch, Cp, h, dt, times)
-    scale = _data_scale(y_t, batch, Cp)
+        _check_constant(stats, identified, shared)
+    guess = _guesses(stats, values, estimate, batch, Cp, h, dt, times, like)
+    scale = _data_scale(stats["var"], batch, Cp)
 
     def natural(u):
         out = {}
@@ -151,9 +163,12 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             out[k] = guess[k] * torch.exp(u[k]) if k in _POSITIVE else guess[k] + scale * u[k]
         return out
 
-    lik = Likelihood.of_problem(p, tuple(fixed), guess)
+    if record:
+        lik = chunked.ChunkedLikelihood(y, fixed, guess, h=h, dt=dt, times=times, backend=backend)
+    else:
+        lik = Likelihood.of_problem(p, tuple(fixed), guess)
     weight = 1.0 / torch.clamp(n_group, min=1.0)
-    infinite = torch.tensor(math.inf, dtype=y_t.dtype, device=y_t.device)
+    infinite = torch.tensor(math.inf, **like)
 
     def objective(u, graphed=False):
         nat = natural(u)
@@ -163,9 +178,9 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
         loss = -torch.where(identified, ll * weight, torch.zeros_like(ll)).sum()
         return torch.where(valid(nat), loss, infinite)  # a step so long that a parameter under- or overflowed
 
-    u = {k: torch.zeros(batch + (Cp,), dtype=y_t.dtype, device=y_t.device, requires_grad=True) for k in estimate}
+    u = {k: torch.zeros(batch + (Cp,), **like, requires_grad=True) for k in estimate}
     if progress is None:
-        progress = sys.stderr.isatty() and y_t.numel() * max_iter >= 5e6
+        progress = sys.stderr.isatty() and math.prod(shape) * max_iter >= 5e6
     if method == "lbfgs" and lik.numpy is not None:  # the compiled loops fed from NumPy: no torch per evaluation
         fun = _numpy_objective(lik, guess, scale, weight, identified, shared)
         converged, n_iter, message, x = lbfgs_numpy(fun, sum(v.numel() for v in u.values()), max_iter, tol, progress)
@@ -173,7 +188,8 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             for v, chunk in zip(u.values(), torch.split(torch.from_numpy(x), [v.numel() for v in u.values()])):
                 v.copy_(chunk.reshape(v.shape))
     elif method == "lbfgs":
-        graphed = tuning.current().fit_graphs and p.backend == "triton" and y_t.is_cuda and not lik.p.diffuse
+        graphed = (not record and tuning.current().fit_graphs and p.backend == "triton" and y_t.is_cuda
+                   and not lik.p.diffuse)
         captured = (lambda: objective(u, graphed=True)) if graphed else None
         converged, n_iter, message = lbfgs(objective, u, max_iter, tol, progress, captured=captured)
     else:
@@ -294,26 +310,39 @@ def _unfitted_reason(n_group, identified, P, batch, shared) -> str:
             "standard errors NaN")
 
 
-def _check_constant(y, identified, shared) -> None:
-    """``ValueError`` naming the first fitted series whose observed values are all equal."""
-    with torch.no_grad():
-        missing = torch.isnan(y)
-        lo = torch.where(missing, torch.full_like(y, math.inf), y).amin(-2)
-        hi = torch.where(missing, torch.full_like(y, -math.inf), y).amax(-2)
-        const = lo == hi  # False for a channel without observations
-        if shared:
-            const = ((const | torch.isinf(lo)).all(-1, keepdim=True) & identified).expand_as(const) & const
-        else:
-            const = const & identified
+def _check_constant(stats, identified, shared) -> None:
+    """``ValueError`` naming the first fitted series whose observed values are all equal (``stats``:
+    :func:`_statistics`)."""
+    lo, hi = stats["lo"], stats["hi"]
+    const = lo == hi  # False for a channel without observations
+    if shared:
+        const = ((const | torch.isinf(lo)).all(-1, keepdim=True) & identified).expand_as(const) & const
+    else:
+        const = const & identified
     bad = np.argwhere(const.cpu().numpy())
     if bad.size == 0:
         return
     ix = tuple(int(i) for i in bad[0])
-    what = _series_name(ix, tuple(y.shape[:-2]), False)
+    what = _series_name(ix, tuple(lo.shape[:-1]), False)
     every = ", as is every channel" if shared else ""
     raise ValueError(f"y: {what} is constant (every observed value is {float(lo[ix]):g}){every}: "
                      "the likelihood grows without bound as obs_var -> 0, so obs_var has no maximum-likelihood "
                      "estimate; leave the channel out, or pass obs_var and leave it out of estimate")
+
+
+def _statistics(y):
+    """Per series ``B + (C,)`` over time: ``observed`` (non-NaN count), ``lo`` and ``hi`` (smallest
+    and largest observed value, ``inf`` and ``-inf`` without one), NaN-aware ``mean`` and ``var``
+    and ``dvar`` (the variance of consecutive differences; ``var`` for ``T = 1``), as
+    :func:`kalmanscan.estimation.chunked.statistics` gives them for a dask array."""
+    with torch.no_grad():
+        missing = torch.isnan(y)
+        var = _nanvar(y)
+        return dict(observed=(~missing).to(y.dtype).sum(-2),
+                    lo=torch.where(missing, torch.full_like(y, math.inf), y).amin(-2),
+                    hi=torch.where(missing, torch.full_like(y, -math.inf), y).amax(-2),
+                    mean=torch.nanmean(y, -2), var=var,
+                    dvar=_nanvar(y[..., 1:, :] - y[..., :-1, :]) if y.shape[-2] > 1 else var)
 
 
 def _pool(x, batch, Cp):
@@ -322,9 +351,8 @@ def _pool(x, batch, Cp):
     return torch.nanmean(x, -1, keepdim=True) if Cp == 1 else x
 
 
-def _data_scale(y, batch, Cp):
-    """The data's standard deviation per series (1 where it is undefined or zero)."""
-    var = _nanvar(y)
+def _data_scale(var, batch, Cp):
+    """The data's standard deviation per series (1 where its variance ``var`` is undefined or zero)."""
     var = torch.where(torch.isfinite(var) & (var > 0), var, torch.ones_like(var))
     return torch.sqrt(_pool(var, batch, Cp))
 
@@ -334,16 +362,14 @@ def _nanvar(x, dim=-2):
     return torch.nanmean((x - m) ** 2, dim)
 
 
-def _guesses(y, values, estimate, batch, Cp, h, dt, times):
-    """Initial values ``B + (Cp,)`` for the estimated names (given ones checked and broadcast)."""
-    like = dict(dtype=y.dtype, device=y.device)
-    var = _nanvar(y)
-    var = torch.where(torch.isfinite(var) & (var > 0), var, torch.ones_like(var))
-    dvar = _nanvar(y[..., 1:, :] - y[..., :-1, :]) if y.shape[-2] > 1 else var
-    dvar = torch.where(torch.isfinite(dvar) & (dvar > 0), dvar, var)
+def _guesses(stats, values, estimate, batch, Cp, h, dt, times, like):
+    """Initial values ``B + (Cp,)`` for the estimated names (given ones checked and broadcast), from
+    the data's ``stats`` (:func:`_statistics`)."""
+    var = torch.where(torch.isfinite(stats["var"]) & (stats["var"] > 0), stats["var"], torch.ones_like(stats["var"]))
+    dvar = torch.where(torch.isfinite(stats["dvar"]) & (stats["dvar"] > 0), stats["dvar"], var)
     step = _typical_step(dt, times)
     h_bar = float(np.mean(np.abs(as_numpy(h)))) or 1.0
-    level = torch.nanmean(y, -2) / h_bar
+    level = stats["mean"] / h_bar
     level = torch.where(torch.isfinite(level), level, torch.zeros_like(level))
     defaults = dict(theta=torch.full_like(var, 0.1 / step), sigma=torch.sqrt(dvar / (2 * step)) / h_bar,
                     obs_var=dvar / 4, mean=level, init_mean=level, init_var=var / h_bar**2)
