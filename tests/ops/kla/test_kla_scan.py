@@ -445,6 +445,28 @@ def test_kernels_launched_before_the_checks_are_read(monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+def test_checks_beside_the_kernels_see_the_inputs_just_made():
+    """The checks run on a stream beside the kernels': they wait for inputs still being computed
+    on the caller's stream (behind a long matrix product), and the call returns only once they
+    are read, with the caller's stream current again."""
+    xs = [x.float() for x in make_inputs(2, 300, 64, 16, seed=9, device="cuda")]
+    plain = kla_scan(*xs, backend="triton")
+    for sign, raises in ((1.0, False), (-1.0, True)):
+        busy = torch.randn(4096, 4096, device="cuda")
+        for _ in range(8):
+            busy = busy @ busy / 64.0
+        lam_v = xs[1] * sign + 0.0 * busy[0, 0]      # made on the caller's stream after the products
+        stream = torch.cuda.current_stream()
+        if raises:
+            with pytest.raises(ValueError, match="lam_v"):
+                kla_scan(xs[0], lam_v, *xs[2:], backend="triton")
+        else:
+            for a, b in zip(kla_scan(xs[0], lam_v, *xs[2:], backend="triton"), plain):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert torch.cuda.current_stream() == stream
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_mean_form_exactly_when_a_decaying_filter_lacks_noise(dtype):
     """``validate`` asks for the mean form when a filter with ``decay < 1`` has noise below the
