@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import KERNEL_DEVICE
 from kla_helpers import make_inputs, outputs_and_grads, poisoned
@@ -212,6 +213,24 @@ def test_packed_compiled_kernels_on_gpu(grad):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(out, ref_out):
         assert (a.double() - b).norm() <= 1e-5 * b.norm()
+
+
+def test_document_search_reads_the_whole_offsets():
+    """The search for each token's document is over the offsets tensor itself, never a view into
+    it: Inductor's Triton lowering of ``searchsorted`` has read a sliced sorted sequence from its
+    storage's start (the GPU test below; CI has no GPU, so the form is checked here)."""
+    seen = []
+
+    class Searches(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket == torch.ops.aten.searchsorted:
+                seen.append(args[0].storage_offset())
+            return func(*args, **(kwargs or {}))
+
+    _, _, cu = packed_inputs([2, 0, 3])
+    with Searches():
+        token_documents(cu, 5)
+    assert seen == [0]
 
 
 @pytest.mark.gpu
