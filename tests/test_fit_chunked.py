@@ -72,6 +72,17 @@ def test_a_diffuse_prior_across_chunks():
     _assert_equal(chunked, Likelihood(torch.from_numpy(y), fixed, nat, dt=0.7, backend="cpu"), nat)
 
 
+def test_only_the_boundary_beliefs_are_kept():
+    y, _ = _record(40, seed=10)
+    nat = _values(("theta", "sigma", "obs_var"), (3,))
+    lik = ChunkedLikelihood(dsa.from_array(y, chunks=(10, 3)), {}, nat)
+    with torch.no_grad():
+        _, beliefs = lik._forward(nat)
+    assert len(beliefs) == 3
+    for mean, var in beliefs:  # own storage, not views of a chunk's moments
+        assert mean.untyped_storage().nbytes() == var.untyped_storage().nbytes() == 3 * 8
+
+
 def test_gradcheck():
     y, times = _record(7, C=2, seed=6)
     nat = _values(("theta", "sigma", "obs_var", "mean", "init_mean"), (2,))

@@ -187,7 +187,7 @@ class ChunkedLikelihood:
         post = ks_filter(y, **kw, backend=self.backend, outputs=("mean", "var", "loglik"), check_finite=check)
         if b == T:
             return post.loglik, None
-        var = post.var[..., -1, :]
+        var = post.var[..., -1, :].clone()  # not a view: the chunk's moments are freed
         level = self._level(nat, b - 1, T)
         mean = torch.where(torch.isinf(var), torch.zeros_like(var) + level, post.mean[..., -1, :])
         return post.loglik, (mean, var)
