@@ -173,6 +173,17 @@ def test_packed_triton(variance):
     assert_all_close(grads, ref_grads, 2e-4, "gradients")
 
 
+def test_packed_triton_checked_call():
+    """The public (checked) call on the fused kernels with per-document initial states, an empty
+    document among them, against the float64 reference (forward; the gradients are the
+    operator's, tested above)."""
+    xs, state, cu = packed_inputs([1, 7, 0, 3], seed=3, device=KERNEL_DEVICE)
+    with torch.no_grad(), poisoned():
+        out = packed("triton", cu)([x.float() for x in xs + state])
+    ref = packed("reference", cu.cpu())([x.cpu() for x in xs + state])
+    assert_all_close([x.cpu() for x in out], ref, 2e-5, "outputs")
+
+
 @pytest.mark.parametrize("split", [False, True])
 def test_packed_triton_time_split(split):
     """Stretches of time run by separate programs (the piece maps, the adjoint maps), documents
