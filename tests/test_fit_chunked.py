@@ -135,3 +135,22 @@ def test_bad_input_names_the_argument():
         ks.fit(dsa.from_array(np.nan_to_num(y, posinf=0.0), chunks=(10, 3)), obs_var=-1.0, estimate=("theta", "sigma"))
     with pytest.raises(ValueError, match="boolean"):
         ks.fit(dsa.from_array(np.isnan(y), chunks=(10, 3)))
+
+
+def test_xr_fit_of_a_dataarray_chunked_along_time():
+    xr = pytest.importorskip("xarray")
+    import kalmanscan.xr as kxr
+
+    rng = np.random.default_rng(11)
+    x = np.zeros((2, 2, 90))
+    for t in range(1, 90):
+        x[..., t] = 0.8 * x[..., t - 1] + 0.5 * rng.normal(size=(2, 2))
+    y = x + 0.4 * rng.normal(size=x.shape) + 1.0
+    y[0, 1, 20:33] = np.nan
+    da = xr.DataArray(y, dims=("site", "sensor", "time"), coords={"site": ["a", "b"], "sensor": ["x", "y"]})
+    obs_var = xr.DataArray(rng.uniform(0.1, 0.3, (2, 90)), dims=("sensor", "time"), coords={"sensor": da.sensor})
+    want = kxr.fit(da, obs_var=obs_var, estimate=("theta", "sigma"))
+    got = kxr.fit(da.chunk({"time": 25, "site": 1}), obs_var=obs_var.chunk({"time": 30}), estimate=("theta", "sigma"))
+    assert got["theta"].dims == want["theta"].dims and got.attrs == want.attrs
+    for k in ("theta", "sigma", "theta_stderr", "loglik"):
+        np.testing.assert_allclose(got[k].values, want[k].values, rtol=1e-6, err_msg=k)

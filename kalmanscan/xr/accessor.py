@@ -29,7 +29,9 @@ dask-backed with ``da``'s chunks, and the same call runs on a ``dask.distributed
 one chunk along ``dim`` each block is filtered on its own (``xarray.apply_ufunc``); chunked along
 ``dim`` too, the chunks pass each other only beliefs (:mod:`kalmanscan.xr.timechunks`: memory per
 task one block, exact to rounding), so a record longer than a worker's memory is filtered and
-smoothed without a rechunk. ``fit`` still joins the time chunks of each block.
+smoothed without a rechunk. ``fit`` of a DataArray chunked along ``dim`` is one
+:func:`kalmanscan.fit` of all its series that holds one time chunk at a time
+(:mod:`kalmanscan.estimation.chunked`); otherwise each chunk of series is fitted on its own.
 
 Importing this module registers the ``.kalman`` accessor on ``xarray.DataArray``; it imports only
 NumPy and xarray at module level.
@@ -249,6 +251,28 @@ def _time_chunked(op_name, da, dim, arrays, times, static, fields):
     return xr.DataArray(data, dims=(*batch_dims, dim, _FIELD), coords=coords)
 
 
+def _time_chunked_inputs(da, dim, arrays):
+    """``da`` as ``(..., dim)`` dask-backed, and the parameters for :func:`kalmanscan.fit` of its
+    flattened series: per step ones ``(T, n)`` dask arrays, static ones ``(n,)`` NumPy arrays."""
+    if da.chunks is None:
+        da = da.chunk()
+    batch_dims = [d for d in da.dims if d != dim]
+    y = da.transpose(*batch_dims, dim)
+    params = {}
+    for name, value in arrays.items():
+        if dim in value.dims:
+            params[name] = _flat_time_last(_as_float(value).broadcast_like(y).transpose(*batch_dims, dim).chunk())
+        else:
+            params[name] = _as_float(value).broadcast_like(y.isel({dim: 0}, drop=True)).transpose(
+                *batch_dims).values.reshape(-1)
+    return y, params
+
+
+def _flat_time_last(x):
+    """A dask-backed ``(..., T)`` DataArray as the dask array ``(T, n)`` (series flattened)."""
+    return x.data.reshape(-1, x.shape[-1]).T
+
+
 def _names(fields):
     """The output's variables in order, for the filter's ``fields``."""
     return ["mean", "var", "precision", "lower", "upper", "loglik", "logliks", "pred_mean", "pred_var",
@@ -401,6 +425,9 @@ def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = Non
     independent, so the estimates agree with one joint fit to the optimiser's tolerance) and the
     result is dask-backed; ``converged`` and ``n_iter`` then describe each channel's chunk.
     ``shared=True`` needs every channel in one fit, so the non-time dims are rechunked to one chunk.
+    Chunked along ``dim`` (``da`` or a parameter), every series is fitted in one :func:`kalmanscan.fit`
+    that holds one time chunk at a time (:mod:`kalmanscan.estimation.chunked`), run when called:
+    the result is in memory.
     """
     _check_dataarray(da, dim)
     times, unit_label = time_steps(da, dim, time_unit, fit_kwargs)
@@ -415,23 +442,30 @@ def fit(da: xr.DataArray, dim: str = "time", *, time_unit: TimeUnit | None = Non
     fields = out_names + stderr + bound + ["loglik", "n_obs", "fitted", "converged", "n_iter"]
     ks_fit = _public("fit")
 
-    def kalman_fit_block(y, *blocks, names, per_step):
-        flat_y, flat, batch = _flatten(y, blocks, per_step)
-        out = np.full(batch + (len(fields),), np.nan)
-        if flat_y.size == 0:
-            return out
-        res = ks_fit(np.ascontiguousarray(flat_y), times=times, **dict(zip(names, flat)), **static)
+    def columns(res, batch):
         cols = ([res.params[k] for k in out_names] + [res.stderr[k] for k in estimate]
                 + [res.on_boundary[k] for k in estimate]
                 + [res.loglik, res.n_obs, res.fitted, float(res.converged), float(res.n_iter)])
-        for i, col in enumerate(cols):
-            out[..., i] = np.broadcast_to(np.asarray(col, dtype=np.float64), (flat_y.shape[1],)).reshape(batch)
-        return out
+        n = math.prod(batch)
+        return np.stack([np.broadcast_to(np.asarray(c, dtype=np.float64), (n,)) for c in cols], -1).reshape(
+            batch + (len(fields),))
+
+    def kalman_fit_block(y, *blocks, names, per_step):
+        flat_y, flat, batch = _flatten(y, blocks, per_step)
+        if flat_y.size == 0:
+            return np.full(batch + (len(fields),), np.nan)
+        return columns(ks_fit(np.ascontiguousarray(flat_y), times=times, **dict(zip(names, flat)), **static), batch)
 
     da = _as_float(da)
-    if shared and da.chunks is not None:
-        da = da.chunk({d: -1 for d in da.dims})
-    stacked = _apply(da, dim, arrays, kalman_fit_block, len(fields), [_FIELD], np.float64)
+    if any(_time_chunks(x, dim) > 1 for x in (da, *arrays.values())):  # one fit, one time chunk at a time
+        y, params = _time_chunked_inputs(da, dim, arrays)
+        res = ks_fit(_flat_time_last(y), times=times, **params, **static)
+        coords = {k: v for k, v in y.coords.items() if dim not in v.dims}
+        stacked = xr.DataArray(columns(res, y.shape[:-1]), dims=(*y.dims[:-1], _FIELD), coords=coords)
+    else:
+        if shared and da.chunks is not None:
+            da = da.chunk({d: -1 for d in da.dims})
+        stacked = _apply(da, dim, arrays, kalman_fit_block, len(fields), [_FIELD], np.float64)
     data = {f: _order(stacked.isel({_FIELD: i}), da) for i, f in enumerate(fields)}
     for k, dtype in (("n_obs", np.int64), ("fitted", bool), ("converged", bool), ("n_iter", np.int64),
                      *((b, bool) for b in bound)):
