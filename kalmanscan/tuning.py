@@ -33,6 +33,10 @@ class Tuning:
         small_work: element-steps below which a compiled CPU loop runs on the calling thread alone
             (:func:`kalmanscan.ops.cpu_threads.run_loop`): waking the others costs more than it
             saves, and on a busy machine a thread barrier can wait a time slice.
+        numpy_work: float64 element-steps up to which the cpu backend filters (and derives the
+            Posterior's fields) with NumPy steps over every series at once instead of its compiled
+            loops, with their operations and bits (:mod:`kalmanscan.ops.filter.cpu.small`): a
+            process's first compiled call pays numba's start, some 0.4 s of CPU.
         replay: whether small triton forward calls are replayed from CUDA graphs
             (:mod:`kalmanscan.ops.filter.triton.replay`).
         replay_graphs: layouts whose graphs are kept (least recently used dropped).
@@ -44,6 +48,7 @@ class Tuning:
 
     y_by_result: int = 1 << 18
     small_work: int = 1 << 17
+    numpy_work: int = 1 << 11
     replay: bool = True
     replay_graphs: int = 4
     replay_after: int = 2

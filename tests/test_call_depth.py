@@ -43,15 +43,21 @@ def check_path(frames: list[str]) -> None:
 
 @pytest.fixture
 def cpu_launches(monkeypatch):
-    """The package's frames at each call of the cpu backend's loop entry."""
+    """The package's frames at each call of the cpu backend's loop entry (and of its NumPy steps,
+    which run small work: :mod:`kalmanscan.ops.filter.cpu.small`)."""
     seen = []
-    run = cpu_backend.run_loop
 
-    def recorded(*args, **kwargs):
-        seen.append(package_frames(inspect.stack()[1:]))
-        return run(*args, **kwargs)
+    def record(module, name):
+        run = getattr(module, name)
 
-    monkeypatch.setattr(cpu_backend, "run_loop", recorded)
+        def recorded(*args, **kwargs):
+            seen.append(package_frames(inspect.stack()[1:]))
+            return run(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+
+    record(cpu_backend, "run_loop")
+    record(cpu_backend.small, "forward")
     return seen
 
 

@@ -239,3 +239,74 @@ def test_gradient_in_y_under_a_diffuse_prior(smooth):
         (post.mean.sum() + post.loglik.sum()).backward()
         grads.append(y.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-15)
+
+
+def _oracle_slopes(y, theta, dt, mean, init_var, weights):
+    """The exact slopes of ``sum(weights * smoothed mean)`` (``sigma = 0``, ``obs_var = 0.25``,
+    ``init_mean`` the OU mean) in the OU mean and in each observed ``y_t``: the smoothed mean is
+    affine in both, so a difference of two 60-digit oracle runs over a dyadic step is the slope
+    to within the runs' final rounding."""
+    decay, noise = ks.ou.discretize(theta, 0.0, dt)
+
+    def loss(y, m):
+        return float(np.sum(weights * oracle.smooth(y, decay, noise, 0.25, 1.0, m, m, init_var)["smooth_mean"]))
+
+    step = 0.125
+    d_mean = (loss(y, mean + step) - loss(y, mean - step)) / (2 * step)
+    d_y = np.zeros_like(y)
+    for t in np.flatnonzero(~np.isnan(y[:, 0])):
+        up, down = y.copy(), y.copy()
+        up[t, 0] += step
+        down[t, 0] -= step
+        d_y[t, 0] = (loss(up, mean) - loss(down, mean)) / (2 * step)
+    return d_mean, d_y
+
+
+NAN = np.nan
+NO_NOISE_CASES = [  # (y, theta, dt): steps without an observation after or between observations
+    ([[4.94], [1.23], [NAN], [NAN], [NAN]], 10.0, 1.12),
+    ([[4.94], [NAN], [NAN], [1.23], [NAN]], 10.0, 1.12),
+    ([[0.7], [-0.4], [NAN], [2.1], [NAN], [NAN], [0.3]], 3.0, 1.0),
+    ([[1.5], [NAN], [-0.2], [NAN], [NAN], [NAN]], 30.0, 1.0),
+    ([[0.2], [0.9], [NAN], [NAN], [NAN], [NAN]], 100.0, 1.0),
+    ([[-1.1], [0.4], [0.6], [NAN], [NAN]], 0.5, 2.0),
+]
+
+
+@pytest.mark.parametrize("backend", ("cpu", "torch"))
+@pytest.mark.parametrize("case", range(len(NO_NOISE_CASES)))
+def test_smoother_gradient_without_process_noise(backend, case):
+    # sigma = 0 and theta dt up to 100: the smoother's gain J = 1 / a compounds over the steps
+    # without an observation; the gradient of the smoothed mean in the OU mean came through a
+    # difference that J^k amplified (the first case: 4.006 by finite differences, -0.994 on the
+    # torch backend, 3.006 on the cpu one, for the sum of the smoothed means); it equals the
+    # oracle's exact slopes, in the OU mean and in y
+    y, theta, dt = NO_NOISE_CASES[case]
+    y = np.array(y)
+    weights = np.random.default_rng(case).uniform(0.5, 1.5, size=y.shape)
+    d_mean, d_y = _oracle_slopes(y, theta, dt, 0.3, 40.0, weights)
+    yt = torch.tensor(y, requires_grad=True)
+    mean = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    post = ks.smooth(yt, theta=theta, sigma=0.0, obs_var=0.25, dt=dt, mean=mean, init_var=40.0, backend=backend)
+    (post.mean * torch.tensor(weights)).sum().backward()
+    scale = np.abs(weights).sum()
+    np.testing.assert_allclose(mean.grad.item(), d_mean, rtol=1e-10, atol=1e-13 * scale)
+    np.testing.assert_allclose(torch.nan_to_num(yt.grad).numpy(), d_y, rtol=1e-10, atol=1e-13 * scale)
+
+
+@pytest.mark.parametrize("backend", ("cpu", "torch"))
+def test_smoother_gradcheck_without_process_noise(backend):
+    # float64 gradcheck of the smoothed moments in y, the OU mean, obs_var and init_var through
+    # trailing and interior steps without an observation (sigma = 0, theta dt = 11.2)
+    y = torch.tensor([[4.94], [1.23], [NAN], [0.4], [NAN], [NAN]], dtype=torch.float64)
+    seen = ~torch.isnan(y)
+
+    def smoothed(y_seen, mean, obs_var, init_var):
+        full = torch.where(seen, torch.zeros_like(y), y).masked_scatter(seen, y_seen)
+        post = ks.smooth(full, theta=10.0, sigma=0.0, obs_var=obs_var, dt=1.12, mean=mean, init_var=init_var,
+                         backend=backend)
+        return post.mean, post.var
+
+    args = (y[seen].clone(), torch.tensor(0.3, dtype=torch.float64), torch.tensor(0.25, dtype=torch.float64),
+            torch.tensor(40.0, dtype=torch.float64))
+    assert torch.autograd.gradcheck(smoothed, tuple(x.requires_grad_() for x in args))

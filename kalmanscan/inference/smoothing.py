@@ -33,9 +33,10 @@ from kalmanscan.types import ArrayLike
 
 if TYPE_CHECKING:
     from kalmanscan.inference.posterior import Posterior
+    from kalmanscan.problem.problem import Problem
 
 
-__all__ = ["smooth"]
+__all__ = ["smooth", "centre"]
 
 
 @pandas_io
@@ -61,7 +62,8 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     for p, finite, diffuse in attempts(args, state, check_finite):
         backend = get_backend(p.backend)  # the filter's moments and log-likelihood, as ks.filter asks
         ask = ("mean", "var", "loglik") if getattr(backend, "SUMS_LOGLIK", False) else LEAN
-        out = run_finite(dataclasses.replace(finite, outputs=ask), diffuse, backend.filter)
+        centred = centre(finite)
+        out = run_finite(dataclasses.replace(centred, outputs=ask), diffuse, backend.filter)
         if confirmed(p, state):
             break
     queued = out.pop("y_check", None)
@@ -69,15 +71,26 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
         out["loglik"] = sum_time(out["logliks"])
     out = {k: out[k] for k in ("mean", "var", "loglik", "decay", "noise")}
     shape = p.shape
-    # the predictions the smoother reads, derived on the finite problem (in a diffuse channel's
-    # window, replaced below, they need not follow its identity transitions)
-    pred = derived.derive(finite, torch.broadcast_to(out["mean"], shape), torch.broadcast_to(out["var"], shape))
-    full = {k: torch.broadcast_to(out[k], shape) for k in ("mean", "var", "decay", "noise")}
-    full.update(pred_mean=pred["pred_mean"], pred_var=pred["pred_var"])
+    # the smoother reads the centred filtered mean (centred.mean is 0); the predictions, derived
+    # on the finite problem (in a diffuse channel's window, replaced below, they need not follow
+    # its identity transitions)
+    z = torch.broadcast_to(out["mean"], shape)
+    pred = derived.derive(centred, z, torch.broadcast_to(out["var"], shape))
+    full = {k: torch.broadcast_to(out[k], shape) for k in ("var", "decay", "noise")}
+    full.update(mean=z, pred_mean=pred["pred_mean"], pred_var=pred["pred_var"])
     del pred
     mean_param = torch.broadcast_to(p.mean, shape)
-    mean_s, var_s, precision_s = backend.smooth(full, mean_param)
+    mean_s, var_s, precision_s = backend.smooth(full, torch.broadcast_to(centred.mean, shape))
     del full
+    mean_s = mean_s + mean_param
+    if diffuse is not None and diffuse.hold is not None:
+        # the window's run hands its belief to the rest through the mean less the OU mean
+        # (diffuse.run_finite), rounded otherwise on the centred problem: the filtered fields
+        # reported are those of the problem as given, as ks.filter's
+        given = run_finite(dataclasses.replace(finite, outputs=ask), diffuse, backend.filter)
+        out.update(mean=given["mean"], loglik=given["loglik"] if "loglik" in given else sum_time(given["logliks"]))
+    else:  # the backends add the OU mean to the centred one so: the same bits
+        out["mean"] = z + mean_param
     if finite.no_process_noise() and not bool(
             (torch.isfinite(mean_s) & torch.isfinite(var_s)).all()):
         raise ValueError("sigma must be > 0 where theta > 0 to smooth this series: without process "
@@ -94,3 +107,15 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     elif check_finite and not p.y.is_cuda:  # (y checked already; no wait on the host)
         decide_y(p.y, None, diffuse_witness(out["loglik"], finite, diffuse))
     return post if state is None else mark(post, state)
+
+
+def centre(p: Problem) -> Problem:
+    """``p`` on the centred state ``x - mean``: ``y - h mean``, ``init_mean - mean_0`` and an OU
+    mean of 0, so the filter's mean is the centred one, to full precision as it shrinks (the
+    backends form exactly these two differences and filter the same numbers: the moments and the
+    log-likelihood are unchanged, bit for bit), and differentiable as such: the gradient of the
+    smoothed mean through ``J = 1 / a`` compounded over steps without process noise needs it (the
+    mean minus ``mean`` afterwards, rounded to the mean's own scale, lost it)."""
+    level = p.mean.to(p.dtype)
+    return dataclasses.replace(p, y=p.y - p.h * level, mean=torch.zeros_like(level[..., :1, :1]),
+                               init_mean=p.init_mean - level[..., :1, :])

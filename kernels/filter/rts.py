@@ -4,17 +4,20 @@ Lanes and stretches are those of :mod:`kalmanscan.kernels.filter.steps`. With ``
 filtered centred mean; ``m`` the model's mean parameter) and the next step's transition and
 prediction, step ``t`` of the smoother is the pair of affine maps
 
-    x_t = J_t x_{t+1} + (mu_t - J_t pmu_{t+1}),     r_t = c_t g_{t+1} r_{t+1} + k_t
+    x_t = J_t x_{t+1} + k_t mu_t,     r_t = c_t g_{t+1} r_{t+1} + k_t
 
-with ``J_t = a_{t+1} var_t / pv_{t+1}``, ``k_t = q_{t+1} / pv_{t+1}``, ``c_t = a_{t+1} J_t`` (1 where
-``q_{t+1} = 0``) and ``g_{t+1} = var_{t+1} / pv_{t+1}``: ``r_t = var_s_t / var_t`` is the smoothed
-variance as a ratio (:func:`kalmanscan.ops.filter.torch.smooth`; gains and offsets in ``[0, 1]``),
-and ``var_t r_t`` is stored. A predicted variance below the normal range is read as its limit 0
-(:func:`kalmanscan.ops.filter.torch.rts_gains`: ``J = 0``, ``c = 1`` where ``a > 0`` else 0, ``k =
-1 - c``, ``g = 1``). The last step is the constant ``(mu_{T-1}, 1)`` and steps past ``T`` are the
-identity. As the maps act on the pair ``(x, r)`` with a diagonal matrix ``diag(J, c g)``, they are
-the five-number affine maps of :mod:`kalmanscan.kernels.filter.bwd` with a zero corner, and time
-splits the same way:
+with ``J_t = a_{t+1} var_t / pv_{t+1}`` (``1 / a_{t+1}`` where ``q_{t+1} = 0``), ``k_t = q_{t+1} /
+pv_{t+1} = 1 - a_{t+1} J_t``, ``c_t = a_{t+1} J_t`` (1 where ``q_{t+1} = 0``) and ``g_{t+1} =
+var_{t+1} / pv_{t+1}``: the mean's map is the textbook ``mu_t + J_t (x_{t+1} - a_{t+1} mu_t)`` with
+the prediction cancelled exactly (non-negative coefficients; the predicted mean is not read), and
+``r_t = var_s_t / var_t`` is the smoothed variance as a ratio
+(:func:`kalmanscan.ops.filter.torch.smooth`; gains and offsets in ``[0, 1]``), and ``var_t r_t``
+is stored. A predicted variance below the normal range is read as its limit 0
+(:func:`kalmanscan.ops.filter.torch.rts_gains`: ``J = 0``, the mean's offset ``mu_t``, ``c = 1``
+where ``a > 0`` else 0, ``k = 1 - c``, ``g = 1``). The last step is the constant ``(mu_{T-1}, 1)``
+and steps past ``T`` are the identity. As the maps act on the pair ``(x, r)`` with a diagonal
+matrix ``diag(J, c g)``, they are the five-number affine maps of
+:mod:`kalmanscan.kernels.filter.bwd` with a zero corner, and time splits the same way:
 
 1. :func:`rts_agg_kernel` walks each stretch backwards and writes its composed map
    ``agg[b, 0..4, s, c] = (P, 0, P_v, B, B_v)``;
@@ -41,7 +44,8 @@ def rts_step(t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b,
              decay_ptr, sdc_b, sdc_t, sdc_c, noise_ptr, snz_b, snz_t, snz_c, m_ptr, sm_b, sm_t, sm_c):
     """``(J, bm, G, K, var_t, m_t, mean_t, valid)`` of step ``t``: the maps ``x -> J x + bm``,
     ``r -> G r + K`` (constant at ``T - 1``, identity past ``T``), the filtered variance, the mean
-    parameter and the filtered mean at ``t``."""
+    parameter and the filtered mean at ``t``. The predicted mean (``pmean_ptr``, a field of the
+    backends' ``smooth`` contract) is not read: the mean's map cancels the prediction exactly."""
     valid = lane_ok & (t < T)
     inner = lane_ok & (t < T - 1)
     m_t = load_param(m_ptr, b, t, c, sm_b, sm_t, sm_c, valid, 0.0)
@@ -52,15 +56,14 @@ def rts_step(t, lane_ok, b, c, T, mean_ptr, smu_b, smu_t, smu_c, var_ptr, svr_b,
     a = load_param(decay_ptr, b, t + 1, c, sdc_b, sdc_t, sdc_c, inner, 0.0)
     q = load_param(noise_ptr, b, t + 1, c, snz_b, snz_t, snz_c, inner, 0.0)
     pv = load_param(pvar_ptr, b, t + 1, c, spv_b, spv_t, spv_c, inner, 1.0)
-    pmu = (load_param(pmean_ptr, b, t + 1, c, spm_b, spm_t, spm_c, inner, 0.0)
-           - load_param(m_ptr, b, t + 1, c, sm_b, sm_t, sm_c, inner, 0.0))
     known = pv >= smallest_normal(pv)
+    noisy = known & (q > 0.0)
     ipv = rcp(tl.where(known, pv, 1.0))
-    J = tl.where(known, a * (var * ipv), 0.0)
+    J = tl.where(noisy, a * (var * ipv), tl.where(known, rcp(tl.where(noisy | ~known, 1.0, a)), 0.0))
     k = tl.where(known, q * ipv, tl.where(a > 0.0, 0.0, 1.0))
-    G = tl.where(known & (q > 0.0), a * J, 1.0 - k) * tl.where(known, var_next * ipv, 1.0)
+    G = tl.where(noisy, a * J, 1.0 - k) * tl.where(known, var_next * ipv, 1.0)
     J = tl.where(inner, J, tl.where(valid, 0.0, 1.0))
-    bm = tl.where(inner, mu - J * pmu, tl.where(valid, mu, 0.0))
+    bm = tl.where(inner, tl.where(known, k, 1.0) * mu, tl.where(valid, mu, 0.0))
     G = tl.where(inner, G, tl.where(valid, 0.0, 1.0))
     K = tl.where(inner, k, tl.where(valid, 1.0, 0.0))
     return J, bm, G, K, var, m_t, mean_t, valid

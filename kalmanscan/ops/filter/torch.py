@@ -128,14 +128,15 @@ def gain_terms(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[to
     """``(mu, J, bm, bv)`` of the RTS recursion from the filter's tensors ``f``: the centred
     filtered mean, the gains ``J_t = a_{t+1} var_t / pred_var_{t+1}`` and the offsets of the mean
     and variance recursions (``(..., T - 1, C)``; see :mod:`kalmanscan.inference.smoothing`), with
-    a predicted variance of 0 read as its limit (:func:`rts_gains`)."""
+    a predicted variance of 0 read as its limit (:func:`rts_gains`). The mean's offset is ``bm_t =
+    e_t mu_t``, ``e_t = 1 - a_{t+1} J_t = q_{t+1} / pred_var_{t+1}`` (1 at that limit): the
+    textbook ``mu_t - J_t pred_mu_{t+1}`` with the prediction ``a_{t+1} mu_t`` cancelled exactly."""
     mu = f["mean"] - mean_param
-    pred_mu = f["pred_mean"] - mean_param
     a_next, q_next, pv_next = (x[..., 1:, :] for x in (f["decay"], f["noise"], f["pred_var"]))
     var = f["var"][..., :-1, :]
     J, k, _ = rts_gains(a_next, q_next, var, pv_next)
-    bm = mu[..., :-1, :] - J * pred_mu[..., 1:, :]
-    return mu, J, bm, var * k
+    e = torch.where(pv_next > 0, k, 1.0)
+    return mu, J, e * mu[..., :-1, :], var * k
 
 
 def rts_gains(a: torch.Tensor, q: torch.Tensor, var: torch.Tensor,
@@ -143,9 +144,9 @@ def rts_gains(a: torch.Tensor, q: torch.Tensor, var: torch.Tensor,
     """``(J, k, c)`` of one RTS step from the filtered ``var`` at ``t`` and the transition into
     ``t + 1`` (decay ``a``, noise ``q``, ``pred_var = a^2 var + q``): the gain ``J = a var /
     pred_var`` and the shares ``k = q / pred_var``, ``c = a^2 var / pred_var = a J`` (``k + c = 1``
-    where ``pred_var`` is the filter's), ``c`` formed as 1 without process noise, where a subnormal
-    ``pred_var`` would round ``a J`` (as functions of free inputs the gradients are the textbook
-    form's wherever ``q > 0``).
+    where ``pred_var`` is the filter's). Without process noise ``J = 1 / a`` and ``c = 1``, formed
+    so, where a subnormal ``pred_var`` would round ``a var / pred_var`` (as functions of free
+    inputs the gradients are the textbook form's wherever ``q > 0``).
 
     A predicted variance of 0 (no process noise and ``a^2 var`` 0 or below the floating-point
     range) is read as its limit: the next state is ``a x_t`` exactly, so ``c = 1, k = 0`` where
@@ -155,10 +156,13 @@ def rts_gains(a: torch.Tensor, q: torch.Tensor, var: torch.Tensor,
     ``a var_t h^2 / obs_var``, below the range, where ``J = 1 / a`` itself may not be. The
     quotients take safe denominators, so no branch left out puts a NaN in the gradient."""
     known = pred_var > 0
+    noisy = known & (q > 0)
     pv = torch.where(known, pred_var, torch.ones_like(pred_var))
-    J = torch.where(known, quotient(a * var, pv), torch.zeros_like(pv))
+    exact = known & (q <= 0)  # J = 1 / a (a > 0 there: a^2 var > 0)
+    J = torch.where(noisy, quotient(a * var, pv),
+                    torch.where(exact, reciprocal(torch.where(exact, a, torch.ones_like(a))), torch.zeros_like(pv)))
     k = torch.where(known, quotient(q, pv), (a <= 0).to(J.dtype))
-    return J, k, torch.where(known & (q > 0), a * J, 1.0 - k)
+    return J, k, torch.where(noisy, a * J, 1.0 - k)
 
 
 def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -166,9 +170,13 @@ def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor) -> tuple[torch.
     by two reverse affine scans; differentiable by autograd. The contract of every backend's
     ``smooth`` (:mod:`kalmanscan.ops.filter`).
 
-    The mean is ``mean_s_t = J_t mean_s_{t+1} + (mean_t - J_t pred_mean_{t+1})``. The variance is
-    scanned as the ratio ``rho_t = var_s_t / var_t = k_t + c_t g_{t+1} rho_{t+1}`` (``rho_{T-1} =
-    1``, ``g_{t+1} = var_{t+1} / pred_var_{t+1}``; :func:`rts_gains`), which is
+    The mean is scanned centred, ``mu_s_t = J_t mu_s_{t+1} + e_t mu_t`` (``mu = mean -
+    mean_param``; :func:`gain_terms`): non-negative coefficients, so where ``f``'s means are
+    centred to full precision (:func:`kalmanscan.smooth` passes them so, with ``mean_param`` 0) the
+    result and its gradient keep it through any number of steps without process noise, where
+    ``J = 1 / a`` compounds (the textbook difference ``mu_s_{t+1} - pred_mu_{t+1}`` lost it).
+    The variance is scanned as the ratio ``rho_t = var_s_t / var_t = k_t + c_t g_{t+1} rho_{t+1}``
+    (``rho_{T-1} = 1``, ``g_{t+1} = var_{t+1} / pred_var_{t+1}``; :func:`rts_gains`), which is
     the textbook ``var_s_t = var_t + J_t^2 (var_s_{t+1} - pred_var_{t+1})`` rearranged: its gains
     and offsets lie in ``[0, 1]``, so the scan neither cancels nor leaves the range (``J^2`` is
     ``1 / a^2`` without process noise), and ``var_s = var rho`` is exact where the predicted

@@ -54,6 +54,7 @@ from kalmanscan.model import ou
 from kalmanscan.ops import host_memory
 from kalmanscan.ops.cpu_threads import run_loop
 from kalmanscan.problem.problem import Problem
+from kalmanscan.ops.filter.cpu import small
 from kalmanscan.ops.filter.torch import adjoint_to, compact
 
 __all__ = ["filter", "smooth", "summary", "derived_fields", "DERIVED", "stream_step", "stream_step_arrays", "layout",
@@ -64,7 +65,7 @@ FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision",
           "pred_obs_var", "logliks", "missing")
 POSTERIOR = FIELDS  # the rows of stream_step's out, as kalmanscan.ops.filter.triton.POSTERIOR for its kernel
 INPUTS = ("y", "theta", "sigma", "dt", "obs_var", "mean", "h", "init_mean", "init_var")
-SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")
+SMOOTH_INPUTS = ("mean", "var", "pred_mean", "pred_var", "decay", "noise")  # the fields smooth() is given
 MAX_LANES = 256     # series per task at most (a task walks time with its series innermost)
 MIN_LANES = 8       # ... and at least this many while there are enough series (overlaps their latency)
 TASKS_PER_THREAD = 4
@@ -160,13 +161,19 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     """Run the forward loop; returns ``({field: tensor of shape}, zc or None)``; ``"loglik"`` among
     ``fields``: also each series' log-likelihood summed over time in float64 by the loop, ``(..., C)``
     in the compute dtype (no per-step terms written for it)."""
-    L = _loops()[0]
     dtype = _np_dtype(inputs[0].dtype)
     B, T, C = _dims(shape)
-    arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
     names = FIELDS + ("zc",)
     wanted = set(fields) | ({"zc"} if save_zc else set())
     out = {k: host_memory.empty(shape, inputs[0].dtype) for k in names if k in wanted}
+    if small.small(dtype, shape):
+        llsum = np.zeros(shape[:-2] + (C,), np.float64) if "loglik" in wanted else None
+        small.forward(tuple(x.detach().numpy() for x in inputs), shape, {k: v.numpy() for k, v in out.items()}, llsum)
+        if llsum is not None:
+            out["loglik"] = torch.from_numpy(llsum)
+        return out, out.pop("zc", None)
+    L = _loops()[0]
+    arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
     placeholder = np.zeros(1, dtype)
     outs = tuple(_flat(out[k]) if k in out else placeholder for k in names)
     write = np.array([k in out for k in names])
@@ -349,13 +356,17 @@ DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mea
 def derived_fields(p: Problem, mean: torch.Tensor, var: torch.Tensor) -> dict[str, torch.Tensor]:
     """The :data:`DERIVED` fields of ``p``'s filter from its filtered ``mean`` and ``var`` (CPU
     tensors broadcastable to ``p.shape``, the compute dtype) as contiguous ``p.shape`` tensors, in
-    one compiled pass (:mod:`kalmanscan.ops.filter.cpu.derive`); not differentiable."""
+    one compiled pass (:mod:`kalmanscan.ops.filter.cpu.derive`; small work in NumPy,
+    :mod:`kalmanscan.ops.filter.cpu.small`, the same bits); not differentiable."""
+    dtype = _check(p)
+    inputs = tuple(getattr(p, k) for k in INPUTS) + (mean, var)
+    if small.small(dtype, p.shape):
+        fields = small.derive(tuple(x.detach().numpy() for x in inputs), p.shape)
+        return {k: torch.from_numpy(fields[k]) for k in DERIVED}
     from kalmanscan.ops.filter.cpu import derive as cpu_derive
 
-    dtype = _check(p)
     L = _loops()[0]
     B, T, C = _dims(p.shape)
-    inputs = tuple(getattr(p, k) for k in INPUTS) + (mean, var)
     arrays, boff, tstride, cstride = layout(inputs, p.shape, dtype)
     out = {k: host_memory.empty(p.shape, p.dtype) for k in DERIVED}
     if B:
@@ -365,27 +376,30 @@ def derived_fields(p: Problem, mean: torch.Tensor, var: torch.Tensor) -> dict[st
     return out
 
 
-def _rts_forward(inputs, shape):
+def _rts_forward(inputs, shape, keep=False):
+    """Smoothed ``(mean, var, precision)`` and, with ``keep``, the centred smoothed mean the adjoint
+    reads (else ``None``), from the loop inputs (``mean, var, level, pred_var, decay, noise``)."""
     L, _, R = _loops()
     dtype = _np_dtype(inputs[0].dtype)
     B, T, C = _dims(shape)
     arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
-    out = tuple(host_memory.empty(shape, inputs[0].dtype) for _ in range(3))
+    out = [host_memory.empty(shape, inputs[0].dtype) for _ in range(3 + keep)]
+    flats = tuple(_flat(x) for x in out) + (() if keep else (np.zeros(1, dtype),))
     if B:
-        run_loop(R.rts_forward, B * C, B * C * T, arrays, boff, tstride, cstride, tuple(_flat(x) for x in out),
+        run_loop(R.rts_forward, B * C, B * C * T, arrays, boff, tstride, cstride, flats, keep,
                  L.constants(dtype), T, C, _block(B, C))
-    return out
+    return (*out[:3], out[3] if keep else None)
 
 
 class _Smooth(torch.autograd.Function):
-    """``(mean, var, pred_mean, pred_var, decay, noise) -> (mean_s, var_s, precision_s)``."""
+    """``(mean, var, level, pred_var, decay, noise) -> (mean_s, var_s, precision_s)``."""
 
     @staticmethod
     def forward(ctx, shape, *inputs):
-        mean_s, var_s, prec_s = _rts_forward(inputs, shape)
+        mean_s, var_s, prec_s, zs = _rts_forward(inputs, shape, keep=True)
         ctx.shape = shape
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*inputs, mean_s, var_s)
+        ctx.save_for_backward(*inputs, zs, var_s)
         return mean_s, var_s, prec_s
 
     @staticmethod
@@ -398,10 +412,10 @@ class _Smooth(torch.autograd.Function):
     def _backward(ctx, *cot):
         L, _, R = _loops()
         shape = ctx.shape
-        *inputs, mean_s, var_s = ctx.saved_tensors
+        *inputs, zs, var_s = ctx.saved_tensors
         if all(g is None for g in cot):
             return (None,) * 7
-        tdtype = mean_s.dtype
+        tdtype = zs.dtype
         dtype = _np_dtype(tdtype)
         B, T, C = _dims(shape)
         arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
@@ -412,7 +426,7 @@ class _Smooth(torch.autograd.Function):
         grads = [host_memory.empty(shape, tdtype) for _ in range(4)]
         grads += [torch.empty((B, T if step[0] else 1, C), dtype=tdtype) for _ in range(2)]
         if B:
-            run_loop(R.rts_backward, B * C, B * C * T, arrays, boff, tstride, cstride, _flat(mean_s),
+            run_loop(R.rts_backward, B * C, B * C * T, arrays, boff, tstride, cstride, _flat(zs),
                      _flat(var_s), carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads),
                      step, L.constants(dtype), T, C, _block(B, C))
         res = [g.sum_to_size(x.shape) for g, x in zip(grads[:4], inputs[:4])]
@@ -423,13 +437,17 @@ class _Smooth(torch.autograd.Function):
 def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Smoothed ``(mean, var, precision)`` from the filter's tensors ``f`` (``mean, var,
     pred_mean, pred_var, decay, noise``, CPU tensors broadcastable to one ``(..., T, C)`` shape)
-    by the RTS recursion as a compiled reverse loop; the contract of every backend's ``smooth``.
+    and the OU mean ``mean_param`` (``None``: the means of ``f`` are centred) by the RTS recursion
+    as a compiled reverse loop; the contract of every backend's ``smooth``.
 
-    ``mean_param`` (the OU mean) is accepted for that contract but not needed: the smoothed mean
-    ``mean_s_t = mean_t + J_t (mean_s_{t+1} - pred_mean_{t+1})`` does not depend on it.
-    Differentiable (once) with respect to every tensor of ``f``.
+    The mean is smoothed centred, ``z_s_t = e_t z_t + J_t z_s_{t+1}`` with non-negative
+    coefficients (:mod:`kalmanscan.ops.filter.cpu.rts`), so ``pred_mean`` is not read: where ``f``'s
+    means are centred to full precision (:func:`kalmanscan.smooth` passes them so) the result and
+    its gradient keep it through any number of steps without process noise. Differentiable (once)
+    with respect to every tensor of ``f`` and ``mean_param``.
     """
-    inputs = tuple(f[k] for k in SMOOTH_INPUTS)
+    level = torch.zeros((), dtype=f["mean"].dtype) if mean_param is None else mean_param
+    inputs = (f["mean"], f["var"], level, f["pred_var"], f["decay"], f["noise"])
     if inputs[0].device.type != "cpu":
         raise ValueError(f"backend='cpu' needs CPU tensors; the filtered mean is on {inputs[0].device}")
     shape = tuple(torch.broadcast_shapes(*(x.shape for x in inputs)))
@@ -437,7 +455,7 @@ def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor | None = None) -
     inputs = tuple(x.to(dtype) for x in inputs)
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         return _Smooth.apply(shape, *(compact(x) for x in inputs))
-    return _rts_forward(inputs, shape)
+    return _rts_forward(inputs, shape)[:3]
 
 
 def summary(p: Problem) -> tuple[torch.Tensor, ...]:

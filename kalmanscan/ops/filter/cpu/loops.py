@@ -59,7 +59,7 @@ N_COT = 9
 # Adjoint order of the filter backward: per-step or per-series parameter adjoints.
 G_A, G_Q, G_R, G_H, G_M = range(5)
 # Smoother inputs.
-S_MEAN, S_VAR, S_PMEAN, S_PVAR, S_DECAY, S_NOISE = range(6)
+S_MEAN, S_VAR, S_LEVEL, S_PVAR, S_DECAY, S_NOISE = range(6)
 # Cached variance terms of the static loop (rows of each slot of its per-task cache).
 (K_P, K_PP, K_S, K_IS, K_K, K_PF, K_LS, K_IPF, K_IPP) = range(9)
 
