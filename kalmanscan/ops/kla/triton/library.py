@@ -15,7 +15,9 @@ device (CUDA, or the CPU under ``TRITON_INTERPRET=1``); they read no value on th
 operator synchronises.
 
 Shapes: ``v``, ``lam_v``, ``y``, ``y_var`` ``(B, L, M)``; ``k``, ``q`` ``(B, L, S)``; ``decay``,
-``noise`` ``(M, S)``; ``lam0``, ``eta0``, ``lam``, ``eta`` ``(B, M, S)``; the checkpoints
+``noise`` ``(M, S)``; ``lam0``, ``eta0``, ``lam``, ``eta`` ``(B, M, S)`` (``lam``, ``eta`` and the
+per-filter gradients as views of the kernels' layout, strided ``(..., S, M)`` with
+``config.states_first``: no copy for a state nobody reads); the checkpoints
 ``(B, ceil(L / chunk), M, S)`` (``(..., S, M)`` with ``config.states_first``, the kernels' layout)
 when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
 ``y``, ``y_var`` come in ``v``'s dtype and the gradients ``gv``, ``glam_v`` in ``v``'s and ``lam_v``'s,
@@ -248,23 +250,21 @@ def _to_kernels(x, cfg):
     return (x.transpose(-1, -2) if cfg.states_first else x).contiguous()
 
 
-def _from_kernels(x, cfg):
-    """The inverse of :func:`_to_kernels` (the dtype stays float32)."""
-    return x.transpose(-1, -2).contiguous() if cfg.states_first else x
-
-
-def _grad_from_kernels(x, cfg):
-    """A per-filter gradient in the kernels' layout as an ``(..., M, S)`` view, without a copy: with
-    ``cfg.states_first`` strided as ``(..., S, M)``. Autograd hands a leaf's ``.grad`` over in the
-    leaf's own layout, and a consumer compiled by Inductor reads the view in place."""
+def _as_filters(x, cfg):
+    """A per-filter tensor in the kernels' layout as an ``(..., M, S)`` view, without a copy: with
+    ``cfg.states_first`` strided as ``(..., S, M)`` (the final state and the per-filter gradients).
+    A final state nobody reads costs no copy; read, ``1 / lam`` keeps the layout, and continuing
+    from it hands the kernels their own layout back (:func:`_to_kernels` then copies nothing).
+    Autograd hands a leaf's ``.grad`` over in the leaf's own layout, and a consumer compiled by
+    Inductor reads the view in place."""
     return x.transpose(-1, -2) if cfg.states_first else x
 
 
-def _fake_grad(v, shape, cfg):
-    """The fake of a per-filter gradient of ``shape`` ``(..., M, S)``: a buffer in the kernels'
-    layout (:func:`_grid`) as :func:`_grad_from_kernels` returns it."""
+def _fake_filters(v, shape, cfg):
+    """The fake of a per-filter output of ``shape`` ``(..., M, S)``: a buffer in the kernels'
+    layout (:func:`_grid`) as :func:`_as_filters` returns it."""
     *lead, M, S = shape
-    return _grad_from_kernels(v.new_empty((*lead, *_grid(M, S, cfg)), dtype=torch.float32), cfg)
+    return _as_filters(v.new_empty((*lead, *_grid(M, S, cfg)), dtype=torch.float32), cfg)
 
 
 def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tensor, decay: torch.Tensor,
@@ -313,7 +313,7 @@ def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
         STATES_FIRST=cfg.states_first, VAR=cfg.variance, EVEN=even, VARLEN=cu_seqlens is not None,
         num_warps=cfg.num_warps,
     )
-    return y, y_var, _from_kernels(lam, cfg), _from_kernels(eta, cfg), ckpt[0], ckpt[1]
+    return y, y_var, _as_filters(lam, cfg), _as_filters(eta, cfg), ckpt[0], ckpt[1]
 
 
 @torch.library.custom_op("kalmanscan::kla_scan_fwd", mutates_args=())
@@ -333,8 +333,8 @@ def _(v, lam_v, k, q, decay, noise, lam0, eta0, save, config, cu_seqlens=None):
     rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     ckpt_shape = (B, _n_chunks(L, cfg.chunk), *_grid(M, S, cfg)) if save else (1,)
     y_var_shape = (B, L, M) if cfg.variance else (1,)
-    return (v.new_empty(B, L, M), v.new_empty(y_var_shape), v.new_empty(rows, M, S, **f32),
-            v.new_empty(rows, M, S, **f32), v.new_empty(ckpt_shape, **f32), v.new_empty(ckpt_shape, **f32))
+    return (v.new_empty(B, L, M), v.new_empty(y_var_shape), _fake_filters(v, (rows, M, S), cfg),
+            _fake_filters(v, (rows, M, S), cfg), v.new_empty(ckpt_shape, **f32), v.new_empty(ckpt_shape, **f32))
 
 
 @torch.library.custom_op("kalmanscan::kla_scan_bwd", mutates_args=())
@@ -396,7 +396,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
         **l2_policies(cfg), HAS_INIT=has_init, VARLEN=varlen, num_warps=cfg.bwd_num_warps,
     )
     return (gv, glam_v, gk_part.sum(2), gq_part.sum(2),
-            *(_grad_from_kernels(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))
+            *(_as_filters(x, cfg) for x in (gdecay_part.sum((0, 1)), gnoise_part.sum((0, 1)), glam0, geta0)))
 
 
 @kla_scan_bwd.register_fake
@@ -408,8 +408,8 @@ def _(v, lam_v, k, q, decay, noise, ckpt_lam, ckpt_eta, gy, gy_var, glam, geta, 
     f32 = dict(dtype=torch.float32)
     rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return (v.new_empty(B, L, M), lam_v.new_empty(B, L, M), v.new_empty(B, L, S, **f32),
-            v.new_empty(B, L, S, **f32), _fake_grad(v, (M, S), cfg), _fake_grad(v, (M, S), cfg),
-            _fake_grad(v, (rows, M, S), cfg), _fake_grad(v, (rows, M, S), cfg))
+            v.new_empty(B, L, S, **f32), _fake_filters(v, (M, S), cfg), _fake_filters(v, (M, S), cfg),
+            _fake_filters(v, (rows, M, S), cfg), _fake_filters(v, (rows, M, S), cfg))
 
 
 def _setup_context(ctx, inputs, output):
