@@ -27,8 +27,8 @@ prediction into it.
 
 Tasks per chunk of series: ``n`` filters, ``n - 1`` summaries and one prefix for the filter; the
 smoother adds ``n - 1`` link filters, one suffix and ``n`` smoothers. Memory per task: one block
-(a chunk of ``y``) and its results: for the smoother about 14 blocks of working memory in float64
-beside its output of 9 fields.
+(a chunk of ``y``) and its results: at most about 16 blocks of working memory in float64 (a
+link's filter, or a smoother's beside its output of 9 fields).
 """
 
 from __future__ import annotations
@@ -221,21 +221,30 @@ def _outputs(fields: Sequence[str] | None) -> tuple[str, ...]:
 
 
 def _link(y, arrays, times, before, carry, last, names, static) -> np.ndarray:
-    """Chunk ``i >= 1``'s RTS link ``(4, n)`` (:func:`kalmanscan.inference.stretches.rts_link`)."""
+    """Chunk ``i >= 1``'s RTS link ``(4, n)`` (:func:`kalmanscan.inference.stretches.rts_link`),
+    from its filter's fields as tensors that share their memory (static ones expanded, not copied)."""
     fy, flat, _ = _flat(y, arrays, names)
-    kw = {**_kwargs(flat, static, None, False), "backend": "torch"}
+    kw = _kwargs(flat, static, None, False)
     if times is not None:  # the steps as dt, so that the decay and noise at index 0 are the transition's
         kw["dt"] = _steps(times, before)
         carry = dataclasses.replace(carry, time=None)
     post = ks_filter(fy, **kw, state=carry)
-    t = {k: torch.from_numpy(np.array(np.broadcast_to(v, post.mean.shape)))
-         for k, v in dict(mean=post.mean, var=post.var, pred_mean=post.pred_mean, pred_var=post.pred_var,
-                          decay=post.params["decay"], noise=post.params["noise"]).items()}
-    level = torch.from_numpy(np.array(np.broadcast_to(post.params["mean"], post.mean.shape)))
+    shape = post.mean.shape
+    t = {k: _tensor(v, shape) for k, v in dict(mean=post.mean, var=post.var, pred_mean=post.pred_mean,
+                                               pred_var=post.pred_var, decay=post.params["decay"],
+                                               noise=post.params["noise"]).items()}
+    level = _tensor(post.params["mean"], shape)
+    del post
     var_prev = torch.from_numpy(np.asarray(carry.var, dtype=fy.dtype))
     mu_prev = torch.from_numpy(np.asarray(carry.mean - carry.level, dtype=fy.dtype))
     link = stretches.rts_link(t, level, (var_prev, mu_prev), last=last)
     return dict(link=link[:, 0, :].numpy(), level=np.asarray(carry.level))
+
+
+def _tensor(x, shape: tuple) -> torch.Tensor:
+    """``x`` as a tensor expanded to ``shape``, sharing its memory (copied when it is read-only)."""
+    x = np.asarray(x)
+    return torch.from_numpy(x if x.flags.writeable else x.copy()).expand(shape)
 
 
 def _suffix(links: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
