@@ -135,6 +135,8 @@ def test_bad_input_names_the_argument():
         ks.fit(dsa.from_array(np.nan_to_num(y, posinf=0.0), chunks=(10, 3)), obs_var=-1.0, estimate=("theta", "sigma"))
     with pytest.raises(ValueError, match="boolean"):
         ks.fit(dsa.from_array(np.isnan(y), chunks=(10, 3)))
+    with pytest.raises(ValueError, match=r"^y must have T >= 1 and C >= 1, got shape \(0, 3\)"):
+        ks.fit(dsa.zeros((0, 3)))
 
 
 def test_xr_fit_of_a_dataarray_chunked_along_time():

@@ -79,8 +79,12 @@ def statistics(y: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 
 def _check_y(y: Any) -> None:
+    """``ValueError`` naming ``y`` as :func:`kalmanscan.problem.prepare.prepare` raises it, before
+    any chunk is read."""
     if y.ndim < 2:
-        raise ValueError(f"y must have shape (..., T, C), got {tuple(y.shape)}")
+        raise ValueError(f"y must have shape (..., T, C) with T >= 1 and C >= 1, got {tuple(y.shape)}")
+    if y.shape[-2] < 1 or y.shape[-1] < 1:
+        raise ValueError(f"y must have T >= 1 and C >= 1, got shape {tuple(y.shape)}")
     kind = np.dtype(y.dtype).kind
     if kind == "b":
         raise ValueError("y must be numeric observations, got a boolean array (convert it with "
