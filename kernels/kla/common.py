@@ -102,8 +102,9 @@ def kla_tile(decay_ptr, noise_ptr, L, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.c
              STATES_FIRST: tl.constexpr, EVEN: tl.constexpr):
     """The program's batch row ``pid_b`` and channel block ``pid_m`` (grid axes 0 and 1), its
     offsets and masks, the offsets ``ms`` of its filters in a per-filter ``(M, S)`` tensor (``(S, M)``
-    with ``STATES_FIRST``), ``decay``, ``decay^2`` and ``noise`` of its filters, and the offsets
-    ``row_m``/``row_s`` of token 0 of its row in ``(B, L, M)`` and ``(B, L, S)`` tensors.
+    with ``STATES_FIRST``), ``decay``, ``decay^2`` and ``noise`` of its filters (read from ``(M, S)``
+    tensors in either layout: once a program, so the launcher copies nothing to turn them), and
+    the offsets ``row_m``/``row_s`` of token 0 of its row in ``(B, L, M)`` and ``(B, L, S)`` tensors.
 
     Padding lanes get ``decay = 1, noise = 0`` (an identity predict step). With ``EVEN`` (the
     launcher's promise that ``BLOCK_M`` divides ``M`` and ``BLOCK_S == S``) there are none: the
@@ -122,11 +123,13 @@ def kla_tile(decay_ptr, noise_ptr, L, M, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.c
     if STATES_FIRST:
         mask = mask_s[:, None] & mask_m[None, :]
         ms = offs_s[:, None] * M + offs_m[None, :]
+        params = offs_s[:, None] + offs_m[None, :] * S
     else:
         mask = mask_m[:, None] & mask_s[None, :]
         ms = offs_m[:, None] * S + offs_s[None, :]
-    decay = tl.load(decay_ptr + ms, mask=mask, other=1.0)
-    noise = tl.load(noise_ptr + ms, mask=mask, other=0.0)
+        params = ms
+    decay = tl.load(decay_ptr + params, mask=mask, other=1.0)
+    noise = tl.load(noise_ptr + params, mask=mask, other=0.0)
     row_m = pid_b * L * M + offs_m
     row_s = pid_b * L * S + offs_s
     return pid_b, pid_m, offs_m, offs_s, mask_m, mask_s, mask, ms, decay, decay * decay, noise, row_m, row_s

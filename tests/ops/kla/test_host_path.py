@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -48,6 +49,26 @@ def test_operations_per_call(monkeypatch):
             assert sum(d.ops.values()) <= budget + (copies if budget > 6 else 0), dict(d.ops)
             assert not any("fill" in op or "zero" in op for op in d.ops), dict(d.ops)
             assert sum(n for op, n in d.ops.items() if "copy" in op) <= (copies if budget > 6 else 0), dict(d.ops)
+
+
+@pytest.mark.parametrize("config", [library.DEFAULT_CONFIG, library.SPLIT_CONFIG])
+def test_wrapper_copies_nothing_in_either_layout(monkeypatch, config):
+    """With the grid turned (``states_first``, the launch of few channel blocks) as without: the
+    kernels read ``decay`` and ``noise`` in their own layout and the final state comes back as a
+    view of theirs, so a call without gradients makes no copy of either, forward and backward
+    alike (the backward: its allocations and the k, q, decay and noise partial sums)."""
+    for name in ("kla_fwd_kernel", "kla_piece_map_kernel", "kla_bwd_kernel", "kla_adjoint_map_kernel"):
+        monkeypatch.setattr(library, name, NoLaunch())
+    xs = [x.float() for x in make_inputs(2, 16, 8, 4, device=KERNEL_DEVICE)]
+    with torch.no_grad(), Dispatched() as d:
+        kla_scan_triton(*xs, config=config)
+    assert not any("copy" in op or "clone" in op for op in d.ops), dict(d.ops)
+    ints = config.as_ints()
+    _, _, lam, eta, ckpt_lam, ckpt_eta = library.kla_scan_fwd(*xs[:6], None, None, True, ints)
+    grads = [torch.ones_like(x) for x in (xs[0], xs[0], lam, eta)]
+    with Dispatched() as d:
+        library.kla_scan_bwd(*xs[:6], ckpt_lam, ckpt_eta, *grads, ints)
+    assert not any("copy" in op or "clone" in op for op in d.ops), dict(d.ops)
 
 
 def test_call_without_gradients_equals_the_operator():

@@ -250,6 +250,12 @@ def _to_kernels(x, cfg):
     return (x.transpose(-1, -2) if cfg.states_first else x).contiguous()
 
 
+def _parameter(x):
+    """``decay`` or ``noise`` ``(M, S)`` as the kernels read it: float32, contiguous, in its own
+    layout whatever ``states_first`` (:func:`kalmanscan.kernels.kla.common.kla_tile`)."""
+    return x.to(torch.float32).contiguous()
+
+
 def _as_filters(x, cfg):
     """A per-filter tensor in the kernels' layout as an ``(..., M, S)`` view, without a copy: with
     ``cfg.states_first`` strided as ``(..., S, M)`` (the final state and the per-filter gradients).
@@ -277,7 +283,7 @@ def forward(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch.Tens
     the unused ``(1,)`` outputs unfilled: no launch for them)."""
     cfg = _config(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
-    decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
+    decay32, noise32 = (_parameter(x) for x in (decay, noise))
     B, L, M = v.shape
     S = k.shape[-1]
     grid = _grid(M, S, cfg)
@@ -350,7 +356,7 @@ def kla_scan_bwd(v: torch.Tensor, lam_v: torch.Tensor, k: torch.Tensor, q: torch
     recompute the documents' starts)."""
     cfg = _config(config)
     v, lam_v, k, q = (x.contiguous() for x in (v, lam_v, k, q))
-    decay32, noise32 = (_to_kernels(x, cfg) for x in (decay, noise))
+    decay32, noise32 = (_parameter(x) for x in (decay, noise))
     B, L, M = v.shape
     S = k.shape[-1]
     grid = _grid(M, S, cfg)
