@@ -48,7 +48,7 @@ class Tuning:
 
     y_by_result: int = 1 << 18
     small_work: int = 1 << 17
-    numpy_work: int = 1 << 11
+    numpy_work: int = 1 << 12
     replay: bool = True
     replay_graphs: int = 4
     replay_after: int = 2

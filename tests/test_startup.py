@@ -1,8 +1,9 @@
 """Start-up: ``import kalmanscan`` loads neither torch nor numba, nothing of torch's compiler is
-imported on the CPU paths, ``kalmanscan --help`` starts at once, and the CPU paths run without
-Triton installed. Each case runs in a fresh interpreter; times are the child's CPU time (robust on
-a loaded machine, where wall-clock times stretch), with wall-clock limits generous enough for a
-busy CI machine."""
+imported on the CPU paths, ``kalmanscan --help`` starts at once, the first small ``ks.filter``
+and ``kalmanscan filter`` meet their targets, and the CPU paths run without Triton installed. Each
+case runs in a fresh interpreter; the targets are asserted on the child's CPU time (its own work:
+robust on a loaded machine, where wall-clock times stretch with the other processes), with
+wall-clock limits generous enough for a busy CI machine."""
 
 import os
 import resource
@@ -46,40 +47,41 @@ def test_help_starts_at_once():
     assert cpu < 1.0 and wall < 5.0, (cpu, wall)
 
 
-@pytest.fixture(scope="module")
-def warm_loops():
-    """The compiled loops in numba's on-disk cache (a fresh checkout compiles them on first use):
-    the loop of static parameters, and the per-step one that times (the command's) run."""
-    _child("import numpy as np, kalmanscan as ks\n"
-           "for kw in ({}, {'times': [0.0, 1.0, 2.0]}):\n"
-           "    ks.filter(np.ones((3, 2)), theta=0.1, sigma=0.5, obs_var=1.0, **kw)")
-
-
-def test_first_filter_imports_no_compiler(warm_loops):
-    """The library's first use imports torch but nothing of its compiler nor Triton; the first call
-    then loads the loops from the cache (most of its time is numba's own start)."""
+@pytest.mark.parametrize("fn", ["filter", "smooth"])
+def test_first_call_is_fast(fn):
+    """The first ``ks.filter`` (or ``ks.smooth``) call of a process on a small NumPy problem (here
+    1000 steps of 3 channels, float64) runs the cpu backend's NumPy steps
+    (kalmanscan.ops.filter.cpu.small): no numba, no sympy, nothing of torch's compiler nor Triton.
+    Target 0.2 s of CPU (asserted as it is: measured 0.01-0.02 s on 2 shared cores, ten times
+    under it); ``ks.filter``'s own imports, torch's above all, come with the name, before the call."""
     code = ("import sys, time, numpy as np, kalmanscan as ks\n"
-            "f = ks.filter\n"
-            "y = np.random.default_rng(0).normal(size=(100, 2))\n"
+            f"f = ks.{fn}\n"
+            "y = np.random.default_rng(0).normal(size=(1000, 3))\n"
             "t0, c0 = time.perf_counter(), time.process_time()\n"
-            "f(y, theta=0.1, sigma=0.5, obs_var=1.0)\n"
+            "f(y, theta=0.1, sigma=0.5, obs_var=1.0).pred_mean\n"
             "print(time.perf_counter() - t0, time.process_time() - c0)\n"
-            f"print([m for m in {COMPILER!r} if m in sys.modules])")
+            f"print([m for m in {(*COMPILER, 'numba', 'sympy')!r} if m in sys.modules])")
     out, wall, cpu = _child(code)
     first_wall, first_cpu = map(float, out.split("\n")[0].split())
     assert out.strip().endswith("[]")
-    assert first_cpu < 1.0 and first_wall < 10.0, (first_cpu, first_wall)
+    assert first_cpu < 0.2 and first_wall < 2.0, (first_cpu, first_wall)
     assert cpu < 6.0 and wall < 30.0, (cpu, wall)
 
 
-def test_filter_command_on_100_steps(tmp_path, warm_loops):
+def test_filter_command_on_100_steps(tmp_path):
+    """``kalmanscan filter`` on 100 steps: target 3 s. Measured 2.0-2.1 s of CPU on 2 shared cores,
+    nearly all imports (torch 0.9 s; pandas and xarray 0.6 s; xarray's first DataArray imports
+    dask.array, 0.6 s); the filter itself, on the NumPy steps, a few milliseconds. The CPU time is
+    asserted at the target (the child's own work, which a loaded machine does not stretch); its
+    wall-clock time only against a hang."""
     y = np.random.default_rng(0).normal(size=100).cumsum()
     src = tmp_path / "s.csv"
     src.write_text("t,level\n" + "".join(f"{t},{v!r}\n" for t, v in enumerate(y.tolist())))
-    code = "import sys\nfrom kalmanscan.cli import main\nsys.exit(main(sys.argv[1:]))"
+    code = ("import sys\nfrom kalmanscan.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('numba' in sys.modules)\nsys.exit(rc)")
     out, wall, cpu = _child(code, "filter", str(src), "--theta", "0.1", "--sigma", "1", "--obs-var", "0.5")
-    assert "level" in out
-    assert cpu < 5.0 and wall < 30.0, (cpu, wall)
+    assert "level" in out and out.split()[-1] == "False"
+    assert cpu < 3.0 and wall < 30.0, (cpu, wall)
 
 
 BLOCK_TRITON = """

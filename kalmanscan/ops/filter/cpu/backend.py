@@ -32,7 +32,11 @@ Compilation: nothing is compiled or imported from numba until the first call; ea
 loops (the filter with static parameters, with per-step ones, its adjoint, the smoother, its
 adjoint) compiles on its first call per dtype (about 3 to 10 s of CPU each on a 2-core machine)
 and is cached on disk beside its module (``__pycache__``, or ``NUMBA_CACHE_DIR``), so later
-processes load it (well under a second).
+processes load it (about 0.4 s of CPU for numba's own start, then milliseconds a loop). Small
+float64 work (at most :attr:`~kalmanscan.tuning.Tuning.numpy_work` element-steps, decided by size
+alone) runs the forward, the derived fields and the smoother without gradients with the loops'
+operations in Python floats and NumPy instead (:mod:`kalmanscan.ops.filter.cpu.small`): the same
+bits, no numba, a few milliseconds for the first call of a process as for the others.
 
 Threads: numba's (``numba.set_num_threads``); work below
 :attr:`~kalmanscan.tuning.Tuning.small_work` steps, or a single series, runs on the calling
@@ -378,9 +382,14 @@ def derived_fields(p: Problem, mean: torch.Tensor, var: torch.Tensor) -> dict[st
 
 def _rts_forward(inputs, shape, keep=False):
     """Smoothed ``(mean, var, precision)`` and, with ``keep``, the centred smoothed mean the adjoint
-    reads (else ``None``), from the loop inputs (``mean, var, level, pred_var, decay, noise``)."""
-    L, _, R = _loops()
+    reads (else ``None``), from the loop inputs (``mean, var, level, pred_var, decay, noise``); small
+    work without it in NumPy (:mod:`kalmanscan.ops.filter.cpu.small`, the same bits)."""
     dtype = _np_dtype(inputs[0].dtype)
+    if not keep and small.small(dtype, shape):
+        out = tuple(host_memory.empty(shape, inputs[0].dtype) for _ in range(3))
+        small.rts(tuple(x.detach().numpy() for x in inputs), shape, tuple(x.numpy() for x in out))
+        return (*out, None)
+    L, _, R = _loops()
     B, T, C = _dims(shape)
     arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
     out = [host_memory.empty(shape, inputs[0].dtype) for _ in range(3 + keep)]
@@ -450,7 +459,7 @@ def smooth(f: dict[str, torch.Tensor], mean_param: torch.Tensor | None = None) -
     inputs = (f["mean"], f["var"], level, f["pred_var"], f["decay"], f["noise"])
     if inputs[0].device.type != "cpu":
         raise ValueError(f"backend='cpu' needs CPU tensors; the filtered mean is on {inputs[0].device}")
-    shape = tuple(torch.broadcast_shapes(*(x.shape for x in inputs)))
+    shape = tuple(np.broadcast_shapes(*(tuple(x.shape) for x in inputs)))
     dtype = inputs[0].dtype
     inputs = tuple(x.to(dtype) for x in inputs)
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):

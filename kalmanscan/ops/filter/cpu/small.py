@@ -1,7 +1,8 @@
-"""The ``"cpu"`` backend's filter and derived fields for small float64 work, in NumPy: the
-operations of the compiled loops (:mod:`kalmanscan.ops.filter.cpu.loops`,
-:mod:`~kalmanscan.ops.filter.cpu.derive`) in the same order, each step applied to every series at
-once, so the same bits, without numba.
+"""The ``"cpu"`` backend's filter, derived fields and smoother for small float64 work, without
+numba: the operations of the compiled loops (:mod:`kalmanscan.ops.filter.cpu.loops`,
+:mod:`~kalmanscan.ops.filter.cpu.derive`, :mod:`~kalmanscan.ops.filter.cpu.rts`) in the same
+order, the recursions one series at a time in Python floats and the elementwise fields in NumPy,
+so the same bits.
 
 Why: a process's first compiled call pays numba's start (importing it, its typing registries and
 SciPy's BLAS check: about 0.4 s of CPU before any loop runs, though the loops themselves come from
@@ -25,7 +26,7 @@ import numpy as np
 
 from kalmanscan import tuning
 
-__all__ = ["small", "forward", "derive", "FIELDS", "DERIVED"]
+__all__ = ["small", "forward", "derive", "rts", "FIELDS", "DERIVED"]
 
 # The forward's outputs (the loops' order) and the derived fields (derive_fields' order).
 FIELDS = ("mean", "var", "precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean",
@@ -139,3 +140,42 @@ def derive(ins: tuple[np.ndarray, ...], shape: tuple[int, ...]) -> dict[str, np.
         ll = np.where(miss, 0.0, -0.5 * (lS + v * v * (1.0 / S)))
         return dict(precision=1.0 / fv, pred_mean=zp + m, pred_var=Pp, pred_precision=1.0 / Pp,
                     pred_obs_mean=h * (zp + m), pred_obs_var=S, logliks=ll, missing=miss.astype(np.float64))
+
+
+def rts(ins: tuple[np.ndarray, ...], shape: tuple[int, ...], outs: tuple[np.ndarray, ...]) -> None:
+    """The smoother of every series: ``ins`` the filtered ``mean, var``, the OU mean ``level``,
+    ``pred_var, decay, noise`` (float64 arrays broadcastable to ``shape``); writes the smoothed
+    ``(mean, var, precision)`` into ``outs`` (``shape`` arrays). The recursion of
+    :func:`kalmanscan.ops.filter.cpu.rts.rts_forward`."""
+    arrays = [np.broadcast_to(x, shape) for x in ins]
+    for index in np.ndindex(shape[:-2] + shape[-1:]):
+        at = index[:-1] + (slice(None), index[-1])
+        rows = _rts_series(*(x[at].tolist() for x in arrays))
+        for out, values in zip(outs, np.array(rows, dtype=np.float64).reshape(shape[-2], 3).T):
+            out[at] = values[::-1]
+
+
+def _rts_series(mean: list, var: list, level: list, pred_var: list, decay: list, noise: list) -> list:
+    """One series' smoothed ``(mean, var, precision)`` rows, last step first."""
+    T = len(mean)
+    zs, vs, rho = mean[-1] - level[-1], var[-1], 1.0
+    rows = [(mean[-1], vs, _inv(vs))]
+    for t in range(T - 2, -1, -1):
+        a, q, pv, v = decay[t + 1], noise[t + 1], pred_var[t + 1], var[t]
+        if pv > 0.0:
+            if q > 0.0:
+                J = a * (v / pv)
+                share = q / pv
+                c = a * J
+            else:
+                J, share, c = 1.0 / a, 0.0, 1.0
+            e, g = share, var[t + 1] / pv
+        else:
+            J, e, g = 0.0, 1.0, 1.0
+            c = 1.0 if a > 0.0 else 0.0
+            share = 1.0 - c
+        zs = e * (mean[t] - level[t]) + J * zs
+        rho = share + c * g * rho
+        vs = v * rho
+        rows.append((zs + level[t], vs, _inv(vs)))
+    return rows
