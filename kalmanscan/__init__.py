@@ -6,8 +6,10 @@
 
 Every public name is imported on first use (PEP 562): ``import kalmanscan`` loads neither torch
 nor numba, so the command line starts at once; the first use of ``ks.filter`` (or any name in
-``__all__``) imports the library (torch included, never torch's compiler), and the first call of
-the compiled CPU loops loads them from numba's on-disk cache. ``ks.xr`` (``import kalmanscan.xr``)
+``__all__``) imports the library (torch included, never torch's compiler). On the CPU small
+float64 problems run without numba (:mod:`kalmanscan.ops.filter.cpu.small`, the compiled loops'
+bits), so a process's first call takes milliseconds; larger ones load the compiled loops from
+numba's on-disk cache (its start costs about 0.4 s once). ``ks.xr`` (``import kalmanscan.xr``)
 registers the ``.kalman`` accessor on ``xarray.DataArray``; it is registered at import when xarray
 is already loaded. ``import kalmanscan.nn`` imports neither xarray, pandas nor matplotlib.
 """

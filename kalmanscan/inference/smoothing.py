@@ -3,12 +3,18 @@
 Given the filtered centred mean ``mu_t`` and variance ``var_t`` and the one-step predictions of the
 next step, with ``J_t = a_{t+1} var_t / pred_var_{t+1}``:
 
-    mu_s_t  = J_t mu_s_{t+1} + (mu_t - J_t pred_mu_{t+1})
+    mu_s_t  = J_t mu_s_{t+1} + e_t mu_t,        e_t = q_{t+1} / pred_var_{t+1} = 1 - a_{t+1} J_t
     var_s_t = J_t^2 var_s_{t+1} + var_t q_{t+1} / pred_var_{t+1}
 
-and ``mu_s_{T-1} = mu_{T-1}``, ``var_s_{T-1} = var_{T-1}``. The variance recursion is written with
-``var_t - J_t^2 pred_var_{t+1} = var_t q_{t+1} / pred_var_{t+1} >= 0``, so every term is
-non-negative and nothing cancels. Both are affine recursions run backwards in time by
+and ``mu_s_{T-1} = mu_{T-1}``, ``var_s_{T-1} = var_{T-1}``. The mean recursion is the textbook
+``mu_t + J_t (mu_s_{t+1} - pred_mu_{t+1})`` with ``pred_mu_{t+1} = a_{t+1} mu_t`` cancelled exactly,
+and the variance recursion is written with ``var_t - J_t^2 pred_var_{t+1} = var_t q_{t+1} /
+pred_var_{t+1} >= 0``: every coefficient is non-negative and nothing cancels. Without process
+noise ``J = 1 / a`` compounds over steps without an observation; the textbook difference, of the
+size of the next step's update, then lost the value's and above all the gradient's digits at the
+rate ``a^-k``. Here every term is of the size of the result, given a centred mean kept to full
+precision as it shrinks: the filter runs on the centred problem (:func:`centre`), whose mean is
+the centred one. Both are affine recursions run backwards in time by
 :func:`kalmanscan.model.scan.associative_scan` (``reverse=True``) in the torch backend: O(T) work,
 O(log T) depth, differentiable by autograd. Every backend provides ``smooth`` (:mod:`kalmanscan.ops.filter`):
 the reference a float64 loop, triton fused reverse walks (without gradients), cpu a compiled loop.
