@@ -42,9 +42,6 @@ from kalmanscan.inference.stream import StreamState
 
 __all__ = ["ChunkedLikelihood", "as_record", "statistics"]
 
-_MODEL = ("theta", "sigma", "obs_var", "mean")
-
-
 def as_record(y: Any) -> Any:
     """``y`` as a dask array when it is one, or a DataArray holding one (read positionally as
     ``(..., T, C)``, its coordinates not read), else ``None`` (without importing dask)."""
@@ -187,7 +184,7 @@ class ChunkedLikelihood:
         if belief is not None:
             kw.pop("init_mean", None)
             kw.pop("init_var", None)
-            kw["state"] = self._state(belief, kw, nat, a, T)
+            kw["state"] = self._state(belief, nat, a, T)
         post = ks_filter(y, **kw, backend=self.backend, outputs=("mean", "var", "loglik"), check_finite=check)
         if b == T:
             return post.loglik, None
@@ -196,7 +193,7 @@ class ChunkedLikelihood:
         mean = torch.where(torch.isinf(var), torch.zeros_like(var) + level, post.mean[..., -1, :])
         return post.loglik, (mean, var)
 
-    def _state(self, belief: tuple, kw: dict, nat: dict, a: int, T: int) -> StreamState:
+    def _state(self, belief: tuple, nat: dict, a: int, T: int) -> StreamState:
         """The belief at step ``a - 1`` as the stream state chunk ``a..`` continues."""
         mean, var = belief
         times = self.steps["times"]

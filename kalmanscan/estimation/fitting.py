@@ -76,9 +76,9 @@ def fit(y: Any, *, theta: Any = None, sigma: Any = None, obs_var: Any = None, me
             detached tensors of its dtype on its device. A pandas ``DataFrame`` or ``Series`` is read
             as :func:`kalmanscan.filter` reads it (its index the times, ``time_unit=`` for dates).
             A dask array chunked along time (or a DataArray of one, read positionally) is fitted
-            one time chunk at a time, holding one chunk
-            and the beliefs at the chunk boundaries (:mod:`kalmanscan.estimation.chunked`; float64,
-            on the CPU; fixed per-step values and ``times`` may be dask arrays too).
+            one time chunk at a time, holding one chunk and the beliefs at the chunk boundaries
+            (:mod:`kalmanscan.estimation.chunked`; float64, on the CPU; fixed per-step values and
+            ``times`` may be dask arrays too).
         theta, sigma, obs_var, mean, init_mean, init_var: for a name in ``estimate``, the initial
             guess (``None``: a guess from the data; scalars or ``(C,)``, or ``B + (1, C)``, for the
             model parameters, ``B + (C,)`` for ``init_*``); for any other name, the fixed value
