@@ -11,10 +11,12 @@ start: https://github.com/pytorch/pytorch/issues/182343; not counted below); the
 the layer runs them: ``documents`` (each token's document and position,
 :func:`kalmanscan.ops.kla.documents.token_documents`), ``conv`` (the causal conv within documents,
 :func:`kalmanscan.nn.packed.document_conv`), ``scan`` (``kla_scan_unchecked`` with ``cu_seqlens``
-on the layer's inputs: outputs and every input's gradient), ``layer`` (the whole block: output and
-every parameter's gradient). Prints the largest absolute difference of each stage and compiler,
-and the first stage that departs by more than ``--tol`` (relative to the stage's largest value).
-"""
+on the layer's inputs: outputs and every input's gradient), ``windows`` (the conv continuing
+per-document windows, and the windows after each document), ``layer`` (the whole block: output
+and every parameter's gradient), ``layer_state`` (the block continuing a state of one row per
+document: output, new state, the parameters' and the state's gradients). Prints the largest
+absolute difference of each stage and compiler, and the first stage that departs by more than
+``--tol`` (relative to the stage's largest value)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import torch
 import triton
 
 from kalmanscan import nn as ks_nn
-from kalmanscan.nn.packed import document_conv
+from kalmanscan.nn.layer import KLAState
+from kalmanscan.nn.packed import document_conv, document_windows
 from kalmanscan.ops.kla import kla_scan_unchecked
 from kalmanscan.ops.kla.documents import token_documents
 
@@ -53,6 +56,11 @@ def stages(layer, x, cu):
         _, _, _, sensors = layer.observe(x, cu_seqlens=cu)
         decay, noise = (p.detach() for p in layer.discretized())
     scan_args = [t.detach().requires_grad_() for t in (*sensors, decay, noise)]
+    n = cu.numel() - 1
+    g = torch.Generator().manual_seed(4)
+    start = layer.init_state(n)
+    state = KLAState(*(t + 0.5 * torch.rand(t.shape, generator=g).to(t.device) for t in start))
+    state = KLAState(*(t.detach().requires_grad_() for t in state))
 
     def sliced_search(cu):
         return (torch.searchsorted(cu[1:], torch.arange(total, device=cu.device, dtype=cu.dtype), right=True),)
@@ -69,12 +77,21 @@ def stages(layer, x, cu):
         y, y_var, state = kla_scan_unchecked(*inputs, return_state=True, backend=layer.backend, cu_seqlens=cu)
         return (y, y_var, *state)
 
+    def windows(z, window, cu):
+        return document_conv(z, layer.conv, cu, window), document_windows(z, cu, window)
+
     def whole(x, cu):
         return (layer(x, cu_seqlens=cu),)
 
+    def continued(x, conv, var, mu, cu):
+        out, new = layer(x, KLAState(conv, var, mu), cu_seqlens=cu)
+        return (out, *new)
+
     return {"sliced_search": (sliced_search, (cu,), []), "documents": (documents, (cu,), []),
             "conv": (conv, (z, cu), [z]), "scan": (scan, (*scan_args, cu), scan_args),
-            "layer": (whole, (x, cu), list(layer.parameters()))}
+            "windows": (windows, (z, state.conv, cu), [z, state.conv]),
+            "layer": (whole, (x, cu), list(layer.parameters())),
+            "layer_state": (continued, (x, *state, cu), [*layer.parameters(), *state])}
 
 
 def with_gradients(outs, wrt):

@@ -9,5 +9,5 @@ def test_packed_compile_runs_and_finds_no_departure():
                                   "aot_eager"])
     assert result["first"] is None
     assert set(result["stages"]) == {f"{s}/aot_eager" for s in ("sliced_search", "documents", "conv", "scan",
-                                                                "layer")}
+                                                                "windows", "layer", "layer_state")}
     assert all(row["max_abs_diff"] == 0.0 for row in result["stages"].values())
