@@ -92,7 +92,7 @@ def with_state_grads(layer, state, out, new):
     return torch.autograd.grad(loss, [*layer.parameters(), *state], allow_unused=True)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "torch", "reference", "triton"])
+@pytest.mark.parametrize("backend", ["cpu", "torch", "reference", "recurrent", "triton"])
 def test_layer_packed_with_states_equals_separate(backend):
     """Each document continues its own row of the state (conv window, variance, mean) and ends in
     its own row of the new state: equal to one call per document with its row, the output, the
