@@ -310,3 +310,37 @@ def test_smoother_gradcheck_without_process_noise(backend):
     args = (y[seen].clone(), torch.tensor(0.3, dtype=torch.float64), torch.tensor(0.25, dtype=torch.float64),
             torch.tensor(40.0, dtype=torch.float64))
     assert torch.autograd.gradcheck(smoothed, tuple(x.requires_grad_() for x in args))
+
+
+@pytest.mark.parametrize("case", range(len(NO_NOISE_CASES)))
+def test_smoother_parameter_gradients_without_process_noise(case):
+    # the gradients of the smoothed mean and variance in theta, obs_var and init_var: the cpu
+    # adjoint (of its ratio form) equals autograd through the torch scans and the reference's
+    # central difference in theta; in float32 they stay finite (the textbook form's adjoint carried
+    # J^2 = 1 / a^2 a step and overflowed, NaN)
+    y, theta, dt = NO_NOISE_CASES[case]
+    weights = np.random.default_rng(case).uniform(0.5, 1.5, size=np.shape(y))
+    grads = {}
+    for backend, dtype in (("cpu", torch.float64), ("torch", torch.float64), ("cpu", torch.float32),
+                           ("torch", torch.float32)):
+        leaves = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in (theta, 0.25, 40.0)]
+        post = ks.smooth(torch.tensor(y, dtype=dtype), theta=leaves[0], sigma=0.0, obs_var=leaves[1], dt=dt,
+                         mean=0.3, init_var=leaves[2], backend=backend)
+        w = torch.tensor(weights, dtype=dtype)
+        ((post.mean * w).sum() + (post.var * w).sum()).backward()
+        grads[backend, dtype] = np.array([x.grad.item() for x in leaves])
+    scale = np.abs(grads["torch", torch.float64]).max()
+    np.testing.assert_allclose(grads["cpu", torch.float64], grads["torch", torch.float64], rtol=1e-9,
+                               atol=1e-12 * scale)
+    for backend in ("cpu", "torch"):
+        np.testing.assert_allclose(grads[backend, torch.float32], grads[backend, torch.float64], rtol=0,
+                                   atol=1e-4 * scale)
+
+    def loss(t):
+        post = ks.smooth(np.array(y), theta=t, sigma=0.0, obs_var=0.25, dt=dt, mean=0.3, init_var=40.0,
+                         backend="reference")
+        return float(np.sum(weights * (post.mean + post.var)))
+
+    step = 1e-6 * theta
+    slope = (loss(theta + step) - loss(theta - step)) / (2 * step)
+    np.testing.assert_allclose(grads["cpu", torch.float64][0], slope, rtol=1e-5, atol=1e-7 * scale)

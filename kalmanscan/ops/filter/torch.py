@@ -144,9 +144,11 @@ def rts_gains(a: torch.Tensor, q: torch.Tensor, var: torch.Tensor,
     """``(J, k, c)`` of one RTS step from the filtered ``var`` at ``t`` and the transition into
     ``t + 1`` (decay ``a``, noise ``q``, ``pred_var = a^2 var + q``): the gain ``J = a var /
     pred_var`` and the shares ``k = q / pred_var``, ``c = a^2 var / pred_var = a J`` (``k + c = 1``
-    where ``pred_var`` is the filter's). Without process noise ``J = 1 / a`` and ``c = 1``, formed
-    so, where a subnormal ``pred_var`` would round ``a var / pred_var`` (as functions of free
-    inputs the gradients are the textbook form's wherever ``q > 0``).
+    where ``pred_var`` is the filter's). Without process noise ``J = 1 / a``, ``k = 0`` and ``c =
+    1``, formed so, where a subnormal ``pred_var`` would round ``a var / pred_var`` (as functions of
+    free inputs the gradients are the textbook form's wherever ``q > 0``; at ``q = 0`` none flows
+    to ``q``: the process noise ``sigma^2 (...)`` of every parameter has derivative 0 at ``sigma =
+    0``, and ``1 / pred_var`` may overflow).
 
     A predicted variance of 0 (no process noise and ``a^2 var`` 0 or below the floating-point
     range) is read as its limit: the next state is ``a x_t`` exactly, so ``c = 1, k = 0`` where
@@ -161,7 +163,7 @@ def rts_gains(a: torch.Tensor, q: torch.Tensor, var: torch.Tensor,
     exact = known & (q <= 0)  # J = 1 / a (a > 0 there: a^2 var > 0)
     J = torch.where(noisy, quotient(a * var, pv),
                     torch.where(exact, reciprocal(torch.where(exact, a, torch.ones_like(a))), torch.zeros_like(pv)))
-    k = torch.where(known, quotient(q, pv), (a <= 0).to(J.dtype))
+    k = torch.where(noisy, quotient(q, pv), torch.where(known, torch.zeros_like(pv), (a <= 0).to(J.dtype)))
     return J, k, torch.where(noisy, a * J, 1.0 - k)
 
 

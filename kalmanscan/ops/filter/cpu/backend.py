@@ -381,9 +381,10 @@ def derived_fields(p: Problem, mean: torch.Tensor, var: torch.Tensor) -> dict[st
 
 
 def _rts_forward(inputs, shape, keep=False):
-    """Smoothed ``(mean, var, precision)`` and, with ``keep``, the centred smoothed mean the adjoint
-    reads (else ``None``), from the loop inputs (``mean, var, level, pred_var, decay, noise``); small
-    work without it in NumPy (:mod:`kalmanscan.ops.filter.cpu.small`, the same bits)."""
+    """Smoothed ``(mean, var, precision)`` and, with ``keep``, the centred smoothed mean and the
+    variance ratio the adjoint reads (else ``None``), from the loop inputs (``mean, var, level,
+    pred_var, decay, noise``); small work without ``keep`` in NumPy
+    (:mod:`kalmanscan.ops.filter.cpu.small`, the same bits)."""
     dtype = _np_dtype(inputs[0].dtype)
     if not keep and small.small(dtype, shape):
         out = tuple(host_memory.empty(shape, inputs[0].dtype) for _ in range(3))
@@ -392,12 +393,12 @@ def _rts_forward(inputs, shape, keep=False):
     L, _, R = _loops()
     B, T, C = _dims(shape)
     arrays, boff, tstride, cstride = layout(inputs, shape, dtype)
-    out = [host_memory.empty(shape, inputs[0].dtype) for _ in range(3 + keep)]
-    flats = tuple(_flat(x) for x in out) + (() if keep else (np.zeros(1, dtype),))
+    out = [host_memory.empty(shape, inputs[0].dtype) for _ in range(3 + 2 * keep)]
+    flats = tuple(_flat(x) for x in out) + (() if keep else (np.zeros(1, dtype),) * 2)
     if B:
         run_loop(R.rts_forward, B * C, B * C * T, arrays, boff, tstride, cstride, flats, keep,
                  L.constants(dtype), T, C, _block(B, C))
-    return (*out[:3], out[3] if keep else None)
+    return (*out[:3], tuple(out[3:]) if keep else None)
 
 
 class _Smooth(torch.autograd.Function):
@@ -405,10 +406,10 @@ class _Smooth(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shape, *inputs):
-        mean_s, var_s, prec_s, zs = _rts_forward(inputs, shape, keep=True)
+        mean_s, var_s, prec_s, (zs, rho) = _rts_forward(inputs, shape, keep=True)
         ctx.shape = shape
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*inputs, zs, var_s)
+        ctx.save_for_backward(*inputs, zs, rho)
         return mean_s, var_s, prec_s
 
     @staticmethod
@@ -421,7 +422,7 @@ class _Smooth(torch.autograd.Function):
     def _backward(ctx, *cot):
         L, _, R = _loops()
         shape = ctx.shape
-        *inputs, zs, var_s = ctx.saved_tensors
+        *inputs, zs, rho = ctx.saved_tensors
         if all(g is None for g in cot):
             return (None,) * 7
         tdtype = zs.dtype
@@ -436,7 +437,7 @@ class _Smooth(torch.autograd.Function):
         grads += [torch.empty((B, T if step[0] else 1, C), dtype=tdtype) for _ in range(2)]
         if B:
             run_loop(R.rts_backward, B * C, B * C * T, arrays, boff, tstride, cstride, _flat(zs),
-                     _flat(var_s), carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads),
+                     _flat(rho), carrays, cboff, ctstride, ccstride, has, tuple(_flat(g) for g in grads),
                      step, L.constants(dtype), T, C, _block(B, C))
         res = [g.sum_to_size(x.shape) for g, x in zip(grads[:4], inputs[:4])]
         res += [adjoint_to(g, shape, x) for g, x in zip(grads[4:], inputs[4:])]

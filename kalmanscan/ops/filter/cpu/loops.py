@@ -53,7 +53,7 @@ Y, THETA, SIGMA, DT, OBS_VAR, MEAN, H, INIT_MEAN, INIT_VAR = range(9)
 # Output order of the forward.
 (O_MEAN, O_VAR, O_PREC, O_PMEAN, O_PVAR, O_PPREC, O_POMEAN, O_POVAR, O_LL, O_MISS, O_ZC) = range(11)
 # Constants (consts[i]) in the compute dtype.
-HALF, SIXTH, C24, TAYLOR, LOG2PI, ZERO, ONE, TWO = range(8)
+HALF, SIXTH, C24, TAYLOR, LOG2PI, ZERO, ONE, TWO, TINY = range(9)
 # Cotangent order of the filter backward (the differentiable forward outputs).
 N_COT = 9
 # Adjoint order of the filter backward: per-step or per-series parameter adjoints.
@@ -67,7 +67,8 @@ S_MEAN, S_VAR, S_LEVEL, S_PVAR, S_DECAY, S_NOISE = range(6)
 
 def constants(dtype: np.dtype | type) -> np.ndarray:
     """The array ``consts`` of the loops in ``dtype``."""
-    return np.array([0.5, 1.0 / 6.0, 24.0, 1e-4, math.log(2.0 * math.pi), 0.0, 1.0, 2.0], dtype=dtype)
+    return np.array([0.5, 1.0 / 6.0, 24.0, 1e-4, math.log(2.0 * math.pi), 0.0, 1.0, 2.0, np.finfo(dtype).tiny],
+                    dtype=dtype)
 
 
 @njit(inline="always")

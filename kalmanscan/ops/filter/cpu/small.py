@@ -36,6 +36,7 @@ DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mea
 LOG2PI = math.log(2.0 * math.pi)
 TAYLOR = 1e-4  # 2 theta dt below which the noise's expm1 quotient is its Taylor series (loops.discretize)
 SIXTH = 1.0 / 6.0
+TINY = float(np.finfo(np.float64).tiny)  # below it a predicted variance's g is read as 1 (rts.gains)
 
 
 def small(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
@@ -169,7 +170,7 @@ def _rts_series(mean: list, var: list, level: list, pred_var: list, decay: list,
                 c = a * J
             else:
                 J, share, c = 1.0 / a, 0.0, 1.0
-            e, g = share, var[t + 1] / pv
+            e, g = share, var[t + 1] / pv if pv >= TINY else 1.0
         else:
             J, e, g = 0.0, 1.0, 1.0
             c = 1.0 if a > 0.0 else 0.0
