@@ -15,7 +15,8 @@ and ``log`` are the C library's, called through :mod:`math` element by element a
 loops call them (NumPy's own vectorised ``exp`` and ``log`` may differ in the last bit). Float64
 only: the compiled loops compute float32 in float32, which Python's scalar functions do not.
 Shapes: the inputs are NumPy arrays broadcastable to ``shape = (..., T, C)``, read through
-broadcast views (nothing copied); outputs are ``shape`` arrays written step by step.
+broadcast views (nothing copied); outputs are ``shape`` arrays written series by series. Cost: a
+microsecond or two an element-step, against some 0.05 for the compiled loops once numba has started.
 """
 
 from __future__ import annotations
