@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kalmanscan as ks
+from kalmanscan.tuning import tuned
 
 EXAMPLES = 25
 TRITON_EXAMPLES = 4
@@ -176,6 +177,15 @@ def check_smooth(post, ref: dict, steps: slice, scale: np.ndarray):
 @given(problems())
 def test_backends_agree_with_the_oracle(backend, problem):
     agree_with_the_oracle(backend, problem)
+
+
+@profile(LONG or EXAMPLES)
+@given(problems())
+def test_compiled_loops_agree_with_the_oracle(problem):
+    """The cpu backend's compiled loops on these small problems too (the backend runs them in
+    Python floats otherwise: kalmanscan.ops.filter.cpu.small)."""
+    with tuned(numpy_work=0):
+        agree_with_the_oracle("cpu", problem)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the kernels on CPU tensors: the interpreter")
