@@ -1,8 +1,9 @@
-"""The cpu backend's NumPy steps for small float64 work (kalmanscan.ops.filter.cpu.small): the
-compiled loops' bits, field for field, over the features of the filter (static and per-step
-parameters, irregular times, gaps, diffuse priors, no process noise with the decay underflowing,
-the Taylor branch of the discretisation, batch dimensions, a continued stream), decided by size
-and dtype alone."""
+"""The cpu backend's path for small float64 work (kalmanscan.ops.filter.cpu.small: the loops'
+operations in Python floats and NumPy): the compiled loops' bits, field for field, filter and
+smoother, over the features of the filter (static and per-step parameters, irregular times, gaps,
+diffuse priors, no process noise with the decay underflowing, the Taylor branch of the
+discretisation, batch dimensions, the ends of the scale sweep, a continued stream, gradients),
+decided by size and dtype alone."""
 
 import numpy as np
 import pytest
@@ -27,10 +28,12 @@ def _cases():
                   init_var=np.array([1.0, np.inf, 2.0]))
     yield y[None].repeat(2, 0), dict(theta=0.0, sigma=0.4, obs_var=rng.uniform(0.1, 1, (2, 30, 3)), init_var=3.0,
                                      dt=rng.uniform(1e-7, 1e-3, (30, 1)))
+    for c in (1e-150, 1e150):  # the scale sweep's ends (tests/test_scale.py)
+        yield y * c, dict(theta=np.array([0.1, 2.0, 1e-3]), sigma=0.5 * c, obs_var=0.3 * c * c, mean=0.2 * c)
 
 
 def _alike(read):
-    """``read()`` (a list of arrays) on the compiled loops and on the NumPy steps: equal bits."""
+    """``read()`` (a list of arrays) on the compiled loops and in Python floats: equal bits."""
     runs = []
     for knobs in (COMPILED, NUMPY):
         with tuned(**knobs):
@@ -41,7 +44,7 @@ def _alike(read):
 
 
 @pytest.mark.parametrize("smooth", [False, True], ids=["filter", "smooth"])
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(8))
 def test_numpy_steps_give_the_compiled_loops_bits(case, smooth):
     y, kw = list(_cases())[case]
     fields = [k for k in OUTPUTS if k != "missing"]
