@@ -47,18 +47,11 @@ def derive(p: Problem, mean: torch.Tensor, var: torch.Tensor,
 
     On the CPU the values come from one compiled pass with the forward loops' operations
     (:func:`kalmanscan.ops.filter.cpu.backend.derived_fields`), the gradient, where one is
-    tracked, from the torch ops of :func:`_torch_fields`; on the triton backend with nothing tracked,
-    process noise and no diffuse prior, from one more pass of the kernels
-    (:func:`kalmanscan.ops.filter.triton.backend.derived_fields`: the values an all-fields call
-    writes); elsewhere the torch ops alone."""
+    tracked, from the torch ops of :func:`_torch_fields`; elsewhere the torch ops alone."""
     tracked = torch.is_grad_enabled() and any(
         x.requires_grad for x in (mean, var, p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h, p.init_mean,
                                   p.init_var))
-    if p.backend == "triton" and diffuse is None and not tracked and not p.no_process_noise():
-        from kalmanscan.ops.filter.triton.backend import derived_fields as kernel_fields
-
-        out = kernel_fields(p)
-    elif p.y.device.type != "cpu" or mean.dtype not in (torch.float32, torch.float64):
+    if p.y.device.type != "cpu" or mean.dtype not in (torch.float32, torch.float64):
         out = _torch_fields(p, mean, var)
     else:
         from kalmanscan.ops.filter.cpu.backend import derived_fields

@@ -25,8 +25,6 @@ below ``FilterConfig.wide_from = 2^31``, 64-bit from there on.
 
 from __future__ import annotations
 
-import dataclasses
-
 import functools
 import math
 from collections.abc import Iterable
@@ -54,8 +52,7 @@ from kalmanscan.ops.filter.triton.walks import (OBS, ORDER, POSTERIOR, TRANS, ag
 
 __all__ = ["filter", "smooth", "summary", "filter_forward", "filter_backward", "plan", "tile_plan", "uses_tiles",
            "replayed", "flat", "kernel_views", "check_device", "step_flags", "initial_state",
-           "stream_step", "FilterConfig", "DEFAULT_CONFIG", "POSTERIOR", "posterior_mask", "SUMS_LOGLIK",
-           "derived_fields"]
+           "stream_step", "FilterConfig", "DEFAULT_CONFIG", "POSTERIOR", "posterior_mask", "SUMS_LOGLIK"]
 
 
 def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
@@ -108,16 +105,6 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     missing = torch.isnan(p.y)
     out = torch_backend.finish(p, *(x.reshape(shape) for x in (mu_c, lam, pred_mu_c, pred_var)), missing, decay, noise)
     return out if queued is None else {**out, "y_check": queued}
-
-
-def derived_fields(p: Problem) -> dict[str, torch.Tensor]:
-    """The fields of :data:`kalmanscan.inference.derived.DERIVED` and ``missing`` of ``p``'s filter,
-    written by one pass of the kernels (the fields an all-fields call writes, the same values), for
-    a problem with process noise and no gradient to record: on a GPU one kernel pass costs less
-    than the torch operations of the derivation."""
-    fields = tuple(k for k in POSTERIOR if k not in ("mean", "var"))
-    out = filter(dataclasses.replace(p, outputs=fields, y_check=False))
-    return {k: out[k].reshape(p.shape) for k in fields}
 
 
 SUMS_LOGLIK = True
