@@ -33,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=2_000_000)
     p.add_argument("--chunk-steps", type=int, default=20_000)
     p.add_argument("--check", type=int, default=2, help="channels compared with the in-memory call")
+    p.add_argument("--ops", default="filter,smooth", help="comma list of the operations run, from filter, smooth")
     p.add_argument("--out", default=None, help="JSON file for the results")
     return p
 
@@ -49,6 +50,9 @@ def _record(channels: int, steps: int, chunk_steps: int):
 
 def main(argv=None) -> dict:
     args = parser().parse_args(argv)
+    ops = tuple(op.strip() for op in args.ops.split(","))
+    if not ops or set(ops) - {"filter", "smooth"}:
+        raise ValueError(f"--ops must name filter and/or smooth, got {args.ops!r}")
     import dask
     import xarray as xr
     from dask.distributed import Client, LocalCluster
@@ -68,8 +72,11 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, memory_limit=limit,
                          dashboard_address=None) as cluster, Client(cluster) as client:
+        record = os.path.join(tmp, "record.zarr")       # a record longer than memory lives on disk
+        da.to_dataset().to_zarr(record, mode="w")
+        da = xr.open_zarr(record)["y"]
         sampler = MemorySampler()
-        for op in ("filter", "smooth"):
+        for op in ops:
             workers = set(client.scheduler_info()["workers"])
             path = os.path.join(tmp, f"{op}.zarr")
             ds = getattr(da.kalman, op)(dim="time", **kw)[["mean", "var", "loglik"]]
@@ -92,7 +99,8 @@ def main(argv=None) -> dict:
                   f"{peak / 2**20:7.0f} MiB (limit {args.workers} x {limit / 2**20:.0f})  lost {len(lost)}  "
                   f"max rel err {row['max_rel_err']:.1e}")
             save(args.out, result)
-    fits = da.isel(channel=slice(0, max(1, args.channels // 8))).compute(scheduler="sync").values
+    fits = _record(args.channels, args.steps, args.chunk_steps).isel(channel=slice(0, max(1, args.channels // 8)))
+    fits = fits.compute(scheduler="sync").values
     with dask.config.set(scheduler="sync"):
         start = time.perf_counter()
         ks.filter(fits, **kw, outputs=("mean", "var", "loglik"))

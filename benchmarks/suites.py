@@ -100,8 +100,10 @@ SUITES = {s.name: s for s in (
           (Run(gpu=False), Run(("--device", "cuda")))),
     Suite("timechunks", "benchmarks.bench_timechunks",
           "a record larger than the workers' memory, chunked along time on a local dask cluster", "CPU",
-          (Run(("--workers", "2", "--memory-limit", "1GiB", "--channels", "64", "--steps", "6500000",
-                "--chunk-steps", "25000"), gpu=False),)),
+          (Run(("--workers", "2", "--memory-limit", "2GiB", "--channels", "64", "--steps", "13000000",
+                "--chunk-steps", "10000", "--ops", "filter"), gpu=False),
+           Run(("--workers", "2", "--memory-limit", "2GiB", "--channels", "64", "--steps", "13000000",
+                "--chunk-steps", "25000", "--ops", "smooth"), gpu=False))),
 )}
 
 
