@@ -46,10 +46,9 @@ def numpy_loop(y: np.ndarray, theta: float, sigma: float, obs_var: float) -> tup
     """The covariance-form filter of ``y`` ``(T, C)`` from the stationary prior, a loop over time
     vectorised over series: ``(mean, var, loglik)``, ``(T, C)``, ``(T, C)``, ``(C,)``."""
     T, C = y.shape
-    a = math.exp(-theta)
-    q = sigma * sigma * -math.expm1(-2 * theta) / (2 * theta)
+    a, q = ks.ou.discretize(theta, sigma, 1.0)
     mean, var = np.empty_like(y), np.empty_like(y)
-    z, P = np.zeros(C), np.full(C, sigma * sigma / (2 * theta))
+    z, P = np.zeros(C), np.full(C, ks.ou.stationary_var(theta, sigma))
     loglik = np.zeros(C)
     log2pi = math.log(2 * math.pi)
     for t in range(T):
