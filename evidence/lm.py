@@ -55,7 +55,7 @@ from .checkpoint import load_checkpoint, restore, run_identity, save_checkpoint,
 from .lm_models import LM_MODELS, build_lm, check_parity, layer_mixers, parameter_counts
 from .protocols import Run, launch
 from .tasks.text import TrainWindows, eval_windows, load_corpus
-from .train import device_name, lr_factor, param_groups
+from .train import device_name, lr_factor, param_groups, pick_device
 
 LN2 = math.log(2.0)
 SWEEP_MODELS = ("attention", "kla_hybrid")
@@ -137,10 +137,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def schedule_steps(args) -> int:
     """Steps of the whole schedule: ``tokens // (batch * seq_len)``."""
     return int(args.tokens) // (args.batch * args.seq_len)
-
-
-def pick_device(name: str) -> torch.device:
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
 def train_step(model, opt, window: np.ndarray, device, amp: bool):

@@ -385,6 +385,11 @@ def train_one(task, args, lr: float, device: torch.device, test_data, deadline=N
     return record
 
 
+def pick_device(name: str) -> torch.device:
+    """``--device``: ``"auto"`` is CUDA where there is one, else the CPU; any other name as given."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+
+
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
@@ -401,8 +406,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import_fla()  # first configs under KALMANSCAN_FLA_FIRST_CONFIG=1, before the GLA mixer imports fla
     deadline = None if args.stop_after is None else time.perf_counter() + args.stop_after
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto"
-                          else args.device)
+    device = pick_device(args.device)
     task = task_from_args(args)
     test_data = validation_set(task, args.seed)
     runs = [train_one(task, args, lr, device, test_data, deadline) for lr in learning_rates(args)]
