@@ -265,7 +265,7 @@ class KLA(nn.Module):
         bf16 ``v`` is one 2-byte load a lane, below the 4 bytes of an asynchronous copy, so Triton's
         software pipeliner leaves it a synchronous load in the forward's and piece map's loops
         (sm_90), and handing the kernels bf16 made the compiled model's step slower
-        (docs/performance.md, "Why v in bf16 was slower")."""
+        (docs/decisions.md, "The KLA scan")."""
         M, S, r = self.d_inner, self.d_state, self.var_rank
         if self.variant == "plain":
             v, log_var, k, q = self.sensor_proj(z).split([M, M, S, S], -1)

@@ -41,7 +41,7 @@ class SwiGLU(nn.Module):
     kernels. ``multiple_of=64`` (the default) keeps them aligned for a few percent more parameters,
     as LLaMA's rounding does; ``multiple_of=1`` gives the unrounded width. H200, d = 512, 16,384
     tokens (``benchmarks/bench_gemms.py``): the six products of the block took 1.18 ms at width
-    1365 and 0.32 ms at 1408 (docs/performance.md).
+    1365 and 0.32 ms at 1408 (docs/decisions.md, "The KLA model and its comparisons").
     """
 
     def __init__(self, d_model: int, mlp_ratio: float = 4.0, multiple_of: int = 64, device=None, dtype=None):

@@ -15,7 +15,7 @@ Two orientations of the grid, the constexpr ``STATES_FIRST`` of every kernel:
   ``s`` in-thread, sums over ``m`` across lanes) and the per-filter tensors (``decay``, ``noise``,
   states, checkpoints, maps) are laid out ``(..., S, M)`` in memory, so that a warp's lanes read
   consecutive channels. Fewer instructions a token but fewer warps; it wins where time is split
-  into stretches anyway (few sequences, docs/performance.md "States within a thread").
+  into stretches anyway (few sequences, docs/decisions.md, "The KLA scan").
 
 The helpers below (:func:`per_m`, :func:`per_s`, :func:`outer`, :func:`sum_s`, :func:`sum_m`) put
 vectors on the grid and reduce it in either orientation.

@@ -43,8 +43,8 @@ def rotary_table(offset: int, length: int, dim: int, base: float, device: torch.
     An operator, so that ``torch.compile`` computes the table once a call: traced as plain
     operations, Inductor fuses ``cos`` and ``sin`` into the kernels that rotate ``q`` and ``k``
     and evaluates them for every batch row and head, at angles up to the sequence length in
-    radians, where the range reduction is slow (docs/performance.md, "A handicap of the attention
-    baseline")."""
+    radians, where the range reduction is slow (docs/decisions.md, "The KLA model
+    and its comparisons")."""
     inv_freq = base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
     pos = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
     angle = pos[:, None] * inv_freq

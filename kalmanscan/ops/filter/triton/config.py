@@ -25,7 +25,7 @@ class FilterConfig:
         min_stretch: shortest stretch worth an aggregate pass.
         min_stretches: a split into fewer stretches than this is not worth its aggregate pass:
             time is walked in one stretch instead (at 131072 channels two stretches took the
-            forward 0.737 ms against one stretch's 0.442, docs/performance.md).
+            forward 0.737 ms against one stretch's 0.442).
         max_stretches: bound on the carry scan's length.
         stretch: forces the steps per stretch (``None``: planned from the shape; the tests use
             small values to cross many stretch boundaries on small problems; it also turns the

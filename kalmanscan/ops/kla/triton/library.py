@@ -23,7 +23,7 @@ when ``save`` (the state at each chunk's start), else a ``(1,)`` zero.
 ``y``, ``y_var`` come in ``v``'s dtype and the gradients ``gv``, ``glam_v`` in ``v``'s and ``lam_v``'s,
 everything else in float32 (the kernels' arithmetic): a half-precision ``v`` gets ``y`` and ``gv``
 rounded once, as a cast after the scan would round them (though a 2-byte load a lane is not
-pipelined: docs/performance.md, "Why v in bf16 was slower"); with
+pipelined: docs/decisions.md, "The KLA scan"); with
 ``config.variance`` false the kernels leave ``y_var`` out (a ``(1,)`` zero in its place, whose
 gradient is not read), which saves its arithmetic and its traffic in both directions; the
 autograd formula casts each gradient to its input's dtype. ``config`` is a :class:`KLAConfig`
@@ -65,7 +65,7 @@ class KLAConfig:
     (``kalmanscan.kernels.kla.split``, ``kalmanscan.kernels.kla.bwd``); ``None`` splits only
     when there are at most ``2 x SMs`` channel-block programs, into ``floor(8 x SMs / programs)``
     stretches (``4 x SMs`` before: at B=2 L=8192 M=1024 S=16 on an H200 twice the stretches took
-    the forward 1.03 -> 0.86 ms, docs/performance.md); 1 walks all of time in one program per
+    the forward 1.03 -> 0.86 ms); 1 walks all of time in one program per
     channel block. ``bwd_pieces=None`` splits the backward where the forward splits, into
     ``floor(bwd_per_sm x SMs / programs)`` stretches. ``states_first`` turns the
     programs' grid of filters to ``[BLOCK_S, BLOCK_M]`` (each thread one channel's states, the
@@ -74,7 +74,7 @@ class KLAConfig:
     docstring); every other output and gradient is unchanged. ``even=True`` drops the kernels'
     bounds masks where the blocks tile the filters exactly (:func:`filled`); off by default: alone
     the kernels ran 2-4% faster forward and backward without them, but a compiled training step at
-    B=2, L=8192 ran 1.3 ms (6%) slower (H100 and H200, 32-token chunks, docs/performance.md), which
+    B=2, L=8192 ran 1.3 ms (6%) slower (H100 and H200, 32-token chunks; docs/decisions.md, "The KLA scan"), which
     is not understood; at 16-token chunks the step took the same time with and without them
     (19.10 against 19.15 ms, H100, one A/B). ``l2_hints`` gives the backward's loads and stores
     eviction priorities in L2 (:func:`l2_policies`); results do not depend on it."""
@@ -84,13 +84,13 @@ class KLAConfig:
     # and reads it back in reverse. At 32 tokens the resident programs' scratch (64 MB at B=2 L=8192
     # M=1024 S=16, SPLIT_CONFIG) exceeds the 50 MB L2; at 16 (32 MB) the compiled model's step took
     # 19.15-19.23 ms against 20.47-20.71 at B=2 T=8192, and 17.73 against 18.94 at B=8 T=2048
-    # (H100, docs/performance.md "The backward's chunk and the L2"); at 8, 20.3-22.0 at T=8192.
+    # (H100; docs/decisions.md, "The KLA scan"); at 8, 20.3-22.0 at T=8192.
     chunk: int = 16
     num_warps: int = 2
     bwd_block_m: int = 8
     bwd_num_warps: int = 1
     stages: int = 5          # H200, B=8 L=2048 M=1024: 3 -> 5 stages took the forward 0.85-1.03 -> 0.69-0.83 ms
-    bwd_stages: int = 6      # and forward+backward 2.99-3.05 -> 2.47-2.63 ms (docs/performance.md)
+    bwd_stages: int = 6      # and forward+backward 2.99-3.05 -> 2.47-2.63 ms
     unroll: int | None = None
     bwd_unroll: int | None = None
     pieces: int | None = None
@@ -106,7 +106,7 @@ class KLAConfig:
     # The backward's recompute scratch marked evict-last in L2, the data it reads or writes once
     # evict-first: at B=2 L=8192 (H100) its DRAM traffic 2.8 -> 2.1 GB a call, the kernel 1.30 ->
     # 1.24 ms, the compiled model's step 19.2-19.7 -> 18.8-18.9 ms; at B=8 L=2048 no change
-    # (docs/performance.md "The backward's scratch in L2").
+    # (docs/decisions.md, "The KLA scan").
     l2_hints: bool = True
 
     def as_ints(self) -> list[int]:
@@ -123,13 +123,13 @@ DEFAULT_CONFIG = KLAConfig()
 # Where DEFAULT_CONFIG splits time (few sequences), each thread holds one channel's states: 36%
 # fewer instructions, and the time split brings back the warps this layout loses. H200, B=2 L=8192
 # M=1024 S=16: forward 0.687-0.693 ms against 0.846-0.857, forward+backward 2.58 against 3.00;
-# at B=8 L=2048 (no split) it lost, 2.41 against 2.23 (docs/performance.md, "States within a
-# thread"; these kernels compile to the SASS that was timed there).
+# at B=8 L=2048 (no split) it lost, 2.41 against 2.23 (docs/decisions.md, "The KLA scan";
+# these kernels compile to the SASS that was timed there).
 # Its backward holds 168 registers a thread (sm_90), so 12 one-warp programs fit on a
 # multiprocessor: at 16 a multiprocessor the stretches ran in 1.3 waves. At 8 (one wave) the
 # forward+backward took 2.61-2.63 ms against 3.04-3.06 at B=1 L=16384, B=2 L=8192 and B=4 L=4096
 # (H200, M=1024 S=16, without y_var), and the compiled model's step at B=2 T=8192 1.4-1.9 ms less
-# (H100; docs/performance.md "The backward's stretches in whole waves").
+# (H100; docs/decisions.md, "The KLA scan").
 SPLIT_CONFIG = KLAConfig(block_m=32, num_warps=1, bwd_block_m=16, bwd_per_sm=8, states_first=True)
 
 Tensor = torch.Tensor
