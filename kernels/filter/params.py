@@ -42,7 +42,7 @@ def param_rows_kernel(p_ptr, rows_ptr, flags_ptr, C, bound,
                       B_H: tl.constexpr, B_DT: tl.constexpr,
                       GIVEN_MEAN: tl.constexpr, GIVEN_VAR: tl.constexpr, BLOCK: tl.constexpr):
     """One program over ``C`` in blocks of ``BLOCK`` channels: ``p`` is ``(8, C)``, ``rows``
-    ``(5, C)`` (``init_var, decay, noise, lam0, eta0``), ``flags`` ``(NFLAGS,)`` int8 (1 = holds)."""
+    ``(5, C)`` (``init_var, decay, noise, lam0, eta0``), ``flags`` ``(NFLAGS,)`` bool or int8 (1 = holds)."""
     one = tl.full([BLOCK], 1, tl.int32)
     f_theta, f_sigma, f_obs, f_mean, f_h, f_dt = one, one, one, one, one, one
     f_m0, f_v0, f_nz, f_pt, diffuse = one, one, one, one, one * 0

@@ -5,9 +5,9 @@ them is a tensor on the device (a fitted or learned parameter), its torch path r
 small operations a call (checks, the stationary variance, the discretisation for the path's facts,
 the moves of the host values), each a launch and host work: a call took 2-10x its kernels
 (docs/performance.md). Here, for static parameters (each a scalar or ``(C,)``) with ``y`` on a GPU
-and no ``times``: the values given on the host move in one copy, all eight rows are stacked into
-one ``(8, C)`` block (differentiably: ``stack`` of the caller's tensors), and one program
-(:func:`kalmanscan.kernels.filter.params.param_rows_kernel`) checks every row, computes the
+and no ``times``: the values given on the host (zeros for an initial belief not given) move in one
+copy, all eight rows are stacked into one ``(8, C)`` block (differentiably: ``stack`` of the caller's
+tensors), and one program (:func:`kalmanscan.kernels.filter.params.param_rows_kernel`) checks every row, computes the
 initial belief, ``decay, noise, lam0, eta0`` in float64 and the path's facts. The verdicts are
 queued on the caller's :class:`~kalmanscan.problem.checks.Checks`, in the order and with the messages of
 the torch path. Where a parameter requires a gradient, the initial variance that depends on it is
@@ -60,20 +60,20 @@ def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: b
         shape = broadcast_param(k, shape, pshape, shape[-2]) if k in PARAMS else broadcast_init(k, shape, pshape)
     C = shape[-1]
     rows = {}
-    if host:
-        block = np.empty((len(host), C), np_dtype)
-        for i, a in enumerate(host.values()):
-            block[i] = a
+    on_host_rows = [k for k in _ROWS if k not in tensors]  # the host's values, zeros where not given
+    if on_host_rows:
+        block = np.zeros((len(on_host_rows), C), np_dtype)
+        for i, k in enumerate(on_host_rows):
+            if k in host:
+                block[i] = host[k]
         moved = to_device(torch.from_numpy(block), device)
-        rows = dict(zip(host, moved.unbind(0)))
+        rows = dict(zip(on_host_rows, moved.unbind(0)))
     for k, x in tensors.items():
         x = to_device(x, device).to(dtype)
         rows[k] = x if x.shape == (C,) else x.expand(C)
-    if len(rows) < len(_ROWS):  # zeros where init_mean / init_var are not given
-        rows.update(dict.fromkeys(set(_ROWS) - set(rows), torch.zeros((), dtype=dtype, device=device).expand(C)))
     block = torch.stack([rows[k] for k in _ROWS])
     derived = torch.empty(5, C, dtype=dtype, device=device)
-    flags = torch.empty(NFLAGS, dtype=torch.int8, device=device)
+    flags = torch.empty(NFLAGS, dtype=torch.bool, device=device)  # read as they are (no cast)
     codes = dict(zip(("B_THETA", "B_SIGMA", "B_OBS", "B_MEAN", "B_H", "B_DT"), kernel_codes()))
     param_rows_kernel[(1,)](block.detach(), derived, flags, C, mobius.noise_bound(dtype), **codes,
                             GIVEN_MEAN="init_mean" in given, GIVEN_VAR="init_var" in given, BLOCK=_BLOCK)
