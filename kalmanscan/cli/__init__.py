@@ -1,5 +1,6 @@
-"""The ``kalmanscan`` command line: the commands (:mod:`.main`), what they print and draw
-(:mod:`.report`) and the files they read and write (:mod:`.io`)."""
+"""The ``kalmanscan`` command line: the entry point and its parser (:mod:`.main`), the commands
+(:mod:`.commands`, :mod:`.demo`) and their inputs and model (:mod:`.inputs`), what they print and
+draw (:mod:`.report`) and the files they read and write (:mod:`.io`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """xarray front end (``ks.xr``): importing it registers the ``.kalman`` accessor on
-``xarray.DataArray``. The accessor and the functions behind it are in :mod:`.accessor`, the
-in-memory layout in :mod:`.layout`, time coordinates in :mod:`.times`."""
+``xarray.DataArray``. The accessor and the functions behind it are in :mod:`.accessor`, their
+arguments' checks in :mod:`.arguments`, the dask blocks in :mod:`.blocks` (chunked along time:
+:mod:`.timechunks`), the output Datasets in :mod:`.datasets`, the in-memory layout in :mod:`.layout`,
+time coordinates in :mod:`.times`."""
 
 from __future__ import annotations
 
