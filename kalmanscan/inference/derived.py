@@ -12,7 +12,9 @@ into step ``t``:
     logliks_t = -(log(2 pi) + log S_t + v_t^2 / S_t) / 2,   v_t = (y_t - h_t m_t) - h_t a_t z_{t-1}
 
 (0 where ``y_t`` is missing), ``precision = 1 / var`` and ``pred_precision = 1 / pred_var``: the
-operations of the covariance-form backends, in torch ops on the problem's tensors (differentiable).
+operations of the covariance-form backends, in torch ops on the problem's tensors (differentiable);
+without a gradient, the triton backend's problems evaluate the same formulas in one kernel pass
+that writes only the fields asked for (:mod:`kalmanscan.kernels.filter.derive`).
 A continued stream's prior is already the state's prediction into step 0
 (:func:`kalmanscan.inference.stream.continue_problem`). With a diffuse prior the moments come from
 :func:`kalmanscan.inference.diffuse.restore` (``var = inf`` before a channel's first observation)
@@ -22,6 +24,7 @@ and the fields the diffuse prior leaves undefined up to it are set as ``restore`
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -29,7 +32,7 @@ from kalmanscan.inference.diffuse import Diffuse, restore
 from kalmanscan.model.reciprocal import reciprocal
 from kalmanscan.problem.problem import Problem
 
-__all__ = ["DERIVED", "derive"]
+__all__ = ["DERIVED", "derive", "torch_fields"]
 
 DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks")
 """The Posterior fields :func:`derive` makes (and ``missing``, a parameter)."""
@@ -40,35 +43,44 @@ def _next(x: torch.Tensor) -> torch.Tensor:
     return x if x.shape[-2] == 1 else x[..., 1:, :]
 
 
-def derive(p: Problem, mean: torch.Tensor, var: torch.Tensor,
-           diffuse: Diffuse | None = None) -> dict[str, torch.Tensor]:
-    """The :data:`DERIVED` fields and ``missing`` as ``p.shape`` tensors of the compute dtype, from
-    the filtered ``mean`` and ``var`` (``p.shape``, the backend's, restored where ``diffuse``).
+def derive(p: Problem, mean: torch.Tensor, var: torch.Tensor, diffuse: Diffuse | None = None,
+           fields: Sequence[str] = (*DERIVED, "missing")) -> dict[str, torch.Tensor]:
+    """The named ``fields`` (of :data:`DERIVED` and ``missing``; default all) as ``p.shape`` tensors
+    of the compute dtype, from the filtered ``mean`` and ``var`` (``p.shape``, the backend's,
+    restored where ``diffuse``).
 
-    On the CPU the values come from one compiled pass with the forward loops' operations
+    Where nothing tracks a gradient, the triton backend's problems (CUDA tensors, or the CPU under
+    ``TRITON_INTERPRET=1``) take the values from one kernel pass writing the named fields alone
+    (:func:`kalmanscan.ops.filter.triton.derive.derived_fields`). On the CPU they come from one
+    compiled pass with the forward loops' operations
     (:func:`kalmanscan.ops.filter.cpu.backend.derived_fields`), the gradient, where one is
-    tracked, from the torch ops of :func:`_torch_fields`; elsewhere the torch ops alone."""
+    tracked, from the torch ops of :func:`torch_fields`; elsewhere the torch ops alone."""
     tracked = torch.is_grad_enabled() and any(
         x.requires_grad for x in (mean, var, p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h, p.init_mean,
                                   p.init_var))
-    if p.y.device.type != "cpu" or mean.dtype not in (torch.float32, torch.float64):
-        out = _torch_fields(p, mean, var)
+    floating = mean.dtype in (torch.float32, torch.float64)
+    if p.backend == "triton" and floating and not tracked:
+        from kalmanscan.ops.filter.triton.derive import derived_fields as kernel_fields
+
+        out = kernel_fields(p, mean, var, fields)
+    elif p.y.device.type != "cpu" or not floating:
+        out = torch_fields(p, mean, var)
     else:
         from kalmanscan.ops.filter.cpu.backend import derived_fields
 
         with torch.no_grad():
             out = derived_fields(p, mean.detach(), var.detach())
         if tracked:
-            graph = _torch_fields(p, mean, var)
+            graph = torch_fields(p, mean, var)
             out = {k: v if not graph[k].requires_grad else v + (graph[k] - graph[k].detach())
                    for k, v in out.items()}
     if diffuse is not None:
         out = restore(p, diffuse, out)
-    return {k: out[k] for k in (*DERIVED, "missing")}
+    return {k: out[k] for k in fields}
 
 
-def _torch_fields(p: Problem, mean: torch.Tensor, var: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The fields of :func:`derive` (before the diffuse window is set) in torch ops, differentiable."""
+def torch_fields(p: Problem, mean: torch.Tensor, var: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every field of :func:`derive` (before the diffuse window is set) in torch ops, differentiable."""
     shape, dtype = p.shape, mean.dtype
     level, h, obs_var = (x.to(dtype) for x in (p.mean, p.h, p.obs_var))
     a, q = (x.to(dtype) for x in p.decay_noise())

@@ -200,7 +200,8 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
     out.update(dict.fromkeys(shared))
     if derive:
         moments = out["mean"], out["var"]
-        fields = functools.cache(lambda: derived.derive(p, *moments, diffuse))
+        named = tuple(k for k in (*derived.DERIVED, "missing") if k in derive)  # the others are not made
+        fields = functools.cache(lambda: derived.derive(p, *moments, diffuse, named))
         out.update({k: out.get(k) if k in derive else None for k in ("mean", "var", *derived.DERIVED, "missing")})
     conv = {k: None if v is None else full(v) for k, v in out.items() if k not in lazily}
     # The parameters, times and counts are made when read (Params): most callers read none.

@@ -1,9 +1,9 @@
 """The ``"triton"`` backend of the toolkit filter and smoother: :mod:`.backend` plans and launches
 the kernels of :mod:`kalmanscan.kernels.filter`; :mod:`.library` exposes the differentiable
 forward as ``torch.library`` operators; :mod:`.param_rows` checks and derives parameters given as
-GPU tensors in one launch; :mod:`.param_adjoints` carries the backward's adjoints to the
-parameters; :mod:`.replay` replays small calls from CUDA graphs; :mod:`.config` is the launch
-configuration.
+GPU tensors in one launch; :mod:`.derive` writes the Posterior fields derived from the filtered
+moments in one launch; :mod:`.param_adjoints` carries the backward's adjoints to the parameters;
+:mod:`.replay` replays small calls from CUDA graphs; :mod:`.config` is the launch configuration.
 
 The names below are :mod:`.backend`'s, imported on first use: importing a module of this package
 (the CPU path imports :mod:`.param_rows`) imports triton only where a kernel is needed."""
