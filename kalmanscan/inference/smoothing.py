@@ -81,7 +81,7 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # on the finite problem (in a diffuse channel's window, replaced below, they need not follow
     # its identity transitions)
     z = torch.broadcast_to(out["mean"], shape)
-    pred = derived.derive(centred, z, torch.broadcast_to(out["var"], shape))
+    pred = derived.derive(centred, z, torch.broadcast_to(out["var"], shape), fields=("pred_mean", "pred_var"))
     full = {k: torch.broadcast_to(out[k], shape) for k in ("var", "decay", "noise")}
     full.update(mean=z, pred_mean=pred["pred_mean"], pred_var=pred["pred_var"])
     del pred
