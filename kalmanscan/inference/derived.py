@@ -51,7 +51,8 @@ def derive(p: Problem, mean: torch.Tensor, var: torch.Tensor, diffuse: Diffuse |
 
     Where nothing tracks a gradient, the triton backend's problems (CUDA tensors, or the CPU under
     ``TRITON_INTERPRET=1``) take the values from one kernel pass writing the named fields alone
-    (:func:`kalmanscan.ops.filter.triton.derive.derived_fields`). On the CPU they come from one
+    (:func:`kalmanscan.ops.filter.triton.derive.derived_fields`; under ``torch.compile``, the
+    torch ops). On the CPU they come from one
     compiled pass with the forward loops' operations
     (:func:`kalmanscan.ops.filter.cpu.backend.derived_fields`), the gradient, where one is
     tracked, from the torch ops of :func:`torch_fields`; elsewhere the torch ops alone."""
@@ -59,7 +60,7 @@ def derive(p: Problem, mean: torch.Tensor, var: torch.Tensor, diffuse: Diffuse |
         x.requires_grad for x in (mean, var, p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h, p.init_mean,
                                   p.init_var))
     floating = mean.dtype in (torch.float32, torch.float64)
-    if p.backend == "triton" and floating and not tracked:
+    if p.backend == "triton" and floating and not tracked and not torch.compiler.is_compiling():
         from kalmanscan.ops.filter.triton.derive import derived_fields as kernel_fields
 
         out = kernel_fields(p, mean, var, fields)
