@@ -26,7 +26,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _at(ptr, sb, st, sc, b, t, c, mask, other, dtype):
+def _at(ptr, sb, st, sc, b, t, c, mask, other: tl.constexpr, dtype: tl.constexpr):
     """``x[b, t, c]`` of a strided ``(B, T, C)`` input, in ``dtype``; ``other`` where not ``mask``."""
     return tl.load(ptr + (b * sb + t * st + c * sc), mask=mask, other=other).to(dtype)
 
