@@ -1,11 +1,13 @@
 """Tables and learning curves of the byte-level language-model runs (:mod:`evidence.lm`).
 
     python -m evidence.lm_report benchmarks/results/text --throughput benchmarks/results/text/throughput.json \
-        --figure docs/figures/text_curves.png [--samples]
+        --figure docs/img/text_curves.png [--samples]
 
 Reads every run JSON under the folder (the sweep's runs, ``tokens_fraction < 1``, apart) and
 prints markdown: a row per model with its parameters, seeds, final held-out bits per byte (mean
-+- half the range over seeds), held-out bits per byte at equal wall-clock, training tokens/s, and
++- half the range over seeds), the training loss at the end and the lowest held-out bits per byte
+on the curve (where a model memorises a small corpus the two part), held-out bits per byte at
+equal wall-clock, training tokens/s, and
 the AUROC of the last KLA layer's output variance beside the softmax confidence's as detectors of
 wrongly predicted bytes; then the sweep's table (held-out bits per byte at the end of each rate's
 run); with ``--samples`` each model's generations from the first prompt.
@@ -30,7 +32,7 @@ import os
 
 import numpy as np
 
-TOKENS, BPB = 1, 5          # columns of a history row: [step, tokens, train_s, train_bpb, grad_norm, heldout_bpb]
+TOKENS, TRAIN, BPB = 1, 3, 5    # columns of a history row: [step, tokens, train_s, train_bpb, grad_norm, heldout_bpb]
 
 
 def load_runs(directory: str) -> tuple[list, list]:
@@ -62,10 +64,18 @@ def by_model(runs) -> dict:
     return out
 
 
-def curve(run: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Held-out bits per byte against training tokens (the periodic evaluations)."""
+def curve(run: dict, column: int = BPB) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out bits per byte (``column=TRAIN``: the training loss in bits per byte, the mean
+    since the previous evaluation) against training tokens, at the periodic evaluations."""
     rows = np.asarray(run["history"], dtype=np.float64)
-    return rows[:, TOKENS], rows[:, BPB]
+    return rows[:, TOKENS], rows[:, column]
+
+
+def best(runs) -> str:
+    """The lowest held-out bits per byte on each run's curve, mean over seeds, and where (mean
+    millions of training bytes): a model that memorises its training set passes it and rises."""
+    lows = [(bpb.min(), tokens[bpb.argmin()]) for tokens, bpb in map(curve, runs)]
+    return f"{np.mean([b for b, _ in lows]):.4f} ({np.mean([t for _, t in lows]) / 1e6:.0f}M)"
 
 
 def rates(models: dict, throughput: dict) -> dict:
@@ -108,12 +118,13 @@ def main_markdown(main: list, throughput: dict) -> str:
         return "no finished runs"
     speed = rates(models, throughput)
     budget, at = equal_time(models, speed)
-    lines = ["| model | params | seeds | held-out bpb (end) | subset bpb at equal time "
-             f"({budget:.3g} s) | tokens/s | AUROC variance / confidence |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | params | seeds | held-out bpb (end) | train bpb (end) | best subset bpb (at bytes) | "
+             f"subset bpb at equal time ({budget:.3g} s) | tokens/s | AUROC variance / confidence |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m, runs in sorted(models.items(), key=lambda kv: np.mean([r["final_bpb"] for r in kv[1]])):
+        train = _mean_spread([curve(r, TRAIN)[1][-1] for r in runs])
         lines.append(f"| {m} | {runs[0]['n_params'] / 1e6:.2f}M | {len(runs)} | "
-                     f"{_mean_spread([r['final_bpb'] for r in runs])} | {at[m]:.4f} | "
+                     f"{_mean_spread([r['final_bpb'] for r in runs])} | {train} | {best(runs)} | {at[m]:.4f} | "
                      f"{speed[m]:,.0f} | {_auroc(runs)} |")
     return "\n".join(lines)
 
@@ -147,8 +158,9 @@ def samples_markdown(main: list) -> str:
 
 
 def plot_text_curves(main: list, throughput: dict, path: str) -> None:
-    """Held-out bits per byte against training tokens and against estimated wall-clock (tokens
-    over the model's tokens/s, see :func:`rates`), a colour per model, a line style per seed."""
+    """Held-out bits per byte against training tokens (with the training loss, thin) and against
+    estimated wall-clock (tokens over the model's tokens/s, see :func:`rates`), a colour per model,
+    a line style per seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,10 +174,11 @@ def plot_text_curves(main: list, throughput: dict, path: str) -> None:
             tokens, bpb = curve(r)
             label = m if style == "-" else None
             axes[0].plot(tokens / 1e6, bpb, style, color=f"C{i}", label=label)
+            axes[0].plot(tokens / 1e6, curve(r, TRAIN)[1], style, color=f"C{i}", lw=0.8, alpha=0.5)
             axes[1].plot(tokens / speed[m] / 60, bpb, style, color=f"C{i}", label=label)
     axes[0].set_xlabel("training tokens (millions of bytes)")
     axes[1].set_xlabel("training time alone on the GPU (minutes, from tokens/s)")
-    axes[0].set_ylabel("held-out bits per byte")
+    axes[0].set_ylabel("held-out bits per byte (thin: training)")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)

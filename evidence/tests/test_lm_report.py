@@ -39,8 +39,9 @@ def test_rows_equal_time_and_sweep(results):
     text = lm_report.main([str(results), "--throughput", str(results / "throughput.json"), "--samples",
                            "--figure", str(results / "fig" / "curves.png")])
     rows = [line for line in text.splitlines() if line.startswith("| kla |") or line.startswith("| attention |")]
-    assert rows[0].startswith("| kla | 20.00M | 1 | 1.9000 | 2.5000 | 50 | 0.600 / 0.800 |")
-    assert rows[1].startswith("| attention | 20.00M | 2 | 2.1000 +- 0.1000 | 2.1000 | 100 | - |")
+    assert rows[0].startswith("| kla | 20.00M | 1 | 1.9000 | 2.0000 | 1.9000 (0M) | 2.5000 | 50 | 0.600 / 0.800 |")
+    assert rows[1].startswith("| attention | 20.00M | 2 | 2.1000 +- 0.1000 | 2.2000 +- 0.1000 | 2.1000 (0M) | "
+                              "2.1000 | 100 | - |")
     assert "| attention | 3.0000 | 2.9000 |" in text and "first 10%" in text
     assert "def f(|>>|x):" in text
     assert (results / "fig" / "curves.png").stat().st_size > 0
@@ -49,3 +50,11 @@ def test_rows_equal_time_and_sweep(results):
 def test_empty_directory_is_refused(tmp_path):
     with pytest.raises(ValueError, match="directory"):
         lm_report.main([str(tmp_path)])
+
+
+def test_best_is_the_curve_minimum_where_the_model_memorises():
+    run = fake_run("kla", 0, 1.9)
+    run["history"][1][5] = 1.5                                     # lowest at the second evaluation, 500 tokens
+    for row in run["history"]:
+        row[1] *= 10 ** 6
+    assert lm_report.best([run, run]) == "1.5000 (500M)"
