@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--C", type=int, default=64)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--device-theta", action="store_true")
-    ap.add_argument("--outputs", default=None, help="comma-separated fields (default: all)")
+    ap.add_argument("--outputs", default=None, help="comma-separated fields (default: none given, the default call)")
     ap.add_argument("--ncu", action="store_true")
     return ap
 
