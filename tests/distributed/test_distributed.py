@@ -291,6 +291,7 @@ def _worker(rank, world, store):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_distributed_equals_single_process():
     # A fork server that has imported torch and kalmanscan once forks every rank (no per-rank
     # import of torch), and it never ran torch's thread pools, which a plain fork would inherit.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from kalmanscan.nn.baselines.attention import CausalAttention, rotary, rotary_table
@@ -30,6 +31,7 @@ def test_rotary_rotates_each_pair_by_its_angle():
     torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1))
 
 
+@pytest.mark.slow
 def test_compiled_attention_equals_eager():
     torch.manual_seed(0)
     layer = CausalAttention(16, 2)

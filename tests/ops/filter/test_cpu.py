@@ -436,6 +436,7 @@ def test_gradients_with_outputs_subset_equal_full():
             assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_compiled_first_call_and_no_recompiles():
     """``torch.compile`` of a function calling ``ks.filter`` on the cpu backend: as a process's
     first call of the loops (Dynamo does not trace into numba's dispatcher: run_loop is opaque to
