@@ -27,6 +27,7 @@ from kalmanscan.model import ou
 from kalmanscan.problem.problem import Problem
 from kalmanscan import tuning
 from kalmanscan.ops.filter.cpu.backend import FIELDS, INPUTS, MAX_LANES, MIN_LANES, layout
+from kalmanscan.ops.cpu_threads import numba_thread_count, numba_threads
 
 __all__ = ["NumpyLikelihood"]
 
@@ -46,11 +47,9 @@ class NumpyLikelihood:
     """
 
     def __init__(self, p: Problem, names: tuple[str, ...], stationary_init: bool, mean_init: bool):
-        import numba
-
         from kalmanscan.ops.filter.cpu import adjoint as cpu_adjoint, loops as cpu_loops
 
-        self.numba, self.loops, self.adjoint = numba, cpu_loops, cpu_adjoint
+        self.loops, self.adjoint = cpu_loops, cpu_adjoint
         self.names, self.stationary_init, self.mean_init = tuple(names), stationary_init, mean_init
         self.shape = tuple(p.shape)
         *batch, T, C = self.shape
@@ -142,22 +141,16 @@ class NumpyLikelihood:
         if not self.ready or (mask is not self.mask and not np.array_equal(mask, self.mask)):
             self._structure(mask)
         self._finite(v, mask)
-        numba = self.numba
         one = self.N * self.T < tuning.current().small_work or self.N == 1
-        threads = numba.get_num_threads()
+        threads = numba_thread_count()
         W = min(MAX_LANES, self.N) if one else max(1, min(MAX_LANES, max(MIN_LANES, -(-self.N // (4 * threads)))))
-        if one:
-            numba.set_num_threads(1)
-        try:
+        with numba_threads(1 if one else None):
             self._forward(W)
             ll = self.out["logliks"].reshape(self.shape).sum(-2)
             if cot is None:
                 return ll, None
             self.cot[...] = np.expand_dims(cot, -2)
             self._backward(W)
-        finally:
-            if one:
-                numba.set_num_threads(threads)
         return ll, self._chain(v)
 
     def _finite(self, v: dict, mask: np.ndarray | None) -> None:

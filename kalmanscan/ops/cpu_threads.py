@@ -5,14 +5,15 @@ compiler."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from kalmanscan import tuning
 
-__all__ = ["run_loop", "PARALLEL"]
+__all__ = ["run_loop", "numba_threads", "numba_thread_count", "PARALLEL"]
 
 # numba's ``parallel=`` option of the loops: only the prange loops become parallel; numba's other
 # parfor conversions (array expressions, reductions, fusion) find nothing to do there but cost
@@ -34,13 +35,48 @@ def run_loop(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> A
 
 
 def _run(kernel: Callable[..., Any], tasks: int, work: int, *args: Any) -> Any:
+    parallel = work >= tuning.current().small_work and tasks > 1
+    with numba_threads(None if parallel else 1):
+        return kernel(*args)
+
+
+def numba_thread_count() -> int:
+    """``numba.get_num_threads()``, torch's intra-op thread count kept: numba's first call of it in
+    a process starts its threading layer, which under OpenMP sets the runtime's count to numba's
+    (a caller's ``torch.set_num_threads(1)`` would be undone). Opaque to ``torch.compile``, as
+    :func:`run_loop` is (the count torch reads is part of a compiled graph's guards)."""
+    if torch.compiler.is_compiling():
+        return torch.compiler.disable(_thread_count)()
+    return _thread_count()
+
+
+def _thread_count() -> int:
+    torch_threads = torch.get_num_threads()
     import numba
 
-    if work >= tuning.current().small_work and tasks > 1:
-        return kernel(*args)
     threads = numba.get_num_threads()
-    numba.set_num_threads(1)
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
+    return threads
+
+
+@contextlib.contextmanager
+def numba_threads(count: int | None) -> Iterator[None]:
+    """numba's thread count set to ``count`` for the block (``None``: left as it is), then both
+    numba's and torch's intra-op thread counts as they were. Under numba's OpenMP threading layer
+    the two share one OpenMP runtime, where numba's ``set_num_threads`` also sets the count torch
+    reads: a call would otherwise change the caller's ``torch.get_num_threads()`` (and with it
+    every compiled graph's guards)."""
+    import numba
+
+    torch_threads = torch.get_num_threads()
+    threads = numba_thread_count()
+    if count is not None:
+        numba.set_num_threads(count)
     try:
-        return kernel(*args)
+        yield
     finally:
-        numba.set_num_threads(threads)
+        if count is not None:
+            numba.set_num_threads(threads)
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)

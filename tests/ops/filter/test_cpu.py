@@ -460,3 +460,19 @@ def test_compiled_first_call_and_no_recompiles():
     for _ in range(3):
         compiled(y, theta)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.parametrize("T", [20, 4000])
+def test_a_call_leaves_torchs_thread_count_as_the_caller_set_it(T):
+    """Under numba's OpenMP layer numba and torch share one runtime, where numba's
+    ``set_num_threads`` also sets the count torch reads: a call on numba's threads (T = 4000) or on
+    one thread (T = 20), forward and backward, leaves ``torch.get_num_threads()`` as it was."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        theta = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64, requires_grad=True)
+        y = torch.randn(3, T, 4, dtype=torch.float64)
+        ks.filter(y, theta=theta, sigma=0.5, obs_var=1.0, backend="cpu").loglik.sum().backward()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -56,7 +56,7 @@ import torch
 
 from kalmanscan.model import ou
 from kalmanscan.ops import host_memory
-from kalmanscan.ops.cpu_threads import run_loop
+from kalmanscan.ops.cpu_threads import numba_thread_count, run_loop
 from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.filter.cpu import small
 from kalmanscan.ops.filter.torch import adjoint_to, compact
@@ -86,10 +86,8 @@ def _block(B: int, C: int) -> int:
     """Series per task (lanes): the ``B C`` series split into a multiple of the thread count of
     tasks, up to :data:`TASKS_PER_THREAD` per thread while each keeps :data:`MIN_LANES` lanes,
     and at most :data:`MAX_LANES` lanes a task. Results do not depend on it."""
-    import numba
-
     N = B * C
-    threads = numba.get_num_threads()
+    threads = numba_thread_count()
     tasks = threads * max(1, min(TASKS_PER_THREAD, N // (threads * MIN_LANES)))
     return max(1, min(MAX_LANES, -(-N // tasks)))
 
