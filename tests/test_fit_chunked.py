@@ -77,7 +77,7 @@ def test_only_the_boundary_beliefs_are_kept():
     nat = _values(("theta", "sigma", "obs_var"), (3,))
     lik = ChunkedLikelihood(dsa.from_array(y, chunks=(10, 3)), {}, nat)
     with torch.no_grad():
-        _, beliefs = lik._forward(nat)
+        _, beliefs = lik.forward_pass(nat)
     assert len(beliefs) == 3
     for mean, var in beliefs:  # own storage, not views of a chunk's moments
         assert mean.untyped_storage().nbytes() == var.untyped_storage().nbytes() == 3 * 8

@@ -117,7 +117,7 @@ class ChunkedLikelihood:
         self.batch = tuple(y.shape[:-2])
         self.bounds = np.cumsum((0,) + tuple(int(c) for c in y.chunks[-2]))
         with torch.no_grad():
-            self._forward(dict(start), check=True)
+            self.forward_pass(dict(start), check=True)
 
     def __call__(self, nat: dict[str, torch.Tensor], graphed: bool = False) -> torch.Tensor:
         """The log-likelihood ``B + (C,)`` (``graphed`` is not used: no CUDA graph)."""
@@ -128,16 +128,16 @@ class ChunkedLikelihood:
         order): one forward and one backward pass over the chunks."""
         values = [nat[k].detach() for k in self.names]
         with torch.no_grad():
-            _, beliefs = self._forward(dict(zip(self.names, values)))
+            _, beliefs = self.forward_pass(dict(zip(self.names, values)))
         cotangent = torch.full(self.batch + (self.y.shape[-1],), -1.0, dtype=self.dtype)
-        got = dict(zip(self.names, self._backward(values, beliefs, cotangent)))
+        got = dict(zip(self.names, self.backward_pass(values, beliefs, cotangent)))
         return torch.stack([got[k] for k in names], -1)
 
     def in_float64(self) -> ChunkedLikelihood:
         """Itself: it is computed in float64."""
         return self
 
-    def _forward(self, nat: dict[str, torch.Tensor], check: bool = False) -> tuple[torch.Tensor, list]:
+    def forward_pass(self, nat: dict[str, torch.Tensor], check: bool = False) -> tuple[torch.Tensor, list]:
         """The log-likelihood ``B + (C,)`` and the filtered belief ``(mean, var)`` at the end of
         every chunk but the last (what the backward re-filters each chunk from)."""
         total, beliefs, belief = 0.0, [], None
@@ -148,7 +148,7 @@ class ChunkedLikelihood:
                 beliefs.append(belief)
         return total.to(self.dtype), beliefs
 
-    def _backward(self, values: Sequence[torch.Tensor], beliefs: list, grad: torch.Tensor) -> list:
+    def backward_pass(self, values: Sequence[torch.Tensor], beliefs: list, grad: torch.Tensor) -> list:
         """The gradient of ``(grad * loglik).sum()`` with respect to ``values`` (``nat`` in
         ``self.names``' order), chunk by chunk from the last (module docstring)."""
         leaves = [v.detach().requires_grad_(True) for v in values]
@@ -216,14 +216,14 @@ class _Evaluate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, lik: ChunkedLikelihood, *values: torch.Tensor) -> torch.Tensor:
-        loglik, beliefs = lik._forward(dict(zip(lik.names, values)))
+        loglik, beliefs = lik.forward_pass(dict(zip(lik.names, values)))
         ctx.lik, ctx.beliefs = lik, beliefs
         ctx.save_for_backward(*values)
         return loglik
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return (None, *ctx.lik._backward(ctx.saved_tensors, ctx.beliefs, grad))
+        return (None, *ctx.lik.backward_pass(ctx.saved_tensors, ctx.beliefs, grad))
 
 
 def _cut(x: Any, a: int, b: int, T: int, times: bool = False) -> Any:

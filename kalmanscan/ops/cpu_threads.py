@@ -67,10 +67,10 @@ def numba_threads(count: int | None) -> Iterator[None]:
     the two share one OpenMP runtime, where numba's ``set_num_threads`` also sets the count torch
     reads: a call would otherwise change the caller's ``torch.get_num_threads()`` (and with it
     every compiled graph's guards)."""
+    torch_threads = torch.get_num_threads()
     import numba
 
-    torch_threads = torch.get_num_threads()
-    threads = numba_thread_count()
+    threads = numba.get_num_threads()  # (may start numba's threading layer: torch's count is put back below)
     if count is not None:
         numba.set_num_threads(count)
     try:
