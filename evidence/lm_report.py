@@ -1,9 +1,10 @@
 """Tables and learning curves of the byte-level language-model runs (:mod:`evidence.lm`).
 
-    python -m evidence.lm_report benchmarks/results/text --throughput benchmarks/results/text/throughput.json \
+    python -m evidence.lm_report benchmarks/results/text [more folders] \
+        --throughput benchmarks/results/text/throughput.json \
         --figure docs/img/text_curves.png [--samples]
 
-Reads every run JSON under the folder (the sweep's runs, ``tokens_fraction < 1``, apart) and
+Reads every run JSON under the folders (the sweep's runs, ``tokens_fraction < 1``, apart) and
 prints markdown: a row per model with its parameters, seeds, final held-out bits per byte (mean
 +- half the range over seeds), the training loss at the end and the lowest held-out bits per byte
 on the curve (where a model memorises a small corpus the two part), held-out bits per byte at
@@ -35,10 +36,12 @@ import numpy as np
 TOKENS, TRAIN, BPB = 1, 3, 5    # columns of a history row: [step, tokens, train_s, train_bpb, grad_norm, heldout_bpb]
 
 
-def load_runs(directory: str) -> tuple[list, list]:
-    """The ``(main, sweep)`` run JSONs under ``directory`` (recursively); other JSON is skipped."""
+def load_runs(*directories: str) -> tuple[list, list]:
+    """The ``(main, sweep)`` run JSONs under each of ``directories`` (recursively); other JSON is
+    skipped."""
     main, sweep = [], []
-    for path in sorted(glob.glob(os.path.join(directory, "**", "*.json"), recursive=True)):
+    paths = [path for d in directories for path in glob.glob(os.path.join(d, "**", "*.json"), recursive=True)]
+    for path in sorted(paths):
         with open(path) as fh:
             result = json.load(fh)
         if "history" not in result or "model" not in result:
@@ -190,14 +193,14 @@ def plot_text_curves(main: list, throughput: dict, path: str) -> None:
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(prog="python -m evidence.lm_report", description=__doc__.split("\n")[0])
-    p.add_argument("directory", help="folder of the runs' JSON (searched recursively)")
+    p.add_argument("directories", nargs="+", help="folders of the runs' JSON (searched recursively)")
     p.add_argument("--throughput", default=None, help="JSON of python -m evidence.lm throughput")
     p.add_argument("--figure", default=None, help="write the learning curves here (PNG)")
     p.add_argument("--samples", action="store_true", help="print each model's generated samples")
     a = p.parse_args(argv)
-    main_runs, sweep = load_runs(a.directory)
+    main_runs, sweep = load_runs(*a.directories)
     if not main_runs and not sweep:
-        raise ValueError(f"directory {a.directory!r} holds no run JSON of evidence.lm")
+        raise ValueError(f"directories {a.directories!r} hold no run JSON of evidence.lm")
     throughput = load_throughput(a.throughput)
     parts = [main_markdown(main_runs, throughput), sweep_markdown(sweep)]
     if a.samples:

@@ -47,6 +47,16 @@ def test_rows_equal_time_and_sweep(results):
     assert (results / "fig" / "curves.png").stat().st_size > 0
 
 
+def test_runs_are_read_from_several_folders(tmp_path):
+    for i, (folder, model) in enumerate((("a", "attention"), ("b", "kla"))):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"run{i}.json").write_text(json.dumps(fake_run(model, 0, 2.0)))
+    main, _ = lm_report.load_runs(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert sorted(r["model"] for r in main) == ["attention", "kla"]
+    text = lm_report.main([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert "| kla |" in text and "| attention |" in text
+
+
 def test_empty_directory_is_refused(tmp_path):
     with pytest.raises(ValueError, match="directory"):
         lm_report.main([str(tmp_path)])
