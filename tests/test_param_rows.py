@@ -1,6 +1,7 @@
 """Static parameters given as device tensors, checked and derived by one launch (``param_rows``).
 
-On the CPU the interpreter runs the launch: :func:`prepare_static` gives the fields, derived rows
+The launch runs where the kernels do (:data:`helpers.KERNEL_DEVICE`: the interpreter on the CPU, compiled on
+a GPU): :func:`prepare_static` gives the fields, derived rows
 and facts of the host path (``prepare`` with the same values as NumPy), raises its messages for bad
 values in its order, keeps gradients, and ``ks.filter`` through it (the GPU gate lifted) equals the
 torch backend."""
@@ -15,7 +16,7 @@ import kalmanscan as ks
 from kalmanscan.problem.checks import Checks, Flag
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device
-from helpers import synchronisations
+from helpers import KERNEL_DEVICE, synchronisations
 
 param_rows = importlib.import_module("kalmanscan.ops.filter.triton.param_rows")
 
@@ -29,11 +30,16 @@ def values(seed=0, dtype=torch.float32, **over):
                 obs_var=torch.rand(C, dtype=dtype, generator=g) + 0.2, mean=torch.tensor(0.3, dtype=dtype),
                 h=np.linspace(0.5, 1.5, C), dt=0.7, init_mean=None, init_var=None)
     vals.update(over)
-    return vals
+    return {k: v.to(KERNEL_DEVICE) if isinstance(v, torch.Tensor) and not v.requires_grad else v
+            for k, v in vals.items()}
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).to(KERNEL_DEVICE)
 
 
 def host(vals):
-    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in vals.items()}
+    return {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in vals.items()}
 
 
 def static(y, vals):
@@ -56,7 +62,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_rows_and_facts_equal_the_host_path(case, dtype):
     vals = values(dtype=dtype, **CASES[case])
-    y = torch.randn(T, C, dtype=dtype)
+    y = randn(T, C, dtype=dtype)
     p, facts, verdict = static(y, vals)
     verdict.decide()
     ref = prepare(y, backend="torch", **host(vals))
@@ -87,14 +93,14 @@ BAD = [
 
 @pytest.mark.parametrize("bad, message", BAD)
 def test_bad_values_raise_naming_the_argument(bad, message):
-    y = torch.randn(T, C)
+    y = randn(T, C)
     _, _, verdict = static(y, values(**bad))
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         verdict.decide()
 
 
 def test_shapes_are_checked_on_the_host():
-    y = torch.randn(T, C)
+    y = randn(T, C)
     with pytest.raises(ValueError, match="theta of shape"):
         static(y, values(theta=torch.rand(C + 1)))
     with pytest.raises(ValueError, match="init_var of shape"):
@@ -102,9 +108,9 @@ def test_shapes_are_checked_on_the_host():
 
 
 def test_gradients_reach_the_tensors_given():
-    y = torch.randn(T, C, dtype=torch.float64)
-    theta = torch.rand(C, dtype=torch.float64) + 0.2
-    sigma = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
+    y = randn(T, C, dtype=torch.float64)
+    theta = torch.rand(C, dtype=torch.float64, device=KERNEL_DEVICE) + 0.2
+    sigma = torch.tensor(0.6, dtype=torch.float64, requires_grad=True, device=KERNEL_DEVICE)
     theta.requires_grad_()
     p, _, verdict = static(y, values(dtype=torch.float64, theta=theta, sigma=sigma))
     verdict.decide()
@@ -128,7 +134,7 @@ def test_only_gpu_data_without_times_and_with_static_parameters():
 @pytest.mark.parametrize("case", ["stationary prior", "given prior", "diffuse prior", "no process noise"])
 def test_filter_through_it_equals_the_torch_backend(monkeypatch, case):
     monkeypatch.setattr(param_rows, "static_on_device", lambda y, vals, times: times is None)
-    y = torch.randn(T, C, dtype=torch.float64)
+    y = randn(T, C, dtype=torch.float64)
     y[3, 1] = float("nan")
     vals = {k: v for k, v in values(dtype=torch.float64, **CASES[case]).items() if v is not None}
     got = ks.filter(y, backend="triton", **vals)
@@ -136,7 +142,8 @@ def test_filter_through_it_equals_the_torch_backend(monkeypatch, case):
     for k in ("mean", "var", "pred_mean", "pred_var", "logliks"):
         torch.testing.assert_close(getattr(got, k), getattr(want, k), rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="obs_var must be"):
-        ks.filter(y, backend="triton", **dict(vals, obs_var=torch.full((C,), -1.0, dtype=torch.float64)))
+        ks.filter(y, backend="triton", **dict(vals, obs_var=torch.full((C,), -1.0, dtype=torch.float64,
+                                                                       device=KERNEL_DEVICE)))
 
 
 def test_flags_are_read_with_their_vector_in_order():

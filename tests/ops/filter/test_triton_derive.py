@@ -122,7 +122,8 @@ def test_filter_fields_read_through_the_kernel(case, launches):
     assert launches == [(*derive.FIELDS,)]
     partial = ks.filter(y_t, backend="triton", outputs=("mean", "pred_var"), **problem_tensors(kw, dtype,
                                                                                               device=KERNEL_DEVICE))
-    assert torch.equal(partial.pred_var, post.pred_var) and partial.logliks is None
+    assert partial.logliks is None   # the kernel built for pred_var alone: the same bound, not the same bits
+    assert_fields_close(partial, ref, ("pred_var",), 1e-10 if dtype == torch.float64 else FLOAT32_BOUND)
     assert launches[1:] == [("pred_var",)]
 
 

@@ -157,11 +157,11 @@ def test_per_step_terms_still_written_when_asked(poisoned):
     ref = ks.filter(y, backend="reference", **kw)
     p = prepared(y, kw)[0]
     out = triton.filter(dataclasses.replace(p, outputs=("logliks",)))
-    np.testing.assert_allclose(out["logliks"].numpy(), ref.logliks, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["logliks"].cpu().numpy(), ref.logliks, rtol=1e-10, atol=1e-12)
     y_t, t = _tensors(y, kw)
     post = ks.filter(y_t, backend="triton", outputs=("loglik",), **t)
-    np.testing.assert_allclose(post.logliks.numpy(), ref.logliks, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(post.loglik.numpy(), ref.loglik, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(post.logliks.cpu().numpy(), ref.logliks, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(post.loglik.cpu().numpy(), ref.loglik, rtol=1e-10, atol=1e-12)
 
 
 def test_operator_returns_the_sum():
