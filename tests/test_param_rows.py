@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kalmanscan as ks
+from kalmanscan import tuning
 from kalmanscan.problem.checks import Checks, Flag
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device
@@ -146,6 +147,31 @@ def test_filter_through_it_equals_the_torch_backend(monkeypatch, case):
                                                                        device=KERNEL_DEVICE)))
 
 
+def test_large_y_with_static_device_parameters_is_checked_from_the_kernels(monkeypatch):
+    """A ``y`` past the by-result limit with static device parameters: ``y``'s check comes from the
+    aggregate pass (no reduction of ``y`` of its own), and an ``inf`` in ``y`` or a bad parameter
+    still raises naming it."""
+    prepare_module = importlib.import_module("kalmanscan.problem.prepare")
+    monkeypatch.setattr(prepare_module, "host_parameters", lambda *args: False)  # as on a GPU
+    monkeypatch.setattr(prepare_module, "static_on_device", lambda y, vals, times: times is None)
+    y = randn(200, C, dtype=torch.float64)
+    y[3, 1] = float("nan")
+    vals = {k: v for k, v in values(dtype=torch.float64).items() if v is not None}
+    with tuning.tuned(y_by_result=y.numel() - 1):
+        p = prepare(y, backend="triton", late_y=True, defer=True, **vals)
+        assert p.y_late and p.pending is not None
+        got = ks.filter(y, backend="triton", **vals)
+        want = ks.filter(y, backend="torch", **host(vals))
+        torch.testing.assert_close(got.mean, want.mean, rtol=1e-10, atol=1e-12)
+        bad = y.clone()
+        bad[150, 4] = float("inf")
+        with pytest.raises(ValueError, match="y must be finite"):
+            ks.filter(bad, backend="triton", **vals)
+        with pytest.raises(ValueError, match="obs_var must be"):
+            ks.filter(y, backend="triton", **dict(vals, obs_var=torch.full((C,), -1.0, dtype=torch.float64,
+                                                                           device=KERNEL_DEVICE)))
+
+
 def test_flags_are_read_with_their_vector_in_order():
     """Verdicts and facts given as entries of one vector (``Flag``) come back with the scalar
     checks in one copy: the first failed check in the order added raises, facts read by name."""
@@ -169,8 +195,10 @@ def test_flags_are_read_with_their_vector_in_order():
 def test_large_y_with_device_parameters_equals_numbers_and_is_checked():
     """Static device parameters and a ``y`` of more than ``BY_RESULT`` elements on the triton
     backend: the result equals the call with the same values given on the host (up to the ulps of
-    decay and noise derived on the device), one wait a call (the verdicts and ``y``'s sum, queued
-    before the kernels), and an ``inf`` in ``y`` or a bad parameter raises naming it."""
+    decay and noise derived on the device), two waits a call, each while the kernels run and no
+    pass over ``y`` of its own (the verdicts, queued before the kernels; ``y``'s check, from the
+    aggregate pass as with host parameters), and an ``inf`` in ``y`` or a bad parameter raises
+    naming it."""
     Cb = 512
     g = torch.Generator("cuda").manual_seed(5)
     y = torch.randn(600, Cb, device="cuda", generator=g)
@@ -181,7 +209,7 @@ def test_large_y_with_device_parameters_equals_numbers_and_is_checked():
     want = ks.filter(y, outputs=("mean", "var"), **dict(kw, theta=theta.cpu().numpy(), obs_var=0.4))
     for k in ("mean", "var"):
         torch.testing.assert_close(getattr(got, k), getattr(want, k))
-    assert synchronisations(lambda: ks.filter(y, **kw)) == 1
+    assert synchronisations(lambda: ks.filter(y, **kw)) == 2
     bad = y.clone()
     bad[599, 511] = float("inf")
     with pytest.raises(ValueError, match="y must be finite"):

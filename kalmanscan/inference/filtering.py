@@ -102,10 +102,11 @@ def filter(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     # it is read while they run (the call's one synchronisation); otherwise from the result (an
     # inf in y makes the log-likelihood and the filtered mean from its step on, the last step's
     # too, non-finite), y searched only when that is not finite. Parameters checked on their
-    # device need a read of their own: y's check (one reduction) joins it. On the triton backend
-    # it is read once the kernels are queued (confirmed), the facts that pick the kernels' path
-    # (a diffuse prior, no process noise) assumed until then and the call run again, checked
-    # first, when they differ; on the other backends before the kernels.
+    # device need a read of their own. On the triton backend it is read once the kernels are
+    # queued (confirmed), the facts that pick the kernels' path (a diffuse prior, no process noise)
+    # assumed until then and the call run again, checked first, when they differ; y's check is
+    # then late as on the host path when the parameters are static, else it joins that read (one
+    # reduction). On the other backends the read, with y's check, comes before the kernels.
     if state is not None:  # prepare checks the state as the prior; continue_problem predicts it
         state, init_mean, init_var = as_prior(state, init_mean, init_var)
     args = dict(y=y, theta=theta, sigma=sigma, obs_var=obs_var, mean=mean, h=h, dt=dt, times=times,

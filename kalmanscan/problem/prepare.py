@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kalmanscan import tuning
 from kalmanscan.model import mobius, ou
 from kalmanscan.ops.filter.dispatch import resolve_backend
 from kalmanscan.ops.filter.torch import compact
@@ -100,9 +101,10 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     inf check on ``y`` is one reduction (one synchronisation on a device). ``check_y=False`` skips
     it; the caller must then call :func:`check_no_inf` itself, e.g. only when the log-likelihood
     comes out non-finite (an ``inf`` in ``y`` always makes it so). With ``late_y``, when the
-    parameters are checked on the host, ``y``'s check is left to the caller
-    (:attr:`Problem.y_late`: :func:`kalmanscan.problem.checks.decide_y` once the kernels are
-    queued). With ``defer`` on the triton backend, the checks on device tensors are not read here:
+    parameters are checked on the host (or are static device tensors whose checks are deferred,
+    below), ``y``'s check is left to the caller (:attr:`Problem.y_late`:
+    :func:`kalmanscan.problem.checks.decide_y` once the kernels are queued, from the kernels' own
+    pass where they take it). With ``defer`` on the triton backend, the checks on device tensors are not read here:
     they are queued (:attr:`Problem.pending`, facts assumed as :data:`GUESSED`) for the caller to
     decide once its kernels are queued, and to run the call again if the facts read differ.
     """
@@ -133,16 +135,20 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
             checks.decide()
         return p
     checks = Checks()
-    if check_y:
-        queue_y_check(checks, y_t)
     triton = plan["backend"] == "triton"
     given = dict(vals, init_mean=init_mean, init_var=init_var)
+    # a large y's check from the kernels' own pass, as on the host path (the backend's condition)
+    late = (check_y and late_y and defer and triton and y_t.numel() > tuning.current().y_by_result
+            and not torch.compiler.is_compiling())
+    if check_y and not (late and static_on_device(y_t, given, times)):
+        queue_y_check(checks, y_t)
     if static_on_device(y_t, given, times):
         p, facts = prepare_static(y_t, given, checks, numpy_out, out_dtype)
         checks.fact("diffuse", facts["diffuse"])
         if triton:
             checks.fact("no_noise", facts["no_noise"])
         p.pending, facts = (checks.queue(), GUESSED) if defer and triton else (None, checks.decide())
+        p.y_late = late
         return dataclasses.replace(p, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"), **plan)
     params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in PARAMS}
     times_t = None

@@ -40,8 +40,9 @@ class Problem:
     plan of the call: every backend trusts it (no backend checks a value, a name or a shape again).
 
     ``backend``: the registered backend that runs it (``"auto"`` resolved for ``y``'s device).
-    ``y_late``: the parameters were checked on the host and ``y``'s inf check was left to the
-    caller (:func:`kalmanscan.problem.checks.decide_y`, once the kernels are queued).
+    ``y_late``: ``y``'s inf check was left to the caller (:func:`kalmanscan.problem.checks.decide_y`,
+    once the kernels are queued): parameters checked on the host, or static device parameters whose
+    checks are deferred on the triton backend (the check then comes from the kernels' own pass).
 
     Facts decided with the checks (no further synchronisation): ``diffuse``, whether any
     ``init_var`` is inf (:mod:`kalmanscan.inference.diffuse`); ``no_noise``, whether some filter with
