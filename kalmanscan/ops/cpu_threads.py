@@ -51,13 +51,10 @@ def numba_thread_count() -> int:
 
 
 def _thread_count() -> int:
-    torch_threads = torch.get_num_threads()
-    import numba
+    with _torch_threads_kept():
+        import numba
 
-    threads = numba.get_num_threads()
-    if torch.get_num_threads() != torch_threads:
-        torch.set_num_threads(torch_threads)
-    return threads
+        return numba.get_num_threads()
 
 
 @contextlib.contextmanager
@@ -67,16 +64,26 @@ def numba_threads(count: int | None) -> Iterator[None]:
     the two share one OpenMP runtime, where numba's ``set_num_threads`` also sets the count torch
     reads: a call would otherwise change the caller's ``torch.get_num_threads()`` (and with it
     every compiled graph's guards)."""
-    torch_threads = torch.get_num_threads()
-    import numba
+    with _torch_threads_kept():
+        threads = _thread_count()  # (may start numba's threading layer)
+        if count is None:
+            yield
+            return
+        import numba
 
-    threads = numba.get_num_threads()  # (may start numba's threading layer: torch's count is put back below)
-    if count is not None:
         numba.set_num_threads(count)
+        try:
+            yield
+        finally:
+            numba.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """torch's intra-op thread count put back as it was after the block, where numba changed it."""
+    torch_threads = torch.get_num_threads()
     try:
         yield
     finally:
-        if count is not None:
-            numba.set_num_threads(threads)
         if torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)

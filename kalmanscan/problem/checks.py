@@ -18,10 +18,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kalmanscan import tuning
 from kalmanscan.types import ArrayLike
 
 __all__ = ["Checks", "Pending", "Flag", "check_no_inf", "queue_y_check", "finite_sum", "check_y_by_result", "Ahead",
-           "queue_y_sum", "decide_y", "NOT_FINITE"]
+           "queue_y_sum", "decide_y", "queued_with_kernels", "NOT_FINITE"]
 
 
 class Flag(NamedTuple):
@@ -193,6 +194,13 @@ class Ahead:
         if self.event is not None:
             self.event.synchronize()
         return self.values
+
+
+def queued_with_kernels(y: torch.Tensor) -> bool:
+    """Whether the triton backend queues ``y``'s inf check with its kernels (``Problem.y_check``):
+    a ``y`` of more than :attr:`kalmanscan.tuning.Tuning.y_by_result` elements, outside
+    ``torch.compile``; a smaller one is checked from the call's result."""
+    return y.numel() > tuning.current().y_by_result and not torch.compiler.is_compiling()
 
 
 def queue_y_sum(y: torch.Tensor) -> Ahead:

@@ -21,14 +21,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kalmanscan import tuning
 from kalmanscan.model import mobius, ou
 from kalmanscan.ops.filter.dispatch import resolve_backend
 from kalmanscan.ops.filter.torch import compact
 from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device
 from kalmanscan.problem.bounds import (BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_VAR_THETA, NOISE_OVERFLOW, PARAMS,
                                        STATIONARY_OVERFLOW, narrowing_message, overflow_message, requirement, within)
-from kalmanscan.problem.checks import Checks, queue_y_check
+from kalmanscan.problem.checks import Checks, queue_y_check, queued_with_kernels
 from kalmanscan.problem.convert import broadcast_init, broadcast_param, host_array, on_host, to_device
 from kalmanscan.problem.problem import Problem, wanted_outputs
 from kalmanscan.types import ArrayLike
@@ -137,19 +136,18 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     checks = Checks()
     triton = plan["backend"] == "triton"
     given = dict(vals, init_mean=init_mean, init_var=init_var)
-    # a large y's check from the kernels' own pass, as on the host path (the backend's condition)
-    late = (check_y and late_y and defer and triton and y_t.numel() > tuning.current().y_by_result
-            and not torch.compiler.is_compiling())
-    if check_y and not (late and static_on_device(y_t, given, times)):
+    static = static_on_device(y_t, given, times)
+    # static parameters, checks deferred: a large y's check from the kernels' own pass, as on the host path
+    late = static and check_y and late_y and defer and triton and queued_with_kernels(y_t)
+    if check_y and not late:
         queue_y_check(checks, y_t)
-    if static_on_device(y_t, given, times):
+    if static:
         p, facts = prepare_static(y_t, given, checks, numpy_out, out_dtype)
         checks.fact("diffuse", facts["diffuse"])
         if triton:
             checks.fact("no_noise", facts["no_noise"])
         p.pending, facts = (checks.queue(), GUESSED) if defer and triton else (None, checks.decide())
-        p.y_late = late
-        return dataclasses.replace(p, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"), **plan)
+        return dataclasses.replace(p, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"), y_late=late, **plan)
     params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in PARAMS}
     times_t = None
     if times is not None:

@@ -37,7 +37,6 @@ from kalmanscan.kernels.filter.fwd import (filter_agg_kernel, filter_total_kerne
 from kalmanscan.kernels.filter.rts import rts_agg_kernel, rts_kernel
 from kalmanscan.kernels.filter.stream import stream_step_kernel
 
-from kalmanscan import tuning
 from kalmanscan.problem import checks
 from kalmanscan.problem.problem import Problem
 from kalmanscan.ops.launch import cdiv, next_power_of_2
@@ -79,7 +78,7 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
     decay, noise = p.decay_noise()
 
-    y_check = p.y_check and p.y.numel() > tuning.current().y_by_result and not torch.compiler.is_compiling()
+    y_check = p.y_check and checks.queued_with_kernels(p.y)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         fields = POSTERIOR if p.outputs is None else tuple(k for k in (*POSTERIOR, "loglik") if k in p.outputs)
         if torch.compiler.is_compiling():  # one opaque operator for the compiler (library module docstring)
