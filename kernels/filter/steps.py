@@ -16,7 +16,7 @@ Arithmetic is in the dtype of the pointers (float32 in production, float64 in th
 import triton
 import triton.language as tl
 
-from kalmanscan.kernels.fast_math import rcp
+from kalmanscan.kernels.fast_math import log, rcp
 
 
 @triton.jit
@@ -232,7 +232,7 @@ def emit_prediction(pred_mu, pred_var, observed, yc, obs_var, mean, h, o, valid,
         tl.store(pred_obs_var_ptr + o, pred_obs_var, mask=valid)
     if POSTERIOR & (256 | 1024):
         innov = yc - h * pred_mu
-        loglik = -0.5 * (1.8378770664093453 + tl.log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
+        loglik = -0.5 * (1.8378770664093453 + log(pred_obs_var) + innov * innov * rcp(pred_obs_var))
         loglik = tl.where(observed, loglik, 0.0)
         if POSTERIOR & 256:
             tl.store(loglik_ptr + o, loglik, mask=valid)
