@@ -15,7 +15,8 @@ run); with ``--samples`` each model's generations from the first prompt.
 
 Equal wall-clock: runs that share a GPU take longer than alone, so time is estimated as
 ``tokens / tokens_per_s`` with each model's throughput timed alone (``python -m evidence.lm
-throughput``; without it, each run's own training tokens/s). The budget is the time the fastest
+throughput``; without it, the fastest of each model's runs, from its own training tokens/s: a run
+that shared its GPU only lost speed). The budget is the time the fastest
 model took for its whole token budget; every model's held-out bits per byte is read on its curve
 (against tokens, linear between evaluations) at the tokens it trains in that time. The curve is
 the periodic evaluation's, on the fixed held-out subset that every run shares, not the whole
@@ -82,8 +83,9 @@ def best(runs) -> str:
 
 
 def rates(models: dict, throughput: dict) -> dict:
-    """Tokens/s per model: timed alone when given, else the mean of its runs' own."""
-    return {m: throughput.get(m, np.mean([r["tokens_per_s"] for r in runs])) for m, runs in models.items()}
+    """Tokens/s per model: timed alone when given, else the highest of its runs' own (a run that
+    shared its GPU is slower, never faster, than one alone)."""
+    return {m: throughput.get(m, max(r["tokens_per_s"] for r in runs)) for m, runs in models.items()}
 
 
 def equal_time(models: dict, speed: dict) -> tuple[float, dict]:

@@ -68,3 +68,11 @@ def test_best_is_the_curve_minimum_where_the_model_memorises():
     for row in run["history"]:
         row[1] *= 10 ** 6
     assert lm_report.best([run, run]) == "1.5000 (500M)"
+
+
+def test_rates_without_throughput_take_each_models_fastest_run():
+    shared = fake_run("kla", 1, 1.9)
+    shared["tokens_per_s"] = 0.4                                   # a run that shared its GPU
+    models = lm_report.by_model([fake_run("kla", 0, 1.9), shared, fake_run("attention", 0, 2.0)])
+    assert lm_report.rates(models, {}) == {"kla": 1.0, "attention": 1.0}
+    assert lm_report.rates(models, {"kla": 0.7}) == {"kla": 0.7, "attention": 1.0}
