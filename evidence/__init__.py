@@ -6,6 +6,7 @@ synthetic tasks trained by one entry point, text by another (speed benchmarks ar
     evidence.train      the training entry point of the synthetic tasks (``python -m evidence.train``)
     evidence.protocols  the reduced protocols: several runs in parallel processes, JSON out
     evidence.plots      figures and tables from the JSON results
+    evidence.reach      how far back a mixer hears at initialisation (its gradient by lag)
     evidence.lm         byte-level language models on the Python standard library's source
                         (``python -m evidence.lm train|throughput|protocol``; models in
                         evidence.lm_models, tables and curves by ``python -m evidence.lm_report``)
