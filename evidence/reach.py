@@ -13,27 +13,35 @@ MQAR at T = 2048 asks for recall across up to about 2,000 tokens.
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 import torch
 
-from benchmarks.common import commit
+from benchmarks.common import commit, save
 from evidence.protocols import MIXER_SPECS
 from evidence.train import mixer_options
+from kalmanscan.nn.init import WEIGHT_INIT_DEFAULT, WEIGHT_INITS, normal_init_
 from kalmanscan.nn.mixers import MIXERS
 
 __all__ = ["mixer_from_spec", "reach", "lags", "main"]
 
 
-def mixer_from_spec(spec: str, d_model: int, device: str = "cpu") -> torch.nn.Module:
-    """One layer of the mixer that ``spec`` (a key of ``MIXER_SPECS``) names, with its options."""
+def mixer_from_spec(spec: str, d_model: int, device: str = "cpu",
+                    weight_init: str = WEIGHT_INIT_DEFAULT) -> torch.nn.Module:
+    """One layer of the mixer that ``spec`` (a key of ``MIXER_SPECS``) names, with its options,
+    initialised as a :class:`kalmanscan.nn.SequenceModel` initialises its mixers (``"normal"``:
+    :func:`kalmanscan.nn.init.normal_init_`, the training harness's default)."""
+    if weight_init not in WEIGHT_INITS:
+        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
     if spec not in MIXER_SPECS:
         raise ValueError(f"mixers: unknown spec {spec!r}; choose from {sorted(MIXER_SPECS)}")
     argv = MIXER_SPECS[spec]
     if argv[0] != "--mixer" or any(a.startswith("--") and a != "--mixer-opt" for a in argv[2::2]):
         raise ValueError(f"mixers: {spec!r} sets more than the mixer and its options ({argv})")
-    return MIXERS[argv[1]](d_model, **mixer_options(argv[3::2]), device=device)
+    layer = MIXERS[argv[1]](d_model, **mixer_options(argv[3::2]), device=device)
+    if weight_init == "normal":
+        normal_init_(layer)
+    return layer
 
 
 def reach(layer: torch.nn.Module, d_model: int, length: int, batch: int = 4, seed: int = 0) -> np.ndarray:
@@ -60,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="a layer and inputs per seed")
+    ap.add_argument("--weight-init", choices=WEIGHT_INITS, default=WEIGHT_INIT_DEFAULT,
+                    help="as the training harness (--weight-init of evidence.train)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None, help="JSON file")
     return ap
@@ -74,18 +84,17 @@ def main(argv: list[str] | None = None) -> dict:
     for spec in args.mixers:
         for seed in args.seeds:
             torch.manual_seed(seed)
-            norms = reach(mixer_from_spec(spec, args.d_model, args.device), args.d_model, args.length, args.batch,
-                          seed)
+            layer = mixer_from_spec(spec, args.d_model, args.device, args.weight_init)
+            norms = reach(layer, args.d_model, args.length, args.batch, seed)
             nonzero = np.nonzero(norms)[0]
             rows.append(dict(mixer=spec, seed=seed, lags=at, relative=[float(norms[lag] / norms[0]) for lag in at],
                              longest_nonzero_lag=int(nonzero.max()) if nonzero.size else -1))
             print(f"{spec} seed {seed}: " + " ".join(f"{lag}:{r:.1e}" for lag, r in zip(at, rows[-1]["relative"]))
                   + f"; non-zero up to lag {rows[-1]['longest_nonzero_lag']}", flush=True)
-    out = dict(length=args.length, d_model=args.d_model, batch=args.batch, device=args.device, rows=rows,
+    out = dict(length=args.length, d_model=args.d_model, batch=args.batch, weight_init=args.weight_init,
+               device=args.device, rows=rows,
                torch=torch.__version__, commit=commit())
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    save(args.out, out)
     return out
 
 

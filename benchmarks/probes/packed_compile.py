@@ -21,11 +21,11 @@ absolute difference of each stage and compiler, and the first stage that departs
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import triton
 
+from benchmarks.common import save
 from kalmanscan import nn as ks_nn
 from kalmanscan.nn.layer import KLAState
 from kalmanscan.nn.packed import document_conv, document_windows
@@ -146,9 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
                 first = f"{name}/{compiler}"
     print(f"first stage that departs from eager: {first or 'none'}")
     result = dict(torch=torch.__version__, device=args.device, backend=args.backend, stages=rows, first=first)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    save(args.out, result)
     return result
 
 

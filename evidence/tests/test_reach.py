@@ -46,3 +46,14 @@ def test_unknown_or_composite_spec_is_refused():
         reach.mixer_from_spec("nope", 16)
     with pytest.raises(ValueError, match="more than the mixer"):
         reach.mixer_from_spec("kla_noise0", 16)
+    with pytest.raises(ValueError, match="weight_init"):
+        reach.mixer_from_spec("kla", 16, weight_init="xavier")
+
+
+def test_layer_is_initialised_as_the_harness_does():
+    torch.manual_seed(0)
+    normal = reach.mixer_from_spec("gla", 64)
+    own = reach.mixer_from_spec("gla", 64, weight_init="torch")
+    linears = [m.weight for m in normal.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and max(float(w.std()) for w in linears) < 0.03      # N(0, 0.02^2)
+    assert max(float(m.weight.std()) for m in own.modules() if isinstance(m, torch.nn.Linear)) > 0.05

@@ -54,8 +54,9 @@ def test_fla_chunk_gla_equals_torch_fallback(L, d_conv):
 def test_fla_chunk_gla_equals_torch_fallback_at_mqar_2048():
     """The MQAR T = 2048 configuration whose loss stayed flat (d_model 128, the width-4 conv, keys
     of width d_model): fla's kernels against the fallback over the whole length, and the gradient
-    of the last output on the 256 inputs before it alike (at initialisation it falls to about 4e-6
-    of its value at lag 0 over those lags and vanishes past lag ~1,300: ``python -m evidence.reach``)."""
+    of the last output on the 256 inputs before it alike (at the module's own initialisation it
+    falls to about 4e-6 of its value at lag 0 over those lags and vanishes past lag ~1,300:
+    ``python -m evidence.reach --weight-init torch``)."""
     torch.manual_seed(2048)
     layer = GatedLinearAttention(128, d_conv=4, expand_k=2.0).cuda()
     x = torch.randn(2, 2048, 128, device="cuda", requires_grad=True)
