@@ -2,7 +2,7 @@
 
     python -m benchmarks                             # the suites, one line each
     python -m benchmarks run SUITE [ARGS...]         # the suite's main(ARGS); ARGS --help for its options
-    python -m benchmarks headline --out DIR [--only a,b] [--dry-run]   # rerun the published tables
+    python -m benchmarks headline --out DIR [--only a,b] [--gpu-only] [--dry-run]   # rerun the published tables
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Rerun the published tables on the machine at hand.
 
-``python -m benchmarks headline --out DIR [--only a,b] [--dry-run]`` runs, for each suite (or those
+``python -m benchmarks headline --out DIR [--only a,b] [--gpu-only] [--dry-run]`` runs, for each suite (or those
 named by ``--only``), the commands of its published tables (:data:`benchmarks.suites.SUITES`), each
 in its own process, and writes ``DIR/<suite>.json`` (``suite``, ``measures`` and one entry per
 command: the command, its exit status, its wall time in seconds and the JSON the suite wrote) and
 ``DIR/headline.md`` (the tables, one section per command, after a line naming the machine, the
 commit and the date). A command that needs CUDA is skipped on a machine without it, with a line
-saying so; ``--dry-run`` prints the commands without running them.
+saying so; ``--gpu-only`` skips the CPU commands (their tables name the CPU machine they come
+from); ``--dry-run`` prints the commands without running them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks headline", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the JSON files and headline.md")
     ap.add_argument("--only", default=None, help="comma-separated suites (default: all)")
+    ap.add_argument("--gpu-only", action="store_true",
+                    help="run only the commands that need CUDA (the CPU tables come from the CPU machine they name)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     return ap
 
@@ -96,11 +99,12 @@ def write(out_dir: str, written: Mapping[str, dict], lines: list[str]) -> None:
 
 
 def headline(out_dir: str, only: str | None = None, suites: Mapping[str, Suite] = SUITES,
-             cuda: bool | None = None, dry_run: bool = False) -> dict[str, dict]:
+             cuda: bool | None = None, dry_run: bool = False, gpu_only: bool = False) -> dict[str, dict]:
     """Run the published tables' commands of the suites ``only`` names (all by default) and write
     their JSON and ``headline.md`` into ``out_dir``, after each command (a run stopped early keeps
     what finished); GPU commands are skipped, with a line, when ``cuda`` is false (default: whether
-    torch sees a CUDA device). Returns the JSON of each suite."""
+    torch sees a CUDA device); with ``gpu_only`` the CPU commands are skipped, with a line. Returns
+    the JSON of each suite."""
     chosen = selected(only, suites)
     if cuda is None:
         import torch
@@ -116,6 +120,9 @@ def headline(out_dir: str, only: str | None = None, suites: Mapping[str, Suite] 
             print(f"skip {suite.name}: no published table", flush=True)
         for run in suite.headline:
             cmd = command(suite, run)
+            if gpu_only and not run.gpu:
+                print(f"skip {suite.name} (CPU, --gpu-only): {cmd}", flush=True)
+                continue
             lines += [f"## {suite.name}: {suite.measures}", ""]
             if run.gpu and not cuda:
                 print(f"skip {suite.name} (GPU, no CUDA on this machine): {cmd}", flush=True)
@@ -139,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     try:
-        written = headline(args.out, args.only, dry_run=args.dry_run)
+        written = headline(args.out, args.only, dry_run=args.dry_run, gpu_only=args.gpu_only)
     except ValueError as err:
         ap.error(str(err))
     failed = [r["command"] for w in written.values() for r in w["runs"] if r["returncode"]]

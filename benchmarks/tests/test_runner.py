@@ -78,3 +78,14 @@ def test_headline_only_selects_and_rejects_unknown_names(tmp_path, capsys):
     assert "skip tiny_gpu" in capsys.readouterr().out
     with pytest.raises(ValueError, match="unknown suites"):
         headline.headline(str(tmp_path), only="tiny,nope", suites=table, cuda=False)
+
+
+def test_headline_gpu_only_skips_the_cpu_commands(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(headline, "machine", lambda cuda: "a GPU")
+    table = {"tiny": TINY, "tiny_gpu": ON_GPU}
+    written = headline.headline(str(tmp_path), suites=table, cuda=True, gpu_only=True)
+    out = capsys.readouterr().out
+    assert "skip tiny (CPU, --gpu-only): python -m benchmarks run tiny --rows 3" in out
+    assert list(written) == ["tiny_gpu"] and written["tiny_gpu"]["runs"][0]["returncode"] == 0
+    md = (tmp_path / "headline.md").read_text()
+    assert "run tiny_gpu --rows 5" in md and "run tiny --rows 3" not in md
