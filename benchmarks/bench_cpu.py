@@ -49,8 +49,8 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
-from kalmanscan.inference.derived import DERIVED
 from benchmarks.common import save
+from kalmanscan.inference.derived import DERIVED
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.cpu import backend as cpu
 

@@ -34,12 +34,12 @@ import torch
 import kalmanscan as ks
 from benchmarks.common import copy_bandwidth, shape_list, shapes_parser, wall_times, write_shape_rows
 from benchmarks.common import median_ms as device_ms
+from kalmanscan.inference.derived import DERIVED
 from kalmanscan.problem.prepare import prepare
 
 SHAPES = [(10_000, 1000), (1_000_000, 10)]
 GPU_SHAPES = [(32_768, 4096)]
 PARAMS = dict(theta=0.3, sigma=1.0, obs_var=0.5)
-DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks")
 
 
 def numpy_loop(y: np.ndarray, theta: float, sigma: float, obs_var: float) -> tuple[np.ndarray, ...]:
