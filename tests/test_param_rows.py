@@ -7,13 +7,16 @@ values in its order, keeps gradients, and ``ks.filter`` through it (the GPU gate
 torch backend."""
 
 import importlib
+import inspect
 
 import numpy as np
 import pytest
 import torch
+import triton.language as tl
 
 import kalmanscan as ks
 from kalmanscan import tuning
+from kalmanscan.kernels.filter.params import param_rows_kernel
 from kalmanscan.problem.checks import Checks, Flag
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton.param_rows import prepare_static, static_on_device
@@ -74,6 +77,13 @@ def test_rows_and_facts_equal_the_host_path(case, dtype):
         torch.testing.assert_close(got.expand(1, C), want.expand(1, C), rtol=ulps, atol=0)
     assert facts == dict(diffuse=ref.diffuse, no_noise=ref.no_process_noise())
     assert p.shape == ref.shape
+
+
+def test_noise_bound_is_a_compile_time_constant():
+    """A float argument reaches a compiled kernel as float32, where float64's bound (1e-290) is 0 and
+    a float64 problem without process noise would not be flagged (seen on an H100; the interpreter
+    passes Python floats as float64, so the tests above pass there either way)."""
+    assert inspect.signature(param_rows_kernel.fn).parameters["bound"].annotation is tl.constexpr
 
 
 BAD = [

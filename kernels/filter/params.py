@@ -15,6 +15,9 @@ finite, ``init_var > 0`` (NaN fails), ``theta != 0`` and ``sigma != 0 or theta =
 somewhere (``init_var = inf``), a decaying channel whose noise is below ``bound``
 (:func:`kalmanscan.model.mobius.lacks_noise`), the stationary variance finite in the rows' dtype
 wherever it is ``init_var``'s default and ``theta > 0``, and the noise finite in the rows' dtype.
+
+``bound`` is a compile-time constant: a float argument is passed to a compiled kernel as float32,
+where float64's bound (1e-290) is 0; as a constant it keeps float64 where float32 cannot hold it.
 """
 
 import triton
@@ -37,7 +40,7 @@ def within(x, CODE: tl.constexpr):
 
 
 @triton.jit
-def param_rows_kernel(p_ptr, rows_ptr, flags_ptr, C, bound,
+def param_rows_kernel(p_ptr, rows_ptr, flags_ptr, C, bound: tl.constexpr,
                       B_THETA: tl.constexpr, B_SIGMA: tl.constexpr, B_OBS: tl.constexpr, B_MEAN: tl.constexpr,
                       B_H: tl.constexpr, B_DT: tl.constexpr,
                       GIVEN_MEAN: tl.constexpr, GIVEN_VAR: tl.constexpr, BLOCK: tl.constexpr):
