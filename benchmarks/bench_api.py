@@ -2,8 +2,9 @@
 ``ks.nn.kla_scan``.
 
 For each shape ``(C, T)``: the public ``ks.filter(y, ...)`` on a CUDA float32 ``y`` with every
-output and with ``outputs=("mean", "var")``, the fused kernels that write the same fields alone
-(:func:`kalmanscan.ops.filter.triton.filter_forward`), ``ks.smooth`` and its kernels, each as
+field read (the derived ones are computed on first read) and with ``outputs=("mean", "var")``,
+the fused kernels that write the same fields alone (:func:`kalmanscan.ops.filter.triton.filter_forward`),
+``ks.smooth`` and its kernels, each as
 *queued* (calls back to back, the GPU's time per call: ``triton.testing.do_bench``) and *alone*
 (host wall time of one synchronised call, median). The floors are the bytes each call must move
 (4 bytes per element read of ``y``, 4 per element written per field) over the copy bandwidth
@@ -29,6 +30,7 @@ import torch
 
 import kalmanscan as ks
 from benchmarks.common import alone_ms, call_counts, commit, copy_bandwidth, initial_state, median_ms, save
+from kalmanscan.inference.derived import DERIVED
 from kalmanscan.inference.filtering import sum_time
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import backend as triton_backend
@@ -65,16 +67,23 @@ def filter_rows(g, bw, shapes=SHAPES) -> list[dict]:
         p = prepare(y, backend="triton", **kw)
         views, init = triton_backend.kernel_views(p), initial_state(p)
         n = T * C
+
+        def every(**options):
+            post = ks.filter(y, backend="triton", **{**kw, **options})
+            for name in DERIVED:
+                getattr(post, name)
+            return post
+
         row = dict(C=C, T=T,
-                   public_all=both(lambda: ks.filter(y, backend="triton", **kw)),
+                   public_all=both(every),
                    kernel_all=both(lambda: triton_backend.filter_forward(views, init, posterior=True)),
                    public_mean_var=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"), **kw)),
                    kernel_mean_var=both(lambda: triton_backend.filter_forward(views, init,
                                                                               posterior=("mean", "var"))),
-                   public_all_unchecked=both(lambda: ks.filter(y, backend="triton", check_finite=False, **kw)),
+                   public_all_unchecked=both(lambda: every(check_finite=False)),
                    public_mean_var_unchecked=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"),
                                                                     check_finite=False, **kw)),
-                   public_all_device_params=both(lambda: ks.filter(y, backend="triton", **dict(kw, theta=theta_dev))),
+                   public_all_device_params=both(lambda: every(theta=theta_dev)),
                    floor_all_ms=(4 + 4 * ALL_FIELDS) * n / bw / 1e6, floor_mean_var_ms=12 * n / bw / 1e6)
         logliks = ks.filter(y, backend="triton", outputs=("loglik",), **kw).logliks
         row["loglik_sum"] = both(lambda: sum_time(logliks))  # the public call's pass after its kernels
