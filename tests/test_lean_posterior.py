@@ -54,6 +54,21 @@ def test_derived_fields_match_reference(case, backend, kind):
     _assert_fields(got, want, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("case", ["static", "diffuse", "per_step", "diffuse_per_step"])
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_decay_and_noise_read_from_the_problem(case, backend):
+    """The cpu backend leaves decay and noise out of a default call (with parameters per step they
+    are arrays of y's shape); the Posterior's are the problem's, made when read: those of the
+    reference backend, which computes every field."""
+    rng = np.random.default_rng(abs(hash((case, backend, "decay"))) % 2**32)
+    y, kw = _case(case, rng)
+    want = ks.filter(y, **kw, backend="reference", outputs=OUTPUTS)
+    got = ks.filter(y, **kw, backend=backend)
+    for k in ("decay", "noise"):
+        np.testing.assert_allclose(np.broadcast_to(got.params[k], y.shape), np.broadcast_to(want.params[k], y.shape),
+                                   rtol=1e-12, atol=0, err_msg=k)
+
+
 @pytest.mark.parametrize("case", ["static", "diffuse", "per_step"])
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 def test_float32_as_every_output(case, backend):

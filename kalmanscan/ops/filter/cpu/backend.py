@@ -315,7 +315,9 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
     """Filter the validated problem ``p`` (CPU tensors) with the compiled loops; the contract of
     every backend's ``filter``: a dict of the :data:`FIELDS` and ``decay, noise``, tensors of the
     compute dtype broadcastable to ``p.shape`` (here the fields are contiguous ``p.shape``
-    tensors; ``decay, noise`` are :meth:`Problem.decay_noise`'s).
+    tensors; ``decay, noise`` are :meth:`Problem.decay_noise`'s, and only when every field is
+    asked for: with parameters per step they are ``p.shape`` tensors computed on the side, which
+    the callers that ask for fewer fields take from the problem if they need them).
 
     Differentiable with respect to ``y``, every parameter and the initial belief (once: see the
     module docstring). ``outputs``, a subset of :data:`FIELDS` (default: those of ``p.outputs``,
@@ -333,7 +335,6 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
     if unknown:
         raise ValueError(f"outputs must be among {FIELDS} or 'loglik', got {sorted(unknown)}")
     inputs = tuple(getattr(p, k) for k in INPUTS)
-    decay, noise = p.decay_noise()
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         fields = tuple(k for k in FIELDS if k in fields or (k == "logliks" and "loglik" in fields))
         out = dict(zip(fields, _Filter.apply(p.shape, fields, *inputs)))
@@ -343,7 +344,8 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
                 del out["logliks"]
     else:
         out, _ = _forward(inputs, p.shape, fields)
-    out["decay"], out["noise"] = decay, noise
+    if outputs is None:
+        out["decay"], out["noise"] = p.decay_noise()
     return out
 
 
