@@ -4,14 +4,16 @@ vectorised over series, that writes the mean and variance and sums the log-likel
 process on the CPU; on the GPU beside the triton kernels that write the mean and variance alone.
 A script, not a test.
 
-    python -m benchmarks run lean [--out lean.json] [--repeat 3] [--shapes 10000x1000,1000000x10]
+    python -m benchmarks run lean [--out lean.json] [--repeat 3] [--shapes 10000x1000,1000000x10] [--times]
     python -m benchmarks run lean --device cuda [--out lean_gpu.json] [--shapes 32768x4096]
 
 CPU, for each shape ``(T, C)`` of float64 data (``C`` series of ``T`` steps, static parameters):
 the median of ``--repeat`` wall times after one warm-up call of the default call, of the call with
 every field read, and of the NumPy loop (``speedup``: loop over default call); then the peak
 resident memory beyond the input of a default call whose ``mean`` and ``var`` are read (``/proc``
-peak RSS, reset before the call), over the bytes of the mean and variance (``memory_ratio``).
+peak RSS, reset before the call), over the bytes of the mean and variance (``memory_ratio``). With
+``--times``, irregular times (steps uniform in ``[0.5, 1.5)``) and a rate per series (uniform in
+``[0.1, 0.5)``): the call takes ``times=``, and the loop discretises each step for every series.
 
 GPU (``--device cuda``), float32, the GPU's time per call (``triton.testing.do_bench``, calls back
 to back): the default call reading ``mean``, ``var`` and ``loglik`` (``default_ms``; also without
@@ -42,9 +44,11 @@ GPU_SHAPES = [(32_768, 4096)]
 PARAMS = dict(theta=0.3, sigma=1.0, obs_var=0.5)
 
 
-def numpy_loop(y: np.ndarray, theta: float, sigma: float, obs_var: float) -> tuple[np.ndarray, ...]:
+def numpy_loop(y: np.ndarray, theta: float | np.ndarray, sigma: float, obs_var: float,
+               times: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """The covariance-form filter of ``y`` ``(T, C)`` from the stationary prior, a loop over time
-    vectorised over series: ``(mean, var, loglik)``, ``(T, C)``, ``(T, C)``, ``(C,)``."""
+    vectorised over series (``theta`` a number or ``(C,)``; with ``times``, ``(T,)``, each step
+    discretised over its own length): ``(mean, var, loglik)``, ``(T, C)``, ``(T, C)``, ``(C,)``."""
     T, C = y.shape
     a, q = ks.ou.discretize(theta, sigma, 1.0)
     mean, var = np.empty_like(y), np.empty_like(y)
@@ -52,6 +56,8 @@ def numpy_loop(y: np.ndarray, theta: float, sigma: float, obs_var: float) -> tup
     loglik = np.zeros(C)
     log2pi = math.log(2 * math.pi)
     for t in range(T):
+        if t and times is not None:
+            a, q = ks.ou.discretize(theta, sigma, times[t] - times[t - 1])
         if t:
             z = a * z
             P = a * a * P + q
@@ -86,19 +92,23 @@ def median_ms(fn, repeat: int) -> float:
     return 1e3 * float(np.median(wall_times(fn, repeat)))
 
 
-def row(T: int, C: int, repeat: int) -> dict:
-    y = np.random.default_rng(0).normal(size=(T, C))
+def row(T: int, C: int, repeat: int, times: bool = False) -> dict:
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(T, C))
+    kw = dict(PARAMS)
+    if times:
+        kw.update(theta=rng.uniform(0.1, 0.5, C), times=np.cumsum(rng.uniform(0.5, 1.5, T)))
 
     def default():
-        post = ks.filter(y, **PARAMS)
+        post = ks.filter(y, **kw)
         return post.mean, post.var, post.loglik
 
     def every():
-        post = ks.filter(y, **PARAMS)
+        post = ks.filter(y, **kw)
         return [getattr(post, k) for k in DERIVED]
 
-    out = dict(T=T, C=C, default_ms=median_ms(default, repeat), every_field_ms=median_ms(every, repeat),
-               numpy_loop_ms=median_ms(lambda: numpy_loop(y, **PARAMS), repeat))
+    out = dict(T=T, C=C, times=times, default_ms=median_ms(default, repeat), every_field_ms=median_ms(every, repeat),
+               numpy_loop_ms=median_ms(lambda: numpy_loop(y, **kw), repeat))
     out["speedup"] = out["numpy_loop_ms"] / out["default_ms"]
     moments = 2 * y.nbytes
     out["peak_beyond_input_mb"] = peak_beyond(default) / 1e6
@@ -143,6 +153,8 @@ def parser():
     ap.add_argument("--shapes", default=None, help="TxC,... (default 10000x1000,1000000x10; on cuda 32768x4096)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cpu: against the NumPy loop; cuda: against the mean-and-variance kernels")
+    ap.add_argument("--times", action="store_true",
+                    help="cpu: irregular times and a rate per series (the call's per-step path)")
     return ap
 
 
@@ -154,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         return write_shape_rows(args, shapes, gpu_row)
     if not os.path.exists("/proc/self/clear_refs"):
         raise SystemExit("bench_lean reads peak memory from /proc (Linux)")
-    return write_shape_rows(args, shapes, row)
+    return write_shape_rows(args, shapes, lambda T, C, repeat: row(T, C, repeat, args.times))
 
 
 if __name__ == "__main__":

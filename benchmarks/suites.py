@@ -98,7 +98,7 @@ SUITES = {s.name: s for s in (
     Suite("lean", "benchmarks.bench_lean",
           "the default ks.filter (moments and log-likelihood written, the rest derived when read) against a "
           "NumPy loop, its peak memory; on the GPU against the mean-and-variance kernels", "CPU, GPU",
-          (Run(gpu=False), Run(("--device", "cuda")))),
+          (Run(gpu=False), Run(("--times", "--shapes", "10000x1000"), gpu=False), Run(("--device", "cuda")))),
     Suite("timechunks", "benchmarks.bench_timechunks",
           "a record larger than the workers' memory, chunked along time on a local dask cluster", "CPU",
           (Run(("--workers", "2", "--memory-limit", "2GiB", "--channels", "64", "--steps", "13000000",
