@@ -55,9 +55,9 @@ def test_derived_fields_match_reference(case, backend, kind):
 
 
 @pytest.mark.parametrize("case", ["static", "diffuse", "per_step", "diffuse_per_step"])
-@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
 def test_decay_and_noise_read_from_the_problem(case, backend):
-    """The cpu backend leaves decay and noise out of a default call (with parameters per step they
+    """The cpu and triton backends leave decay and noise out of a default call (with parameters per step they
     are arrays of y's shape); the Posterior's are the problem's, made when read: those of the
     reference backend, which computes every field."""
     rng = np.random.default_rng(abs(hash((case, backend, "decay"))) % 2**32)

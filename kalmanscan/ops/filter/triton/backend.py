@@ -76,14 +76,16 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
         return torch_backend.filter(p)
     init = initial_state(p)
     inputs = (p.y, p.theta, p.sigma, p.dt, p.obs_var, p.mean, p.h)
-    decay, noise = p.decay_noise()
 
     y_check = p.y_check and checks.queued_with_kernels(p.y)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         fields = POSTERIOR if p.outputs is None else tuple(k for k in (*POSTERIOR, "loglik") if k in p.outputs)
+        # decay and noise with every field alone (the package's contract): with parameters per step
+        # they are y-sized arrays that a call asking for fewer fields does not read
+        transition = {} if p.outputs is not None else dict(zip(("decay", "noise"), p.decay_noise()))
         if torch.compiler.is_compiling():  # one opaque operator for the compiler (library module docstring)
             values = filter_posterior(*inputs, init, list(shape), config.as_ints(), posterior_mask(fields))
-            return {**dict(zip(fields, values)), "decay": decay, "noise": noise}
+            return {**dict(zip(fields, values)), **transition}
         views = {k: flat(x, shape) for k, x in zip(ORDER, inputs)}
         run = functools.partial(filter_forward, config=config, posterior=fields, out_shape=shape, one_block=True)
         out, queued = None, None
@@ -97,8 +99,9 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
             out["y_check"] = queued
         if "loglik" in out:
             out["loglik"] = out["loglik"].reshape(shape[:-2] + shape[-1:])
-        return {**out, "decay": decay, "noise": noise}
+        return {**out, **transition}
 
+    decay, noise = p.decay_noise()
     queued = checks.queue_y_sum(p.y) if y_check else None
     mu_c, lam, pred_mu_c, pred_var = filter_fused(*inputs, init, list(shape), config.as_ints())
     missing = torch.isnan(p.y)
