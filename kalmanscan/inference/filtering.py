@@ -208,12 +208,13 @@ def make_posterior(p: Problem, out: dict[str, torch.Tensor], filtered: Posterior
     # The parameters, times and counts are made when read (Params): most callers read none.
     # NumPy parameters come back read-only: they may be views of the caller's arrays.
     lazy = {k: (lambda k=k: _read_only(full(getattr(p, k)))) for k in ("theta", "sigma", "obs_var", "mean", "h", "dt")}
-    for k in lazily:  # decay and noise: the problem's where the backend left them out
+    for k in lazily:
         v = out.get(k)
         lazy[k] = (lambda v=v: None if v is None else full(v))
+    transition = functools.cache(p.decay_noise)  # decay and noise: the problem's where the backend left them out
     for i, k in enumerate(("decay", "noise")):
         if out.get(k) is None:
-            lazy[k] = lambda i=i: full(p.decay_noise()[i])
+            lazy[k] = lambda i=i: full(transition()[i])
     if "missing" in derive:
         lazy["missing"] = lambda: full(fields()["missing"])
     if derive_from is not None:

@@ -75,8 +75,9 @@ def smooth(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayLi
     queued = out.pop("y_check", None)
     if "loglik" not in out:  # the fused kernels sum it as they go
         out["loglik"] = sum_time(out["logliks"])
-    out = {k: out[k] for k in ("mean", "var", "loglik")} | dict(zip(("decay", "noise"), (
-        (out["decay"], out["noise"]) if "decay" in out else centred.decay_noise())))
+    # decay and noise: the problem's where the backend left them out
+    decay, noise = (out["decay"], out["noise"]) if "decay" in out else centred.decay_noise()
+    out = dict(mean=out["mean"], var=out["var"], loglik=out["loglik"], decay=decay, noise=noise)
     shape = p.shape
     # the smoother reads the centred filtered mean (centred.mean is 0); the predictions, derived
     # on the finite problem (in a diffuse channel's window, replaced below, they need not follow

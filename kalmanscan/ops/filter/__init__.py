@@ -11,8 +11,8 @@ Every backend is a module with the same functions and signatures:
 pred_mean, pred_var, pred_precision, pred_obs_mean, pred_obs_var, logliks, decay, noise,
 missing`` (NumPy arrays are accepted and converted), and optionally ``loglik``, the sum of
 ``logliks`` over time ``(..., C)``, where the backend sums it as it goes (the triton walks). When
-``p.outputs`` names fewer fields, the dict may hold those alone: ``decay, noise`` left out are
-taken from ``p.decay_noise()`` by the callers that read them.
+``p.outputs`` names fields, the dict may hold those alone: ``decay, noise`` left out are taken
+from ``p.decay_noise()`` by the callers that read them.
 Built in: ``"reference"`` (sequential float64
 covariance form, the oracle), ``"torch"`` (time-parallel scans, any device, differentiable),
 ``"triton"`` (fused GPU kernels) and ``"cpu"`` (a compiled sequential loop); ``"auto"`` is triton

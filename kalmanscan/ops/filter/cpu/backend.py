@@ -315,9 +315,9 @@ def filter(p: Problem, outputs: Sequence[str] | None = None) -> dict[str, torch.
     """Filter the validated problem ``p`` (CPU tensors) with the compiled loops; the contract of
     every backend's ``filter``: a dict of the :data:`FIELDS` and ``decay, noise``, tensors of the
     compute dtype broadcastable to ``p.shape`` (here the fields are contiguous ``p.shape``
-    tensors; ``decay, noise`` are :meth:`Problem.decay_noise`'s, and only when every field is
-    asked for: with parameters per step they are ``p.shape`` tensors computed on the side, which
-    the callers that ask for fewer fields take from the problem if they need them).
+    tensors; ``decay, noise`` are :meth:`Problem.decay_noise`'s, and only when no ``outputs``
+    are named: with parameters per step they are ``p.shape`` tensors computed on the side, which
+    the callers that name outputs take from the problem if they need them).
 
     Differentiable with respect to ``y``, every parameter and the initial belief (once: see the
     module docstring). ``outputs``, a subset of :data:`FIELDS` (default: those of ``p.outputs``,

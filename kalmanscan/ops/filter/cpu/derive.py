@@ -22,7 +22,8 @@ from numba import njit, prange
 
 from kalmanscan.ops.cpu_threads import PARALLEL
 from kalmanscan.ops.filter.cpu.loops import (DT, H, HALF, INIT_MEAN, INIT_VAR, LOG2PI, MEAN, OBS_VAR, ONE, SIGMA,
-                                             THETA, Y, ZERO, lanes, static_transitions, transition)
+                                             THETA, Y, ZERO, contiguous, lanes, static_transitions,
+                                             transition)
 
 __all__ = ["derive_fields", "F_MEAN", "F_VAR", "N_OUT"]
 
@@ -107,11 +108,10 @@ def rows(base: np.ndarray, obase: np.ndarray, n: int, tstride: np.ndarray) -> bo
     for i in (THETA, SIGMA, DT, OBS_VAR, MEAN, H):
         if tstride[i] != 0:
             return False
-    if tstride[Y] == 0 or tstride[F_MEAN] == 0 or tstride[F_VAR] == 0:
+    if tstride[F_MEAN] == 0 or tstride[F_VAR] == 0 or not contiguous(base, obase, n, tstride[Y]):
         return False
     for j in range(n):
-        if (obase[j] != obase[0] + j or base[Y, j] != base[Y, 0] + j or base[F_MEAN, j] != base[F_MEAN, 0] + j
-                or base[F_VAR, j] != base[F_VAR, 0] + j):
+        if base[F_MEAN, j] != base[F_MEAN, 0] + j or base[F_VAR, j] != base[F_VAR, 0] + j:
             return False
     return True
 

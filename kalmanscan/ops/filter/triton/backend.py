@@ -80,8 +80,8 @@ def filter(p: Problem, config: FilterConfig = DEFAULT_CONFIG) -> dict:
     y_check = p.y_check and checks.queued_with_kernels(p.y)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs + (init,))):
         fields = POSTERIOR if p.outputs is None else tuple(k for k in (*POSTERIOR, "loglik") if k in p.outputs)
-        # decay and noise with every field alone (the package's contract): with parameters per step
-        # they are y-sized arrays that a call asking for fewer fields does not read
+        # decay and noise only when no outputs are named (the package's contract): with parameters
+        # per step they are y-sized arrays that a call naming its outputs does not read
         transition = {} if p.outputs is not None else dict(zip(("decay", "noise"), p.decay_noise()))
         if torch.compiler.is_compiling():  # one opaque operator for the compiler (library module docstring)
             values = filter_posterior(*inputs, init, list(shape), config.as_ints(), posterior_mask(fields))
