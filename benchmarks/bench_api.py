@@ -29,8 +29,7 @@ import time
 import torch
 
 import kalmanscan as ks
-from benchmarks.common import alone_ms, call_counts, commit, copy_bandwidth, initial_state, median_ms, save
-from kalmanscan.inference.derived import DERIVED
+from benchmarks.common import alone_ms, call_counts, commit, copy_bandwidth, every_field, initial_state, median_ms, save
 from kalmanscan.inference.filtering import sum_time
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter.triton import backend as triton_backend
@@ -67,23 +66,18 @@ def filter_rows(g, bw, shapes=SHAPES) -> list[dict]:
         p = prepare(y, backend="triton", **kw)
         views, init = triton_backend.kernel_views(p), initial_state(p)
         n = T * C
-
-        def every(**options):
-            post = ks.filter(y, backend="triton", **{**kw, **options})
-            for name in DERIVED:
-                getattr(post, name)
-            return post
-
         row = dict(C=C, T=T,
-                   public_all=both(every),
+                   public_all=both(every_field(lambda: ks.filter(y, backend="triton", **kw))),
                    kernel_all=both(lambda: triton_backend.filter_forward(views, init, posterior=True)),
                    public_mean_var=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"), **kw)),
                    kernel_mean_var=both(lambda: triton_backend.filter_forward(views, init,
                                                                               posterior=("mean", "var"))),
-                   public_all_unchecked=both(lambda: every(check_finite=False)),
+                   public_all_unchecked=both(every_field(lambda: ks.filter(y, backend="triton", check_finite=False,
+                                                                           **kw))),
                    public_mean_var_unchecked=both(lambda: ks.filter(y, backend="triton", outputs=("mean", "var"),
                                                                     check_finite=False, **kw)),
-                   public_all_device_params=both(lambda: every(theta=theta_dev)),
+                   public_all_device_params=both(every_field(
+                       lambda: ks.filter(y, backend="triton", **dict(kw, theta=theta_dev)))),
                    floor_all_ms=(4 + 4 * ALL_FIELDS) * n / bw / 1e6, floor_mean_var_ms=12 * n / bw / 1e6)
         logliks = ks.filter(y, backend="triton", outputs=("loglik",), **kw).logliks
         row["loglik_sum"] = both(lambda: sum_time(logliks))  # the public call's pass after its kernels

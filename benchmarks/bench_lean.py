@@ -34,9 +34,8 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
-from benchmarks.common import copy_bandwidth, shape_list, shapes_parser, wall_times, write_shape_rows
+from benchmarks.common import copy_bandwidth, every_field, shape_list, shapes_parser, wall_times, write_shape_rows
 from benchmarks.common import median_ms as device_ms
-from kalmanscan.inference.derived import DERIVED
 from kalmanscan.problem.prepare import prepare
 
 SHAPES = [(10_000, 1000), (1_000_000, 10)]
@@ -103,10 +102,7 @@ def row(T: int, C: int, repeat: int, times: bool = False) -> dict:
         post = ks.filter(y, **kw)
         return post.mean, post.var, post.loglik
 
-    def every():
-        post = ks.filter(y, **kw)
-        return [getattr(post, k) for k in DERIVED]
-
+    every = every_field(lambda: ks.filter(y, **kw))
     out = dict(T=T, C=C, times=times, default_ms=median_ms(default, repeat), every_field_ms=median_ms(every, repeat),
                numpy_loop_ms=median_ms(lambda: numpy_loop(y, **kw), repeat))
     out["speedup"] = out["numpy_loop_ms"] / out["default_ms"]
@@ -128,10 +124,7 @@ def gpu_row(T: int, C: int, repeat: int) -> dict:
         post = ks.filter(y, **kw, **options)
         return post.mean, post.var, post.loglik
 
-    def every():
-        post = ks.filter(y, **kw)
-        return [getattr(post, k) for k in DERIVED]
-
+    every = every_field(lambda: ks.filter(y, **kw))
     p = prepare(y, backend="triton", **kw)
     views, init = triton_backend.kernel_views(p), triton_backend.initial_state(p)
     out = dict(T=T, C=C, device=torch.cuda.get_device_name(), default_ms=device_ms(default),

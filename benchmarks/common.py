@@ -1,6 +1,6 @@
 """What the benchmark suites share: the commit a result records, shape lists, timers (host wall time
 on any machine; queued, alone and CUDA-graph times on a GPU), the filter's and the KLA scan's
-inputs, and the KLA scan's launch overrides.
+inputs, the filter's call with every field read, and the KLA scan's launch overrides.
 
 GPU timers synchronise with the device; every one returns milliseconds unless its name says
 otherwise.
@@ -22,9 +22,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kalmanscan.inference.derived import DERIVED
+
 __all__ = ["commit", "save", "shape_list", "wall_times", "shapes_parser", "write_shape_rows", "median_ms", "graph_ms",
-           "timed", "alone_ms", "copy_bandwidth", "call_counts", "initial_state", "make_inputs", "launched_with",
-           "overrides"]
+           "timed", "alone_ms", "copy_bandwidth", "call_counts", "initial_state", "make_inputs", "every_field",
+           "launched_with", "overrides"]
 
 
 def commit() -> str:
@@ -183,6 +185,19 @@ def initial_state(p) -> torch.Tensor:
     lam0 = (1.0 / p.init_var).expand(p.shape[:-2] + (1, C)).reshape(-1, C)
     mu0 = (p.init_mean - p.mean[..., :1, :]).expand(p.shape[:-2] + (1, C)).reshape(-1, C)
     return torch.stack([lam0, lam0 * mu0], 1).contiguous()
+
+
+def every_field(filter_call: Callable[[], object]) -> Callable[[], object]:
+    """``filter_call`` (returning a Posterior) followed by a read of every derived field (each made
+    on first read, :mod:`kalmanscan.inference.derived`): the call as a caller of every field, or a
+    peer that computes them all, pays for it. Returns the Posterior."""
+    def call():
+        post = filter_call()
+        for name in DERIVED:
+            getattr(post, name)
+        return post
+
+    return call
 
 
 def make_inputs(B, L, M, S, seed=0, dtype=torch.float32, state=False, device="cuda") -> list[torch.Tensor]:
