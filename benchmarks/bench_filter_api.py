@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from benchmarks.common import copy_bandwidth, initial_state, median_ms, save
+from benchmarks.common import copy_bandwidth, every_field, initial_state, median_ms, save
 
 import kalmanscan as ks
 from kalmanscan.problem.prepare import prepare
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None):
         y = torch.randn(T, C, device="cuda", generator=g)
         theta = torch.rand(C, device="cuda", generator=g) + 0.05
         kw = dict(theta=theta, sigma=0.5, obs_var=0.3)
-        ms = median_ms(lambda: ks.filter(y, backend="triton", **kw))
+        ms = median_ms(every_field(lambda: ks.filter(y, backend="triton", **kw)))
         views, init = kernel_inputs(y, kw)
         kernel = median_ms(lambda: triton_backend.filter_forward(views, init, posterior=True))
         floor = (4 + 4 * OUT_FIELDS) * T * C / bw / 1e6

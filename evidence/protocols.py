@@ -26,8 +26,9 @@ prints the commands instead. Protocols (issue 6, item 3), full sizes by default:
 Every mixer gets the same budget and the same learning rates (``MIXER_SPECS``; ``kla_noise0`` is
 KLA with the process noise fixed at 0, its gated-linear-attention limit; ``gla_conv`` is GLA with
 the width-4 short convolution that KLA has, ``gla_conv_k2`` the same with keys of width d_model
-(``expand_k=2``: about KLA's state at ``d_state`` 16, ``expand`` 2), ``kla_noconv`` KLA without a
-conv).
+(``expand_k=2``: about KLA's state at ``d_state`` 16, ``expand`` 2), ``gla_conv_k2_g256`` that
+with its log decay divided by 256 instead of fla's 16 (it hears the whole of T = 2048 at
+initialisation, as KLA does: :mod:`evidence.reach`), ``kla_noconv`` KLA without a conv).
 
 A protocol longer than one sitting runs over several calls of the same command (one learning
 rate per run, no ``--time-limit``):
@@ -62,6 +63,8 @@ MIXER_SPECS = {
     "gla": ["--mixer", "gla"],
     "gla_conv": ["--mixer", "gla", "--mixer-opt", "d_conv=4"],
     "gla_conv_k2": ["--mixer", "gla", "--mixer-opt", "d_conv=4", "--mixer-opt", "expand_k=2"],
+    "gla_conv_k2_g256": ["--mixer", "gla", "--mixer-opt", "d_conv=4", "--mixer-opt", "expand_k=2",
+                         "--mixer-opt", "gate_normalizer=256"],
     "kla_noconv": ["--mixer", "kla", "--mixer-opt", "d_conv=1"],
     "mamba": ["--mixer", "mamba"],
     "gdn": ["--mixer", "gdn"],

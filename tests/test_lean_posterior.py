@@ -11,6 +11,7 @@ import torch
 
 import kalmanscan as ks
 from kalmanscan.problem.problem import OUTPUTS
+from helpers import KERNEL_DEVICE, array_tensors
 
 DERIVED = ("precision", "pred_mean", "pred_var", "pred_precision", "pred_obs_mean", "pred_obs_var", "logliks")
 FIELDS = ("mean", "var", *DERIVED, "loglik")
@@ -63,9 +64,13 @@ def test_decay_and_noise_read_from_the_problem(case, backend):
     reference backend, which computes every field."""
     y, kw = _case(case, np.random.default_rng(29))
     want = ks.filter(y, **kw, backend="reference", outputs=OUTPUTS)
-    got = ks.filter(y, **kw, backend=backend)
+    if backend == "triton":  # on the GPU when there is one, as a user's call there
+        got = ks.filter(torch.tensor(y, device=KERNEL_DEVICE), **array_tensors(kw), backend=backend)
+    else:
+        got = ks.filter(y, **kw, backend=backend)
     for k in ("decay", "noise"):
-        np.testing.assert_allclose(np.broadcast_to(got.params[k], y.shape), np.broadcast_to(want.params[k], y.shape),
+        have = got.params[k].cpu().numpy() if torch.is_tensor(got.params[k]) else got.params[k]
+        np.testing.assert_allclose(np.broadcast_to(have, y.shape), np.broadcast_to(want.params[k], y.shape),
                                    rtol=1e-12, atol=0, err_msg=k)
 
 

@@ -57,3 +57,15 @@ def test_layer_is_initialised_as_the_harness_does():
     linears = [m.weight for m in normal.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and max(float(w.std()) for w in linears) < 0.03      # N(0, 0.02^2)
     assert max(float(m.weight.std()) for m in own.modules() if isinstance(m, torch.nn.Linear)) > 0.05
+
+
+def test_slower_gate_hears_further():
+    """``gla_conv_k2_g256`` is ``gla_conv_k2`` with its log decay divided by 256, not 16: at
+    initialisation its last output depends more on the far inputs (T = 256, the same weights)."""
+    torch.manual_seed(0)
+    fast = reach.mixer_from_spec("gla_conv_k2", 32)
+    torch.manual_seed(0)
+    slow = reach.mixer_from_spec("gla_conv_k2_g256", 32)
+    assert (fast.gate_normalizer, slow.gate_normalizer) == (16.0, 256.0)
+    far = [reach.reach(m, 32, 256)[-1] / reach.reach(m, 32, 256)[0] for m in (fast, slow)]
+    assert far[1] > 100 * far[0]
