@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import time
-import warnings
 
 import numpy as np
 import torch
 
 import kalmanscan as ks
-from benchmarks.common import save
+from benchmarks.common import save, synchronisations
 from kalmanscan.datasets import simulate
 from kalmanscan.estimation.likelihood import Likelihood
 
@@ -49,17 +48,10 @@ def timed(fn, device, repeat=5):
 
 
 def count_syncs(fn, device):
-    """``(result, synchronisations)`` of ``fn()``: CUDA's sync debug mode warns at each one."""
+    """``(result, synchronisations)`` of ``fn()`` (:func:`benchmarks.common.synchronisations`; ``None`` on a CPU)."""
     if device.type != "cuda":
         return fn(), None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            result = fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return result, sum("synchroniz" in str(w.message) for w in caught)
+    return synchronisations(fn)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -31,13 +31,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import warnings
 
 import numpy as np
 import torch
 
 import kalmanscan as ks
-from benchmarks.common import initial_state, save
+from benchmarks.common import initial_state, save, synchronisations
 from kalmanscan.inference.filtering import OUTPUTS
 from kalmanscan.problem.prepare import prepare
 from kalmanscan.ops.filter import get_backend, resolve_backend
@@ -104,14 +103,7 @@ def syncs_per_call(step, device: torch.device) -> int | None:
         return None
     step(0)
     sync(device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            step(1)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return synchronisations(lambda: step(1))[1]
 
 
 def backend_step(y: torch.Tensor, kw: dict, backend: str, outputs):

@@ -17,7 +17,9 @@ import os
 import statistics
 import subprocess
 import time
+import warnings
 from collections.abc import Callable, Sequence
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -173,6 +175,32 @@ def call_counts(fn: Callable[[], object]) -> dict:
     with Dispatched() as d:
         fn()
     return dict(ops=sum(d.ops.values()), syncs=d.ops["aten._local_scalar_dense.default"], h2d=d.to_device)
+
+
+SYNC_WARNING = "called a synchronizing CUDA operation"
+"""The text of torch's sync debug mode warning at each synchronisation (its other warning, that
+the mode is a prototype, is not one)."""
+
+
+def synchronisations(fn: Callable[[], object]) -> tuple[object, int]:
+    """``(fn(), n)``: the device synchronisations ``fn()`` made on CUDA, as torch's sync debug mode
+    reports them (blocking copies included) plus the waits on CUDA events (the reads of values
+    queued ahead of a call's kernels, ``kalmanscan.problem.checks.Ahead``)."""
+    waits = []
+    wait = torch.cuda.Event.synchronize
+
+    def counted(event):
+        waits.append(event)
+        return wait(event)
+
+    with warnings.catch_warnings(record=True) as caught, mock.patch.object(torch.cuda.Event, "synchronize", counted):
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return result, len(waits) + sum(SYNC_WARNING in str(w.message) for w in caught)
 
 
 # --- inputs ----------------------------------------------------------------------------------------

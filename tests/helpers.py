@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import warnings
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
+
+from benchmarks import common
 
 # The device the torch backend is tested on: set KALMANSCAN_TEST_DEVICE=cuda on a GPU machine.
 DEVICE = torch.device(os.environ.get("KALMANSCAN_TEST_DEVICE", "cpu"))
@@ -201,21 +201,8 @@ def api_examples(marker: str) -> list[str]:
 
 
 def synchronisations(fn) -> int:
-    """Device synchronisations made by ``fn()``, as torch's sync debug mode reports them (the
-    blocking copies from pageable host memory included, which no operation count shows), and the
-    waits on events (a read of values queued before the kernels, ``checks.Ahead``)."""
-    waits = []
-    wait = torch.cuda.Event.synchronize
-
-    def counted(event):
-        waits.append(event)
-        return wait(event)
-
-    with warnings.catch_warnings(record=True) as caught, mock.patch.object(torch.cuda.Event, "synchronize", counted):
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return len(waits) + sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
+    """Device synchronisations made by ``fn()`` (:func:`benchmarks.common.synchronisations`: torch's
+    sync debug mode's reports, the blocking copies from pageable host memory included, which no
+    operation count shows, and the waits on events, a read of values queued before the kernels,
+    ``checks.Ahead``)."""
+    return common.synchronisations(fn)[1]
