@@ -16,13 +16,15 @@ peak RSS, reset before the call), over the bytes of the mean and variance (``mem
 ``[0.1, 0.5)``): the call takes ``times=``, and the loop discretises each step for every series.
 
 GPU (``--device cuda``), float32, the GPU's time per call (``triton.testing.do_bench``, calls back
-to back): the default call reading ``mean``, ``var`` and ``loglik`` (``default_ms``; also without
-``y``'s inf check, ``unchecked_ms``, and with every field read, ``every_field_ms``), the forward
+to back): the default call reading ``mean``, ``var`` and ``loglik`` with ``theta`` a CUDA tensor
+(``default_ms``; also without ``y``'s inf check, ``unchecked_ms``; with ``theta`` a NumPy array,
+checked on the host, ``host_params_ms``; with every field read, ``every_field_ms``), the forward
 kernels writing the mean and variance alone (``moments_ms``) and with the log-likelihood's sum
-(``lean_kernels_ms``); ``ratio`` is ``default_ms / moments_ms`` (target at most 1.1). The DRAM
-limit is the bytes the call must move, ``y`` read once and the mean and variance written (12 bytes
-a step-channel), at the device-to-device copy bandwidth measured in the same run
-(``fraction_of_copy``: that floor over ``default_ms``).
+(``lean_kernels_ms``); ``ratio`` is ``default_ms / moments_ms`` (target at most 1.1),
+``host_params_ratio`` the same for ``host_params_ms``. The DRAM limit is the bytes the call must
+move, ``y`` read once and the mean and variance written (12 bytes a step-channel), at the
+device-to-device copy bandwidth measured in the same run (``fraction_of_copy``: that floor over
+``default_ms``).
 """
 
 from __future__ import annotations
@@ -120,19 +122,22 @@ def gpu_row(T: int, C: int, repeat: int) -> dict:
     y = torch.randn(T, C, device="cuda", generator=g)
     kw = dict(theta=torch.rand(C, device="cuda", generator=g) + 0.05, sigma=0.5, obs_var=0.3)
 
-    def default(**options):
-        post = ks.filter(y, **kw, **options)
+    def default(params=kw, **options):
+        post = ks.filter(y, **params, **options)
         return post.mean, post.var, post.loglik
 
     every = every_field(lambda: ks.filter(y, **kw))
     p = prepare(y, backend="triton", **kw)
     views, init = triton_backend.kernel_views(p), triton_backend.initial_state(p)
     out = dict(T=T, C=C, device=torch.cuda.get_device_name(), default_ms=device_ms(default),
-               unchecked_ms=device_ms(lambda: default(check_finite=False)), every_field_ms=device_ms(every),
+               unchecked_ms=device_ms(lambda: default(check_finite=False)),
+               host_params_ms=device_ms(lambda: default(dict(kw, theta=kw["theta"].cpu().numpy()))),
+               every_field_ms=device_ms(every),
                moments_ms=device_ms(lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var"))),
                lean_kernels_ms=device_ms(lambda: triton_backend.filter_forward(views, init,
                                                                                posterior=("mean", "var", "loglik"))))
     out["ratio"] = out["default_ms"] / out["moments_ms"]
+    out["host_params_ratio"] = out["host_params_ms"] / out["moments_ms"]
     out["copy_gb_s"] = copy_bandwidth()
     out["floor_ms"] = 12 * T * C / out["copy_gb_s"] / 1e6
     out["fraction_of_copy"] = out["floor_ms"] / out["default_ms"]
