@@ -118,6 +118,41 @@ def test_shapes_are_checked_on_the_host():
         static(y, values(init_var=torch.rand(C + 2)))
 
 
+def test_host_values_are_kept_by_value_and_layout_not_the_tensors():
+    """The host's rows are made once for a layout and values (``_DEVICE_ROWS``): a repeated call
+    reads its new device tensors, changed host values or shapes make rows of their own, a bad host
+    value raises on every call, and nothing returned shares the kept rows."""
+    kept = param_rows._DEVICE_ROWS
+    kept.clear()
+    y = randn(T, C)
+
+    def equal_to_host_path(vals):
+        p, _, verdict = static(y, vals)
+        verdict.decide()
+        ref = prepare(y, backend="torch", **host(vals))
+        for k in ROWS:
+            torch.testing.assert_close(getattr(p, k).expand(1, C), getattr(ref, k).expand(1, C), rtol=0, atol=0)
+        return p
+
+    first = equal_to_host_path(values(seed=0))
+    first.sigma.add_(1.0)  # written by the caller: the next call's rows are its own
+    equal_to_host_path(values(seed=0))  # the same values, new tensors
+    assert len(kept) == 1
+    equal_to_host_path(values(seed=1))  # new values of theta and obs_var (on a GPU: read, not keyed)
+    n = len(kept)
+    equal_to_host_path(values(seed=1, sigma=0.9, h=np.linspace(0.5, 2.0, C)))
+    equal_to_host_path(values(seed=1, dt=np.float32(0.7)))  # the same number as another type: a key of its own
+    assert len(kept) == n + 2
+    for _ in range(2):
+        with pytest.raises(ValueError, match="obs_var must be finite and > 0"):
+            static(y, values(obs_var=-1.0))[2].decide()
+        with pytest.raises(ValueError, match="theta of shape"):
+            static(y, values(theta=torch.rand(C + 1, device=KERNEL_DEVICE)))
+    n = len(kept)
+    equal_to_host_path(values(seed=2, theta=torch.rand(1, device=KERNEL_DEVICE) + 0.1))  # another layout
+    assert len(kept) == n + 1
+
+
 def test_gradients_reach_the_tensors_given():
     y = randn(T, C, dtype=torch.float64)
     theta = torch.rand(C, dtype=torch.float64, device=KERNEL_DEVICE) + 0.2

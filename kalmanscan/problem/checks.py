@@ -88,7 +88,8 @@ class Checks:
                     start.append(sum(v.numel() for v in vectors))
                     vectors.append(f.vector)
                 where.append((i, start[j] + f.index))
-            reads.append((where, Ahead(torch.cat([v.reshape(-1).to(torch.bool) for v in vectors]))))
+            flat = [v.reshape(-1).to(torch.bool) for v in vectors]
+            reads.append((where, Ahead(flat[0] if len(flat) == 1 else torch.cat(flat))))
         pending = Pending([(message, confirm) for message, _, confirm in self.items], list(self.facts), known, reads)
         self.items, self.facts = [], {}
         return pending

@@ -14,7 +14,6 @@ Nothing the caller passed is modified: the tensors made here are new or read-onl
 from __future__ import annotations
 
 import dataclasses
-import threading
 import warnings
 from collections.abc import Sequence
 
@@ -30,6 +29,7 @@ from kalmanscan.problem.bounds import (BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_
 from kalmanscan.problem.checks import Checks, queue_y_check, queued_with_kernels
 from kalmanscan.problem.convert import broadcast_init, broadcast_param, host_array, on_host, to_device
 from kalmanscan.problem.problem import Problem, wanted_outputs
+from kalmanscan.problem.remembered import Remembered, value_key
 from kalmanscan.types import ArrayLike
 
 
@@ -142,12 +142,13 @@ def prepare(y: ArrayLike, *, theta: ArrayLike, sigma: ArrayLike, obs_var: ArrayL
     if check_y and not late:
         queue_y_check(checks, y_t)
     if static:
-        p, facts = prepare_static(y_t, given, checks, numpy_out, out_dtype)
+        p, facts = prepare_static(y_t, given, checks, numpy_out, out_dtype, plan)
         checks.fact("diffuse", facts["diffuse"])
         if triton:
             checks.fact("no_noise", facts["no_noise"])
         p.pending, facts = (checks.queue(), GUESSED) if defer and triton else (None, checks.decide())
-        return dataclasses.replace(p, diffuse=facts["diffuse"], no_noise=facts.get("no_noise"), y_late=late, **plan)
+        p.diffuse, p.no_noise, p.y_late = facts["diffuse"], facts.get("no_noise"), late
+        return p
     params = {name: _as_2d(_to_tensor(name, vals[name], dtype, _home(vals[name]))) for name in PARAMS}
     times_t = None
     if times is not None:
@@ -228,19 +229,13 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype, plan) ->
     lam0, eta0`` computed in float64, and everything moved to ``y``'s device in one copy of one
     ``(12, C)`` tensor whose rows become the problem's fields (``(1, C)`` views).
 
-    The checked rows are remembered by the values they came from (:func:`_host_key`): a call with
+    The checked rows are remembered by the values they came from (:mod:`kalmanscan.problem.remembered`): a call with
     the parameters of a recent one skips the checks and the arithmetic, and pays the copy alone
     (a new tensor each call, so nothing returned shares memory with the remembered rows)."""
-    key = _host_key(y_t, (*(vals[k] for k in PARAMS), init_mean, init_var))
-    with _HOST_ROWS_LOCK:
-        found = _HOST_ROWS.get(key) if key is not None else None
-    if found is None:
-        found = _host_rows(y_t, vals, init_mean, init_var)
-        if key is not None:
-            with _HOST_ROWS_LOCK:
-                if len(_HOST_ROWS) >= _HOST_ROWS_SIZE:
-                    _HOST_ROWS.clear()
-                _HOST_ROWS[key] = found
+    values = (*(vals[k] for k in PARAMS), init_mean, init_var)
+    keys = [value_key(x) for x in values]
+    key = None if None in keys else (tuple(y_t.shape), y_t.dtype, y_t.device.type == "cuda", *keys)
+    found = _HOST_ROWS.get(key, lambda: _host_rows(y_t, vals, init_mean, init_var))
     shape, rows, diffuse, no_noise = found
     C = shape[-1]
     packed = to_device(rows, y_t.device, copy=True).view(12, 1, C).unbind(0)
@@ -252,33 +247,9 @@ def _prepare_host(y_t, vals, init_mean, init_var, numpy_out, out_dtype, plan) ->
     return p
 
 
-_HOST_ROWS: dict = {}
-_HOST_ROWS_LOCK = threading.Lock()
-_HOST_ROWS_SIZE = 64
-_KEYED_SIZE = 4096
-"""Remembered checked rows (:func:`_prepare_host`; emptied when full), and the largest array
-parameter (elements) keyed by its bytes."""
-
-
-def _host_key(y_t: torch.Tensor, values) -> tuple | None:
-    """A key of everything :func:`_host_rows` computes from: ``y``'s shape, dtype and whether it is
-    on a GPU, and each value's type and exact contents (``repr`` of a Python number; dtype, shape
-    and bytes of an array or CPU tensor of at most :data:`_KEYED_SIZE` elements). ``None`` (not
-    remembered) when a value is larger or not numeric."""
-    key = [tuple(y_t.shape), y_t.dtype, y_t.device.type == "cuda"]  # rows page-locked for a GPU
-    for x in values:
-        if x is None or isinstance(x, (bool, int, float)):
-            key.append((type(x), repr(x)))
-            continue
-        if isinstance(x, torch.Tensor):
-            if x.numel() > _KEYED_SIZE:
-                return None
-            x = x.detach().to(torch.float64).numpy()
-        x = np.asarray(x)
-        if x.size > _KEYED_SIZE or x.dtype.kind not in "biuf":
-            return None
-        key.append((x.dtype.str, x.shape, x.tobytes()))
-    return tuple(key)
+_HOST_ROWS = Remembered(64)
+"""Checked rows by the values and ``y``'s layout they came from (:func:`_prepare_host`); ``y`` on
+a GPU or not is part of the key (rows page-locked for a GPU)."""
 
 
 def _host_rows(y_t, vals, init_mean, init_var) -> tuple:

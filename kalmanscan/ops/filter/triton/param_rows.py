@@ -6,8 +6,9 @@ small operations a call (checks, the stationary variance, the discretisation for
 the moves of the host values), each a launch and host work: a call took 2-10x its kernels
 (docs/performance.md). Here, for static parameters (each a scalar or ``(C,)``) with ``y`` on a GPU
 and no ``times``: the values given on the host (zeros for an initial belief not given) move in one
-copy, all eight rows are stacked into one ``(8, C)`` block (differentiably: ``stack`` of the caller's
-tensors), and one program (:func:`kalmanscan.kernels.filter.params.param_rows_kernel`) checks every row, computes the
+copy (once for a layout and values, then kept on the device), all eight rows are stacked into one
+``(8, C)`` block (differentiably: ``stack`` of the caller's tensors), and one program
+(:func:`kalmanscan.kernels.filter.params.param_rows_kernel`) checks every row, computes the
 initial belief, ``decay, noise, lam0, eta0`` in float64 and the path's facts. The verdicts are
 queued on the caller's :class:`~kalmanscan.problem.checks.Checks`, in the order and with the messages of
 the torch path. Where a parameter requires a gradient, the initial variance that depends on it is
@@ -16,9 +17,10 @@ recomputed by torch operations (differentiable) and the derived rows are not kep
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
-
 
 from kalmanscan.model import mobius, ou
 from kalmanscan.problem.checks import Checks, Flag
@@ -26,6 +28,7 @@ from kalmanscan.problem.bounds import (BOUNDS, NEEDS_INIT_VAR_SIGMA, NEEDS_INIT_
                                        STATIONARY_OVERFLOW, kernel_codes, overflow_message, requirement)
 from kalmanscan.problem.convert import broadcast_init, broadcast_param, host_array, on_host, to_device
 from kalmanscan.problem.problem import Problem
+from kalmanscan.problem.remembered import Remembered, value_key
 from kalmanscan.types import ArrayLike
 
 __all__ = ["static_on_device", "prepare_static"]
@@ -41,48 +44,35 @@ def static_on_device(y: torch.Tensor, values: dict, times: ArrayLike | None) -> 
             and all(x is None or (x.ndim if isinstance(x, torch.Tensor) else np.ndim(x)) <= 1 for x in values.values()))
 
 
-def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: bool,
-                   out_dtype: object) -> tuple[Problem, dict]:
-    """``(problem, facts)`` for :func:`static_on_device` inputs (``values`` as there): the problem's
-    fields are ``(1, C)`` rows of one block; the verdicts are queued on ``checks`` (bad values raise
-    when it is decided), the facts ``diffuse`` and ``no_noise`` returned as :class:`Flag` entries
-    of the launch's flags (read with the verdicts, in one copy)."""
+def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: bool, out_dtype: object,
+                   plan: dict | None = None) -> tuple[Problem, dict]:
+    """``(problem, facts)`` for :func:`static_on_device` inputs (``values`` as there; the problem
+    takes ``plan``'s fields): the problem's fields are ``(1, C)`` rows of one block; the verdicts
+    are queued on ``checks`` (bad values raise when it is decided), the facts ``diffuse`` and
+    ``no_noise`` returned as :class:`Flag` entries of the launch's flags (read with the verdicts,
+    in one copy).
+
+    The host's values are checked, converted and moved to the device once for a layout and their
+    values (:mod:`kalmanscan.problem.remembered`: not under ``torch.compile``); a call repeating
+    them stacks the kept device rows with its tensors (a new block: nothing returned shares them)."""
     from kalmanscan.kernels.filter.params import NFLAGS, param_rows_kernel  # (triton: only where it runs)
 
-    dtype, device, shape = y_t.dtype, y_t.device, tuple(y_t.shape)
-    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    dtype, device = y_t.dtype, y_t.device
     given = {k: values[k] for k in _ROWS if values[k] is not None}
-    host = {k: host_array(k, x, np_dtype) for k, x in given.items() if on_host(x)}
-    tensors = {k: x for k, x in given.items() if k not in host}
-    for k, x in given.items():
-        pshape = tuple(x.shape) if k in tensors else host[k].shape
-        pshape = (1,) * (2 - len(pshape)) + pshape
-        shape = broadcast_param(k, shape, pshape, shape[-2]) if k in PARAMS else broadcast_init(k, shape, pshape)
+    tensors = {k: x for k, x in given.items() if not on_host(x)}
+    key = None if torch.compiler.is_compiling() else _key(y_t, given, tensors)
+    shape, host_rows = _DEVICE_ROWS.get(key, lambda: _host_part(y_t, given, tensors))
     C = shape[-1]
-    rows = {}
-    on_host_rows = [k for k in _ROWS if k not in tensors]  # the host's values, zeros where not given
-    if on_host_rows:
-        block = np.zeros((len(on_host_rows), C), np_dtype)
-        for i, k in enumerate(on_host_rows):
-            if k in host:
-                block[i] = host[k]
-        moved = to_device(torch.from_numpy(block), device)
-        rows = dict(zip(on_host_rows, moved.unbind(0)))
+    rows = dict(host_rows)
     for k, x in tensors.items():
         x = to_device(x, device).to(dtype)
         rows[k] = x if x.shape == (C,) else x.expand(C)
     block = torch.stack([rows[k] for k in _ROWS])
     derived = torch.empty(5, C, dtype=dtype, device=device)
     flags = torch.empty(NFLAGS, dtype=torch.bool, device=device)  # read as they are (no cast)
-    codes = dict(zip(("B_THETA", "B_SIGMA", "B_OBS", "B_MEAN", "B_H", "B_DT"), kernel_codes()))
-    param_rows_kernel[(1,)](block.detach(), derived, flags, C, mobius.noise_bound(dtype), **codes,
+    param_rows_kernel[(1,)](block.detach(), derived, flags, C, mobius.noise_bound(dtype), **_codes(),
                             GIVEN_MEAN="init_mean" in given, GIVEN_VAR="init_var" in given, BLOCK=_BLOCK)
-    for i, name in enumerate(PARAMS):
-        checks.require(f"{name} must be {requirement(BOUNDS[name])}", Flag(flags, i))
-    for i, message in ((8, NEEDS_INIT_VAR_THETA), (9, NEEDS_INIT_VAR_SIGMA),
-                       (12, overflow_message(STATIONARY_OVERFLOW, dtype)),
-                       (7, "init_var must be > 0 (or inf: a diffuse prior)"), (6, "init_mean must be finite"),
-                       (13, overflow_message(NOISE_OVERFLOW, dtype))):
+    for message, i in _verdicts(dtype):
         checks.require(message, Flag(flags, i))
     row = block.view(len(_ROWS), 1, C).unbind(0)
     fields = dict(zip(PARAMS, row))
@@ -94,8 +84,64 @@ def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: b
     elif grad:
         init_var = ou.stationary_var(fields["theta"], fields["sigma"])
     p = Problem(y=y_t, shape=shape, numpy_out=numpy_out, out_dtype=out_dtype, init_mean=init_mean,
-                init_var=init_var, **fields)
+                init_var=init_var, **fields, **(plan or {}))
     if not grad:
         p.derived = dict(decay=decay, noise=noise, lam0=lam0, eta0=eta0,
                          **{"from": {k: getattr(p, k) for k in _ROWS}})
     return p, dict(diffuse=Flag(flags, 10), no_noise=Flag(flags, 11))
+
+
+_DEVICE_ROWS = Remembered(64)
+"""``(shape, rows)`` of :func:`_host_part` by :func:`_key`."""
+
+
+def _key(y_t: torch.Tensor, given: dict, tensors: dict) -> tuple | None:
+    """What :func:`_host_part` computes from: ``y``'s shape, dtype and device, each tensor's shape
+    (its values are read on the device, not here), each host value's exact contents
+    (:func:`~kalmanscan.problem.remembered.value_key`); ``None`` when one is not keyed."""
+    key = [tuple(y_t.shape), y_t.dtype, y_t.device]
+    for k in _ROWS:
+        x = given.get(k)
+        key.append(("tensor", tuple(x.shape)) if k in tensors else value_key(x))
+    return None if None in key else tuple(key)
+
+
+def _host_part(y_t: torch.Tensor, given: dict, tensors: dict) -> tuple[tuple, dict]:
+    """``(shape, rows)``: the shape everything broadcasts to (``ValueError`` naming a parameter
+    that does not broadcast) and the rows of the values given on the host (zeros for an initial
+    belief not given) as ``(C,)`` views of one device tensor, moved in one copy; checked for
+    overflow of the compute dtype (their bounds are the kernel's)."""
+    dtype, shape = y_t.dtype, tuple(y_t.shape)
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    host = {k: host_array(k, x, np_dtype) for k, x in given.items() if k not in tensors}
+    for k, x in given.items():
+        pshape = tuple(x.shape) if k in tensors else host[k].shape
+        pshape = (1,) * (2 - len(pshape)) + pshape
+        shape = broadcast_param(k, shape, pshape, shape[-2]) if k in PARAMS else broadcast_init(k, shape, pshape)
+    C = shape[-1]
+    names = [k for k in _ROWS if k not in tensors]  # the host's values, zeros where not given
+    if not names:
+        return shape, {}
+    block = np.zeros((len(names), C), np_dtype)
+    for i, k in enumerate(names):
+        if k in host:
+            block[i] = host[k]
+    moved = to_device(torch.from_numpy(block), y_t.device)
+    return shape, dict(zip(names, moved.unbind(0)))
+
+
+@functools.cache
+def _codes() -> dict:
+    """The bounds as the rows kernel's constants (:func:`~kalmanscan.problem.bounds.kernel_codes`)."""
+    return dict(zip(("B_THETA", "B_SIGMA", "B_OBS", "B_MEAN", "B_H", "B_DT"), kernel_codes()))
+
+
+@functools.cache
+def _verdicts(dtype: torch.dtype) -> tuple[tuple[str, int], ...]:
+    """Each check's message and its entry of the kernel's flags, in the order and words of the
+    torch path of :func:`kalmanscan.problem.prepare.prepare`."""
+    bounds = tuple((f"{name} must be {requirement(BOUNDS[name])}", i) for i, name in enumerate(PARAMS))
+    return bounds + ((NEEDS_INIT_VAR_THETA, 8), (NEEDS_INIT_VAR_SIGMA, 9),
+                     (overflow_message(STATIONARY_OVERFLOW, dtype), 12),
+                     ("init_var must be > 0 (or inf: a diffuse prior)", 7), ("init_mean must be finite", 6),
+                     (overflow_message(NOISE_OVERFLOW, dtype), 13))
