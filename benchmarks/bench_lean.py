@@ -21,7 +21,10 @@ to back): the default call reading ``mean``, ``var`` and ``loglik`` with ``theta
 checked on the host, ``host_params_ms``; with every field read, ``every_field_ms``), the forward
 kernels writing the mean and variance alone (``moments_ms``) and with the log-likelihood's sum
 (``lean_kernels_ms``); ``ratio`` is ``default_ms / moments_ms`` (target at most 1.1),
-``host_params_ratio`` the same for ``host_params_ms``. The DRAM limit is the bytes the call must
+``host_params_ratio`` the same for ``host_params_ms``. ``do_bench`` empties the L2 cache before
+each call; the ``*_loop_ms`` columns time a loop instead (:func:`benchmarks.common.timed`: 20 calls
+back to back between two CUDA events, as a user's loop runs them; ``loop_ratio`` and
+``host_params_loop_ratio`` over ``moments_loop_ms``). The DRAM limit is the bytes the call must
 move, ``y`` read once and the mean and variance written (12 bytes a step-channel), at the
 device-to-device copy bandwidth measured in the same run (``fraction_of_copy``: that floor over
 ``default_ms``).
@@ -36,7 +39,8 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
-from benchmarks.common import copy_bandwidth, every_field, shape_list, shapes_parser, wall_times, write_shape_rows
+from benchmarks.common import (copy_bandwidth, every_field, shape_list, shapes_parser, timed, wall_times,
+                               write_shape_rows)
 from benchmarks.common import median_ms as device_ms
 from kalmanscan.problem.prepare import prepare
 
@@ -139,6 +143,11 @@ def gpu_row(T: int, C: int, repeat: int) -> dict:
                                                                                posterior=("mean", "var", "loglik"))))
     out["ratio"] = out["default_ms"] / out["moments_ms"]
     out["host_params_ratio"] = out["host_params_ms"] / out["moments_ms"]
+    loops = dict(default=default, host_params=lambda: default(host_kw),
+                 moments=lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var")))
+    out.update({f"{k}_loop_ms": timed(fn) for k, fn in loops.items()})
+    out["loop_ratio"] = out["default_loop_ms"] / out["moments_loop_ms"]
+    out["host_params_loop_ratio"] = out["host_params_loop_ms"] / out["moments_loop_ms"]
     out["copy_gb_s"] = copy_bandwidth()
     out["floor_ms"] = 12 * T * C / out["copy_gb_s"] / 1e6
     out["fraction_of_copy"] = out["floor_ms"] / out["default_ms"]
