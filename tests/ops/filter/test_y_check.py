@@ -111,3 +111,10 @@ def test_large_gpu_calls_check_y_from_their_kernels_with_one_wait(queued, output
             bad[t, c] = math.inf
             with pytest.raises(ValueError, match="y must be finite or NaN"):
                 ks.filter(bad, **kw)
+
+
+def test_a_queued_value_past_the_dtype_only_sends_the_check_to_search_y(queued):
+    """A queued sum that overflows (finite ``y`` of values near the dtype's largest) is not an
+    error: ``y`` is searched, and passes."""
+    checks.decide_y(series(200), checks.Ahead(torch.tensor(math.inf)))
+    assert queued == [1]

@@ -156,7 +156,8 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
     (:class:`kalmanscan.problem.checks.Ahead`): with stretches, the sum of the stretch products' ``e1, e2``
     read after the aggregate pass (an ``inf`` in ``y`` leaves its stretch's ``e1`` or ``e2`` inf or
     NaN: ``info = h (y - h mean) / obs_var`` enters both, scaled by finite non-negative numbers, and
-    nothing in a product makes a non-finite number finite again); else ``nansum(y)`` queued before
+    nothing in a product makes a non-finite number finite again; a sum that overflows only sends
+    :func:`~kalmanscan.problem.checks.decide_y` to search ``y``); else ``nansum(y)`` queued before
     them.
     """
     if posterior is True:
@@ -196,7 +197,7 @@ def filter_forward(views: Sequence[torch.Tensor], init: Sequence[torch.Tensor],
         agg = torch.empty(B, 7, ns, C, dtype=dtype, device=dev)
         agg_kernel[grid](*args, agg, *fast, T, C, ns, r, **flags, **{**opts, **more})
         if from_agg:  # read while the carry and the outputs' walks run
-            queued = checks.Ahead(torch.sum(agg[:, 4:6], dtype=torch.float64))
+            queued = checks.Ahead(agg[:, 4:6].sum())  # one reduction, no float64 copy of its input
         filter_carry_kernel[(B * C,)](agg, init, start, C, ns, CH=min(config.carry_chunk, next_power_of_2(ns - 1)),
                                       num_warps=config.carry_warps)
     out, pointers, write = _outputs(y, outputs, posterior, fields, out_shape, one_block)
