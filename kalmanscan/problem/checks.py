@@ -73,21 +73,29 @@ class Checks:
         device: each tensor or :class:`Flag` vector once, concatenated), decided later by
         :meth:`Pending.decide`; the queue is emptied."""
         entries = [ok for _, ok, _ in self.items] + list(self.facts.values())
-        flags = [x if isinstance(x, Flag) else Flag(x, 0) if isinstance(x, torch.Tensor) else None for x in entries]
-        known = [None if f is not None else bool(x) for f, x in zip(flags, entries)]
+        known = [None] * len(entries)
+        devices = {}  # device -> (vectors, their starts, (entry, element) read)
+        for i, x in enumerate(entries):
+            if isinstance(x, Flag):
+                vector, at = x
+            elif isinstance(x, torch.Tensor):
+                vector, at = x, 0
+            else:
+                known[i] = bool(x)
+                continue
+            vectors, starts, where = devices.setdefault(vector.device, ([], [], []))
+            # each vector once, whatever of it is read (found by identity, not id(): under
+            # torch.compile an id() is a guard that a new tensor fails on every call)
+            for v, start in zip(vectors, starts):
+                if v is vector:
+                    break
+            else:
+                start = starts[-1] + vectors[-1].numel() if vectors else 0
+                vectors.append(vector)
+                starts.append(start)
+            where.append((i, start + at))
         reads = []
-        for device in {f.vector.device for f in flags if f is not None}:
-            vectors, start, where = [], [], []
-            for i, f in enumerate(flags):
-                if f is None or f.vector.device != device:
-                    continue
-                # each vector once, whatever of it is read (found by identity, not id(): under
-                # torch.compile an id() is a guard that a new tensor fails on every call)
-                j = next((j for j, v in enumerate(vectors) if v is f.vector), len(vectors))
-                if j == len(vectors):
-                    start.append(sum(v.numel() for v in vectors))
-                    vectors.append(f.vector)
-                where.append((i, start[j] + f.index))
+        for vectors, _, where in devices.values():
             flat = [v.reshape(-1).to(torch.bool) for v in vectors]
             reads.append((where, Ahead(flat[0] if len(flat) == 1 else torch.cat(flat))))
         pending = Pending([(message, confirm) for message, _, confirm in self.items], list(self.facts), known, reads)
