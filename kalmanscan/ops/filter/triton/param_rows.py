@@ -55,15 +55,17 @@ def prepare_static(y_t: torch.Tensor, values: dict, checks: Checks, numpy_out: b
     ``no_noise`` returned as :class:`Flag` entries of the launch's flags (read with the verdicts,
     in one copy).
 
-    The host's values are checked, converted and moved to the device once for a layout and their
-    values (:mod:`kalmanscan.problem.remembered`: not under ``torch.compile``); a call repeating
-    them stacks the kept device rows with its tensors (a new block: nothing returned shares them)."""
+    The host's values are checked, converted and moved to the device once for a layout, their
+    values and the current stream (:mod:`kalmanscan.problem.remembered`: not under ``torch.compile``
+    nor while a CUDA graph is captured); a call repeating them stacks the kept device rows with its
+    tensors (a new block: nothing returned shares them)."""
     from kalmanscan.kernels.filter.params import NFLAGS, param_rows_kernel  # (triton: only where it runs)
 
     dtype, device = y_t.dtype, y_t.device
     given = {k: values[k] for k in _ROWS if values[k] is not None}
     tensors = {k: x for k, x in given.items() if not on_host(x)}
-    key = None if torch.compiler.is_compiling() else _key(y_t, given, tensors)
+    capturing = y_t.is_cuda and torch.cuda.is_current_stream_capturing()  # (a captured copy is not made now)
+    key = None if torch.compiler.is_compiling() or capturing else _key(y_t, given, tensors)
     shape, host_rows = _DEVICE_ROWS.get(key, lambda: _host_part(y_t, given, tensors))
     C = shape[-1]
     rows = dict(host_rows)
@@ -102,12 +104,14 @@ _DEVICE_ROWS = Remembered(64)
 def _key(y_t: torch.Tensor, given: dict, tensors: dict) -> tuple | None:
     """What :func:`_host_part` computes from: ``y``'s shape, dtype and device, each tensor's shape
     (its values are read on the device, not here), each host value's exact contents
-    (:func:`~kalmanscan.problem.remembered.value_key`); ``None`` when one is not keyed."""
-    key = [tuple(y_t.shape), y_t.dtype, y_t.device]
-    for k in _ROWS:
-        x = given.get(k)
-        key.append(("tensor", tuple(x.shape)) if k in tensors else value_key(x))
-    return None if None in key else tuple(key)
+    (:func:`~kalmanscan.problem.remembered.value_key`); ``None`` when one is not keyed. On a GPU
+    also the current stream: the kept rows are read only in the order of the stream their copy
+    was queued on (no wait between streams, no reuse of their memory while another reads it)."""
+    values = [("tensor", tuple(given[k].shape)) if k in tensors else value_key(given.get(k)) for k in _ROWS]
+    if None in values:
+        return None
+    stream = torch.cuda.current_stream(y_t.device).cuda_stream if y_t.is_cuda else 0
+    return (tuple(y_t.shape), y_t.dtype, y_t.device, stream, *values)
 
 
 def _host_part(y_t: torch.Tensor, given: dict, tensors: dict) -> tuple[tuple, dict]:
