@@ -174,9 +174,9 @@ class NumpyLikelihood:
         outs = tuple(self.out[k] if k in self.out else self.placeholder for k in FIELDS + ("zc",))
         args = (self.arrays, self.boff, self.tstride, self.cstride, outs, self.write, self.consts, self.T, self.C, W)
         if self.static:
-            L.filter_static(*args)
+            L.filter_static(*args, L.NO_SUMS)
         else:
-            L.filter_forward(*args, self.trans_step)
+            L.filter_forward(*args, self.trans_step, L.NO_SUMS)
 
     def _backward(self, W: int) -> None:
         self.adjoint.filter_backward(self.arrays, self.boff, self.tstride, self.cstride, self.out["zc"],

@@ -179,7 +179,7 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     placeholder = np.zeros(1, dtype)
     outs = tuple(_flat(out[k]) if k in out else placeholder for k in names)
     write = np.array([k in out for k in names])
-    llsum = np.zeros(B * C, np.float64) if "loglik" in wanted else None
+    llsum = np.zeros(B * C, np.float64) if "loglik" in wanted else L.NO_SUMS
     trans_step = bool(tstride[[L.THETA, L.SIGMA, L.DT]].any())
     if B and (trans_step or tstride[[L.OBS_VAR, L.MEAN, L.H]].any()):
         run_loop(L.filter_forward, B * C, B * C * T, arrays, boff, tstride, cstride, outs, write,
@@ -187,7 +187,7 @@ def _forward(inputs, shape, fields=FIELDS, save_zc=False):
     elif B:
         run_loop(L.filter_static, B * C, B * C * T, arrays, boff, tstride, cstride, outs, write,
                  L.constants(dtype), T, C, _block(B, C), llsum)
-    if llsum is not None:
+    if "loglik" in wanted:
         out["loglik"] = torch.from_numpy(llsum.reshape(shape[:-2] + (C,))).to(inputs[0].dtype)
     zc = out.pop("zc", None)
     return out, zc

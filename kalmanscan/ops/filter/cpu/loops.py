@@ -62,6 +62,8 @@ G_A, G_Q, G_R, G_H, G_M = range(5)
 S_MEAN, S_VAR, S_LEVEL, S_PVAR, S_DECAY, S_NOISE = range(6)
 # Cached variance terms of the static loop (rows of each slot of its per-task cache).
 (K_P, K_PP, K_S, K_IS, K_K, K_PF, K_LS, K_IPF, K_IPP) = range(9)
+# ``llsum`` of the forward loops when no log-likelihood sum is wanted (never written).
+NO_SUMS = np.zeros(0, np.float64)
 
 
 
@@ -191,19 +193,20 @@ def write_step(outs: tuple[np.ndarray, ...], w: tuple[bool, ...], o: int, zf: fl
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")
 def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
                    outs: tuple[np.ndarray, ...], write: np.ndarray, k: np.ndarray, T: int, C: int, W: int,
-                   trans_step: bool, llsum: np.ndarray | None = None) -> None:
+                   trans_step: bool, llsum: np.ndarray) -> None:
     """The filter over every series; writes the outputs flagged in ``write`` (see module doc).
 
     ``ins``: 9 input arrays (order ``Y .. INIT_VAR``); ``outs``: 11 output arrays (``O_MEAN ..
     O_ZC``, the last the centred filtered mean the backward reads), each ``(B T C,)`` where
-    ``write`` is set, else a placeholder; ``llsum``, when given, ``(B C,)`` float64: each series'
-    log-likelihood summed over time (in order, in float64). ``trans_step``: theta, sigma or dt vary along time (else
+    ``write`` is set, else a placeholder; ``llsum`` ``(B C,)`` float64: each series'
+    log-likelihood summed over time (in order, in float64), or empty for no sums (:data:`NO_SUMS`: one
+    compiled signature a dtype, not one for each of given, ``None`` and omitted). ``trans_step``: theta, sigma or dt vary along time (else
     decay and noise are computed once per series). Any parameter may vary along time; with every
     one static :func:`filter_static` is the faster loop (the same bits).
     """
     y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
     w = flags(write)
-    sums = llsum is not None
+    sums = llsum.shape[0] > 0
     t_y, t_th, t_si, t_dt = tstride[Y], tstride[THETA], tstride[SIGMA], tstride[DT]
     t_R, t_m, t_h = tstride[OBS_VAR], tstride[MEAN], tstride[H]
     N = boff.shape[0] * C
@@ -236,7 +239,7 @@ def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nd
                 z[j] = zf
                 P[j] = Pf
                 write_step(outs, w, obase[j] + t * C, zf, Pf, iPf, zp, Pp, iPp, h, m, S, ll, miss, k, sums, acc, j)
-        if llsum is not None:
+        if sums:
             for j in range(n):
                 llsum[s0 + j] = acc[j]
 
@@ -397,7 +400,7 @@ def steady_run(y_: np.ndarray, y0: int, t_y: int, outs: tuple[np.ndarray, ...], 
 @njit(parallel=PARALLEL, cache=True, error_model="numpy")
 def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.ndarray, cstride: np.ndarray,
                   outs: tuple[np.ndarray, ...], write: np.ndarray, k: np.ndarray, T: int, C: int, W: int,
-                  llsum: np.ndarray | None = None) -> None:
+                  llsum: np.ndarray) -> None:
     """:func:`filter_forward` where only ``y`` varies along time (same arguments, same bits).
 
     Each lane's parameters are read once. An observed step whose incoming variance equals one of
@@ -411,7 +414,7 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
     """
     y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
     w = flags(write)
-    sums = llsum is not None
+    sums = llsum.shape[0] > 0
     t_y = tstride[Y]
     N = boff.shape[0] * C
     for task in prange((N + W - 1) // W):
@@ -471,6 +474,6 @@ def filter_static(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nda
             if steady and t < T:
                 settle(cache, P, terms, t, n)
                 t = steady_run(y_, base[Y, 0], t_y, outs, w, obase[0], C, t, T, z, P, par, terms, zp_, v_, k, sums, acc)
-        if llsum is not None:
+        if sums:
             for j in range(n):
                 llsum[s0 + j] = acc[j]
