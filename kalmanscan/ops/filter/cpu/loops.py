@@ -200,9 +200,10 @@ def filter_forward(ins: tuple[np.ndarray, ...], boff: np.ndarray, tstride: np.nd
     O_ZC``, the last the centred filtered mean the backward reads), each ``(B T C,)`` where
     ``write`` is set, else a placeholder; ``llsum`` ``(B C,)`` float64: each series'
     log-likelihood summed over time (in order, in float64), or empty for no sums (:data:`NO_SUMS`: one
-    compiled signature a dtype, not one for each of given, ``None`` and omitted). ``trans_step``: theta, sigma or dt vary along time (else
-    decay and noise are computed once per series). Any parameter may vary along time; with every
-    one static :func:`filter_static` is the faster loop (the same bits).
+    compiled signature a dtype, not one for each of given, ``None`` and omitted). ``trans_step``:
+    theta, sigma or dt vary along time (else decay and noise are computed once per series). Any
+    parameter may vary along time; with every one static :func:`filter_static` is the faster loop
+    (the same bits).
     """
     y_, th_, si_, dt_, R_, m_, h_, im_, iv_ = ins
     w = flags(write)
