@@ -134,18 +134,19 @@ def gpu_row(T: int, C: int, repeat: int) -> dict:
     every = every_field(lambda: ks.filter(y, **kw))
     p = prepare(y, backend="triton", **kw)
     views, init = triton_backend.kernel_views(p), triton_backend.initial_state(p)
+
+    def kernels(*fields):
+        return triton_backend.filter_forward(views, init, posterior=fields)
+
+    calls = dict(default=default, host_params=lambda: default(host_kw), moments=lambda: kernels("mean", "var"))
     out = dict(T=T, C=C, device=torch.cuda.get_device_name(), default_ms=device_ms(default),
                unchecked_ms=device_ms(lambda: default(check_finite=False)),
-               host_params_ms=device_ms(lambda: default(host_kw)),
-               every_field_ms=device_ms(every),
-               moments_ms=device_ms(lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var"))),
-               lean_kernels_ms=device_ms(lambda: triton_backend.filter_forward(views, init,
-                                                                               posterior=("mean", "var", "loglik"))))
+               host_params_ms=device_ms(calls["host_params"]), every_field_ms=device_ms(every),
+               moments_ms=device_ms(calls["moments"]),
+               lean_kernels_ms=device_ms(lambda: kernels("mean", "var", "loglik")))
     out["ratio"] = out["default_ms"] / out["moments_ms"]
     out["host_params_ratio"] = out["host_params_ms"] / out["moments_ms"]
-    loops = dict(default=default, host_params=lambda: default(host_kw),
-                 moments=lambda: triton_backend.filter_forward(views, init, posterior=("mean", "var")))
-    out.update({f"{k}_loop_ms": timed(fn) for k, fn in loops.items()})
+    out.update({f"{k}_loop_ms": timed(fn) for k, fn in calls.items()})
     out["loop_ratio"] = out["default_loop_ms"] / out["moments_loop_ms"]
     out["host_params_loop_ratio"] = out["host_params_loop_ms"] / out["moments_loop_ms"]
     out["copy_gb_s"] = copy_bandwidth()
