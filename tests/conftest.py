@@ -54,6 +54,45 @@ def _patch_language_once_per_launch() -> None:
 _patch_language_once_per_launch()
 
 
+SLOW_CASES = (
+    "tests/ops/filter/test_tiles_closed.py::test_float64_equals_the_composed_branch[1e-06]",
+    "tests/ops/filter/test_tiles_closed.py::test_extreme_parameters_float32[1e-06]",
+    "tests/ops/filter/test_walks_closed.py::test_extreme_parameters_float32[1e-06]",
+    "tests/ops/filter/test_walks_closed.py::test_stretch_boundaries_and_every_field[83]",
+    "tests/ops/filter/test_triton.py::test_gradcheck_float64[steps-times-one]",
+    "tests/ops/filter/test_triton_smooth.py::test_fused_smoother_equals_reference[T201-ns41-step1-f64]",
+    "tests/ops/filter/test_triton_backward.py::test_tile_backward_equals_walk_backward[T131-row8-step1-wide1-1cot]",
+    "tests/ops/filter/test_triton_backward.py::test_tile_backward_equals_walk_backward[T63-row8-step1-wide0-2cot]",
+    "tests/ops/filter/test_triton_backward.py::test_tile_backward_gradients_equal_torch_autograd"
+    "[T101-row8-step1-times0-5fields]",
+    "tests/ops/filter/test_triton_backward.py::test_tile_backward_gradients_equal_torch_autograd"
+    "[T101-row4-step1-times1-1fields]",
+    "tests/ops/filter/test_triton_backward.py::test_absent_cotangents_gradients_equal_torch_autograd"
+    "[pred_mean-T37-L37-step1]",
+    "tests/ops/filter/test_y_check.py::test_public_calls_refuse_an_inf_and_search_clean_y_never[smooth-None-200]",
+    "tests/ops/kla/test_library.py::test_opcheck_forward[True-True-config2]",
+    "tests/ops/kla/test_no_variance.py::test_without_variance_equals_with_it_and_the_reference[2-23-True-config2]",
+    "tests/test_scale.py::test_gradients_scale[triton]",
+    "tests/test_scale.py::test_backend_sweep[triton-rich]",
+    "tests/test_scale.py::test_kernel_paths_sweep[stretches_closed]",
+    "tests/test_scan.py::test_scan_gradients_match_the_loop[False-64]",
+    "tests/test_scan.py::test_scan_gradients_match_the_loop[True-64]",
+    "tests/test_diffuse.py::test_leading_gaps_run_as_window_and_rest_equal_one_run[outputs1-triton]",
+    "tests/test_diffuse.py::test_leading_gaps_run_as_window_and_rest_equal_one_run[outputs2-triton]",
+    "tests/test_fit_objective.py::test_cpu_fit_equals_torch_fit[dtype1]",
+)
+"""The deepest cases of parametrized tests (each about 1.5-6 s on a 2-core machine, or the only
+float32 user of a compiled CPU loop there), marked ``slow``: ``-m "not slow"`` keeps the test's other
+cases."""
+
+
+def pytest_collection_modifyitems(items):
+    slow = set(SLOW_CASES)
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def poisoned(monkeypatch):
     """Every buffer the wrappers allocate starts as NaN: an element left unwritten shows."""

@@ -312,6 +312,7 @@ def test_smoother_gradcheck_without_process_noise(backend):
     assert torch.autograd.gradcheck(smoothed, tuple(x.requires_grad_() for x in args))
 
 
+@pytest.mark.slow  # the only float32 user of the smoother's compiled backward: its first compile is about 7 s
 @pytest.mark.parametrize("case", range(len(NO_NOISE_CASES)))
 def test_smoother_parameter_gradients_without_process_noise(case):
     # the gradients of the smoothed mean and variance in theta, obs_var and init_var: the cpu

@@ -78,6 +78,7 @@ def test_extreme_parameters_float32(init_var, chunks):
         assert chunks["head"] > 0 and chunks["tail"] > 0
 
 
+@pytest.mark.slow  # about 5 s: the tiles' composed branch keeps a quick case (test_tiles_closed)
 def test_float64_equals_the_composed_branch(chunks):
     """``T = 99`` in stretches of 16, chunks of 4: head and tail chunks, within ``1e-12`` of the
     composed branch on every moment (the rows whose decay is neither 1 nor 0 in float32, for time;

@@ -75,6 +75,7 @@ def test_opcheck_backward(config, v_dtype):
     torch.library.opcheck(kla_scan_bwd, bwd_args)
 
 
+@pytest.mark.slow  # about 3.7 s
 def test_opcheck_packed_documents():
     """Both operators with ``cu_seqlens`` (documents of 1, 4, 0 and 2 tokens, one row) and a
     per-document initial state, the grid turned: the fakes' shapes and strides, the autograd

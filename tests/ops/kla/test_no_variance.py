@@ -65,6 +65,7 @@ def test_a_config_without_variance():
     assert KLAConfig.from_ints(dataclasses.replace(SMALL, variance=False).as_ints()).variance is False
 
 
+@pytest.mark.slow  # about 6.5 s: every opcheck of the operator without the variance
 def test_opcheck_without_variance():
     config = dataclasses.replace(SPLIT_S, variance=False).as_ints()
     xs = [x.float().requires_grad_() for x in make_inputs(2, 11, 5, 3, seed=5, with_state=True,
