@@ -80,6 +80,19 @@ SLOW_CASES = (
     "tests/test_diffuse.py::test_leading_gaps_run_as_window_and_rest_equal_one_run[outputs1-triton]",
     "tests/test_diffuse.py::test_leading_gaps_run_as_window_and_rest_equal_one_run[outputs2-triton]",
     "tests/test_fit_objective.py::test_cpu_fit_equals_torch_fit[dtype1]",
+    "tests/test_scale.py::test_float32_sweep[triton]",
+    "tests/test_diffuse.py::test_leading_gaps_of_every_length_against_a_vague_prior[triton]",
+    "tests/test_outputs.py::test_gradients_of_selected_fields_equal_the_full_call[diffuse-triton]",
+    "tests/ops/kla/test_no_variance.py::test_without_variance_equals_with_it_and_the_reference[2-23-True-config1]",
+    "tests/ops/kla/test_library.py::test_opcheck_forward[False-True-config0]",
+    "tests/ops/kla/test_library.py::test_opcheck_backward[config1-v_dtype1]",
+    "tests/ops/kla/test_library.py::test_opcheck_backward[config2-v_dtype2]",
+    "tests/ops/filter/test_triton_backward.py::test_tile_backward_equals_walk_backward[T37-row16-step1-wide0-2cot]",
+    "tests/ops/filter/test_triton_backward.py::test_absent_cotangents_gradients_equal_torch_autograd"
+    "[logliks-T37-L37-step1]",
+    "tests/ops/filter/test_triton_backward.py::test_absent_cotangents_gradients_equal_torch_autograd"
+    "[mean-T63-L5-step1]",
+    "tests/ops/filter/test_triton_backward.py::test_filter_loss_on_one_field_gradients_equal_torch_autograd[var]",
 )
 """The deepest cases of parametrized tests (each about 1.5-6 s on a 2-core machine, or the only
 float32 user of a compiled CPU loop there), marked ``slow``: ``-m "not slow"`` keeps the test's other

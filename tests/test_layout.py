@@ -205,3 +205,13 @@ def test_function_local_imports_are_edges(tmp_path, monkeypatch):
     assert graph["kalmanscan.sub.b"] == {"kalmanscan.sub.a"}
     assert graph["kalmanscan.sub"] == {"kalmanscan.sub.b"}
     assert find_cycles(graph) == [["kalmanscan.sub.a", "kalmanscan.sub.b", "kalmanscan.sub.a"]]
+
+
+def test_slow_cases_name_existing_tests():
+    """Each of ``conftest.SLOW_CASES`` names a test function of an existing file (its parameters'
+    ids are checked by collection alone)."""
+    from conftest import SLOW_CASES
+
+    for case in SLOW_CASES:
+        path, name = case.split("::")
+        assert f"def {name.split('[')[0]}(" in (ROOT / path).read_text(), case
