@@ -93,8 +93,14 @@ SLOW_CASES = (
     "tests/ops/filter/test_triton_backward.py::test_absent_cotangents_gradients_equal_torch_autograd"
     "[mean-T63-L5-step1]",
     "tests/ops/filter/test_triton_backward.py::test_filter_loss_on_one_field_gradients_equal_torch_autograd[var]",
+    "tests/ops/filter/test_y_check.py::test_the_aggregate_pass_is_not_finite_exactly_where_y_holds_an_inf[1000]",
+    "tests/ops/filter/test_y_check.py::test_public_calls_refuse_an_inf_and_search_clean_y_never[smooth-None-63]",
+    "tests/ops/filter/test_walks_closed.py::test_stretch_boundaries_and_every_field[80]",
+    "tests/ops/filter/test_triton_smooth.py::test_fused_smoother_equals_reference[T201-ns41-step0-f32]",
+    "tests/ops/kla/test_kla_scan.py::test_fast_decay_and_precise_values[config1-triton]",
+    "tests/test_scale.py::test_kernel_paths_sweep[tiles]",
 )
-"""The deepest cases of parametrized tests (each about 1.5-6 s on a 2-core machine, or the only
+"""The deepest cases of parametrized tests (each about 1.3-6 s on a 2-core machine, or the only
 float32 user of a compiled CPU loop there), marked ``slow``: ``-m "not slow"`` keeps the test's other
 cases."""
 

@@ -29,7 +29,8 @@ import kalmanscan as ks
 from kalmanscan.ops.filter.triton import walks
 from kalmanscan.problem import checks
 
-_EVENTS: list[tuple[str, float]] = []
+EVENTS: list[tuple[str, float]] = []
+"""``(what, perf_counter time)`` of the launches and waits the stand-ins note."""
 
 
 class _Timed:
@@ -41,32 +42,32 @@ class _Timed:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            _EVENTS.append((self.name, time.perf_counter()))
+            EVENTS.append((self.name, time.perf_counter()))
             return self.kernel[grid](*args, **kwargs)
         return launch
 
 
 def _timed_read(read):
     def timed(self):
-        _EVENTS.append(("wait0", time.perf_counter()))
+        EVENTS.append(("wait0", time.perf_counter()))
         values = read(self)
-        _EVENTS.append(("wait1", time.perf_counter()))
+        EVENTS.append(("wait1", time.perf_counter()))
         return values
     return timed
 
 
 def segments(call, idle: bool, n: int = 100) -> dict:
     """The medians of the module docstring over ``n`` calls of ``call``."""
-    _EVENTS.clear()
+    EVENTS.clear()
     for _ in range(n):
         if idle:
             torch.cuda.synchronize()
-        _EVENTS.append(("start", time.perf_counter()))
+        EVENTS.append(("start", time.perf_counter()))
         call()
-        _EVENTS.append(("end", time.perf_counter()))
+        EVENTS.append(("end", time.perf_counter()))
     torch.cuda.synchronize()
     calls = []
-    for name, t in _EVENTS:
+    for name, t in EVENTS:
         if name == "start":
             calls.append({})
         if name in ("wait0", "agg", "fwd"):

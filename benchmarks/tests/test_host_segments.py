@@ -14,7 +14,7 @@ def test_segments_of_fake_calls(monkeypatch):
     def call():
         for name in ("agg", "fwd", "wait0", "wait1", "wait0", "wait1"):
             time.sleep(1e-4)
-            host_segments._EVENTS.append((name, time.perf_counter()))
+            host_segments.EVENTS.append((name, time.perf_counter()))
 
     out = host_segments.segments(call, idle=True, n=5)
     assert set(out) == {"to_agg", "to_fwd", "to_wait", "tail", "crit", "crit_fwd", "per_call"}
