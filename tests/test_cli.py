@@ -287,6 +287,7 @@ def test_demo_still_runs(tmp_path, capsys):
     assert "Nile" in out and (tmp_path / "demo.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow  # about 2.5 s: child processes
 def test_installed_console_script_reports_bad_files(tmp_path):
     src = tmp_path / "unsorted.csv"
     src.write_text("t,a\n1,2\n3,1\n2,5\n")

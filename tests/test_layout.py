@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TREES = ("kalmanscan", "kernels", "tests", "benchmarks", "evidence", "tutorials", "docs")
 
@@ -56,6 +58,7 @@ def test_no_reference_to_removed_modules():
     assert not hits, "\n".join(hits)
 
 
+@pytest.mark.slow  # about 2 s: a child process
 def test_nn_imports_no_data_or_plotting_libraries():
     code = ("import sys, kalmanscan.nn as n; n.SequenceModel; n.KLA; "
             "print(sorted(m for m in ('xarray', 'pandas', 'matplotlib') if m in sys.modules))")

@@ -108,6 +108,7 @@ def test_fit_interior_optimum_has_no_boundary():
     assert all(np.isfinite(v).all() for v in res.stderr.values())
 
 
+@pytest.mark.slow  # about 2.3 s
 def test_fit_leaks_no_warning_for_read_only_inputs():
     """torch warns once per process about a non-writable NumPy array: check in a fresh one."""
     code = (

@@ -102,6 +102,7 @@ sys.meta_path.insert(0, NoTriton())
 """
 
 
+@pytest.mark.slow  # about 4.5 s: a child process
 def test_cpu_paths_run_without_triton():
     """With ``import triton`` failing (a CPU install without the gpu extra): the NumPy and torch
     paths of filter, smooth, fit and forecast on every CPU backend, gradients, and the KLA scan

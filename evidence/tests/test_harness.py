@@ -99,6 +99,7 @@ def test_mqar_protocol_vocab_option(capsys):
     assert all("--task mqar --len 256 --kv-pairs 32 --vocab 256 --filler zero" in x for x in lines)
 
 
+@pytest.mark.slow  # about 4.5 s
 def test_launch_smoke_run_on_cpu_and_failures(tmp_path, capsys):
     """End to end: a 3-step KLA run with a two-rate sweep, launched as a process, writes its JSON."""
     argv = ["--task", "a5", "--len", "8", "--mixer", "kla", "--layers", "1", "--d-model", "16",
@@ -252,6 +253,7 @@ def test_protocol_checkpoint_options(capsys, tmp_path):
         {"label": "x", "stopped": "not started"}]                          # under MIN_START_S left
 
 
+@pytest.mark.slow  # about 2 s
 def test_time_limit_without_steps_bounds_the_run_by_time(tmp_path):
     base = [a for a in TINY_A5 if a not in ("--steps", "7")]
     assert train.parse_args(base).steps == train.DEFAULT_STEPS

@@ -128,6 +128,7 @@ def test_mqar_zero_filler_is_zoologys_layout():
         make_task("mqar", seq_len=64, num_kv_pairs=8, filler="noise")
 
 
+@pytest.mark.slow  # about 2.5 s of training
 def test_mqar_attention_learns_a_tiny_instance_on_cpu(tmp_path):
     """The harness end to end (labels, loss, scoring): a small attention model must get far above
     chance (1/16 of the values) on a tiny MQAR within a few hundred steps (it stops at the

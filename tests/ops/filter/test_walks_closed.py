@@ -124,6 +124,7 @@ def test_stretch_boundaries_and_every_field(T, poisoned):
     assert abs(float(out.loglik.sum()) - float(ref.loglik.sum())) < 1e-9 * abs(float(ref.loglik.sum()))
 
 
+@pytest.mark.slow  # about 3.4 s
 def test_wide_programs_and_an_inf_in_y(chunks):
     """128 lanes a program (the default block) over 160 channels, programs across two stretches;
     ``y``'s inf check (the sum of the stretch products' information row) still sees an inf in a
