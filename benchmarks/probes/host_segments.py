@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
+from benchmarks.probes.host_cost import per_call_us
 from kalmanscan.ops.filter.triton import walks
 from kalmanscan.problem import checks
 
@@ -95,25 +96,18 @@ def kernel_us(call) -> dict:
 
 
 def micro_us(y: torch.Tensor) -> dict:
-    """Host time of pieces of a call (us a call, 2000 calls after 50)."""
-    def cost(fn, n=2000):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out = (time.perf_counter() - t) / n * 1e6
-        torch.cuda.synchronize()
-        return round(out, 2)
+    """Host time of pieces of a call (us a call: :func:`~benchmarks.probes.host_cost.per_call_us`)."""
     flags = torch.zeros(14, dtype=torch.bool, device=y.device)
     rows = [torch.zeros(y.shape[-1], device=y.device) for _ in range(8)]
-    return {"Ahead(flags)": cost(lambda: checks.Ahead(flags)),
-            "to_cpu_nonblocking": cost(lambda: flags.to("cpu", non_blocking=True)),
-            "Event()+record()": cost(lambda: torch.cuda.Event().record()),
-            "current_stream(device)": cost(lambda: torch.cuda.current_stream(y.device)),
-            "stack8": cost(lambda: torch.stack(rows)),
-            "empty": cost(lambda: torch.empty(5, y.shape[-1], device=y.device))}
+    pieces = {"Ahead(flags)": lambda: checks.Ahead(flags),
+              "to_cpu_nonblocking": lambda: flags.to("cpu", non_blocking=True),
+              "Event()+record()": lambda: torch.cuda.Event().record(),
+              "current_stream(device)": lambda: torch.cuda.current_stream(y.device),
+              "stack8": lambda: torch.stack(rows),
+              "empty": lambda: torch.empty(5, y.shape[-1], device=y.device)}
+    out = {name: round(per_call_us(fn, 200), 2) for name, fn in pieces.items()}
+    torch.cuda.synchronize()
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
